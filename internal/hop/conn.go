@@ -1,0 +1,279 @@
+package hop
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrNoRoute is returned by Conn writes to a client that no relay has
+// delivered a datagram from (or whose route expired).
+var ErrNoRoute = errors.New("hop: no relay route to client")
+
+// ConnStats are a Conn's counters since it was created.
+type ConnStats struct {
+	// Received counts client datagrams delivered to the reader.
+	Received uint64
+	// Sent counts client datagrams sent back through a relay.
+	Sent uint64
+	// DroppedNotHop counts datagrams without a valid hop header: a client
+	// (or anyone else) sending to the transceiver directly, or garbage.
+	DroppedNotHop uint64
+	// DroppedUntrusted counts hop datagrams from a source outside the
+	// allowed relay prefixes.
+	DroppedUntrusted uint64
+	// DroppedNoRoute counts writes to a client with no known relay.
+	DroppedNoRoute uint64
+	// Routes is the number of clients with a known relay.
+	Routes int
+}
+
+// ConnConfig configures a Conn.
+type ConnConfig struct {
+	// Advertise is the address Pion sees as the local address, and so the
+	// one host candidate it puts in answers: the relay's public VIP:port
+	// (the transceiver's own port is never shown to clients).
+	Advertise netip.AddrPort
+	// AllowRelays lists the prefixes hop datagrams may come from. Empty
+	// allows any source.
+	AllowRelays []netip.Prefix
+	// RouteTTL is how long a client's route to its last relay lives
+	// without traffic. Default 2 minutes, longer than ICE consent (30 s).
+	RouteTTL time.Duration
+}
+
+// Conn is the transceiver's end of the internal hop: a net.PacketConn over
+// one UDP socket that strips the hop header from every datagram a relay
+// delivers and reports the client's public address as the source, so that
+// Pion's ICE UDP mux keys each session by its client's real address. Writes
+// to a client go, with a header naming it, to the relay that delivered that
+// client's last datagram.
+//
+// Conn implements Pion ice.AddrPortReaderWriter, so the mux uses its
+// allocation-free methods. Reads are meant for one goroutine (the mux's);
+// writes are safe from any number.
+type Conn struct {
+	// Set once.
+	sock      *net.UDPConn
+	advertise *net.UDPAddr
+	allow     []netip.Prefix
+	ttl       time.Duration
+	done      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	received, sent, droppedNotHop, droppedUntrusted, droppedNoRoute atomic.Uint64
+
+	mu sync.RWMutex
+	// routes maps a client to the relay that last delivered its traffic;
+	// guarded by mu (lastSeen inside each route is atomic).
+	routes map[netip.AddrPort]*route
+
+	bufs sync.Pool // *[]byte of 64 KiB + MaxHeaderLen for writes
+}
+
+type route struct {
+	relay    atomic.Pointer[netip.AddrPort]
+	lastSeen atomic.Int64 // unix nanoseconds
+}
+
+// NewConn wraps sock, which the Conn then owns.
+func NewConn(sock *net.UDPConn, cfg ConnConfig) (*Conn, error) {
+	if !cfg.Advertise.IsValid() || cfg.Advertise.Port() == 0 {
+		return nil, fmt.Errorf("hop: advertise address %q must be an IP and a non-zero port", cfg.Advertise)
+	}
+	if cfg.RouteTTL <= 0 {
+		cfg.RouteTTL = 2 * time.Minute
+	}
+	c := &Conn{
+		sock:      sock,
+		advertise: net.UDPAddrFromAddrPort(cfg.Advertise),
+		allow:     cfg.AllowRelays,
+		ttl:       cfg.RouteTTL,
+		done:      make(chan struct{}),
+		routes:    make(map[netip.AddrPort]*route),
+	}
+	c.bufs.New = func() any { b := make([]byte, MaxHeaderLen+65536); return &b }
+	c.wg.Add(1)
+	go c.sweep()
+	return c, nil
+}
+
+func (c *Conn) trusted(from netip.AddrPort) bool {
+	if len(c.allow) == 0 {
+		return true
+	}
+	a := from.Addr().Unmap()
+	for _, p := range c.allow {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// ReadFromAddrPort reads the next client datagram into b and returns its
+// length and the client's public address. Datagrams that are not valid hop
+// datagrams from an allowed relay are dropped and counted, never returned.
+func (c *Conn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
+	for {
+		n, from, err := c.sock.ReadFromUDPAddrPort(b)
+		if err != nil {
+			return 0, netip.AddrPort{}, err
+		}
+		if !c.trusted(from) {
+			c.droppedUntrusted.Add(1)
+			continue
+		}
+		_, client, payload, err := ParseHeader(b[:n])
+		if err != nil {
+			c.droppedNotHop.Add(1)
+			continue
+		}
+		c.learn(client, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
+		c.received.Add(1)
+		return copy(b, payload), client, nil
+	}
+}
+
+func (c *Conn) learn(client, relay netip.AddrPort) {
+	now := time.Now().UnixNano()
+	c.mu.RLock()
+	r := c.routes[client]
+	c.mu.RUnlock()
+	if r == nil {
+		c.mu.Lock()
+		if r = c.routes[client]; r == nil {
+			r = &route{}
+			r.relay.Store(&relay)
+			c.routes[client] = r
+		}
+		c.mu.Unlock()
+	}
+	if cur := r.relay.Load(); *cur != relay {
+		r.relay.Store(&relay) // the client's traffic now arrives through another relay
+	}
+	r.lastSeen.Store(now)
+}
+
+// WriteToAddrPort sends b to client through the relay that last delivered
+// the client's traffic. It returns ErrNoRoute if there is none.
+func (c *Conn) WriteToAddrPort(b []byte, client netip.AddrPort) (int, error) {
+	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
+	c.mu.RLock()
+	r := c.routes[client]
+	c.mu.RUnlock()
+	if r == nil {
+		c.droppedNoRoute.Add(1)
+		return 0, ErrNoRoute
+	}
+	bp := c.bufs.Get().(*[]byte)
+	defer c.bufs.Put(bp)
+	buf := *bp
+	if len(b) > len(buf)-MaxHeaderLen {
+		return 0, fmt.Errorf("hop: datagram of %d bytes is too large", len(b))
+	}
+	n := PutHeader(buf, TypeData, client)
+	n += copy(buf[n:], b)
+	if _, err := c.sock.WriteToUDPAddrPort(buf[:n], *r.relay.Load()); err != nil {
+		return 0, err
+	}
+	c.sent.Add(1)
+	return len(b), nil
+}
+
+// ReadFrom implements net.PacketConn; the address is a *net.UDPAddr.
+func (c *Conn) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, a, err := c.ReadFromAddrPort(b)
+	if err != nil {
+		return 0, nil, err
+	}
+	return n, net.UDPAddrFromAddrPort(a), nil
+}
+
+// WriteTo implements net.PacketConn; addr must be a *net.UDPAddr.
+func (c *Conn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	ua, ok := addr.(*net.UDPAddr)
+	if !ok {
+		return 0, fmt.Errorf("hop: write to %T, want *net.UDPAddr", addr)
+	}
+	return c.WriteToAddrPort(b, ua.AddrPort())
+}
+
+// LocalAddr returns the advertised address (the relay's public address),
+// not the socket's: Pion uses it as the host candidate.
+func (c *Conn) LocalAddr() net.Addr { return c.advertise }
+
+// SocketAddr returns the address the internal-hop socket is bound to; relays
+// send to it.
+func (c *Conn) SocketAddr() netip.AddrPort {
+	return c.sock.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// SetDeadline implements net.PacketConn.
+func (c *Conn) SetDeadline(t time.Time) error { return c.sock.SetDeadline(t) }
+
+// SetReadDeadline implements net.PacketConn.
+func (c *Conn) SetReadDeadline(t time.Time) error { return c.sock.SetReadDeadline(t) }
+
+// SetWriteDeadline implements net.PacketConn.
+func (c *Conn) SetWriteDeadline(t time.Time) error { return c.sock.SetWriteDeadline(t) }
+
+// Forget drops the route to client, for when its session ends.
+func (c *Conn) Forget(client netip.AddrPort) {
+	c.mu.Lock()
+	delete(c.routes, client)
+	c.mu.Unlock()
+}
+
+// Stats returns the Conn's counters.
+func (c *Conn) Stats() ConnStats {
+	c.mu.RLock()
+	routes := len(c.routes)
+	c.mu.RUnlock()
+	return ConnStats{
+		Received:         c.received.Load(),
+		Sent:             c.sent.Load(),
+		DroppedNotHop:    c.droppedNotHop.Load(),
+		DroppedUntrusted: c.droppedUntrusted.Load(),
+		DroppedNoRoute:   c.droppedNoRoute.Load(),
+		Routes:           routes,
+	}
+}
+
+// sweep drops routes idle for longer than the TTL.
+func (c *Conn) sweep() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.ttl / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case now := <-t.C:
+			cutoff := now.Add(-c.ttl).UnixNano()
+			c.mu.Lock()
+			for k, r := range c.routes {
+				if r.lastSeen.Load() < cutoff {
+					delete(c.routes, k)
+				}
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+// Close closes the socket and stops the sweeper. It is idempotent.
+func (c *Conn) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		close(c.done)
+		err = c.sock.Close()
+		c.wg.Wait()
+	})
+	return err
+}
