@@ -1,0 +1,90 @@
+// Package agent holds reference backends (agents) for the Switchboard
+// bridge (package bridge, docs/bridge.md).
+package agent
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+)
+
+// echo is the handler returned by NewEcho.
+type echo struct {
+	logger *slog.Logger
+}
+
+// NewEcho returns an http.Handler serving the bridge (one session per
+// WebSocket) at any path; mount it at "/v1/bridge". It accepts
+// bridge.FormatOpus, sends every audio frame back unchanged (same
+// sequence number, timestamp and payload) and every event back
+// unchanged, and logs session start and end through logger (nil means
+// slog.Default()).
+//
+// Each ServeHTTP returns when the transceiver sends session.end (the
+// agent then completes the close handshake), when the connection drops,
+// or on a protocol error; it leaves no goroutine behind. Closing the
+// http.Server does not end hijacked bridge connections: end sessions
+// from the transceiver side.
+func NewEcho(logger *slog.Logger) http.Handler {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &echo{logger: logger}
+}
+
+func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	sc, err := bridge.Accept(w, r, bridge.AcceptOptions{})
+	if err != nil {
+		e.logger.Warn("bridge handshake failed", "remote", r.RemoteAddr, "err", err)
+		return
+	}
+	defer sc.Close()
+	log := e.logger.With("session_id", sc.Session().SessionID)
+	log.Info("session start", "format", sc.Format(), "metadata", sc.Session().Metadata)
+
+	frames, events, reason, err := e.run(sc)
+	attrs := []any{"audio_frames", frames, "events", events, "ignored", sc.Ignored()}
+	switch {
+	case err == nil:
+		log.Info("session end", append(attrs, "reason", reason)...)
+	case errors.Is(err, bridge.ErrClosed):
+		log.Info("session end", append(attrs, "reason", "connection_closed", "err", err)...)
+	default:
+		log.Warn("session end", append(attrs, "reason", "error", "err", err)...)
+	}
+}
+
+// run echoes until the transceiver ends the session (it returns its
+// reason) or the connection fails.
+func (e *echo) run(sc *bridge.ServerConn) (frames, events int, reason string, err error) {
+	// The connection is hijacked: it lives until one side closes it, so
+	// the context is not tied to the request.
+	ctx := context.Background()
+	for {
+		m, err := sc.Recv(ctx)
+		if err != nil {
+			return frames, events, "", err
+		}
+		switch {
+		case m.Audio != nil:
+			// SendAudio copies the payload before Recv reuses it.
+			if err := sc.SendAudio(ctx, *m.Audio); err != nil {
+				return frames, events, "", err
+			}
+			frames++
+		case m.Event != nil:
+			if err := sc.SendEvent(ctx, m.Event); err != nil {
+				return frames, events, "", err
+			}
+			events++
+		case m.End != nil:
+			// The transceiver closes next; End completes the close
+			// handshake without sending session.end back.
+			_ = sc.End(ctx, m.End.Reason)
+			return frames, events, m.End.Reason, nil
+		}
+	}
+}

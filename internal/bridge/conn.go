@@ -1,0 +1,85 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/coder/websocket"
+)
+
+// SessionStart is the content of session.start, which the transceiver
+// sends once the hello exchange agreed on a format.
+type SessionStart struct {
+	// SessionID identifies the session (the transceiver's id, unique per
+	// session). It must not be empty.
+	SessionID string
+	// Metadata is optional call metadata as string pairs (for example
+	// client address, user agent, model requested). It may be nil.
+	Metadata map[string]string
+}
+
+// Conn is the transceiver side of one bridge session, returned by Dial.
+//
+// SendAudio, SendEvent, End and Close are safe for concurrent use with
+// each other and with Recv; Recv must be called by one goroutine at a
+// time.
+type Conn struct {
+	*core
+}
+
+// offeredFormats is what Dial offers, in order of preference.
+var offeredFormats = []string{FormatOpus}
+
+// Dial opens a bridge session to the backend at url (ws://, wss://,
+// http:// or https://): it offers Subprotocol, does the hello exchange
+// and sends session.start. ctx bounds the whole setup; it is not used
+// after Dial returns.
+//
+// Errors wrap ErrVersion when the backend does not select Subprotocol or
+// answers with another version (closing with CloseVersion), ErrFormat
+// when it picks no format or one Dial did not offer (closing with
+// CloseFormat), ErrProtocol on a malformed answer, and ErrClosed when
+// the connection closes during setup. On error no connection is left
+// open.
+func Dial(ctx context.Context, url string, start SessionStart) (*Conn, error) {
+	if start.SessionID == "" {
+		return nil, errors.New("bridge: dial: empty SessionStart.SessionID")
+	}
+	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{
+		Subprotocols: []string{Subprotocol},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: dial %s: %w", url, err)
+	}
+	c := newCore(ws)
+	if err := c.dialHandshake(ctx, start); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return &Conn{core: c}, nil
+}
+
+func (c *core) dialHandshake(ctx context.Context, start SessionStart) error {
+	if got := c.ws.Subprotocol(); got != Subprotocol {
+		return c.fail(CloseVersion, fmt.Errorf("%w: backend selected subprotocol %q, want %q", ErrVersion, got, Subprotocol))
+	}
+	if err := c.sendJSON(ctx, helloOffer{Type: typeHello, Version: Version, AudioFormats: offeredFormats}); err != nil {
+		return err
+	}
+	m, err := c.readText(ctx)
+	if err != nil {
+		return err
+	}
+	switch {
+	case m.Type != typeHello:
+		return c.protocolError(fmt.Errorf("%w: got %q, want hello", ErrProtocol, m.Type))
+	case m.Version != Version:
+		return c.fail(CloseVersion, fmt.Errorf("%w: backend hello version %d, want %d", ErrVersion, m.Version, Version))
+	case !slices.Contains(offeredFormats, m.AudioFormat):
+		return c.fail(CloseFormat, fmt.Errorf("%w: backend chose audio format %q, offered %q", ErrFormat, m.AudioFormat, offeredFormats))
+	}
+	c.format = m.AudioFormat
+	return c.sendJSON(ctx, sessionStartMsg{Type: typeSessionStart, SessionID: start.SessionID, Metadata: start.Metadata})
+}

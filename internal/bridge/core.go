@@ -1,0 +1,291 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"unicode/utf8"
+
+	"github.com/coder/websocket"
+)
+
+// core is the session phase shared by Conn and ServerConn: sending and
+// receiving audio, events and session.end over one WebSocket.
+type core struct {
+	// Set once before the core is shared, never mutated.
+	ws     *websocket.Conn
+	format string
+
+	// wmu guards wbuf, the reused encode buffer for outgoing messages.
+	// Holding it across ws.Write also keeps messages in call order.
+	wmu  sync.Mutex
+	wbuf []byte
+
+	// rbuf is the reused read buffer; only the single Recv caller
+	// touches it.
+	rbuf   []byte
+	rframe AudioFrame // the frame Recv returns a pointer to
+
+	ignored   atomic.Uint64 // messages ignored: unknown type or frame kind
+	peerEnded atomic.Bool   // a session.end was received
+	endOnce   sync.Once
+	closeOnce sync.Once
+	endErr    error // written in endOnce
+}
+
+func newCore(ws *websocket.Conn) *core {
+	ws.SetReadLimit(MaxMessageSize)
+	return &core{ws: ws, wbuf: make([]byte, 0, 2048), rbuf: make([]byte, 0, 4096)}
+}
+
+// Format returns the audio format agreed in the hello exchange, e.g.
+// FormatOpus.
+func (c *core) Format() string { return c.format }
+
+// Ignored returns how many messages from the peer were ignored because
+// their "type" (text) or kind byte (binary) is unknown to v1.
+func (c *core) Ignored() uint64 { return c.ignored.Load() }
+
+// SendAudio sends one audio frame. It copies f.Payload before returning,
+// so the caller may reuse it at once. Safe for concurrent use with
+// SendEvent, Recv, End and Close; concurrent sends are written whole, in
+// the order they take the write lock.
+//
+// If ctx ends during the write, the WebSocket library closes the
+// connection: pass a context that lives as long as the session. With a
+// ctx whose Done channel is nil (context.Background()), SendAudio and
+// Recv of audio do not allocate in the steady state; a cancellable ctx
+// costs the library a context.AfterFunc (a few allocations) per call. A
+// caller that wants zero allocations uses context.Background() and
+// unblocks with Close or End.
+func (c *core) SendAudio(ctx context.Context, f AudioFrame) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.wbuf = AppendAudioFrame(c.wbuf[:0], f)
+	return c.write(ctx, websocket.MessageBinary, c.wbuf)
+}
+
+// SendEvent sends one data-channel message (any text; JSON for
+// oai-events) to the peer as an event. data must be valid UTF-8 (else
+// ErrInvalidEvent); it is not retained. Safe for concurrent use.
+func (c *core) SendEvent(ctx context.Context, data []byte) error {
+	if !utf8.Valid(data) {
+		return ErrInvalidEvent
+	}
+	return c.sendJSON(ctx, eventMsg{Type: typeEvent, Data: string(data)})
+}
+
+func (c *core) sendJSON(ctx context.Context, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("bridge: encode: %w", err)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.write(ctx, websocket.MessageText, b)
+}
+
+func (c *core) write(ctx context.Context, typ websocket.MessageType, b []byte) error {
+	if err := c.ws.Write(ctx, typ, b); err != nil {
+		return closedErr(ctx, err)
+	}
+	return nil
+}
+
+// Message is one message received from the peer: exactly one of Audio,
+// Event and End is set.
+type Message struct {
+	// Audio is an audio frame. Its Payload is valid only until the next
+	// Recv.
+	Audio *AudioFrame
+	// Event is the text of a data-channel message (for oai-events, one
+	// JSON event). It is a fresh copy the caller owns; it is non-nil
+	// (possibly empty) when the message is an event.
+	Event []byte
+	// End reports that the peer ended the session. The peer then closes
+	// the WebSocket; call Close (or End) to release the connection.
+	End *SessionEnd
+}
+
+// SessionEnd is the content of a session.end message.
+type SessionEnd struct {
+	// Reason says why the session ended, e.g. ReasonClientHangup. Any
+	// string is allowed; it may be empty.
+	Reason string
+}
+
+// Recv returns the next audio frame, event or session end from the
+// peer, skipping (and counting, see Ignored) messages of unknown type or
+// kind. Only one goroutine may call Recv at a time.
+//
+// Errors: a malformed or out-of-order message closes the connection with
+// status 1002 and returns an error wrapping ErrProtocol. Once the
+// connection is closed, by either side, Recv returns an error wrapping
+// ErrClosed (and ErrVersion, ErrFormat or ErrProtocol when the peer's
+// close code says so). If ctx ends while Recv waits, the connection is
+// closed (a property of the WebSocket library).
+//
+// The returned Audio frame and its Payload alias an internal buffer
+// valid until the next Recv; the frame struct itself is reused.
+func (c *core) Recv(ctx context.Context) (Message, error) {
+	for {
+		typ, b, err := c.read(ctx)
+		if err != nil {
+			return Message{}, err
+		}
+		if typ == websocket.MessageBinary {
+			f, err := ParseAudioFrame(b)
+			if errors.Is(err, ErrFrameKind) {
+				c.ignored.Add(1)
+				continue
+			}
+			if err != nil {
+				return Message{}, c.protocolError(err)
+			}
+			c.rframe = f
+			return Message{Audio: &c.rframe}, nil
+		}
+		m, err := parseText(b)
+		if err != nil {
+			return Message{}, c.protocolError(err)
+		}
+		switch m.Type {
+		case typeEvent:
+			if m.Data == nil {
+				return Message{}, c.protocolError(fmt.Errorf(`%w: event without a string "data"`, ErrProtocol))
+			}
+			ev := make([]byte, len(*m.Data))
+			copy(ev, *m.Data)
+			return Message{Event: ev}, nil
+		case typeSessionEnd:
+			c.peerEnded.Store(true)
+			return Message{End: &SessionEnd{Reason: m.Reason}}, nil
+		case typeHello, typeSessionStart:
+			return Message{}, c.protocolError(fmt.Errorf("%w: %q after the handshake", ErrProtocol, m.Type))
+		default:
+			c.ignored.Add(1)
+		}
+	}
+}
+
+// read reads one whole message into rbuf.
+func (c *core) read(ctx context.Context) (websocket.MessageType, []byte, error) {
+	typ, r, err := c.ws.Reader(ctx)
+	if err != nil {
+		return 0, nil, closedErr(ctx, err)
+	}
+	b := c.rbuf[:0]
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			c.rbuf = b
+			return 0, nil, closedErr(ctx, err)
+		}
+	}
+	c.rbuf = b
+	return typ, b, nil
+}
+
+// readText reads the next known text message during the handshake,
+// skipping unknown types like Recv does.
+func (c *core) readText(ctx context.Context) (inMsg, error) {
+	for {
+		typ, b, err := c.read(ctx)
+		if err != nil {
+			return inMsg{}, err
+		}
+		if typ != websocket.MessageText {
+			return inMsg{}, c.protocolError(fmt.Errorf("%w: binary message during the handshake", ErrProtocol))
+		}
+		m, err := parseText(b)
+		if err != nil {
+			return inMsg{}, c.protocolError(err)
+		}
+		switch m.Type {
+		case typeHello, typeSessionStart, typeEvent, typeSessionEnd:
+			return m, nil
+		}
+		c.ignored.Add(1)
+	}
+}
+
+// protocolError closes the connection with 1002 and returns err, which
+// wraps ErrProtocol.
+func (c *core) protocolError(err error) error {
+	c.closeWith(websocket.StatusProtocolError, err.Error())
+	return err
+}
+
+// fail closes the connection with code and returns err.
+func (c *core) fail(code websocket.StatusCode, err error) error {
+	c.closeWith(code, err.Error())
+	return err
+}
+
+// closeWith runs the WebSocket close handshake with code and reason
+// (truncated to the 123 bytes a close frame holds). The library bounds
+// it to 5 s for the write and 5 s for the peer's reply.
+func (c *core) closeWith(code websocket.StatusCode, reason string) {
+	c.closeOnce.Do(func() {
+		const maxReason = 123
+		if len(reason) > maxReason {
+			reason = reason[:maxReason]
+			for !utf8.ValidString(reason) {
+				reason = reason[:len(reason)-1]
+			}
+		}
+		_ = c.ws.Close(code, reason)
+	})
+}
+
+// End sends session.end with reason (unless the peer already ended the
+// session), then closes the WebSocket with status 1000. It is
+// idempotent: later calls return the first call's result. The close
+// handshake waits for the peer's reply for at most about 10 s (library
+// bound); ctx bounds only the session.end write.
+func (c *core) End(ctx context.Context, reason string) error {
+	c.endOnce.Do(func() {
+		if !c.peerEnded.Load() {
+			c.endErr = c.sendJSON(ctx, sessionEndMsg{Type: typeSessionEnd, Reason: reason})
+		}
+		c.closeWith(websocket.StatusNormalClosure, typeSessionEnd)
+	})
+	return c.endErr
+}
+
+// Close closes the connection at once, without session.end and without
+// the WebSocket close handshake; the peer sees the connection drop. Use
+// End to end a session gracefully. Close is idempotent, safe for
+// concurrent use, and unblocks Recv and pending sends.
+func (c *core) Close() error {
+	c.closeOnce.Do(func() { _ = c.ws.CloseNow() })
+	return nil
+}
+
+// closedErr maps an error from the WebSocket library, after which the
+// connection is closed, to this package's sentinels.
+func closedErr(ctx context.Context, err error) error {
+	switch websocket.CloseStatus(err) {
+	case CloseVersion:
+		return fmt.Errorf("%w: %w: %w", ErrClosed, ErrVersion, err)
+	case CloseFormat:
+		return fmt.Errorf("%w: %w: %w", ErrClosed, ErrFormat, err)
+	case websocket.StatusProtocolError:
+		return fmt.Errorf("%w: %w: %w", ErrClosed, ErrProtocol, err)
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+		return fmt.Errorf("%w: %w: %w", ErrClosed, ctxErr, err)
+	}
+	return fmt.Errorf("%w: %w", ErrClosed, err)
+}

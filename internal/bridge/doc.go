@@ -1,0 +1,29 @@
+// Package bridge implements version 1 of the Switchboard backend bridge:
+// the per-session WebSocket between a transceiver and an AI backend
+// (agent). The normative specification, written for implementers in any
+// language, is docs/bridge.md; this comment summarizes it.
+//
+// The transceiver dials the backend URL with the WebSocket subprotocol
+// Subprotocol (RFC 6455 §1.9, §4.1, §11.3.4). Then, in order:
+//
+//	transceiver → backend  {"type":"hello","version":1,"audio_formats":["opus/48000/2"]}
+//	backend → transceiver  {"type":"hello","version":1,"audio_format":"opus/48000/2"}
+//	transceiver → backend  {"type":"session.start","session_id":"…","metadata":{…}}
+//
+// after which both sides may send, in any order:
+//
+//   - binary messages: one audio frame each (layout in frame.go and the
+//     spec: kind, flags, RTP sequence number, RTP timestamp, payload);
+//   - {"type":"event","data":"<data-channel message as a string>"};
+//   - {"type":"session.end","reason":"…"}, followed by a WebSocket close
+//     with status 1000 (RFC 6455 §7.4.1).
+//
+// Handshake failures close the WebSocket with CloseVersion (4001) or
+// CloseFormat (4002); a malformed message closes it with 1002 (protocol
+// error). Text messages with an unknown "type", and binary messages with
+// an unknown kind byte, are ignored and counted (see Ignored), so that
+// later minor revisions can add messages without breaking v1 peers.
+//
+// Dial is the transceiver side (Conn); Accept is the backend side
+// (ServerConn). Both share one implementation of the session phase.
+package bridge

@@ -1,0 +1,119 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// AcceptOptions configures Accept. The zero value is ready to use.
+type AcceptOptions struct {
+	// Formats lists the audio formats the backend accepts, in order of
+	// preference. Accept picks the first one the transceiver offered.
+	// Default: [FormatOpus].
+	Formats []string
+	// HandshakeTimeout bounds the hello exchange and the wait for
+	// session.start. Default: 10 s.
+	HandshakeTimeout time.Duration
+}
+
+// ServerConn is the backend side of one bridge session, returned by
+// Accept. Its methods have the same semantics as Conn's.
+type ServerConn struct {
+	*core
+	session SessionStart
+}
+
+// Session returns the session.start the transceiver sent.
+func (s *ServerConn) Session() SessionStart { return s.session }
+
+// Accept upgrades r to a bridge WebSocket, answers the transceiver's
+// hello with the first of opts.Formats it offered, and waits for
+// session.start. The caller owns the returned ServerConn and must End or
+// Close it; the handler may keep using it after Accept returns (the
+// connection is hijacked, so do not use r.Context() for its lifetime).
+//
+// A request that does not offer Subprotocol gets HTTP 400 and an error
+// wrapping ErrVersion. After the upgrade, errors wrap ErrVersion (hello
+// version is not Version; closed with CloseVersion), ErrFormat (no
+// common format; closed with CloseFormat), ErrProtocol (malformed or
+// out-of-order message; closed with 1002) or ErrClosed. On error no
+// connection is left open.
+func Accept(w http.ResponseWriter, r *http.Request, opts AcceptOptions) (*ServerConn, error) {
+	if !offersSubprotocol(r.Header) {
+		err := fmt.Errorf("%w: request does not offer WebSocket subprotocol %q", ErrVersion, Subprotocol)
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return nil, err
+	}
+	formats := opts.Formats
+	if len(formats) == 0 {
+		formats = []string{FormatOpus}
+	}
+	timeout := opts.HandshakeTimeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: accept: %w", err)
+	}
+	c := newCore(ws)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	start, err := c.acceptHandshake(ctx, formats)
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return &ServerConn{core: c, session: start}, nil
+}
+
+func (c *core) acceptHandshake(ctx context.Context, formats []string) (SessionStart, error) {
+	m, err := c.readText(ctx)
+	if err != nil {
+		return SessionStart{}, err
+	}
+	switch {
+	case m.Type != typeHello:
+		return SessionStart{}, c.protocolError(fmt.Errorf("%w: got %q, want hello", ErrProtocol, m.Type))
+	case m.Version != Version:
+		return SessionStart{}, c.fail(CloseVersion, fmt.Errorf("%w: transceiver hello version %d, want %d", ErrVersion, m.Version, Version))
+	}
+	i := slices.IndexFunc(formats, func(f string) bool { return slices.Contains(m.AudioFormats, f) })
+	if i < 0 {
+		return SessionStart{}, c.fail(CloseFormat, fmt.Errorf("%w: backend accepts %q, transceiver offered %q", ErrFormat, formats, m.AudioFormats))
+	}
+	c.format = formats[i]
+	if err := c.sendJSON(ctx, helloAnswer{Type: typeHello, Version: Version, AudioFormat: c.format}); err != nil {
+		return SessionStart{}, err
+	}
+	m, err = c.readText(ctx)
+	if err != nil {
+		return SessionStart{}, err
+	}
+	switch {
+	case m.Type != typeSessionStart:
+		return SessionStart{}, c.protocolError(fmt.Errorf("%w: got %q, want session.start", ErrProtocol, m.Type))
+	case m.SessionID == "":
+		return SessionStart{}, c.protocolError(fmt.Errorf("%w: session.start without session_id", ErrProtocol))
+	}
+	return SessionStart{SessionID: m.SessionID, Metadata: m.Metadata}, nil
+}
+
+// offersSubprotocol reports whether the Sec-WebSocket-Protocol request
+// headers list Subprotocol (RFC 6455 §11.3.4: comma-separated tokens).
+func offersSubprotocol(h http.Header) bool {
+	for _, v := range h.Values("Sec-WebSocket-Protocol") {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.TrimSpace(tok) == Subprotocol {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,136 @@
+package bridge
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Subprotocol is the WebSocket subprotocol (Sec-WebSocket-Protocol) of
+// bridge version 1. The transceiver offers it; a backend must select it.
+const Subprotocol = "switchboard.bridge.v1"
+
+// Version is the protocol version carried in hello messages.
+const Version = 1
+
+// Audio formats, written "<codec>/<clock rate Hz>/<channels>".
+const (
+	// FormatOpus is Opus passthrough (RFC 7587): each audio frame carries
+	// one Opus packet exactly as received over RTP, 48 kHz RTP clock, two
+	// channels signalled as in SDP (the stream may be mono).
+	FormatOpus = "opus/48000/2"
+	// FormatPCM16 is 16-bit signed little-endian PCM, 24 kHz, mono. It is
+	// reserved for a later version of the transceiver: Dial does not
+	// offer it yet.
+	FormatPCM16 = "pcm16/24000/1"
+)
+
+// WebSocket close codes used by the bridge besides the RFC 6455 ones
+// (1000 normal closure after session.end, 1001 going away, 1002 protocol
+// error, 1009 message too big).
+const (
+	// CloseVersion closes a connection whose peer speaks another protocol
+	// version (hello "version" is not Version).
+	CloseVersion = 4001
+	// CloseFormat closes a connection when no audio format is acceptable
+	// to both sides.
+	CloseFormat = 4002
+)
+
+// MaxMessageSize is the largest WebSocket message, in bytes, that a
+// bridge endpoint reads. Larger messages close the connection with 1009.
+const MaxMessageSize = 1 << 20
+
+// Sentinel errors. Errors returned by this package wrap one or more of
+// them; test with errors.Is.
+var (
+	// ErrVersion reports that the peer does not speak bridge v1: it did
+	// not select Subprotocol, or its hello carried another version.
+	ErrVersion = errors.New("bridge: unsupported protocol version")
+	// ErrFormat reports that no audio format is acceptable to both sides.
+	ErrFormat = errors.New("bridge: no common audio format")
+	// ErrProtocol reports a malformed or out-of-order message from the
+	// peer (or a 1002 close from the peer, which saw one from us).
+	ErrProtocol = errors.New("bridge: protocol error")
+	// ErrFrameKind is returned by ParseAudioFrame for a binary frame
+	// whose kind byte is not FrameKindAudio. Recv ignores such frames.
+	ErrFrameKind = errors.New("bridge: unknown binary frame kind")
+	// ErrClosed reports that the connection is closed, by either side,
+	// gracefully or not.
+	ErrClosed = errors.New("bridge: connection closed")
+	// ErrInvalidEvent is returned by SendEvent when data is not valid
+	// UTF-8 (a JSON string cannot carry it).
+	ErrInvalidEvent = errors.New("bridge: event data is not valid UTF-8")
+)
+
+// Message type names (the "type" member of text messages).
+const (
+	typeHello        = "hello"
+	typeSessionStart = "session.start"
+	typeEvent        = "event"
+	typeSessionEnd   = "session.end"
+)
+
+// Outgoing messages, one struct per type so that required members are
+// always present.
+type (
+	helloOffer struct {
+		Type         string   `json:"type"`
+		Version      int      `json:"version"`
+		AudioFormats []string `json:"audio_formats"`
+	}
+	helloAnswer struct {
+		Type        string `json:"type"`
+		Version     int    `json:"version"`
+		AudioFormat string `json:"audio_format"`
+	}
+	sessionStartMsg struct {
+		Type      string            `json:"type"`
+		SessionID string            `json:"session_id"`
+		Metadata  map[string]string `json:"metadata,omitempty"`
+	}
+	eventMsg struct {
+		Type string `json:"type"`
+		Data string `json:"data"`
+	}
+	sessionEndMsg struct {
+		Type   string `json:"type"`
+		Reason string `json:"reason"`
+	}
+)
+
+// inMsg is the union of all incoming text messages. Unknown members are
+// ignored (forward compatibility).
+type inMsg struct {
+	Type         string            `json:"type"`
+	Version      int               `json:"version"`
+	AudioFormats []string          `json:"audio_formats"`
+	AudioFormat  string            `json:"audio_format"`
+	SessionID    string            `json:"session_id"`
+	Metadata     map[string]string `json:"metadata"`
+	Data         *string           `json:"data"`
+	Reason       string            `json:"reason"`
+}
+
+// parseText decodes a text message. A message that is not a JSON object
+// with a non-empty string "type" is a protocol error.
+func parseText(b []byte) (inMsg, error) {
+	var m inMsg
+	if err := json.Unmarshal(b, &m); err != nil {
+		return inMsg{}, fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	if m.Type == "" {
+		return inMsg{}, fmt.Errorf(`%w: message has no "type"`, ErrProtocol)
+	}
+	return m, nil
+}
+
+// Session end reasons used by the transceiver. Peers must accept any
+// string: the list will grow.
+const (
+	ReasonClientHangup = "client_hangup" // the client closed the peer connection or data channel
+	ReasonICEFailed    = "ice_failed"    // ICE failed or consent expired
+	ReasonShutdown     = "shutdown"      // the sender is draining or stopping
+	ReasonError        = "error"         // the sender hit an internal error
+	ReasonDone         = "done"          // the backend finished the conversation
+)
