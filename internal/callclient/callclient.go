@@ -1,0 +1,652 @@
+// Package callclient runs one voice session against a Switchboard
+// signaling URL with a Pion WebRTC client and reports how it went. It is
+// the scripted counterpart of the demo page: smoke tests, load tests and
+// latency measurements use it.
+//
+// # Signaling (DESIGN.md §6)
+//
+//	POST <URL>
+//	Content-Type: application/sdp
+//	Authorization: Bearer <token>        (optional)
+//	<complete SDP offer: ICE gathering finished, no trickle>
+//
+//	201 Created
+//	Location: /v1/calls/{id}             (resolved against URL)
+//	Content-Type: application/sdp
+//	<complete SDP answer from an ICE-lite server>
+//
+//	DELETE <Location>                    ends the session
+//
+// Errors are 4xx/5xx with a JSON body {"error":{"message":"..."}}.
+//
+// # Media
+//
+// The offer has one sendrecv audio m-line carrying only Opus (48000/2,
+// payload type 111, RFC 7587) and an SCTP data channel named "oai-events",
+// created by the client. Once the peer connection is connected the client
+// streams the WAV file as 20 ms Opus frames paced by a ticker, sends one
+// JSON message on the data channel ({"type":"ping","id":"<random>"}) and
+// waits for it to come back, and records every Opus payload sent and
+// received so that an echo server can be checked payload for payload.
+package callclient
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pion/ice/v4"
+	"github.com/pion/webrtc/v4"
+	"github.com/pion/webrtc/v4/pkg/media"
+)
+
+// DataChannelLabel is the label of the data channel the client creates;
+// it matches OpenAI's Realtime WebRTC flow.
+const DataChannelLabel = "oai-events"
+
+// Opus payload format offered (RFC 7587).
+const (
+	OpusPayloadType = 111
+	opusFmtp        = "minptime=10;useinbandfec=1"
+)
+
+// Errors returned by Run, wrapped with detail.
+var (
+	ErrOptions   = errors.New("callclient: invalid options")
+	ErrSignaling = errors.New("callclient: signaling failed")
+	ErrConnect   = errors.New("callclient: connection failed")
+)
+
+// Bounds of the phases that follow streaming.
+const (
+	// echoDrain is how long Run waits, after the last frame was sent, for
+	// packets still in flight; it stops early once every packet is back.
+	echoDrain = 1 * time.Second
+	// deleteTimeout bounds the DELETE that ends the session, which is sent
+	// even when ctx is already done.
+	deleteTimeout = 5 * time.Second
+	// timeoutSlack is added to the clip length when Options.Timeout is 0.
+	timeoutSlack = 15 * time.Second
+)
+
+// Options configures Run.
+type Options struct {
+	// URL is the signaling endpoint the offer is POSTed to, such as
+	// "https://edge.example/v1/calls". Required.
+	URL string
+	// AudioPath is a 16-bit PCM WAV file (mono or stereo, 8/12/16/24/48
+	// kHz). Required.
+	AudioPath string
+	// Duration is how much audio to send; 0 sends the whole file once. A
+	// Duration longer than the file loops it.
+	Duration time.Duration
+	// Timeout bounds the whole of Run, signaling to DELETE; 0 means the
+	// audio length plus 15 s.
+	Timeout time.Duration
+	// Logger receives progress at debug level and problems at warn; nil
+	// discards.
+	Logger *slog.Logger
+	// SettingEngine, if set, is used as is (tests inject one bound to
+	// loopback). If nil, Run uses one that includes loopback host
+	// candidates, disables mDNS, and gathers on udp4 and udp6 (udp4 only
+	// with IPv4Only).
+	SettingEngine *webrtc.SettingEngine
+	// IPv4Only restricts the default SettingEngine to udp4. Ignored when
+	// SettingEngine is set.
+	IPv4Only bool
+	// AuthToken, if set, is sent as "Authorization: Bearer <AuthToken>" on
+	// the POST and the DELETE.
+	AuthToken string
+	// HTTPClient is used for signaling; nil uses a private client whose
+	// idle connections are closed when Run returns.
+	HTTPClient *http.Client
+}
+
+// SetupTimes are milliseconds from the start of the POST to each event; 0
+// means the event did not happen.
+type SetupTimes struct {
+	SignalingMS       float64 `json:"signaling_ms"`         // answer received
+	ICEConnectedMS    float64 `json:"ice_connected_ms"`     // ICE connection state "connected"
+	DTLSConnectedMS   float64 `json:"dtls_connected_ms"`    // DTLS transport state "connected"
+	DataChannelOpenMS float64 `json:"data_channel_open_ms"` // "oai-events" open
+	FirstAudioMS      float64 `json:"first_audio_ms"`       // first RTP packet from the server
+}
+
+// Report is the outcome of one session. It marshals to JSON as printed by
+// String.
+type Report struct {
+	Setup           SetupTimes `json:"setup_ms"`
+	PacketsSent     int        `json:"packets_sent"`
+	PacketsReceived int        `json:"packets_received"`
+	// AudioEchoed is true when the server echoed the audio back: at least
+	// one packet was received, PayloadMismatches is 0 (the received
+	// payloads, in arrival order, are a subsequence of the sent payloads:
+	// each equals a sent payload later than the one the previous matched),
+	// and PacketsReceived*10 >= PacketsSent*9 (at least 90% came back).
+	AudioEchoed bool `json:"audio_echoed"`
+	// PayloadMismatches counts received payloads that did not match a sent
+	// payload after the previous match, under the rule above.
+	PayloadMismatches int `json:"payload_mismatches"`
+	// DataChannelEchoed is true when the ping sent on "oai-events" came
+	// back byte for byte.
+	DataChannelEchoed bool `json:"data_channel_echoed"`
+	// SessionURL is the absolute Location of the session.
+	SessionURL string `json:"session_url"`
+	Error      string `json:"error,omitempty"`
+
+	// SentPayloads and ReceivedPayloads are the Opus payloads in order.
+	SentPayloads     [][]byte `json:"-"`
+	ReceivedPayloads [][]byte `json:"-"`
+}
+
+// String returns the report as indented JSON.
+func (r Report) String() string {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Sprintf("report: %v", err)
+	}
+	return string(b)
+}
+
+// Run performs one session as described in the package comment. It always
+// returns a Report, filled as far as the session got; on failure the error
+// is also in Report.Error. A session that connected but whose audio or
+// data channel was not echoed is not an error: check AudioEchoed and
+// DataChannelEchoed.
+func Run(ctx context.Context, opts Options) (Report, error) {
+	c := &call{opts: opts, log: opts.Logger}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	err := c.run(ctx)
+	rep := c.report()
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	return rep, err
+}
+
+// call is the state of one Run.
+type call struct {
+	opts Options
+	log  *slog.Logger
+
+	// Set before the peer connection exists, never mutated after.
+	frames [][]byte
+	ping   []byte
+
+	// start is when the POST began; zero before. Written once before any
+	// callback that reads it can fire.
+	start time.Time
+
+	connected chan struct{} // closed on peer connection state "connected"
+	failed    chan struct{} // closed on "failed" or "closed"
+	dcEcho    chan struct{} // closed when the ping comes back
+	allBack   chan struct{} // closed when as many packets came back as were sent
+
+	readers sync.WaitGroup // OnTrack read loops
+
+	mu          sync.Mutex // guards the following
+	setup       SetupTimes
+	sent        [][]byte
+	received    [][]byte
+	sessionURL  string
+	dcEchoed    bool
+	stopReading bool // set before closing the peer connection
+	signals     map[chan struct{}]bool
+}
+
+func (c *call) run(ctx context.Context) error {
+	if c.opts.URL == "" {
+		return fmt.Errorf("%w: URL is empty", ErrOptions)
+	}
+	if c.opts.AudioPath == "" {
+		return fmt.Errorf("%w: AudioPath is empty", ErrOptions)
+	}
+	target, err := url.Parse(c.opts.URL)
+	if err != nil || (target.Scheme != "http" && target.Scheme != "https") {
+		return fmt.Errorf("%w: URL %q is not an http(s) URL", ErrOptions, c.opts.URL)
+	}
+	wav, err := LoadWAV(c.opts.AudioPath)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrOptions, err)
+	}
+	maxFrames := 0
+	if c.opts.Duration > 0 {
+		maxFrames = int((c.opts.Duration + frameDuration - 1) / frameDuration)
+	}
+	if c.frames, err = encodeOpus(wav, maxFrames); err != nil {
+		return err
+	}
+	timeout := c.opts.Timeout
+	if timeout <= 0 {
+		timeout = time.Duration(len(c.frames))*frameDuration + timeoutSlack
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	c.ping, err = newPing()
+	if err != nil {
+		return err
+	}
+	for _, ch := range []*chan struct{}{&c.connected, &c.failed, &c.dcEcho, &c.allBack} {
+		*ch = make(chan struct{})
+	}
+	c.signals = make(map[chan struct{}]bool)
+
+	pc, track, err := c.newPeerConnection()
+	if err != nil {
+		return err
+	}
+	defer c.closePeerConnection(pc)
+
+	httpc := c.opts.HTTPClient
+	if httpc == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		defer tr.CloseIdleConnections()
+		httpc = &http.Client{Transport: tr}
+	}
+
+	offer, err := pc.CreateOffer(nil)
+	if err != nil {
+		return fmt.Errorf("create offer: %w", err)
+	}
+	gathered := webrtc.GatheringCompletePromise(pc)
+	if err := pc.SetLocalDescription(offer); err != nil {
+		return fmt.Errorf("set local description: %w", err)
+	}
+	select {
+	case <-gathered:
+	case <-ctx.Done():
+		return fmt.Errorf("%w: ICE gathering: %w", ErrConnect, ctx.Err())
+	}
+
+	c.mu.Lock()
+	c.start = time.Now()
+	c.mu.Unlock()
+	answer, session, err := c.post(ctx, httpc, target, pc.LocalDescription().SDP)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.setup.SignalingMS = c.sinceStartLocked()
+	c.sessionURL = session.String()
+	c.mu.Unlock()
+	defer func() {
+		if derr := c.delete(ctx, httpc, session); derr != nil {
+			c.log.Warn("DELETE session", "url", session.String(), "err", derr)
+		}
+	}()
+
+	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: answer}); err != nil {
+		return fmt.Errorf("%w: set remote description: %w", ErrSignaling, err)
+	}
+
+	select {
+	case <-c.connected:
+	case <-c.failed:
+		return fmt.Errorf("%w: peer connection state %s", ErrConnect, pc.ConnectionState())
+	case <-ctx.Done():
+		return fmt.Errorf("%w: waiting for connection: %w", ErrConnect, ctx.Err())
+	}
+	c.log.Debug("connected", "session", session.String())
+
+	if err := c.stream(ctx, track); err != nil {
+		return err
+	}
+	c.drain(ctx)
+	return nil
+}
+
+// newPeerConnection builds the peer connection, its audio transceiver and
+// data channel, and wires every callback.
+func (c *call) newPeerConnection() (*webrtc.PeerConnection, *webrtc.TrackLocalStaticSample, error) {
+	codec := webrtc.RTPCodecCapability{
+		MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2, SDPFmtpLine: opusFmtp,
+	}
+	var me webrtc.MediaEngine
+	if err := me.RegisterCodec(webrtc.RTPCodecParameters{RTPCodecCapability: codec, PayloadType: OpusPayloadType}, webrtc.RTPCodecTypeAudio); err != nil {
+		return nil, nil, err
+	}
+	se := c.opts.SettingEngine
+	if se == nil {
+		se = &webrtc.SettingEngine{}
+		se.SetIncludeLoopbackCandidate(true)
+		se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
+		if c.opts.IPv4Only {
+			se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
+		} else {
+			se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
+		}
+	}
+	api := webrtc.NewAPI(webrtc.WithMediaEngine(&me), webrtc.WithSettingEngine(*se))
+	pc, err := api.NewPeerConnection(webrtc.Configuration{})
+	if err != nil {
+		return nil, nil, err
+	}
+	fail := func(err error) (*webrtc.PeerConnection, *webrtc.TrackLocalStaticSample, error) {
+		_ = pc.Close()
+		return nil, nil, err
+	}
+
+	pc.OnICEConnectionStateChange(func(s webrtc.ICEConnectionState) {
+		c.log.Debug("ICE connection state", "state", s.String())
+		if s == webrtc.ICEConnectionStateConnected {
+			c.mark(&c.setup.ICEConnectedMS)
+		}
+	})
+	pc.SCTP().Transport().OnStateChange(func(s webrtc.DTLSTransportState) {
+		c.log.Debug("DTLS state", "state", s.String())
+		if s == webrtc.DTLSTransportStateConnected {
+			c.mark(&c.setup.DTLSConnectedMS)
+		}
+	})
+	pc.OnConnectionStateChange(func(s webrtc.PeerConnectionState) {
+		c.log.Debug("peer connection state", "state", s.String())
+		switch s {
+		case webrtc.PeerConnectionStateConnected:
+			c.signal(c.connected)
+		case webrtc.PeerConnectionStateFailed, webrtc.PeerConnectionStateClosed:
+			c.signal(c.failed)
+		}
+	})
+	pc.OnTrack(c.onTrack)
+
+	track, err := webrtc.NewTrackLocalStaticSample(codec, "audio", "switchboard-callclient")
+	if err != nil {
+		return fail(err)
+	}
+	tr, err := pc.AddTransceiverFromTrack(track, webrtc.RTPTransceiverInit{Direction: webrtc.RTPTransceiverDirectionSendrecv})
+	if err != nil {
+		return fail(err)
+	}
+	// Read RTCP so that interceptors run; the loop ends when pc closes.
+	sender := tr.Sender()
+	c.readers.Add(1)
+	go func() {
+		defer c.readers.Done()
+		buf := make([]byte, 1500)
+		for {
+			if _, _, err := sender.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
+
+	dc, err := pc.CreateDataChannel(DataChannelLabel, nil)
+	if err != nil {
+		return fail(err)
+	}
+	dc.OnOpen(func() {
+		c.mark(&c.setup.DataChannelOpenMS)
+		if err := dc.Send(c.ping); err != nil {
+			c.log.Warn("data channel send", "err", err)
+		}
+	})
+	dc.OnMessage(func(m webrtc.DataChannelMessage) {
+		if bytes.Equal(m.Data, c.ping) {
+			c.mu.Lock()
+			c.dcEchoed = true
+			c.mu.Unlock()
+			c.signal(c.dcEcho)
+			return
+		}
+		c.log.Debug("data channel message", "data", string(m.Data))
+	})
+	return pc, track, nil
+}
+
+// onTrack reads RTP from the server's track and records the payloads.
+func (c *call) onTrack(t *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
+	c.mu.Lock()
+	if c.stopReading {
+		c.mu.Unlock()
+		return
+	}
+	c.readers.Add(1)
+	c.mu.Unlock()
+	defer c.readers.Done()
+	c.log.Debug("remote track", "kind", t.Kind().String(), "codec", t.Codec().MimeType)
+	for {
+		p, _, err := t.ReadRTP()
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		if len(c.received) == 0 {
+			c.setup.FirstAudioMS = c.sinceStartLocked()
+		}
+		c.received = append(c.received, bytes.Clone(p.Payload))
+		back := len(c.sent) > 0 && len(c.received) >= len(c.sent) && len(c.sent) == len(c.frames)
+		c.mu.Unlock()
+		if back {
+			c.signal(c.allBack)
+		}
+	}
+}
+
+// stream sends the frames in real time, one per 20 ms tick.
+func (c *call) stream(ctx context.Context, track *webrtc.TrackLocalStaticSample) error {
+	tick := time.NewTicker(frameDuration)
+	defer tick.Stop()
+	for i, f := range c.frames {
+		if i > 0 {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return fmt.Errorf("streaming audio: %w", ctx.Err())
+			case <-c.failed:
+				return fmt.Errorf("%w: connection lost while streaming", ErrConnect)
+			}
+		}
+		if err := track.WriteSample(media.Sample{Data: f, Duration: frameDuration}); err != nil {
+			return fmt.Errorf("write sample: %w", err)
+		}
+		c.mu.Lock()
+		c.sent = append(c.sent, f)
+		c.mu.Unlock()
+	}
+	return nil
+}
+
+// drain waits, bounded by echoDrain, for the last echoed packets and the
+// data channel echo.
+func (c *call) drain(ctx context.Context) {
+	t := time.NewTimer(echoDrain)
+	defer t.Stop()
+	c.mu.Lock()
+	back := len(c.received) >= len(c.sent)
+	c.mu.Unlock()
+	if back {
+		c.signal(c.allBack)
+	}
+	for _, ch := range []chan struct{}{c.allBack, c.dcEcho} {
+		select {
+		case <-ch:
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// post sends the offer and returns the answer SDP and the absolute session
+// URL.
+func (c *call) post(ctx context.Context, httpc *http.Client, target *url.URL, offer string) (string, *url.URL, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target.String(), strings.NewReader(offer))
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %w", ErrSignaling, err)
+	}
+	req.Header.Set("Content-Type", "application/sdp")
+	req.Header.Set("Accept", "application/sdp")
+	c.authorize(req)
+	resp, err := httpc.Do(req)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: POST: %w", ErrSignaling, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: reading answer: %w", ErrSignaling, err)
+	}
+	if resp.StatusCode != http.StatusCreated {
+		return "", nil, fmt.Errorf("%w: POST: %s: %s", ErrSignaling, resp.Status, errorMessage(body))
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/sdp") {
+		return "", nil, fmt.Errorf("%w: answer Content-Type %q, want application/sdp", ErrSignaling, ct)
+	}
+	loc := resp.Header.Get("Location")
+	if loc == "" {
+		return "", nil, fmt.Errorf("%w: 201 without Location", ErrSignaling)
+	}
+	rel, err := url.Parse(loc)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: bad Location %q: %w", ErrSignaling, loc, err)
+	}
+	return string(body), target.ResolveReference(rel), nil
+}
+
+// delete ends the session. It runs even after ctx is done.
+func (c *call) delete(ctx context.Context, httpc *http.Client, session *url.URL) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, session.String(), nil)
+	if err != nil {
+		return err
+	}
+	c.authorize(req)
+	resp, err := httpc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("DELETE: %s: %s", resp.Status, errorMessage(body))
+	}
+	return nil
+}
+
+func (c *call) authorize(req *http.Request) {
+	if c.opts.AuthToken != "" {
+		req.Header.Set("Authorization", "Bearer "+c.opts.AuthToken)
+	}
+}
+
+// closePeerConnection closes pc and waits for the read loops.
+func (c *call) closePeerConnection(pc *webrtc.PeerConnection) {
+	c.mu.Lock()
+	c.stopReading = true
+	c.mu.Unlock()
+	if err := pc.Close(); err != nil {
+		c.log.Warn("close peer connection", "err", err)
+	}
+	c.readers.Wait()
+}
+
+// errorMessage extracts the message of a {"error":{"message":...}} body,
+// or returns the body itself, shortened.
+func errorMessage(body []byte) string {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+		return e.Error.Message
+	}
+	s := strings.TrimSpace(string(body))
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	if s == "" {
+		return "(empty body)"
+	}
+	return s
+}
+
+// mark records, once, the time since the POST began into *field.
+func (c *call) mark(field *float64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if *field == 0 {
+		*field = c.sinceStartLocked()
+	}
+}
+
+func (c *call) sinceStartLocked() float64 {
+	if c.start.IsZero() {
+		return 0
+	}
+	return float64(time.Since(c.start).Microseconds()) / 1000
+}
+
+// signal closes ch once.
+func (c *call) signal(ch chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.signals[ch] {
+		c.signals[ch] = true
+		close(ch)
+	}
+}
+
+// report builds the Report; the read loops have stopped when it runs.
+func (c *call) report() Report {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := Report{
+		Setup:             c.setup,
+		PacketsSent:       len(c.sent),
+		PacketsReceived:   len(c.received),
+		DataChannelEchoed: c.dcEchoed,
+		SessionURL:        c.sessionURL,
+		SentPayloads:      c.sent,
+		ReceivedPayloads:  c.received,
+	}
+	r.PayloadMismatches = payloadMismatches(c.sent, c.received)
+	r.AudioEchoed = r.PacketsReceived > 0 && r.PayloadMismatches == 0 &&
+		r.PacketsReceived*10 >= r.PacketsSent*9
+	return r
+}
+
+// payloadMismatches counts received payloads that are not, in order, a
+// subsequence of sent: each received payload must equal a sent payload
+// after the one the previous received payload matched. Greedy earliest
+// matching is exact for the subsequence test; an unmatched payload counts
+// one mismatch and does not move the cursor.
+func payloadMismatches(sent, received [][]byte) int {
+	mismatches, next := 0, 0
+	for _, r := range received {
+		j := next
+		for j < len(sent) && !bytes.Equal(sent[j], r) {
+			j++
+		}
+		if j == len(sent) {
+			mismatches++
+			continue
+		}
+		next = j + 1
+	}
+	return mismatches
+}
+
+func newPing() ([]byte, error) {
+	var id [8]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, err
+	}
+	return json.Marshal(map[string]string{"type": "ping", "id": hex.EncodeToString(id[:])})
+}

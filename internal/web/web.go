@@ -1,0 +1,98 @@
+// Package web serves the Switchboard demo page: one self-contained HTML
+// file (inline CSS and vanilla JS, no external assets) in which a person
+// clicks "Call", grants the microphone and hears themselves through the
+// echo agent.
+//
+// The page speaks the signaling contract of DESIGN.md §6: it POSTs a
+// complete offer (ICE gathering finished) as application/sdp to
+// /v1/calls (or the URL typed in the page), applies the 201 answer, opens
+// the data channel "oai-events", and DELETEs the Location on hang-up.
+//
+// For automated browser tests it exposes window.switchboard:
+//
+//	state     "idle" | "calling" | "connected" | "disconnected" | "failed" | "closed"
+//	dcEcho    true once a ping on "oai-events" came back
+//	setupMs   POST start → peer connection "connected"
+//	echoMs    last data-channel ping round trip
+//	location  absolute session URL
+//	error     last error message, or null
+//	stats     {packetsSent, packetsReceived, packetsLost, jitterMs, rttMs,
+//	           audioLevel, totalAudioEnergy}, polled from getStats every 500 ms
+//	messages  data-channel messages received
+//	call(), hangup(), ping()
+//
+// and mirrors state in document.body.dataset.state.
+package web
+
+import (
+	"bytes"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"net/http"
+	"strings"
+)
+
+//go:embed index.html
+var indexHTML []byte
+
+// contentSecurityPolicy allows only the page's own inline script and style
+// (by hash), fetches to any origin (the signaling URL is editable), and
+// nothing else.
+var contentSecurityPolicy = "default-src 'none'; " +
+	"script-src " + inlineHash("script") + "; " +
+	"style-src " + inlineHash("style") + "; " +
+	"connect-src *; media-src 'self' blob:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// inlineHash returns the CSP source expression for the text of the page's
+// first <tag> element; it panics at start-up if the page has none, which
+// only an edit of index.html can cause.
+func inlineHash(tag string) string {
+	body := inlineElement(indexHTML, tag)
+	if body == nil {
+		panic("web: index.html has no <" + tag + "> element")
+	}
+	sum := sha256.Sum256(body)
+	return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
+}
+
+// inlineElement returns the bytes between "<tag>" and "</tag>", or nil.
+func inlineElement(page []byte, tag string) []byte {
+	open, end := []byte("<"+tag+">"), []byte("</"+tag+">")
+	i := bytes.Index(page, open)
+	if i < 0 {
+		return nil
+	}
+	rest := page[i+len(open):]
+	j := bytes.Index(rest, end)
+	if j < 0 {
+		return nil
+	}
+	return rest[:j]
+}
+
+// Handler serves the demo page at "/" and 404 elsewhere. Mount it after
+// the API routes, e.g. mux.Handle("/", web.Handler()).
+func Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" && !strings.EqualFold(r.URL.Path, "/index.html") {
+			http.NotFound(w, r)
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		h := w.Header()
+		h.Set("Content-Type", "text/html; charset=utf-8")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Content-Security-Policy", contentSecurityPolicy)
+		if r.Method == http.MethodHead {
+			return
+		}
+		_, _ = w.Write(indexHTML)
+	})
+}
