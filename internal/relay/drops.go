@@ -1,0 +1,104 @@
+package relay
+
+// DropReason says why the relay dropped a datagram. Every reason has a
+// counter, created when the relay starts, exported as
+// switchboard_relay_drops_total{reason="<String()>"}. docs/relay.md explains
+// each one.
+type DropReason uint8
+
+// dropNone is the zero value: the datagram is forwarded.
+const dropNone DropReason = 0
+
+const (
+	// Public socket, before any flow lookup.
+
+	// DropUnknownFirstByte: the first byte is in no RFC 7983 range the relay
+	// forwards (STUN, DTLS, RTP/RTCP), or the datagram is empty.
+	DropUnknownFirstByte DropReason = iota + 1
+	// DropNotSTUNOnMiss: DTLS, RTP or RTCP from a client without a flow.
+	DropNotSTUNOnMiss
+	// DropSTUNMalformed: first byte says STUN, the header or attributes do not parse.
+	DropSTUNMalformed
+	// DropSTUNNotBindingRequest: well-formed STUN other than a Binding request, without a flow.
+	DropSTUNNotBindingRequest
+	// DropNoUsername: a Binding request without USERNAME, without a flow.
+	DropNoUsername
+	// DropUsernameMalformed: USERNAME too long, without a colon, or with a
+	// server ufrag outside 4-256 bytes.
+	DropUsernameMalformed
+	// DropTokenMalformed: the server ufrag is not a routing token (length,
+	// alphabet, version).
+	DropTokenMalformed
+	// DropTokenForged: the token's tag does not verify.
+	DropTokenForged
+	// DropTokenUnknownKey: the token is sealed with a key id the keyring lacks.
+	DropTokenUnknownKey
+	// DropTokenExpired: the token is older than the keyring's MaxAge.
+	DropTokenExpired
+	// DropWrongCluster: the token belongs to another cluster.
+	DropWrongCluster
+	// DropUnknownTransceiver: the token's transceiver id is not in the membership table.
+	DropUnknownTransceiver
+	// DropFlowTableFull: a valid first packet while the table holds MaxFlows flows.
+	DropFlowTableFull
+	// DropTransceiverGone: the flow's transceiver left the membership table;
+	// the flow is removed at the next sweep.
+	DropTransceiverGone
+
+	// Internal socket.
+
+	// DropInternalUnknownPeer: the sender is not in the membership table.
+	DropInternalUnknownPeer
+	// DropInternalBadHeader: the internal-hop header does not parse.
+	DropInternalBadHeader
+	// DropInternalEmptyPayload: a header with nothing after it.
+	DropInternalEmptyPayload
+	// DropInternalNoFlow: the named client has no flow: the relay never sends
+	// to a public address it has no flow for.
+	DropInternalNoFlow
+	// DropInternalFlowMismatch: the named client's flow points to another transceiver.
+	DropInternalFlowMismatch
+
+	// Socket errors, counted by the read loops.
+
+	// DropReadError: a read from either socket failed (other than on Close).
+	DropReadError
+	// DropWriteError: the forwarding write failed.
+	DropWriteError
+
+	// NumDropReasons is one more than the largest DropReason; Stats.Drops has this length.
+	NumDropReasons
+)
+
+var dropNames = [NumDropReasons]string{
+	dropNone:                  "none",
+	DropUnknownFirstByte:      "unknown_first_byte",
+	DropNotSTUNOnMiss:         "not_stun_on_miss",
+	DropSTUNMalformed:         "stun_malformed",
+	DropSTUNNotBindingRequest: "stun_not_binding_request",
+	DropNoUsername:            "no_username",
+	DropUsernameMalformed:     "username_malformed",
+	DropTokenMalformed:        "token_malformed",
+	DropTokenForged:           "token_forged",
+	DropTokenUnknownKey:       "token_unknown_key",
+	DropTokenExpired:          "token_expired",
+	DropWrongCluster:          "wrong_cluster",
+	DropUnknownTransceiver:    "unknown_transceiver",
+	DropFlowTableFull:         "flow_table_full",
+	DropTransceiverGone:       "transceiver_gone",
+	DropInternalUnknownPeer:   "internal_unknown_peer",
+	DropInternalBadHeader:     "internal_bad_header",
+	DropInternalEmptyPayload:  "internal_empty_payload",
+	DropInternalNoFlow:        "internal_no_flow",
+	DropInternalFlowMismatch:  "internal_flow_mismatch",
+	DropReadError:             "read_error",
+	DropWriteError:            "write_error",
+}
+
+// String returns the reason's metric label.
+func (d DropReason) String() string {
+	if d < NumDropReasons {
+		return dropNames[d]
+	}
+	return "unknown"
+}

@@ -1,0 +1,64 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// listenGroup binds n UDP sockets on addr. With n > 1 each socket sets
+// SO_REUSEPORT so that all of them share the port and the kernel spreads
+// datagrams across them by a hash of the 4-tuple (one client stays on one
+// socket). If addr asks for port 0, the first bind picks the port and the
+// others join it. On Linux, only sockets of the same effective user can
+// join a SO_REUSEPORT group.
+func listenGroup(addr string, n int) ([]*net.UDPConn, error) {
+	lc := net.ListenConfig{}
+	if n > 1 {
+		lc.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+	conns := make([]*net.UDPConn, 0, n)
+	for i := range n {
+		pc, err := lc.ListenPacket(context.Background(), "udp", addr)
+		if err != nil {
+			closeAll(conns)
+			return nil, err
+		}
+		c := pc.(*net.UDPConn)
+		conns = append(conns, c)
+		if i == 0 {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				closeAll(conns)
+				return nil, err
+			}
+			addr = net.JoinHostPort(host, strconv.Itoa(c.LocalAddr().(*net.UDPAddr).Port))
+		}
+		// Best effort: the kernel caps these at net.core.[rw]mem_max.
+		_ = c.SetReadBuffer(4 << 20)
+		_ = c.SetWriteBuffer(4 << 20)
+	}
+	if len(conns) != n {
+		closeAll(conns)
+		return nil, fmt.Errorf("bound %d of %d sockets", len(conns), n)
+	}
+	return conns, nil
+}
+
+func closeAll(conns []*net.UDPConn) {
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}

@@ -1,0 +1,532 @@
+// Package relay is Switchboard's relay data plane: a thin UDP forwarder
+// between clients on one public VIP:port and the transceivers that own their
+// sessions (DESIGN §2.2, §4; docs/relay.md).
+//
+// The relay terminates no protocol and rewrites no payload. Per datagram on
+// the public socket it looks up a flow by client address; on a miss only a
+// STUN Binding request (RFC 8489) whose USERNAME carries a valid routing
+// token (internal/token) for this cluster, naming a transceiver in the
+// membership table, creates a flow. Datagrams go to the transceiver behind
+// an internal-hop header (internal/hop) naming the client; the transceiver's
+// answers come back with the same header, and the relay strips it and sends
+// the payload from the public socket, but only to a client that has a flow
+// pointing at that transceiver.
+//
+// The per-packet handlers only decide (handlePublic, handleInternal); the
+// read loops do the I/O and count. Every drop has a DropReason and a counter
+// created up front.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-rtc/switchboard/internal/hop"
+	"github.com/switchboard-rtc/switchboard/internal/membership"
+	"github.com/switchboard-rtc/switchboard/internal/stunpeek"
+	"github.com/switchboard-rtc/switchboard/internal/token"
+)
+
+// Defaults filled in by Config.Validate.
+const (
+	DefaultPendingTimeout = 10 * time.Second
+	DefaultIdleTimeout    = 60 * time.Second
+	DefaultMaxFlows       = 1 << 20
+	// ConsentTimeout is ICE consent freshness (RFC 7675 §5.1): a confirmed
+	// flow's IdleTimeout should be longer.
+	ConsentTimeout = 30 * time.Second
+	// maxWorkers bounds Config.Workers.
+	maxWorkers = 256
+	// maxDatagram is the largest UDP payload; read buffers hold one whole.
+	maxDatagram = 64 * 1024
+)
+
+// Config configures a relay.
+type Config struct {
+	// PublicAddr is the UDP listen address of the public socket (the VIP:port), e.g. "0.0.0.0:3478".
+	PublicAddr string `yaml:"public_addr"`
+	// InternalAddr is the UDP listen address of the internal hop to and from
+	// transceivers, e.g. "0.0.0.0:3479"; port 0 picks a free port.
+	InternalAddr string `yaml:"internal_addr"`
+	// Cluster is this relay's cluster id; tokens for another cluster are dropped.
+	Cluster uint16 `yaml:"cluster"`
+	// Workers is the number of read loops per socket (SO_REUSEPORT); 0 means runtime.NumCPU().
+	Workers int `yaml:"workers"`
+	// PendingTimeout bounds a flow that a Binding request created and its
+	// transceiver has not answered yet. Default 10s.
+	PendingTimeout time.Duration `yaml:"pending_timeout"`
+	// IdleTimeout expires a confirmed flow with no traffic either way.
+	// Default 60s; keep it above ICE consent freshness (30s).
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxFlows caps the flow table; at the cap new flows are dropped and
+	// existing ones are never evicted. Default 1<<20.
+	MaxFlows int `yaml:"max_flows"`
+}
+
+// Validate checks c and fills in defaults.
+func (c *Config) Validate() error {
+	var errs []error
+	for _, a := range []struct{ name, v string }{{"PublicAddr", c.PublicAddr}, {"InternalAddr", c.InternalAddr}} {
+		if a.v == "" {
+			errs = append(errs, fmt.Errorf("relay: %s is empty; set a UDP listen address such as \"0.0.0.0:3478\"", a.name))
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.v); err != nil {
+			errs = append(errs, fmt.Errorf("relay: %s %q is not host:port: %w", a.name, a.v, err))
+		}
+	}
+	switch {
+	case c.Workers < 0:
+		errs = append(errs, fmt.Errorf("relay: Workers is %d; use 0 for one per CPU or a positive count", c.Workers))
+	case c.Workers > maxWorkers:
+		errs = append(errs, fmt.Errorf("relay: Workers is %d; at most %d", c.Workers, maxWorkers))
+	case c.Workers == 0:
+		c.Workers = runtime.NumCPU()
+	}
+	switch {
+	case c.PendingTimeout < 0:
+		errs = append(errs, fmt.Errorf("relay: PendingTimeout is %v; use 0 for the default %v or a positive duration", c.PendingTimeout, DefaultPendingTimeout))
+	case c.PendingTimeout == 0:
+		c.PendingTimeout = DefaultPendingTimeout
+	}
+	switch {
+	case c.IdleTimeout < 0:
+		errs = append(errs, fmt.Errorf("relay: IdleTimeout is %v; use 0 for the default %v or a positive duration", c.IdleTimeout, DefaultIdleTimeout))
+	case c.IdleTimeout == 0:
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	switch {
+	case c.MaxFlows < 0:
+		errs = append(errs, fmt.Errorf("relay: MaxFlows is %d; use 0 for the default %d or a positive cap", c.MaxFlows, DefaultMaxFlows))
+	case c.MaxFlows == 0:
+		c.MaxFlows = DefaultMaxFlows
+	}
+	return errors.Join(errs...)
+}
+
+// direction indexes the packet and byte counters.
+type direction uint8
+
+const (
+	toTransceiver direction = iota // client → transceiver
+	toClient                       // transceiver → client
+	numDirections
+)
+
+var directionNames = [numDirections]string{"to_transceiver", "to_client"}
+
+// counters are one worker's hot counters: each is written by one read loop
+// (uncontended atomic adds) and read by Stats and the metrics collector.
+type counters struct {
+	drops   [NumDropReasons]atomic.Uint64
+	packets [numDirections]atomic.Uint64 // forwarded datagrams
+	bytes   [numDirections]atomic.Uint64 // forwarded payload bytes, hop header excluded
+	_       [64]byte
+}
+
+// worker is one pair of sockets bound with SO_REUSEPORT, with a read loop on
+// each. The public loop writes to transceivers through internal, the
+// internal loop writes to clients through public; so each socket has one
+// reader and one writer goroutine.
+type worker struct {
+	public, internal *net.UDPConn
+	c                counters
+}
+
+// Relay is a running relay. Its methods are safe for concurrent use.
+type Relay struct {
+	// Set once by New, never mutated.
+	cfg        Config
+	keys       *token.Keyring
+	members    *membership.Table
+	log        *slog.Logger
+	reg        prometheus.Registerer
+	collector  *collector
+	epoch      time.Time // monotonic origin of the flow timestamps
+	publicAddr netip.AddrPort
+	intAddr    netip.AddrPort
+	workers    []*worker
+	flows      *flowTable
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// newRelay builds a relay without sockets: what the handler tests use.
+func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *slog.Logger) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if keys == nil {
+		return nil, errors.New("relay: nil keyring")
+	}
+	if members == nil {
+		return nil, errors.New("relay: nil membership table")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r := &Relay{
+		cfg:     cfg,
+		keys:    keys,
+		members: members,
+		log:     log,
+		epoch:   time.Now(),
+		flows:   newFlowTable(cfg.MaxFlows),
+	}
+	r.collector = newCollector(r)
+	return r, nil
+}
+
+// New binds the public and internal sockets (cfg.Workers of each, sharing
+// one port through SO_REUSEPORT), registers the relay's metrics on reg
+// (which may be nil) and starts the read loops and the flow sweeper.
+func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometheus.Registerer, log *slog.Logger) (*Relay, error) {
+	r, err := newRelay(cfg, keys, members, log)
+	if err != nil {
+		return nil, err
+	}
+	cfg = r.cfg
+	if cfg.IdleTimeout <= ConsentTimeout {
+		r.log.Warn("relay: IdleTimeout is not above ICE consent freshness; idle but live sessions may lose their flow",
+			"idle_timeout", cfg.IdleTimeout, "consent", ConsentTimeout)
+	}
+	pub, err := listenGroup(cfg.PublicAddr, cfg.Workers)
+	if err != nil {
+		return nil, fmt.Errorf("relay: public socket: %w", err)
+	}
+	internal, err := listenGroup(cfg.InternalAddr, cfg.Workers)
+	if err != nil {
+		closeAll(pub)
+		return nil, fmt.Errorf("relay: internal socket: %w", err)
+	}
+	r.publicAddr = canonical(pub[0].LocalAddr().(*net.UDPAddr).AddrPort())
+	r.intAddr = canonical(internal[0].LocalAddr().(*net.UDPAddr).AddrPort())
+	r.workers = make([]*worker, cfg.Workers)
+	for i := range r.workers {
+		r.workers[i] = &worker{public: pub[i], internal: internal[i]}
+	}
+	if reg != nil {
+		if err := reg.Register(r.collector); err != nil {
+			closeAll(pub)
+			closeAll(internal)
+			return nil, fmt.Errorf("relay: register metrics: %w", err)
+		}
+		r.reg = reg
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	for _, w := range r.workers {
+		r.wg.Add(2)
+		go r.publicLoop(w)
+		go r.internalLoop(w)
+	}
+	r.wg.Add(1)
+	go r.sweepLoop(ctx)
+	r.log.Info("relay: listening", "public", r.publicAddr, "internal", r.intAddr,
+		"cluster", cfg.Cluster, "workers", cfg.Workers, "members", members.Len())
+	return r, nil
+}
+
+func canonical(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// PublicAddr returns the bound public address (with the real port if the config asked for port 0).
+func (r *Relay) PublicAddr() netip.AddrPort { return r.publicAddr }
+
+// InternalAddr returns the bound internal-hop address.
+func (r *Relay) InternalAddr() netip.AddrPort { return r.intAddr }
+
+// Close stops the loops, closes the sockets, unregisters the metrics and
+// waits for every goroutine. It is idempotent.
+func (r *Relay) Close() error {
+	r.closeOnce.Do(func() {
+		if r.cancel != nil {
+			r.cancel()
+		}
+		var errs []error
+		for _, w := range r.workers {
+			errs = append(errs, w.public.Close(), w.internal.Close())
+		}
+		r.wg.Wait()
+		if r.reg != nil {
+			r.reg.Unregister(r.collector)
+		}
+		r.closeErr = errors.Join(errs...)
+		r.log.Info("relay: closed", "public", r.publicAddr)
+	})
+	return r.closeErr
+}
+
+// mono converts now to the relay's monotonic nanoseconds (immune to wall-clock steps).
+func (r *Relay) mono(now time.Time) int64 { return int64(now.Sub(r.epoch)) }
+
+// handlePublic decides what to do with a datagram from client from on the
+// public socket. buf holds hop.MaxHeaderLen bytes of headroom followed by the
+// datagram; on forward, the header is written into the headroom in front of
+// the payload (no copy) and out is the header plus payload, to be sent from
+// the internal socket to to. from must be canonical (unmapped).
+func (r *Relay) handlePublic(from netip.AddrPort, buf []byte, now time.Time) (to netip.AddrPort, out []byte, drop DropReason) {
+	pkt := buf[hop.MaxHeaderLen:]
+	kind := stunpeek.Classify(pkt)
+	if kind == stunpeek.KindOther {
+		return to, nil, DropUnknownFirstByte
+	}
+	t := r.mono(now)
+	to, hit := r.flows.touch(from, t)
+	switch {
+	case !hit && kind != stunpeek.KindSTUN:
+		return to, nil, DropNotSTUNOnMiss
+	case !hit:
+		if to, drop = r.admit(from, pkt, now, t); drop != dropNone {
+			return to, nil, drop
+		}
+	case kind == stunpeek.KindSTUN:
+		to = r.restart(from, pkt, to, now, t)
+		fallthrough
+	default:
+		if !r.members.Contains(to) {
+			return netip.AddrPort{}, nil, DropTransceiverGone
+		}
+	}
+	start := hop.MaxHeaderLen - hop.HeaderLen(from.Addr())
+	hop.PutHeader(buf[start:], hop.TypeData, from)
+	return to, buf[start:], dropNone
+}
+
+// admit is the first-packet path for STUN from a client without a flow:
+// peek the Binding request's USERNAME, open the token in its server ufrag,
+// check cluster and membership, and create a pending flow.
+func (r *Relay) admit(from netip.AddrPort, pkt []byte, now time.Time, t int64) (netip.AddrPort, DropReason) {
+	user, res := stunpeek.PeekBindingRequest(pkt)
+	switch res {
+	case stunpeek.OK:
+	case stunpeek.NotBindingRequest:
+		return netip.AddrPort{}, DropSTUNNotBindingRequest
+	case stunpeek.NoUsername:
+		return netip.AddrPort{}, DropNoUsername
+	case stunpeek.UsernameTooLong:
+		return netip.AddrPort{}, DropUsernameMalformed
+	default:
+		return netip.AddrPort{}, DropSTUNMalformed
+	}
+	ufrag, ok := stunpeek.ServerUfrag(user)
+	if !ok {
+		return netip.AddrPort{}, DropUsernameMalformed
+	}
+	dst, tr, drop := r.route(ufrag, now)
+	if drop != dropNone {
+		return netip.AddrPort{}, drop
+	}
+	if drop := r.flows.upsert(from, dst, tr, ufrag, t); drop != dropNone {
+		return netip.AddrPort{}, drop
+	}
+	return dst, dropNone
+}
+
+// restart handles STUN from a client that has a flow towards dst. A Binding
+// request whose server ufrag differs from the one that created the flow and
+// is a valid token for a member re-points the flow (ICE restart, possibly
+// to another transceiver) and returns the new destination. Anything else
+// (consent checks with the same ufrag, malformed STUN, an invalid new token)
+// rides the existing flow unchanged: an invalid token never changes a flow.
+func (r *Relay) restart(from netip.AddrPort, pkt []byte, dst netip.AddrPort, now time.Time, t int64) netip.AddrPort {
+	user, ok := stunpeek.BindingRequestUsername(pkt)
+	if !ok {
+		return dst
+	}
+	ufrag, ok := stunpeek.ServerUfrag(user)
+	if !ok || r.flows.sameUfrag(from, ufrag) {
+		return dst
+	}
+	ndst, tr, drop := r.route(ufrag, now)
+	if drop != dropNone || r.flows.upsert(from, ndst, tr, ufrag, t) != dropNone {
+		return dst
+	}
+	return ndst
+}
+
+// route opens a routing token and resolves its transceiver.
+func (r *Relay) route(ufrag []byte, now time.Time) (netip.AddrPort, uint32, DropReason) {
+	c, err := r.keys.Open(ufrag, now)
+	switch err {
+	case nil:
+	case token.ErrForged:
+		return netip.AddrPort{}, 0, DropTokenForged
+	case token.ErrUnknownKey:
+		return netip.AddrPort{}, 0, DropTokenUnknownKey
+	case token.ErrExpired:
+		return netip.AddrPort{}, 0, DropTokenExpired
+	default:
+		return netip.AddrPort{}, 0, DropTokenMalformed
+	}
+	if c.Cluster != r.cfg.Cluster {
+		return netip.AddrPort{}, 0, DropWrongCluster
+	}
+	dst, ok := r.members.Lookup(c.Transceiver)
+	if !ok {
+		return netip.AddrPort{}, 0, DropUnknownTransceiver
+	}
+	return dst, c.Transceiver, dropNone
+}
+
+// handleInternal decides what to do with datagram b from transceiver from
+// on the internal socket: out is the client payload (aliasing b, unchanged)
+// to send from the public socket to the client to. from must be canonical.
+func (r *Relay) handleInternal(from netip.AddrPort, b []byte, now time.Time) (to netip.AddrPort, out []byte, drop DropReason) {
+	if !r.members.Contains(from) {
+		return to, nil, DropInternalUnknownPeer
+	}
+	_, client, payload, err := hop.ParseHeader(b)
+	if err != nil {
+		return to, nil, DropInternalBadHeader
+	}
+	if len(payload) == 0 {
+		return to, nil, DropInternalEmptyPayload
+	}
+	if drop = r.flows.reply(client, from, r.mono(now)); drop != dropNone {
+		return to, nil, drop
+	}
+	return client, payload, dropNone
+}
+
+func (r *Relay) publicLoop(w *worker) {
+	defer r.wg.Done()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	buf := make([]byte, hop.MaxHeaderLen+maxDatagram)
+	for {
+		n, from, err := w.public.ReadFromUDPAddrPort(buf[hop.MaxHeaderLen:])
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			w.c.drops[DropReadError].Add(1)
+			continue
+		}
+		from = canonical(from)
+		to, out, drop := r.handlePublic(from, buf[:hop.MaxHeaderLen+n], time.Now())
+		if drop != dropNone {
+			w.c.drops[drop].Add(1)
+			continue
+		}
+		if _, err := w.internal.WriteToUDPAddrPort(out, to); err != nil {
+			w.c.drops[DropWriteError].Add(1)
+			continue
+		}
+		w.c.packets[toTransceiver].Add(1)
+		w.c.bytes[toTransceiver].Add(uint64(n))
+	}
+}
+
+func (r *Relay) internalLoop(w *worker) {
+	defer r.wg.Done()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	buf := make([]byte, hop.MaxHeaderLen+maxDatagram)
+	for {
+		n, from, err := w.internal.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			w.c.drops[DropReadError].Add(1)
+			continue
+		}
+		to, out, drop := r.handleInternal(canonical(from), buf[:n], time.Now())
+		if drop != dropNone {
+			w.c.drops[drop].Add(1)
+			continue
+		}
+		if _, err := w.public.WriteToUDPAddrPort(out, to); err != nil {
+			w.c.drops[DropWriteError].Add(1)
+			continue
+		}
+		w.c.packets[toClient].Add(1)
+		w.c.bytes[toClient].Add(uint64(len(out)))
+	}
+}
+
+// sweepInterval is how often the sweeper runs: a quarter of the shorter
+// timeout, between 5ms and 1s.
+func (r *Relay) sweepInterval() time.Duration {
+	d := min(r.cfg.PendingTimeout, r.cfg.IdleTimeout) / 4
+	return max(5*time.Millisecond, min(d, time.Second))
+}
+
+func (r *Relay) sweepLoop(ctx context.Context) {
+	defer r.wg.Done()
+	tick := time.NewTicker(r.sweepInterval())
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			r.sweep(now)
+		}
+	}
+}
+
+func (r *Relay) sweep(now time.Time) {
+	r.flows.sweep(r.mono(now), int64(r.cfg.PendingTimeout), int64(r.cfg.IdleTimeout), r.members.Contains)
+}
+
+// Stats is a snapshot of the relay's counters.
+type Stats struct {
+	Flows        int // flows in the table, pending and confirmed
+	PendingFlows int // flows whose transceiver has not answered yet
+	FlowsCreated uint64
+	// FlowsExpired counts flows removed by the sweeper, by the state they were in.
+	FlowsExpiredPending, FlowsExpiredConfirmed uint64
+
+	// Forwarded datagrams and their payload bytes (hop header excluded).
+	ToTransceiverPackets, ToTransceiverBytes uint64
+	ToClientPackets, ToClientBytes           uint64
+
+	// Drops counts dropped datagrams by reason; Drops[0] is unused.
+	Drops [NumDropReasons]uint64
+}
+
+// Dropped returns the total of all drops.
+func (s Stats) Dropped() uint64 {
+	var n uint64
+	for _, d := range s.Drops {
+		n += d
+	}
+	return n
+}
+
+// Stats returns a snapshot of the counters. Counters are read one by one,
+// so a snapshot taken under load is not exactly consistent across fields.
+func (r *Relay) Stats() Stats {
+	var s Stats
+	s.Flows = int(r.flows.n.Load())
+	s.PendingFlows = int(r.flows.pending.Load())
+	s.FlowsCreated = r.flows.created.Load()
+	s.FlowsExpiredPending = r.flows.expired[0].Load()
+	s.FlowsExpiredConfirmed = r.flows.expired[1].Load()
+	for _, w := range r.workers {
+		for i := range s.Drops {
+			s.Drops[i] += w.c.drops[i].Load()
+		}
+		s.ToTransceiverPackets += w.c.packets[toTransceiver].Load()
+		s.ToTransceiverBytes += w.c.bytes[toTransceiver].Load()
+		s.ToClientPackets += w.c.packets[toClient].Load()
+		s.ToClientBytes += w.c.bytes[toClient].Load()
+	}
+	return s
+}
