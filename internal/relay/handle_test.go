@@ -119,8 +119,8 @@ func (f *fixture) good(transceiver uint32) []byte {
 // failure there is a broken test, so it panics.
 type testingTB struct{ testing.TB }
 
-func (testingTB) Helper()             {}
-func (testingTB) Fatal(args ...any)   { panic(args) }
+func (testingTB) Helper()           {}
+func (testingTB) Fatal(args ...any) { panic(args) }
 
 var (
 	c1 = netip.MustParseAddrPort("198.51.100.1:50000")
