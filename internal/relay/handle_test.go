@@ -485,8 +485,8 @@ func BenchmarkFlowLookup(b *testing.B) {
 		clients = append(clients, c)
 		tab.upsert(c, t7, 7, nil, 1)
 	}
-	b.ReportAllocs()
 	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
 			tab.touch(clients[i%len(clients)], 2)
