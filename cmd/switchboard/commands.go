@@ -1,0 +1,272 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/switchboard-rtc/switchboard/internal/agent"
+	"github.com/switchboard-rtc/switchboard/internal/callclient"
+	"github.com/switchboard-rtc/switchboard/internal/demo"
+	"github.com/switchboard-rtc/switchboard/internal/membership"
+	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+)
+
+func runDemo(ctx context.Context, args []string, _ io.Writer) error {
+	var cfg struct {
+		HTTP  string    `yaml:"http"`
+		Relay string    `yaml:"relay"`
+		Log   LogConfig `yaml:",inline"`
+	}
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.StringVar(&cfg.HTTP, "http", "127.0.0.1:8080", "address of the web page, signaling API and /metrics")
+	fs.StringVar(&cfg.Relay, "relay", "127.0.0.1:3478", "relay public UDP address (advertised in answers)")
+	cfg.Log.register(fs, "text")
+	if err := parseConfig(fs, args, &cfg); err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.Log.Format, cfg.Log.Level)
+	if err != nil {
+		return err
+	}
+	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, Logger: log})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "\n  Switchboard demo: open %s in a browser and click Call.\n  Relay UDP %s. Ctrl-C to stop.\n\n", d.URL(), d.RelayAddr())
+	werr := d.Wait(ctx)
+	if cerr := d.Close(); werr == nil {
+		werr = cerr
+	}
+	return werr
+}
+
+// newRegistry returns a registry with the Go and process collectors.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// serveHTTP serves h on addr until ctx ends, then shuts down gracefully.
+func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("http listening", "addr", ln.Addr().String())
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func runRelay(ctx context.Context, args []string, _ io.Writer) error {
+	var cfg struct {
+		Relay   relay.Config `yaml:",inline"`
+		Members string       `yaml:"members"`
+		Metrics string       `yaml:"metrics"`
+		Keys    KeyConfig    `yaml:",inline"`
+		Log     LogConfig    `yaml:",inline"`
+	}
+	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
+	fs.StringVar(&cfg.Relay.PublicAddr, "public", "0.0.0.0:3478", "public UDP address clients send to (the VIP:port)")
+	fs.StringVar(&cfg.Relay.InternalAddr, "internal", "0.0.0.0:3479", "UDP address of the internal hop to and from transceivers")
+	clusterFlag(fs, &cfg.Relay.Cluster)
+	fs.IntVar(&cfg.Relay.Workers, "workers", 0, "public-socket read loops sharing the port with SO_REUSEPORT (0 = one per CPU)")
+	fs.DurationVar(&cfg.Relay.PendingTimeout, "pending-timeout", 10*time.Second, "lifetime of a flow the transceiver has not answered yet")
+	fs.DurationVar(&cfg.Relay.IdleTimeout, "idle-timeout", 60*time.Second, "idle timeout of a confirmed flow (longer than ICE consent, 30s)")
+	fs.IntVar(&cfg.Relay.MaxFlows, "max-flows", 1<<20, "flow table capacity; new flows beyond it are dropped and counted")
+	fs.StringVar(&cfg.Members, "members", "", "static membership: transceiver id=internal ip:port, comma separated, e.g. 1=10.0.0.5:4000,2=10.0.0.6:4000")
+	fs.StringVar(&cfg.Metrics, "metrics", "127.0.0.1:9090", "address serving /metrics, /live and /ready (empty disables)")
+	cfg.Keys.register(fs)
+	cfg.Log.register(fs, "json")
+	if err := parseConfig(fs, args, &cfg); err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.Log.Format, cfg.Log.Level)
+	if err != nil {
+		return err
+	}
+	keys, err := cfg.Keys.keyring()
+	if err != nil {
+		return err
+	}
+	entries, err := membership.Static(cfg.Members)
+	if err != nil {
+		return fmt.Errorf("-members: %w", err)
+	}
+	if len(entries) == 0 {
+		return errors.New("-members is empty: list the transceivers this relay may route to, e.g. -members 1=127.0.0.1:4000")
+	}
+	members, err := membership.NewTable(entries)
+	if err != nil {
+		return fmt.Errorf("-members: %w", err)
+	}
+	reg := newRegistry()
+	r, err := relay.New(cfg.Relay, keys, members, reg, log)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "members", len(entries))
+	return serveOps(ctx, cfg.Metrics, reg, nil, log)
+}
+
+// serveOps serves /metrics, /live and /ready on addr until ctx ends, or
+// just waits if addr is empty.
+func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, extra http.Handler, log *slog.Logger) error {
+	if addr == "" {
+		<-ctx.Done()
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	if extra != nil {
+		mux.Handle("/", extra)
+	}
+	return serveHTTP(ctx, addr, mux, log)
+}
+
+func clusterFlag(fs *flag.FlagSet, dst *uint16) {
+	*dst = 1
+	fs.Func("cluster", "cluster id carried in tokens (1-65535, default 1)", func(s string) error {
+		var v uint
+		if _, err := fmt.Sscan(s, &v); err != nil || v == 0 || v > 65535 {
+			return fmt.Errorf("want a number from 1 to 65535")
+		}
+		*dst = uint16(v)
+		return nil
+	})
+}
+
+func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
+	var cfg struct {
+		Trx   transceiver.Config `yaml:",inline"`
+		HTTP  string             `yaml:"http"`
+		Allow string             `yaml:"-"`
+		Keys  KeyConfig          `yaml:",inline"`
+		Log   LogConfig          `yaml:",inline"`
+	}
+	fs := flag.NewFlagSet("transceiver", flag.ContinueOnError)
+	fs.Func("id", "transceiver id carried in tokens; relays map it to -listen (required, 1-4294967295)", func(s string) error {
+		var v uint32
+		if _, err := fmt.Sscan(s, &v); err != nil || v == 0 {
+			return fmt.Errorf("want a number from 1 to 4294967295")
+		}
+		cfg.Trx.ID = v
+		return nil
+	})
+	clusterFlag(fs, &cfg.Trx.Cluster)
+	fs.StringVar(&cfg.Trx.ListenAddr, "listen", "127.0.0.1:4000", "UDP address of the internal-hop socket relays send to")
+	fs.StringVar(&cfg.Trx.Advertise, "advertise", "", "relay public ip:port put in answers as the one candidate (required)")
+	fs.StringVar(&cfg.Allow, "allow-relays", "", "comma-separated CIDR prefixes relays may send from (empty allows any)")
+	fs.StringVar(&cfg.Trx.BackendURL, "backend", "ws://127.0.0.1:8081/v1/bridge", "backend bridge WebSocket URL")
+	fs.DurationVar(&cfg.Trx.SetupTimeout, "setup-timeout", 30*time.Second, "end sessions not connected this long after the offer")
+	fs.IntVar(&cfg.Trx.MaxSessions, "max-sessions", 10000, "concurrent session cap; offers beyond it get 503")
+	fs.StringVar(&cfg.HTTP, "http", "127.0.0.1:8080", "address of the signaling API, /metrics, /live and /ready")
+	cfg.Keys.register(fs)
+	cfg.Log.register(fs, "json")
+	if err := parseConfig(fs, args, &cfg); err != nil {
+		return err
+	}
+	if cfg.Allow != "" {
+		cfg.Trx.AllowRelays = strings.Split(cfg.Allow, ",")
+	}
+	log, err := newLogger(cfg.Log.Format, cfg.Log.Level)
+	if err != nil {
+		return err
+	}
+	keys, err := cfg.Keys.keyring()
+	if err != nil {
+		return err
+	}
+	reg := newRegistry()
+	t, err := transceiver.New(cfg.Trx, keys, reg, log)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	log.Info("transceiver running", "id", cfg.Trx.ID, "hop", t.HopAddr().String(), "advertise", cfg.Trx.Advertise)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/", t.Handler())
+	return serveHTTP(ctx, cfg.HTTP, mux, log)
+}
+
+func runAgent(ctx context.Context, args []string, _ io.Writer) error {
+	var cfg struct {
+		Listen string    `yaml:"listen"`
+		Log    LogConfig `yaml:",inline"`
+	}
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8081", "address serving the bridge at /v1/bridge")
+	cfg.Log.register(fs, "json")
+	if err := parseConfig(fs, args, &cfg); err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.Log.Format, cfg.Log.Level)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/bridge", agent.NewEcho(log))
+	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	return serveHTTP(ctx, cfg.Listen, mux, log)
+}
+
+func runCall(ctx context.Context, args []string, stdout io.Writer) error {
+	var opts callclient.Options
+	fs := flag.NewFlagSet("call", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: switchboard call URL --audio FILE.wav [flags]\n\nRuns one session against the signaling URL (e.g. http://127.0.0.1:8080/v1/calls),\nsends the file as Opus, and prints a JSON report.\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&opts.AudioPath, "audio", "", "16-bit PCM WAV file to send (required)")
+	fs.DurationVar(&opts.Duration, "duration", 0, "how much audio to send (0 = the whole file; longer loops it)")
+	fs.DurationVar(&opts.Timeout, "timeout", 0, "bound on the whole call (0 = audio length + 15s)")
+	fs.StringVar(&opts.AuthToken, "token", "", "bearer token for signaling")
+	fs.BoolVar(&opts.IPv4Only, "ipv4", false, "gather IPv4 candidates only")
+	// Accept the URL before or after the flags.
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		opts.URL, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if opts.URL == "" && fs.NArg() > 0 {
+		opts.URL = fs.Arg(0)
+	}
+	if opts.URL == "" || opts.AudioPath == "" {
+		fs.Usage()
+		return errors.New("need a signaling URL and --audio FILE.wav")
+	}
+	report, err := callclient.Run(ctx, opts)
+	fmt.Fprintln(stdout, report.String())
+	return err
+}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/switchboard-rtc/switchboard/internal/token"
+)
+
+// parseConfig fills a subcommand's config from, in rising precedence:
+// flag defaults, the YAML file named by -config, SWITCHBOARD_<FLAG>
+// environment variables (dashes become underscores), and flags given on
+// the command line. dst is the struct the flags are bound to.
+func parseConfig(fs *flag.FlagSet, args []string, dst any) error {
+	configPath := fs.String("config", "", "YAML config file; environment variables and flags override it")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q; run with -h for usage", fs.Arg(0))
+	}
+	explicit := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = f.Value.String() })
+	if *configPath != "" {
+		b, err := os.ReadFile(*configPath)
+		if err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+		dec := yaml.NewDecoder(strings.NewReader(string(b)))
+		dec.KnownFields(true)
+		if err := dec.Decode(dst); err != nil {
+			return fmt.Errorf("config %s: %w", *configPath, err)
+		}
+	}
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := explicit[f.Name]; ok || err != nil || f.Name == "config" {
+			return
+		}
+		env := "SWITCHBOARD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok {
+			if serr := fs.Set(f.Name, v); serr != nil {
+				err = fmt.Errorf("%s=%q: %w", env, v, serr)
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	for name, v := range explicit {
+		if name != "config" {
+			if err := fs.Set(name, v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// KeyConfig names the fleet token keys. Secrets are base64 (standard or
+// URL alphabet) or hex, at least 16 bytes.
+type KeyConfig struct {
+	Key           string `yaml:"token_key"`
+	KeyID         uint   `yaml:"token_key_id"`
+	PreviousKey   string `yaml:"token_previous_key"`
+	PreviousKeyID uint   `yaml:"token_previous_key_id"`
+	MaxAge        string `yaml:"token_max_age"`
+}
+
+func (k *KeyConfig) register(fs *flag.FlagSet) {
+	fs.StringVar(&k.Key, "token-key", "", "current fleet token secret (base64 or hex, >= 16 bytes); required")
+	fs.UintVar(&k.KeyID, "token-key-id", 0, "id of the current token key (0-63)")
+	fs.StringVar(&k.PreviousKey, "token-previous-key", "", "previous fleet token secret, still accepted during a rotation")
+	fs.UintVar(&k.PreviousKeyID, "token-previous-key-id", 0, "id of the previous token key (0-63)")
+}
+
+func decodeSecret(s string) ([]byte, error) {
+	s = strings.TrimSpace(s)
+	for _, dec := range []func(string) ([]byte, error){
+		hex.DecodeString,
+		base64.StdEncoding.DecodeString,
+		base64.RawStdEncoding.DecodeString,
+		base64.URLEncoding.DecodeString,
+		base64.RawURLEncoding.DecodeString,
+	} {
+		if b, err := dec(s); err == nil {
+			return b, nil
+		}
+	}
+	return nil, errors.New("not hex or base64")
+}
+
+// keyring builds the token keyring, saying what to fix on bad input.
+func (k *KeyConfig) keyring() (*token.Keyring, error) {
+	if k.Key == "" {
+		return nil, errors.New("a fleet token key is required: set -token-key or SWITCHBOARD_TOKEN_KEY to 32 random bytes in base64 (e.g. `openssl rand -base64 32`), the same on every relay and transceiver")
+	}
+	if k.KeyID > token.MaxKeyID || k.PreviousKeyID > token.MaxKeyID {
+		return nil, fmt.Errorf("token key ids must be 0-%d", token.MaxKeyID)
+	}
+	cur, err := decodeSecret(k.Key)
+	if err != nil {
+		return nil, fmt.Errorf("-token-key: %w", err)
+	}
+	var prev []token.Key
+	if k.PreviousKey != "" {
+		b, err := decodeSecret(k.PreviousKey)
+		if err != nil {
+			return nil, fmt.Errorf("-token-previous-key: %w", err)
+		}
+		prev = append(prev, token.Key{ID: uint8(k.PreviousKeyID), Secret: b})
+	}
+	return token.NewKeyring(token.Key{ID: uint8(k.KeyID), Secret: cur}, prev...)
+}

@@ -1,0 +1,98 @@
+// Command switchboard is the one Switchboard binary. Each subcommand runs
+// one part:
+//
+//	switchboard demo          relay + transceiver + echo agent + web page, on loopback
+//	switchboard relay         the UDP relay (public VIP:port ⇄ internal hop)
+//	switchboard transceiver   the WebRTC endpoint and signaling API
+//	switchboard agent         the reference echo backend
+//	switchboard call URL      a Pion client that runs one session and prints JSON
+//
+// Run `switchboard <command> -h` for each one's flags. Every flag can also
+// be set in a YAML file (-config) or as SWITCHBOARD_<FLAG> in the
+// environment; flags win over the environment, which wins over the file.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+var commands = []struct {
+	name, summary string
+	run           func(ctx context.Context, args []string, stdout io.Writer) error
+}{
+	{"demo", "run relay, transceiver, echo agent and the web page in one process", runDemo},
+	{"relay", "run a relay", runRelay},
+	{"transceiver", "run a transceiver (WebRTC endpoint and signaling)", runTransceiver},
+	{"agent", "run the echo agent (a bridge backend)", runAgent},
+	{"call", "run one call against a signaling URL and print a JSON report", runCall},
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "Switchboard: a WebRTC edge for real-time voice AI.")
+	fmt.Fprintln(w, "\nUsage: switchboard <command> [flags]\n\nCommands:")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun 'switchboard <command> -h' for a command's flags.")
+}
+
+func main() {
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		usage(os.Stderr)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	for _, c := range commands {
+		if c.name != os.Args[1] {
+			continue
+		}
+		err := c.run(ctx, os.Args[2:], os.Stdout)
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "switchboard %s: %v\n", c.name, err)
+			os.Exit(1)
+		}
+		return
+	}
+	fmt.Fprintf(os.Stderr, "switchboard: unknown command %q\n\n", os.Args[1])
+	usage(os.Stderr)
+	os.Exit(2)
+}
+
+// newLogger returns a JSON or text slog logger at the given level.
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("-log-format %q: want json or text", format)
+}
+
+// LogConfig is shared by every server subcommand.
+type LogConfig struct {
+	Format string `yaml:"log_format"`
+	Level  string `yaml:"log_level"`
+}
+
+func (l *LogConfig) register(fs *flag.FlagSet, defFormat string) {
+	fs.StringVar(&l.Format, "log-format", defFormat, "log format: json or text")
+	fs.StringVar(&l.Level, "log-level", "info", "log level: debug, info, warn or error")
+}

@@ -1,0 +1,163 @@
+// Package demo runs a whole Switchboard in one process on loopback: a
+// relay, a transceiver behind it, the echo agent, and a web page to call it
+// from a browser. It needs no configuration and no external service: the
+// fleet token key is random per run, and membership is a static table.
+package demo
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/switchboard-rtc/switchboard/internal/agent"
+	"github.com/switchboard-rtc/switchboard/internal/membership"
+	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/token"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+	"github.com/switchboard-rtc/switchboard/internal/web"
+)
+
+// Config configures the demo. Zero values take the defaults.
+type Config struct {
+	// HTTPAddr serves the page, signaling, the echo agent's bridge and
+	// /metrics. Default "127.0.0.1:8080".
+	HTTPAddr string
+	// RelayAddr is the relay's public UDP address. Default "127.0.0.1:3478".
+	RelayAddr string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Demo is a running demo.
+type Demo struct {
+	// Set once.
+	relay   *relay.Relay
+	trx     *transceiver.Server
+	srv     *http.Server
+	url     string
+	serveCh chan error
+}
+
+// TransceiverID is the demo transceiver's id in tokens and membership.
+const TransceiverID = 1
+
+// Start starts every part and returns once all are listening.
+func Start(cfg Config) (*Demo, error) {
+	if cfg.HTTPAddr == "" {
+		cfg.HTTPAddr = "127.0.0.1:8080"
+	}
+	if cfg.RelayAddr == "" {
+		cfg.RelayAddr = "127.0.0.1:3478"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, err
+	}
+	keys, err := token.NewKeyring(token.Key{ID: 0, Secret: secret})
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("demo: web listener: %w", err)
+	}
+	members := &membership.Table{}
+	rly, err := relay.New(relay.Config{PublicAddr: cfg.RelayAddr, InternalAddr: "127.0.0.1:0", Cluster: 1}, keys, members, reg, log.With("component", "relay"))
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	internal := rly.InternalAddr()
+	trx, err := transceiver.New(transceiver.Config{
+		ID:          TransceiverID,
+		Cluster:     1,
+		ListenAddr:  "127.0.0.1:0",
+		Advertise:   rly.PublicAddr().String(),
+		AllowRelays: []string{netip.PrefixFrom(internal.Addr(), internal.Addr().BitLen()).String()},
+		BackendURL:  "ws://" + ln.Addr().String() + "/v1/bridge",
+	}, keys, reg, log.With("component", "transceiver"))
+	if err != nil {
+		_ = rly.Close()
+		_ = ln.Close()
+		return nil, err
+	}
+	if err := members.Set(map[uint32]netip.AddrPort{TransceiverID: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
+		_ = trx.Close()
+		_ = rly.Close()
+		_ = ln.Close()
+		return nil, err
+	}
+
+	signaling := trx.Handler()
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", signaling)
+	mux.Handle("/live", signaling)
+	mux.Handle("/ready", signaling)
+	mux.Handle("/v1/bridge", agent.NewEcho(log.With("component", "agent")))
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/", web.Handler())
+
+	d := &Demo{
+		relay:   rly,
+		trx:     trx,
+		srv:     &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
+		url:     "http://" + ln.Addr().String(),
+		serveCh: make(chan error, 1),
+	}
+	go func() { d.serveCh <- d.srv.Serve(ln) }()
+	log.Info("switchboard demo running", "web", d.url, "relay", rly.PublicAddr().String(), "transceiver_hop", trx.HopAddr().String())
+	return d, nil
+}
+
+// URL returns the base URL of the page and API, e.g. "http://127.0.0.1:8080".
+func (d *Demo) URL() string { return d.url }
+
+// RelayAddr returns the relay's public UDP address.
+func (d *Demo) RelayAddr() netip.AddrPort { return d.relay.PublicAddr() }
+
+// Relay returns the relay, for tests and stats.
+func (d *Demo) Relay() *relay.Relay { return d.relay }
+
+// Transceiver returns the transceiver, for tests and stats.
+func (d *Demo) Transceiver() *transceiver.Server { return d.trx }
+
+// Wait blocks until the web server fails or ctx ends.
+func (d *Demo) Wait(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-d.serveCh:
+		return err
+	}
+}
+
+// Close ends every session and stops every part.
+func (d *Demo) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := d.trx.Close()
+	if serr := d.srv.Shutdown(ctx); serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	if rerr := d.relay.Close(); rerr != nil && err == nil {
+		err = rerr
+	}
+	return err
+}

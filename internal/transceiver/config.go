@@ -1,0 +1,76 @@
+package transceiver
+
+import (
+	"fmt"
+	"net/netip"
+	"net/url"
+	"time"
+)
+
+// Config configures a transceiver. Validate fills defaults.
+type Config struct {
+	// ID is this transceiver's id, carried in every token it mints; relays
+	// resolve it through their membership table. Required, non-zero.
+	ID uint32 `yaml:"id"`
+	// Cluster is the cluster id carried in tokens. Default 1.
+	Cluster uint16 `yaml:"cluster"`
+	// ListenAddr is the UDP address of the internal-hop socket that relays
+	// send to. Default "127.0.0.1:4000".
+	ListenAddr string `yaml:"listen"`
+	// Advertise is the ingress put in every answer as the one candidate: the
+	// relay VIP:port clients send to. Required.
+	Advertise string `yaml:"advertise"`
+	// AllowRelays lists CIDR prefixes that internal-hop datagrams may come
+	// from; empty allows any source.
+	AllowRelays []string `yaml:"allow_relays"`
+	// BackendURL is the WebSocket URL of the backend bridge (ws:// or wss://). Required.
+	BackendURL string `yaml:"backend_url"`
+	// SetupTimeout ends a session that is not connected (ICE and DTLS) this
+	// long after its offer. Default 30s.
+	SetupTimeout time.Duration `yaml:"setup_timeout"`
+	// MaxSessions caps concurrent sessions; beyond it offers get 503. Default 10000.
+	MaxSessions int `yaml:"max_sessions"`
+
+	advertise netip.AddrPort
+	allow     []netip.Prefix
+}
+
+// Validate checks the config, fills defaults, and says what to fix.
+func (c *Config) Validate() error {
+	if c.ID == 0 {
+		return fmt.Errorf("transceiver: id must be set to a non-zero value that relays know in their membership table")
+	}
+	if c.Cluster == 0 {
+		c.Cluster = 1
+	}
+	if c.ListenAddr == "" {
+		c.ListenAddr = "127.0.0.1:4000"
+	}
+	if c.Advertise == "" {
+		return fmt.Errorf("transceiver: advertise must be set to the relay's public ip:port (the VIP clients send media to)")
+	}
+	ap, err := netip.ParseAddrPort(c.Advertise)
+	if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() {
+		return fmt.Errorf("transceiver: advertise %q must be a concrete ip:port such as 203.0.113.10:3478", c.Advertise)
+	}
+	c.advertise = ap
+	c.allow = c.allow[:0]
+	for _, s := range c.AllowRelays {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return fmt.Errorf("transceiver: allow_relays entry %q is not a CIDR prefix such as 10.0.0.0/8: %w", s, err)
+		}
+		c.allow = append(c.allow, p.Masked())
+	}
+	u, err := url.Parse(c.BackendURL)
+	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
+		return fmt.Errorf("transceiver: backend_url %q must be a ws:// or wss:// URL such as ws://127.0.0.1:8081/v1/bridge", c.BackendURL)
+	}
+	if c.SetupTimeout <= 0 {
+		c.SetupTimeout = 30 * time.Second
+	}
+	if c.MaxSessions <= 0 {
+		c.MaxSessions = 10000
+	}
+	return nil
+}

@@ -1,0 +1,241 @@
+// Package transceiver is Switchboard's stateful WebRTC endpoint. It answers
+// SDP offers over HTTP, terminates ICE (lite), DTLS, SRTP and SCTP with Pion
+// on one shared internal-hop socket, and bridges each session's Opus audio
+// and `oai-events` data-channel messages to a backend over the bridge
+// protocol (docs/bridge.md).
+//
+// Every session's local ufrag is a fresh routing token (internal/token)
+// naming this transceiver, so relays can route the session's first STUN
+// packet here without a lookup. The answer carries exactly one candidate:
+// the relay's public address (Config.Advertise).
+package transceiver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/pion/ice/v4"
+	"github.com/pion/interceptor"
+	"github.com/pion/webrtc/v4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/hop"
+	"github.com/switchboard-rtc/switchboard/internal/token"
+)
+
+// Errors returned when a session cannot be created.
+var (
+	// ErrFull: MaxSessions sessions are live.
+	ErrFull = errors.New("transceiver: at session capacity")
+	// ErrClosed: the transceiver is shutting down.
+	ErrClosed = errors.New("transceiver: closed")
+	// ErrBackend: the backend bridge could not be opened.
+	ErrBackend = errors.New("transceiver: backend unavailable")
+)
+
+// EventsLabel is the label of the data channel whose messages are bridged
+// to the backend, as in OpenAI's Realtime WebRTC flow.
+const EventsLabel = "oai-events"
+
+// opusCodec is the one codec served: Opus at 48 kHz, RFC 7587.
+var opusCodec = webrtc.RTPCodecParameters{
+	RTPCodecCapability: webrtc.RTPCodecCapability{
+		MimeType:    webrtc.MimeTypeOpus,
+		ClockRate:   48000,
+		Channels:    2,
+		SDPFmtpLine: "minptime=10;useinbandfec=1",
+	},
+	PayloadType: 111,
+}
+
+// Server is one transceiver: the signaling handlers, the shared
+// internal-hop socket and the live sessions.
+type Server struct {
+	// Set once.
+	cfg     Config
+	keys    *token.Keyring
+	log     *slog.Logger
+	conn    *hop.Conn
+	mux     *ice.UDPMuxDefault
+	metrics *metrics
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	mu       sync.Mutex
+	sessions map[string]*session // guarded by mu
+	closed   bool                // guarded by mu
+	wg       sync.WaitGroup      // session goroutines
+}
+
+// New binds the internal-hop socket and returns a running transceiver. reg
+// receives its metrics (nil for none).
+func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if keys == nil {
+		return nil, errors.New("transceiver: a token keyring is required")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	laddr, err := net.ResolveUDPAddr("udp", cfg.ListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("transceiver: listen address %q: %w", cfg.ListenAddr, err)
+	}
+	sock, err := net.ListenUDP("udp", laddr)
+	if err != nil {
+		return nil, fmt.Errorf("transceiver: listen %s: %w", cfg.ListenAddr, err)
+	}
+	conn, err := hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow})
+	if err != nil {
+		_ = sock.Close()
+		return nil, err
+	}
+	s := &Server{
+		cfg:      cfg,
+		keys:     keys,
+		log:      log.With("transceiver", cfg.ID),
+		conn:     conn,
+		mux:      ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: conn}),
+		sessions: make(map[string]*session),
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.metrics = newMetrics(s, reg)
+	return s, nil
+}
+
+// HopAddr returns the address of the internal-hop socket, which relays'
+// membership tables must map this transceiver's id to.
+func (s *Server) HopAddr() net.Addr { return net.UDPAddrFromAddrPort(s.conn.SocketAddr()) }
+
+// HopStats returns the internal-hop socket's counters.
+func (s *Server) HopStats() hop.ConnStats { return s.conn.Stats() }
+
+// Sessions returns the number of live sessions.
+func (s *Server) Sessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions)
+}
+
+// newAPI builds the Pion API for one session: ICE-lite on the shared mux,
+// the session's credentials, Opus only.
+func (s *Server) newAPI(ufrag, pwd string) (*webrtc.API, error) {
+	var se webrtc.SettingEngine
+	se.SetLite(true)
+	se.SetICEUDPMux(s.mux)
+	se.SetICECredentials(ufrag, pwd)
+	se.SetIncludeLoopbackCandidate(true)
+	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
+	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
+
+	var me webrtc.MediaEngine
+	if err := me.RegisterCodec(opusCodec, webrtc.RTPCodecTypeAudio); err != nil {
+		return nil, err
+	}
+	var ir interceptor.Registry
+	if err := webrtc.RegisterDefaultInterceptors(&me, &ir); err != nil {
+		return nil, err
+	}
+	return webrtc.NewAPI(webrtc.WithSettingEngine(se), webrtc.WithMediaEngine(&me), webrtc.WithInterceptorRegistry(&ir)), nil
+}
+
+// newCredentials mints the session's local ufrag (a routing token) and pwd
+// (32 random ICE characters, 192 bits; RFC 8445 §5.3 asks for 128).
+func (s *Server) newCredentials() (ufrag, pwd string, err error) {
+	ufrag, err = s.keys.Seal(token.Claims{
+		Cluster:      s.cfg.Cluster,
+		Transceiver:  s.cfg.ID,
+		IssuedMinute: token.MinuteOf(time.Now()),
+	}, rand.Reader)
+	if err != nil {
+		return "", "", err
+	}
+	var b [24]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", err
+	}
+	return ufrag, base64.RawStdEncoding.EncodeToString(b[:]), nil
+}
+
+func newSessionID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// Offer starts a session from an SDP offer and returns it with its
+// complete answer. Errors wrap ErrBadOffer (the offer is unusable),
+// ErrFull, ErrClosed or ErrBackend.
+func (s *Server) Offer(ctx context.Context, offer string, meta map[string]string) (id, answer string, err error) {
+	if err := validateOffer(offer); err != nil {
+		return "", "", err
+	}
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return "", "", ErrClosed
+	case len(s.sessions) >= s.cfg.MaxSessions:
+		s.mu.Unlock()
+		return "", "", ErrFull
+	}
+	s.mu.Unlock()
+
+	start := time.Now()
+	sess, answer, err := s.newSession(ctx, offer, meta)
+	if err != nil {
+		s.metrics.sessionsFailed.Inc()
+		return "", "", err
+	}
+	s.metrics.signaling.Observe(time.Since(start).Seconds())
+	return sess.id, answer, nil
+}
+
+// End ends the session with the given id, telling the backend reason. It
+// reports whether the session existed.
+func (s *Server) End(id, reason string) bool {
+	s.mu.Lock()
+	sess := s.sessions[id]
+	s.mu.Unlock()
+	if sess == nil {
+		return false
+	}
+	sess.end(reason)
+	return true
+}
+
+// Close ends every session (the backend is told "shutdown"), closes the
+// socket and waits for all goroutines. It is idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	live := make([]*session, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		live = append(live, sess)
+	}
+	s.mu.Unlock()
+	for _, sess := range live {
+		sess.end(bridge.ReasonShutdown)
+	}
+	s.wg.Wait()
+	s.cancel()
+	err := s.mux.Close()
+	if cerr := s.conn.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

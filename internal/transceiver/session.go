@@ -1,0 +1,285 @@
+package transceiver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pion/rtp"
+	"github.com/pion/webrtc/v4"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+)
+
+// Session end reasons added to the bridge's list.
+const (
+	// ReasonSetupTimeout: ICE and DTLS did not connect within Config.SetupTimeout.
+	ReasonSetupTimeout = "setup_timeout"
+	// ReasonBackendGone: the backend closed the bridge.
+	ReasonBackendGone = "backend_gone"
+)
+
+// session is one client's WebRTC session and its backend bridge.
+type session struct {
+	// Set once.
+	id      string
+	ufrag   string
+	srv     *Server
+	log     *slog.Logger
+	pc      *webrtc.PeerConnection
+	out     *webrtc.TrackLocalStaticRTP // audio from the backend to the client
+	be      *bridge.Conn
+	created time.Time
+	ctx     context.Context // cancelled when the session ends
+	cancel  context.CancelFunc
+
+	events    atomic.Pointer[webrtc.DataChannel] // the oai-events channel, once open
+	connected atomic.Bool
+	endOnce   sync.Once
+	dropped   atomic.Uint64 // backend messages that could not be delivered to the client
+}
+
+// newSession builds the peer connection and opens the backend bridge in
+// parallel, then returns the complete answer.
+func (s *Server) newSession(ctx context.Context, offer string, meta map[string]string) (*session, string, error) {
+	ufrag, pwd, err := s.newCredentials()
+	if err != nil {
+		return nil, "", err
+	}
+	id := newSessionID()
+	sctx, cancel := context.WithCancel(s.ctx)
+	sess := &session{id: id, ufrag: ufrag, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel}
+
+	// The backend dial and the WebRTC answer are independent: overlap them.
+	type dialResult struct {
+		be  *bridge.Conn
+		err error
+	}
+	dialed := make(chan dialResult, 1)
+	go func() {
+		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer dcancel()
+		be, err := bridge.Dial(dctx, s.cfg.BackendURL, bridge.SessionStart{SessionID: id, Metadata: meta})
+		dialed <- dialResult{be, err}
+	}()
+	joined := false
+	fail := func(err error) (*session, string, error) {
+		cancel()
+		if sess.pc != nil {
+			_ = sess.pc.Close()
+		}
+		if !joined {
+			if r := <-dialed; r.be != nil {
+				_ = r.be.End(context.Background(), bridge.ReasonError)
+			}
+		}
+		return nil, "", err
+	}
+
+	api, err := s.newAPI(ufrag, pwd)
+	if err != nil {
+		return fail(err)
+	}
+	if sess.pc, err = api.NewPeerConnection(webrtc.Configuration{}); err != nil {
+		return fail(err)
+	}
+	if err := sess.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: offer}); err != nil {
+		return fail(fmt.Errorf("%w: %v", ErrBadOffer, err))
+	}
+	if sess.out, err = webrtc.NewTrackLocalStaticRTP(opusCodec.RTPCodecCapability, "audio", "switchboard"); err != nil {
+		return fail(err)
+	}
+	sender, err := sess.pc.AddTrack(sess.out)
+	if err != nil {
+		return fail(err)
+	}
+	answer, err := sess.pc.CreateAnswer(nil)
+	if err != nil {
+		return fail(fmt.Errorf("%w: %v", ErrBadOffer, err))
+	}
+	gathered := webrtc.GatheringCompletePromise(sess.pc)
+	if err := sess.pc.SetLocalDescription(answer); err != nil {
+		return fail(err)
+	}
+	select {
+	case <-gathered:
+	case <-ctx.Done():
+		return fail(ctx.Err())
+	}
+	r := <-dialed
+	joined = true
+	if r.err != nil {
+		sess.log.Warn("backend dial failed", "err", r.err)
+		return fail(fmt.Errorf("%w: %v", ErrBackend, r.err))
+	}
+	sess.be = r.be
+
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = sess.be.End(context.Background(), bridge.ReasonShutdown)
+		sess.be = nil
+		return fail(ErrClosed)
+	}
+	s.sessions[id] = sess
+	s.wg.Add(3)
+	s.mu.Unlock()
+	s.metrics.sessionsStarted.Inc()
+
+	sess.pc.OnTrack(sess.onTrack)
+	sess.pc.OnDataChannel(sess.onDataChannel)
+	sess.pc.OnConnectionStateChange(sess.onConnectionState)
+	go sess.readRTCP(sender)
+	go sess.fromBackend()
+	go sess.watchSetup()
+	sess.log.Info("session created", "ufrag", ufrag)
+	return sess, onlyRTPComponent(sess.pc.LocalDescription().SDP), nil
+}
+
+// onlyRTPComponent removes candidate lines for ICE component 2 (RTCP),
+// which Pion writes beside every component-1 candidate. With BUNDLE and
+// rtcp-mux (RFC 8843, RFC 5761), which every WebRTC client offers, they
+// are redundant, and the answer then carries exactly one candidate.
+func onlyRTPComponent(sdp string) string {
+	var b strings.Builder
+	b.Grow(len(sdp))
+	for line := range strings.SplitAfterSeq(sdp, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[0], "a=candidate:") && f[1] != "1" {
+			continue
+		}
+		b.WriteString(line)
+	}
+	return b.String()
+}
+
+// onTrack forwards the client's Opus packets to the backend as they come,
+// payloads untouched.
+func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
+	if tr.Kind() != webrtc.RTPCodecTypeAudio {
+		return
+	}
+	for {
+		pkt, _, err := tr.ReadRTP()
+		if err != nil {
+			return
+		}
+		if len(pkt.Payload) == 0 {
+			continue // padding-only packet
+		}
+		f := bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}
+		if err := sess.be.SendAudio(sess.ctx, f); err != nil {
+			sess.end(ReasonBackendGone)
+			return
+		}
+	}
+}
+
+func (sess *session) onDataChannel(dc *webrtc.DataChannel) {
+	if dc.Label() != EventsLabel {
+		sess.log.Info("ignoring data channel", "label", dc.Label())
+		return
+	}
+	dc.OnOpen(func() { sess.events.Store(dc) })
+	dc.OnMessage(func(m webrtc.DataChannelMessage) {
+		if err := sess.be.SendEvent(sess.ctx, m.Data); err != nil {
+			sess.end(ReasonBackendGone)
+		}
+	})
+}
+
+func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
+	sess.log.Debug("peer connection state", "state", st.String())
+	switch st {
+	case webrtc.PeerConnectionStateConnected:
+		if !sess.connected.Swap(true) {
+			sess.srv.metrics.connect.Observe(time.Since(sess.created).Seconds())
+		}
+	case webrtc.PeerConnectionStateFailed:
+		go sess.end(bridge.ReasonICEFailed)
+	case webrtc.PeerConnectionStateClosed:
+		go sess.end(bridge.ReasonClientHangup)
+	}
+}
+
+// readRTCP drains RTCP from the sender so that interceptors see it.
+func (sess *session) readRTCP(sender *webrtc.RTPSender) {
+	defer sess.srv.wg.Done()
+	buf := make([]byte, 1500)
+	for {
+		if _, _, err := sender.Read(buf); err != nil {
+			return
+		}
+	}
+}
+
+// fromBackend sends backend audio to the client's track and backend
+// events to the client's data channel.
+func (sess *session) fromBackend() {
+	defer sess.srv.wg.Done()
+	pkt := &rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: uint8(opusCodec.PayloadType)}}
+	for {
+		m, err := sess.be.Recv(sess.ctx)
+		if err != nil {
+			if !errors.Is(err, context.Canceled) {
+				sess.log.Info("backend bridge closed", "err", err)
+			}
+			go sess.end(ReasonBackendGone)
+			return
+		}
+		switch {
+		case m.Audio != nil:
+			pkt.SequenceNumber, pkt.Timestamp, pkt.Payload = m.Audio.Seq, m.Audio.Timestamp, m.Audio.Payload
+			if err := sess.out.WriteRTP(pkt); err != nil {
+				sess.dropped.Add(1)
+			}
+		case m.Event != nil:
+			dc := sess.events.Load()
+			if dc == nil || dc.SendText(string(m.Event)) != nil {
+				sess.dropped.Add(1)
+				sess.srv.metrics.eventsDropped.Inc()
+			}
+		case m.End != nil:
+			sess.log.Info("backend ended the session", "reason", m.End.Reason)
+			go sess.end(bridge.ReasonDone)
+			return
+		}
+	}
+}
+
+// watchSetup ends the session if it does not connect in time.
+func (sess *session) watchSetup() {
+	defer sess.srv.wg.Done()
+	t := time.NewTimer(sess.srv.cfg.SetupTimeout)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		if !sess.connected.Load() {
+			sess.log.Info("session did not connect in time", "timeout", sess.srv.cfg.SetupTimeout)
+			sess.end(ReasonSetupTimeout)
+		}
+	case <-sess.ctx.Done():
+	}
+}
+
+// end tears the session down once: the backend is told why, the peer
+// connection is closed, and the session leaves the table.
+func (sess *session) end(reason string) {
+	sess.endOnce.Do(func() {
+		s := sess.srv
+		s.mu.Lock()
+		delete(s.sessions, sess.id)
+		s.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = sess.be.End(ctx, reason)
+		cancel()
+		sess.cancel()
+		_ = sess.pc.Close()
+		s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
+		sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
+	})
+}
