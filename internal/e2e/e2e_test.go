@@ -1,0 +1,175 @@
+// Package e2e runs whole calls across separately constructed parts (relay,
+// transceiver, echo agent, each with its own sockets and HTTP servers) over
+// real loopback sockets, with a real Pion client.
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pion/stun/v4"
+	"go.uber.org/goleak"
+
+	"github.com/switchboard-rtc/switchboard/internal/agent"
+	"github.com/switchboard-rtc/switchboard/internal/callclient"
+	"github.com/switchboard-rtc/switchboard/internal/membership"
+	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/token"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const speech = "../../testdata/speech.wav"
+
+// stack is one relay, one transceiver and one echo agent, wired as in
+// production but on loopback.
+type stack struct {
+	relay     *relay.Relay
+	trx       *transceiver.Server
+	signaling *httptest.Server
+}
+
+func startStack(t *testing.T, trxID uint32) *stack {
+	t.Helper()
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	keys, err := token.NewKeyring(token.Key{ID: 1, Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	backend := httptest.NewServer(agent.NewEcho(log))
+	t.Cleanup(backend.Close)
+
+	members := &membership.Table{}
+	rly, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: 4, Workers: 2}, keys, members, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rly.Close() })
+	internal := rly.InternalAddr().Addr()
+	trx, err := transceiver.New(transceiver.Config{
+		ID:          trxID,
+		Cluster:     4,
+		ListenAddr:  "127.0.0.1:0",
+		Advertise:   rly.PublicAddr().String(),
+		AllowRelays: []string{netip.PrefixFrom(internal, 32).String()},
+		BackendURL:  "ws" + strings.TrimPrefix(backend.URL, "http") + "/v1/bridge",
+	}, keys, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = trx.Close() })
+	if err := members.Set(map[uint32]netip.AddrPort{trxID: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
+		t.Fatal(err)
+	}
+	sig := httptest.NewServer(trx.Handler())
+	t.Cleanup(sig.Close)
+	return &stack{relay: rly, trx: trx, signaling: sig}
+}
+
+// TestCallThroughRelay sends speech as Opus from a Pion client through the
+// relay and transceiver to the echo agent and back.
+func TestCallThroughRelay(t *testing.T) {
+	s := startStack(t, 77)
+
+	// A client that ignores the answer and sends straight to the
+	// transceiver's own port must get nowhere.
+	direct, err := net.DialUDP("udp4", nil, s.trx.HopAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := stun.MustBuild(stun.TransactionID, stun.BindingRequest, stun.NewUsername("x:y"))
+	if _, err := direct.Write(req.Raw); err != nil {
+		t.Fatal(err)
+	}
+	_ = direct.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	report, err := callclient.Run(ctx, callclient.Options{
+		URL:       s.signaling.URL + "/v1/calls",
+		AudioPath: speech,
+		Duration:  2 * time.Second,
+		IPv4Only:  true,
+	})
+	if err != nil {
+		t.Fatalf("call: %v\n%s", err, report)
+	}
+	t.Logf("report: %s", report)
+
+	// The echoed Opus payloads match the ones sent.
+	if !report.AudioEchoed || report.PayloadMismatches != 0 || report.PacketsSent < 90 {
+		t.Fatalf("audio not echoed intact: sent %d, received %d, mismatches %d",
+			report.PacketsSent, report.PacketsReceived, report.PayloadMismatches)
+	}
+	for i, p := range report.ReceivedPayloads {
+		if len(p) == 0 {
+			t.Fatalf("received payload %d is empty", i)
+		}
+	}
+	// A data-channel message is echoed.
+	if !report.DataChannelEchoed {
+		t.Fatal("data-channel message not echoed")
+	}
+
+	// The transceiver received no client packet except through the relay:
+	// every datagram its socket accepted carried a hop header from the
+	// relay's internal address; the direct probe was dropped.
+	hs := s.trx.HopStats()
+	rs := s.relay.Stats()
+	if hs.DroppedNotHop != 1 || hs.DroppedUntrusted != 0 {
+		t.Fatalf("hop stats %+v: want exactly the one direct probe dropped", hs)
+	}
+	if hs.Received == 0 || hs.Received > rs.ToTransceiverPackets {
+		t.Fatalf("transceiver got %d datagrams, relay forwarded %d", hs.Received, rs.ToTransceiverPackets)
+	}
+	if rs.ToClientPackets < uint64(report.PacketsReceived) {
+		t.Fatalf("relay sent %d packets to clients, client received %d audio packets", rs.ToClientPackets, report.PacketsReceived)
+	}
+
+	// Hanging up ended the session on the transceiver.
+	deadline := time.Now().Add(5 * time.Second)
+	for s.trx.Sessions() != 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := s.trx.Sessions(); n != 0 {
+		t.Fatalf("%d sessions still live after hangup", n)
+	}
+}
+
+// TestConcurrentCalls runs several sessions at once through one relay and
+// one transceiver: each client's media stays its own.
+func TestConcurrentCalls(t *testing.T) {
+	s := startStack(t, 5)
+	const n = 4
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	type result struct {
+		r   callclient.Report
+		err error
+	}
+	results := make(chan result, n)
+	for range n {
+		go func() {
+			r, err := callclient.Run(ctx, callclient.Options{
+				URL: s.signaling.URL + "/v1/realtime/calls", AudioPath: speech, Duration: time.Second, IPv4Only: true,
+			})
+			results <- result{r, err}
+		}()
+	}
+	for range n {
+		res := <-results
+		if res.err != nil || !res.r.AudioEchoed || res.r.PayloadMismatches != 0 || !res.r.DataChannelEchoed {
+			t.Errorf("call: %v\n%s", res.err, res.r)
+		}
+	}
+}
