@@ -26,8 +26,8 @@ func parseConfig(fs *flag.FlagSet, args []string, dst any) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q; run with -h for usage", fs.Arg(0))
 	}
-	explicit := map[string]string{}
-	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = f.Value.String() })
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 	if *configPath != "" {
 		b, err := os.ReadFile(*configPath)
 		if err != nil {
@@ -41,7 +41,7 @@ func parseConfig(fs *flag.FlagSet, args []string, dst any) error {
 	}
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		if _, ok := explicit[f.Name]; ok || err != nil || f.Name == "config" {
+		if explicit[f.Name] || err != nil || f.Name == "config" {
 			return
 		}
 		env := "SWITCHBOARD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
@@ -54,12 +54,10 @@ func parseConfig(fs *flag.FlagSet, args []string, dst any) error {
 	if err != nil {
 		return err
 	}
-	for name, v := range explicit {
-		if name != "config" {
-			if err := fs.Set(name, v); err != nil {
-				return err
-			}
-		}
+	// Parse again so that flags given on the command line win over the
+	// file and the environment.
+	if err := fs.Parse(args); err != nil {
+		return err
 	}
 	return nil
 }
