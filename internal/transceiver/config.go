@@ -30,9 +30,20 @@ type Config struct {
 	SetupTimeout time.Duration `yaml:"setup_timeout"`
 	// MaxSessions caps concurrent sessions; beyond it offers get 503. Default 10000.
 	MaxSessions int `yaml:"max_sessions"`
+	// IngressByRegion maps a region name to the ingress (a Global Relay's
+	// public ip:port) advertised to clients of that region instead of
+	// Advertise. The region comes from the RegionHeader of the offer
+	// request, set by the director or a CDN.
+	IngressByRegion map[string]string `yaml:"ingress_by_region"`
+	// DTLSRole is the DTLS role the transceiver takes in answers: "client"
+	// (default; a=setup:active, the transceiver sends the ClientHello the
+	// moment ICE connects) or "server" (a=setup:passive; the client's
+	// ClientHello is answered without a HelloVerifyRequest round trip).
+	DTLSRole string `yaml:"dtls_role"`
 
 	advertise netip.AddrPort
 	allow     []netip.Prefix
+	ingress   map[string]netip.AddrPort
 }
 
 // Validate checks the config, fills defaults, and says what to fix.
@@ -65,6 +76,21 @@ func (c *Config) Validate() error {
 	u, err := url.Parse(c.BackendURL)
 	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
 		return fmt.Errorf("transceiver: backend_url %q must be a ws:// or wss:// URL such as ws://127.0.0.1:8081/v1/bridge", c.BackendURL)
+	}
+	c.ingress = make(map[string]netip.AddrPort, len(c.IngressByRegion))
+	for region, addr := range c.IngressByRegion {
+		ap, err := netip.ParseAddrPort(addr)
+		if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() || region == "" {
+			return fmt.Errorf("transceiver: ingress_by_region entry %q: %q must map a region name to a concrete ip:port", region, addr)
+		}
+		c.ingress[region] = ap
+	}
+	switch c.DTLSRole {
+	case "":
+		c.DTLSRole = "client"
+	case "client", "server":
+	default:
+		return fmt.Errorf("transceiver: dtls_role %q must be client or server", c.DTLSRole)
 	}
 	if c.SetupTimeout <= 0 {
 		c.SetupTimeout = 30 * time.Second

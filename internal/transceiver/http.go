@@ -11,6 +11,11 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 )
 
+// RegionHeader names the client's region on an offer request. The
+// director (or a CDN's geo steering) sets it; the transceiver answers with
+// that region's ingress (Config.IngressByRegion).
+const RegionHeader = "X-Switchboard-Region"
+
 // maxOfferBytes bounds an offer body; real offers are a few KiB.
 const maxOfferBytes = 64 << 10
 
@@ -85,7 +90,10 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad_request", "reading the offer: "+err.Error())
 		return
 	}
-	meta := map[string]string{"client_ip": r.RemoteAddr, "user_agent": r.UserAgent()}
+	meta := map[string]string{"client_addr": r.RemoteAddr, "user_agent": r.UserAgent()}
+	if region := r.Header.Get(RegionHeader); region != "" {
+		meta[MetaRegion] = region
+	}
 	id, answer, err := s.Offer(r.Context(), string(body), meta)
 	switch {
 	case errors.Is(err, ErrBadOffer):

@@ -22,7 +22,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // newTestServer runs a transceiver whose backend is the echo agent.
-func newTestServer(t *testing.T) (*Server, *httptest.Server, *token.Keyring) {
+func newTestServer(t *testing.T, mutate ...func(*Config)) (*Server, *httptest.Server, *token.Keyring) {
 	t.Helper()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
@@ -33,10 +33,14 @@ func newTestServer(t *testing.T) (*Server, *httptest.Server, *token.Keyring) {
 	log := slog.New(slog.DiscardHandler)
 	backend := httptest.NewServer(agent.NewEcho(log))
 	t.Cleanup(backend.Close)
-	s, err := New(Config{
+	cfg := Config{
 		ID: 9, Cluster: 2, ListenAddr: "127.0.0.1:0", Advertise: "127.0.0.1:3478",
 		BackendURL: "ws" + strings.TrimPrefix(backend.URL, "http") + "/v1/bridge",
-	}, keys, nil, log)
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	s, err := New(cfg, keys, nil, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,3 +270,47 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func keysNow() (t time.Time) { return time.Now() }
+
+func candidates(answer string) []string {
+	var out []string
+	for _, line := range strings.Split(answer, "\r\n") {
+		if strings.HasPrefix(line, "a=candidate:") {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+func TestRegionIngress(t *testing.T) {
+	_, api, _ := newTestServer(t, func(c *Config) {
+		c.IngressByRegion = map[string]string{"eu": "127.0.0.2:3478", "us": "[::1]:3479"}
+	})
+	tests := []struct {
+		region string
+		want   string
+	}{
+		{"eu", " 127.0.0.2 3478 typ host"},
+		{"us", " ::1 3479 typ host"},
+		{"mars", " 127.0.0.1 3478 typ host"}, // unknown region: the default ingress
+		{"", " 127.0.0.1 3478 typ host"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.region, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, api.URL+"/v1/calls", strings.NewReader(clientOffer(t, true)))
+			req.Header.Set("Content-Type", "application/sdp")
+			if tt.region != "" {
+				req.Header.Set(RegionHeader, tt.region)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			c := candidates(string(body))
+			if resp.StatusCode != http.StatusCreated || len(c) != 1 || !strings.Contains(c[0], tt.want) {
+				t.Fatalf("status %d, candidates %q, want one with %q", resp.StatusCode, c, tt.want)
+			}
+		})
+	}
+}

@@ -137,6 +137,19 @@ func (s *Server) newAPI(ufrag, pwd string) (*webrtc.API, error) {
 	se.SetIncludeLoopbackCandidate(true)
 	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
 	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
+	// ICE has already proved the path when DTLS starts: no cookie round
+	// trip when we are the DTLS server (RFC 6347 §4.2.1 makes it optional).
+	se.SetDTLSInsecureSkipHelloVerify(true)
+	role := webrtc.DTLSRoleClient
+	if s.cfg.DTLSRole == "server" {
+		role = webrtc.DTLSRoleServer
+	}
+	if err := se.SetAnsweringDTLSRole(role); err != nil {
+		return nil, err
+	}
+	// SCTP association setup carried in the SDP (SNAP) when the client
+	// offers a=sctp-init: the data channel opens without the 4-way handshake.
+	se.EnableSctpSnap(true)
 
 	var me webrtc.MediaEngine
 	if err := me.RegisterCodec(opusCodec, webrtc.RTPCodecTypeAudio); err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +25,10 @@ const (
 	// ReasonBackendGone: the backend closed the bridge.
 	ReasonBackendGone = "backend_gone"
 )
+
+// MetaRegion is the session metadata key holding the client's region,
+// taken from RegionHeader; it selects the advertised ingress.
+const MetaRegion = "region"
 
 // session is one client's WebRTC session and its backend bridge.
 type session struct {
@@ -138,19 +144,37 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 	go sess.fromBackend()
 	go sess.watchSetup()
 	sess.log.Info("session created", "ufrag", ufrag)
-	return sess, onlyRTPComponent(sess.pc.LocalDescription().SDP), nil
+	ingress := s.cfg.advertise
+	if a, ok := s.cfg.ingress[meta[MetaRegion]]; ok {
+		ingress = a
+	}
+	return sess, finalizeAnswer(sess.pc.LocalDescription().SDP, ingress), nil
 }
 
-// onlyRTPComponent removes candidate lines for ICE component 2 (RTCP),
-// which Pion writes beside every component-1 candidate. With BUNDLE and
-// rtcp-mux (RFC 8843, RFC 5761), which every WebRTC client offers, they
-// are redundant, and the answer then carries exactly one candidate.
-func onlyRTPComponent(sdp string) string {
+// finalizeAnswer makes the answer advertise exactly one candidate, at
+// ingress. It removes candidate lines for ICE component 2 (RTCP), which
+// Pion writes beside every component-1 candidate and which BUNDLE with
+// rtcp-mux (RFC 8843, RFC 5761), offered by every WebRTC client, makes
+// redundant; and it puts ingress in the remaining candidate when it differs
+// from the mux's advertised address (a region's nearest Global Relay). As
+// an ICE-lite agent (RFC 8445 §2.5) never sends checks, the address the
+// client sends to need not be one Pion knows: checks reach the shared mux
+// whichever relay forwards them.
+func finalizeAnswer(sdp string, ingress netip.AddrPort) string {
 	var b strings.Builder
 	b.Grow(len(sdp))
 	for line := range strings.SplitAfterSeq(sdp, "\n") {
-		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[0], "a=candidate:") && f[1] != "1" {
+		f := strings.Fields(line)
+		if len(f) < 6 || !strings.HasPrefix(f[0], "a=candidate:") {
+			b.WriteString(line)
 			continue
+		}
+		if f[1] != "1" {
+			continue
+		}
+		if ingress.IsValid() {
+			f[4], f[5] = ingress.Addr().String(), strconv.Itoa(int(ingress.Port()))
+			line = strings.Join(f, " ") + "\r\n"
 		}
 		b.WriteString(line)
 	}
