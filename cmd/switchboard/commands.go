@@ -190,6 +190,7 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	fs.DurationVar(&cfg.Trx.SetupTimeout, "setup-timeout", 30*time.Second, "end sessions not connected this long after the offer")
 	fs.IntVar(&cfg.Trx.MaxSessions, "max-sessions", 10000, "concurrent session cap; offers beyond it get 503")
 	fs.StringVar(&cfg.HTTP, "http", "127.0.0.1:8080", "address of the signaling API, /metrics, /live and /ready")
+	fs.StringVar(&cfg.Trx.DTLSRole, "dtls-role", "client", "DTLS role in answers: client (active) or server (passive, no HelloVerify)")
 	cfg.Keys.register(fs)
 	cfg.Log.register(fs, "json")
 	if err := parseConfig(fs, args, &cfg); err != nil {

@@ -5,6 +5,7 @@
 //	switchboard relay         the UDP relay (public VIP:port ⇄ internal hop)
 //	switchboard transceiver   the WebRTC endpoint and signaling API
 //	switchboard agent         the reference echo backend
+//	switchboard director      the signaling front door: region → cluster
 //	switchboard call URL      a Pion client that runs one session and prints JSON
 //
 // Run `switchboard <command> -h` for each one's flags. Every flag can also
@@ -32,6 +33,7 @@ var commands = []struct {
 	{"relay", "run a relay", runRelay},
 	{"transceiver", "run a transceiver (WebRTC endpoint and signaling)", runTransceiver},
 	{"agent", "run the echo agent (a bridge backend)", runAgent},
+	{"director", "run the signaling director (routes offers to a region's cluster)", runDirector},
 	{"call", "run one call against a signaling URL and print a JSON report", runCall},
 }
 

@@ -1,7 +1,6 @@
 package transceiver
 
 import (
-	"encoding/json"
 	"errors"
 	"io"
 	"mime"
@@ -9,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/httpapi"
 )
 
 // RegionHeader names the client's region on an offer request. The
@@ -36,47 +36,13 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("DELETE /v1/realtime/calls/{id}", s.handleDelete)
 	mux.HandleFunc("GET /live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("GET /ready", s.handleReady)
-	return cors(mux)
-}
-
-// cors answers preflights and lets any origin read responses, including
-// the Location and ETag headers a WHIP client needs (RFC 9725 §4.2).
-func cors(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := w.Header()
-		h.Set("Access-Control-Allow-Origin", "*")
-		h.Set("Access-Control-Expose-Headers", "Location, ETag, Link")
-		if r.Method == http.MethodOptions {
-			h.Set("Access-Control-Allow-Methods", "POST, PATCH, DELETE, OPTIONS")
-			h.Set("Access-Control-Allow-Headers", "Content-Type, Authorization, If-Match")
-			h.Set("Access-Control-Max-Age", "600")
-			w.WriteHeader(http.StatusNoContent)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// apiError is the JSON error body.
-type apiError struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	var e apiError
-	e.Error.Code, e.Error.Message = code, msg
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(e)
+	return httpapi.CORS(mux)
 }
 
 func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mt != "application/sdp" {
-		writeError(w, http.StatusUnsupportedMediaType, "unsupported_media_type",
+		httpapi.WriteError(w, http.StatusUnsupportedMediaType, "unsupported_media_type",
 			"the offer must be sent with Content-Type: application/sdp")
 		return
 	}
@@ -84,31 +50,35 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, "offer_too_large", "the offer is larger than 64 KiB")
+			httpapi.WriteError(w, http.StatusRequestEntityTooLarge, "offer_too_large", "the offer is larger than 64 KiB")
 			return
 		}
-		writeError(w, http.StatusBadRequest, "bad_request", "reading the offer: "+err.Error())
+		httpapi.WriteError(w, http.StatusBadRequest, "bad_request", "reading the offer: "+err.Error())
 		return
 	}
 	meta := map[string]string{"client_addr": r.RemoteAddr, "user_agent": r.UserAgent()}
-	if region := r.Header.Get(RegionHeader); region != "" {
+	region := r.Header.Get(RegionHeader)
+	if region == "" {
+		region = r.URL.Query().Get("region") // set by a director's 307 redirect
+	}
+	if region != "" {
 		meta[MetaRegion] = region
 	}
 	id, answer, err := s.Offer(r.Context(), string(body), meta)
 	switch {
 	case errors.Is(err, ErrBadOffer):
-		writeError(w, http.StatusBadRequest, "bad_offer", err.Error())
+		httpapi.WriteError(w, http.StatusBadRequest, "bad_offer", err.Error())
 		return
 	case errors.Is(err, ErrFull), errors.Is(err, ErrClosed):
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
+		httpapi.WriteError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 		return
 	case errors.Is(err, ErrBackend):
-		writeError(w, http.StatusBadGateway, "backend_unavailable", err.Error())
+		httpapi.WriteError(w, http.StatusBadGateway, "backend_unavailable", err.Error())
 		return
 	case err != nil:
 		s.log.Error("offer failed", "err", err)
-		writeError(w, http.StatusInternalServerError, "internal", "the session could not be created")
+		httpapi.WriteError(w, http.StatusInternalServerError, "internal", "the session could not be created")
 		return
 	}
 	h := w.Header()
@@ -121,7 +91,7 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 	if !s.End(r.PathValue("id"), bridge.ReasonClientHangup) {
-		writeError(w, http.StatusNotFound, "not_found", "no session "+strings.TrimSpace(r.PathValue("id")))
+		httpapi.WriteError(w, http.StatusNotFound, "not_found", "no session "+strings.TrimSpace(r.PathValue("id")))
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -132,7 +102,7 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 	closed := s.closed
 	s.mu.Unlock()
 	if closed {
-		writeError(w, http.StatusServiceUnavailable, "draining", "the transceiver is shutting down")
+		httpapi.WriteError(w, http.StatusServiceUnavailable, "draining", "the transceiver is shutting down")
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

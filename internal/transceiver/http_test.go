@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
+	"github.com/switchboard-rtc/switchboard/internal/httpapi"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
@@ -176,7 +177,7 @@ func TestOfferErrors(t *testing.T) {
 			if resp.StatusCode != tt.status {
 				t.Fatalf("status %d, want %d", resp.StatusCode, tt.status)
 			}
-			var e apiError
+			var e httpapi.Error
 			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
 				t.Fatalf("error body is not JSON: %v", err)
 			}
