@@ -3,7 +3,9 @@ package relay
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"math/bits"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -12,41 +14,122 @@ import (
 
 const (
 	numShards = 64 // power of two
-	// maxFreePerShard bounds the flow structs kept for reuse after expiry.
-	maxFreePerShard = 1024
+	// minSlots is the initial (and smallest) open-addressing table of a shard.
+	minSlots = 64
 )
 
-// flow is one client's route: client address → transceiver.
+// The flow table is a map from client address to flow, built so that the
+// forwarding path never takes a lock:
 //
-// Locking rule: a *flow is touched only while its shard's lock is held,
-// read-locked by the packet handlers or write-locked by create, replace and
-// the sweeper. No pointer to a flow is used after the lock is released, so
-// the sweeper may put expired flows on a free list and reuse them without a
-// reader ever seeing a recycled struct.
-type flow struct {
-	// Written only under the shard's write lock.
-	dst         netip.AddrPort  // the transceiver's internal address
-	transceiver uint32          // the transceiver's id, from the token
-	created     int64           // relay-monotonic nanoseconds
-	ufrag       [token.Len]byte // server ufrag that created the flow (ICE restart detection)
+//   - 64 shards, picked by the top bits of a seeded hash, so a
+//     client choosing its source address and port cannot aim at one shard
+//     or one probe chain.
+//   - Each shard holds an atomic pointer to an open-addressing table
+//     (linear probing, power-of-two size, at most 3/4 full counting
+//     tombstones). Readers load the pointer and probe; they never lock.
+//   - Every slot is a seqlock: a writer makes the slot's sequence odd, stores
+//     the fields, and makes it even again; a reader reads the sequence, the
+//     fields, and the sequence again, and retries if it changed or was odd.
+//     Every field is an atomic word, so readers and writers never race in the
+//     Go memory model sense (and `go test -race` agrees).
+//   - Writers (flow create, re-point on ICE restart, first confirmation,
+//     remove, sweep) take the shard's mutex: writers on different shards
+//     never contend, and a flow is written a handful of times in its life.
+//   - Growing or cleaning tombstones builds a new table and swaps the
+//     pointer; a reader still probing the old one sees a consistent (if
+//     momentarily stale) table, and the garbage collector frees it. Slots
+//     are never recycled while readable except through the seqlock.
+//
+// A live key never moves within a table (an insert only lands on a slot
+// after a miss along the whole chain), so a concurrent reader cannot skip
+// over a flow that exists for the whole duration of its probe.
+//
+// The hot part of a slot (sequence, key, destination, last-seen) is one
+// 64-byte cache line; the rest (created, transceiver id, confirmed flag,
+// server ufrag) lives in a parallel array read only on the slow paths.
 
-	// Written under the read lock by concurrent handlers, hence atomic.
-	lastSeen  atomic.Int64 // relay-monotonic nanoseconds, traffic either way
-	confirmed atomic.Bool  // the transceiver has answered through this relay
+// Slot states, in bits 16-17 of the key's third word.
+const (
+	stateEmpty = 0
+	stateLive  = 1
+	stateTomb  = 2
+)
+
+// addrKey is a canonical address as three words: the 16-byte address (IPv4
+// as IPv4-mapped) and the port, with bit 18 set for IPv4 so that an IPv4
+// address and its IPv4-mapped IPv6 form never collide (the relay unmaps
+// every address at the edge, so the latter never occurs). Zones are ignored.
+type addrKey [3]uint64
+
+const (
+	keyIs4      = 1 << 18
+	keyStateSft = 16
+	keyPortMask = 0xffff
+)
+
+func keyOf(a netip.AddrPort) addrKey {
+	b := a.Addr().As16()
+	k := addrKey{binary.BigEndian.Uint64(b[0:8]), binary.BigEndian.Uint64(b[8:16]), uint64(a.Port())}
+	if a.Addr().Is4() {
+		k[2] |= keyIs4
+	}
+	return k
+}
+
+func (k addrKey) addrPort() netip.AddrPort {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[0:8], k[0])
+	binary.BigEndian.PutUint64(b[8:16], k[1])
+	var a netip.Addr
+	if k[2]&keyIs4 != 0 {
+		a = netip.AddrFrom4([4]byte(b[12:16]))
+	} else {
+		a = netip.AddrFrom16(b)
+	}
+	return netip.AddrPortFrom(a, uint16(k[2]&keyPortMask))
+}
+
+// slot is the hot part of one table entry: exactly one cache line.
+type slot struct {
+	seq  atomic.Uint64    // odd while a writer changes the slot
+	key  [3]atomic.Uint64 // client addrKey, with the slot state in key[2]
+	dst  [3]atomic.Uint64 // transceiver addrKey
+	last atomic.Int64     // relay-monotonic nanoseconds of the last traffic either way
+}
+
+// coldSlot is the rest of the entry, read under the same seqlock.
+type coldSlot struct {
+	created atomic.Int64                 // relay-monotonic nanoseconds
+	tr      atomic.Uint64                // transceiver id
+	ufrag   [token.Len / 8]atomic.Uint64 // server ufrag that created the flow (ICE restart detection)
+}
+
+// dstConfirmed, in the destination's third word, marks a flow its
+// transceiver has answered: the forwarding path reads it with the
+// destination, from the same cache line.
+const dstConfirmed = 1 << 20
+
+type table struct {
+	mask  uint64
+	slots []slot
+	cold  []coldSlot
+	// Written under the shard mutex only.
+	live, tombs int
+}
+
+func newTable(n int) *table {
+	return &table{mask: uint64(n - 1), slots: make([]slot, n), cold: make([]coldSlot, n)}
 }
 
 type shard struct {
-	mu   sync.RWMutex
-	m    map[netip.AddrPort]*flow // mu guards m and free
-	free []*flow
-	_    [128 - 56]byte // one shard per two cache lines: no false sharing between locks
+	mu  sync.Mutex // serializes writers of this shard
+	tab atomic.Pointer[table]
+	_   [64 - 16]byte // one cache line per shard header
 }
 
-// flowTable is a sharded map from client address to flow. Reads take one
-// shard read lock; the lock-free read path (an RCU-style snapshot like
-// membership.Table, or a concurrent hash map) is a later step.
+// flowTable is the relay's flow table; see the comment above.
 type flowTable struct {
-	seed   uint64
+	seed   [4]uint64 // random, for hash
 	max    int64
 	shards [numShards]shard
 
@@ -58,161 +141,357 @@ type flowTable struct {
 
 func newFlowTable(max int) *flowTable {
 	t := &flowTable{max: int64(max)}
-	var s [8]byte
-	_, _ = rand.Read(s[:])
-	t.seed = binary.LittleEndian.Uint64(s[:])
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	for i := range t.seed {
+		t.seed[i] = binary.LittleEndian.Uint64(b[8*i:]) | 1 // odd: never a zero multiplier
+	}
 	for i := range t.shards {
-		t.shards[i].m = make(map[netip.AddrPort]*flow, 64)
+		t.shards[i].tab.Store(newTable(minSlots))
 	}
 	return t
 }
 
-// shardOf spreads addresses over shards with a seeded mix, so that a client
-// choosing its source ports cannot aim at one shard's lock.
-func (t *flowTable) shardOf(a netip.AddrPort) *shard {
-	b := a.Addr().As16()
-	x := binary.LittleEndian.Uint64(b[0:8]) ^ t.seed
-	x ^= binary.LittleEndian.Uint64(b[8:16])*0x9E3779B97F4A7C15 + uint64(a.Port())
-	x ^= x >> 31
-	x *= 0xBF58476D1CE4E5B9
-	x ^= x >> 29
-	return &t.shards[x&(numShards-1)]
+// hash is a seeded wyhash-style mix of the key: 128-bit multiplies of
+// key words XORed with secret random words. A client that does not know the
+// seed cannot pick addresses that collide on one shard or one probe chain.
+// (maphash.Comparable is as strong but several times slower here.)
+func (t *flowTable) hash(k *addrKey) uint64 {
+	return mum(mum(k[0]^t.seed[0], k[1]^t.seed[1])^t.seed[3], k[2]^t.seed[2])
+}
+
+func mum(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	return hi ^ lo
+}
+
+func (t *flowTable) shardOf(h uint64) *shard { return &t.shards[h>>(64-6)] }
+
+// readSlot reads the key of sl under its seqlock: the key words, the state
+// and the sequence they were read at. It spins while a writer holds the slot.
+func readKey(sl *slot) (k addrKey, seq uint64) {
+	for spins := 0; ; spins++ {
+		seq = sl.seq.Load()
+		if seq&1 == 0 {
+			k = addrKey{sl.key[0].Load(), sl.key[1].Load(), sl.key[2].Load()}
+			if sl.seq.Load() == seq {
+				return k, seq
+			}
+		}
+		if spins > 64 {
+			runtime.Gosched()
+		}
+	}
+}
+
+func state(k addrKey) uint64 { return k[2] >> keyStateSft & 3 }
+
+// probe looks k up in tab without locking. On a hit it returns the slot
+// index and the sequence at which the slot held k; the caller reads more
+// fields and validates them against that sequence.
+func probe(tab *table, k addrKey, h uint64) (i uint64, seq uint64, ok bool) {
+	want := k
+	want[2] |= stateLive << keyStateSft
+	for i = h & tab.mask; ; i = (i + 1) & tab.mask {
+		got, seq := readKey(&tab.slots[i])
+		switch {
+		case got == want:
+			return i, seq, true
+		case state(got) == stateEmpty:
+			return 0, 0, false
+		}
+	}
+}
+
+// view is what the lock-free readers need from one flow.
+type view struct {
+	dst       addrKey // without dstConfirmed
+	confirmed bool
+}
+
+// lookup finds client's flow without locking. If now is non-zero it also
+// refreshes last-seen (a late store after a concurrent re-use of the slot
+// only makes another flow look a little more recent, which is harmless: a
+// pending flow expires by its creation time, not by last-seen).
+func (t *flowTable) lookup(k addrKey, h uint64, now int64) (v view, ok bool) {
+	tab := t.shardOf(h).tab.Load()
+	for {
+		i, seq, hit := probe(tab, k, h)
+		if !hit {
+			return v, false
+		}
+		sl := &tab.slots[i]
+		v.dst = addrKey{sl.dst[0].Load(), sl.dst[1].Load(), sl.dst[2].Load()}
+		v.confirmed = v.dst[2]&dstConfirmed != 0
+		v.dst[2] &^= dstConfirmed
+		if sl.seq.Load() != seq {
+			continue // changed under us: probe again
+		}
+		if now != 0 && sl.last.Load() < now {
+			sl.last.Store(now)
+		}
+		return v, true
+	}
 }
 
 // touch looks up the flow of client, refreshes it and returns where it goes.
 func (t *flowTable) touch(client netip.AddrPort, now int64) (dst netip.AddrPort, ok bool) {
-	s := t.shardOf(client)
-	s.mu.RLock()
-	f := s.m[client]
-	if f != nil {
-		dst = f.dst
-		if f.lastSeen.Load() < now {
-			f.lastSeen.Store(now)
-		}
+	k := keyOf(client)
+	v, ok := t.lookup(k, t.hash(&k), now)
+	if !ok {
+		return dst, false
 	}
-	s.mu.RUnlock()
-	return dst, f != nil
+	return v.dst.addrPort(), true
+}
+
+// ufragWords packs a token-length ufrag into words; ok is false for any
+// other length (such a ufrag can never have created a flow).
+func ufragWords(ufrag []byte) (w [token.Len / 8]uint64, ok bool) {
+	if len(ufrag) != token.Len {
+		return w, false
+	}
+	for i := range w {
+		w[i] = binary.LittleEndian.Uint64(ufrag[8*i:])
+	}
+	return w, true
 }
 
 // sameUfrag reports whether client's flow exists and was created by ufrag.
 func (t *flowTable) sameUfrag(client netip.AddrPort, ufrag []byte) bool {
-	s := t.shardOf(client)
-	s.mu.RLock()
-	f := s.m[client]
-	same := f != nil && string(f.ufrag[:]) == string(ufrag)
-	s.mu.RUnlock()
-	return same
+	want, ok := ufragWords(ufrag)
+	if !ok {
+		return false
+	}
+	k := keyOf(client)
+	h := t.hash(&k)
+	tab := t.shardOf(h).tab.Load()
+	for {
+		i, seq, hit := probe(tab, k, h)
+		if !hit {
+			return false
+		}
+		var got [token.Len / 8]uint64
+		for j := range got {
+			got[j] = tab.cold[i].ufrag[j].Load()
+		}
+		if tab.slots[i].seq.Load() == seq {
+			return got == want
+		}
+	}
 }
 
-// reply handles traffic from transceiver from for client: it refreshes and
-// confirms the flow if the flow exists and points to from.
+// reply handles traffic from transceiver from for client: it refreshes the
+// flow if the flow exists and points to from, and confirms it the first time.
 func (t *flowTable) reply(client, from netip.AddrPort, now int64) DropReason {
-	s := t.shardOf(client)
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	f := s.m[client]
+	k := keyOf(client)
+	h := t.hash(&k)
+	v, ok := t.lookup(k, h, now)
 	switch {
-	case f == nil:
+	case !ok:
 		return DropInternalNoFlow
-	case f.dst != from:
+	case v.dst != keyOf(from):
 		return DropInternalFlowMismatch
-	}
-	if f.lastSeen.Load() < now {
-		f.lastSeen.Store(now)
-	}
-	if !f.confirmed.Load() && f.confirmed.CompareAndSwap(false, true) {
-		t.pending.Add(-1)
+	case !v.confirmed:
+		t.confirm(k, h, keyOf(from))
 	}
 	return dropNone
 }
 
-// upsert creates a pending flow for client, or re-points an existing one
-// (ICE restart, or two workers racing on the first packet). ufrag is at most
-// token.Len bytes (the caller has opened it as a token).
-func (t *flowTable) upsert(client, dst netip.AddrPort, transceiver uint32, ufrag []byte, now int64) DropReason {
-	s := t.shardOf(client)
+// confirm marks client's flow confirmed (once per flow, so it may lock).
+func (t *flowTable) confirm(k addrKey, h uint64, dst addrKey) {
+	s := t.shardOf(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f := s.m[client]; f != nil {
-		if f.dst == dst && string(f.ufrag[:]) == string(ufrag) {
-			f.lastSeen.Store(now)
+	tab := s.tab.Load()
+	i, _, ok := probe(tab, k, h)
+	if !ok {
+		return
+	}
+	// One word changes, so readers see the flow before or after, both
+	// consistent: no sequence bump needed.
+	w := &tab.slots[i].dst[2]
+	if keyWords(&tab.slots[i].dst) != dst {
+		return // already confirmed (the bit is set) or re-pointed meanwhile
+	}
+	w.Store(dst[2] | dstConfirmed)
+	t.pending.Add(-1)
+}
+
+func keyWords(w *[3]atomic.Uint64) addrKey { return addrKey{w[0].Load(), w[1].Load(), w[2].Load()} }
+
+// write stores a flow into slot i of tab under the seqlock. The caller holds the shard mutex.
+func (tab *table) write(i uint64, k, dst addrKey, tr uint64, created, last int64, ufrag [token.Len / 8]uint64) {
+	sl, c := &tab.slots[i], &tab.cold[i]
+	sl.seq.Add(1)
+	for j := range 3 {
+		sl.key[j].Store(k[j])
+		sl.dst[j].Store(dst[j])
+	}
+	sl.last.Store(last)
+	c.created.Store(created)
+	c.tr.Store(tr)
+	for j := range ufrag {
+		c.ufrag[j].Store(ufrag[j])
+	}
+	sl.seq.Add(1)
+}
+
+// upsert creates a pending flow for client, or re-points an existing one
+// (ICE restart, or two workers racing on the first packet). ufrag is the
+// server ufrag of a token that opened (token.Len bytes), or nil in tests.
+func (t *flowTable) upsert(client, dst netip.AddrPort, transceiver uint32, ufrag []byte, now int64) DropReason {
+	k, dk := keyOf(client), keyOf(dst)
+	uw, _ := ufragWords(ufrag)
+	h := t.hash(&k)
+	s := t.shardOf(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tab := s.tab.Load()
+	want := k
+	want[2] |= stateLive << keyStateSft
+	free := int64(-1) // first tombstone on the chain
+	i := h & tab.mask
+	for ; ; i = (i + 1) & tab.mask {
+		got := keyWords(&tab.slots[i].key) // the mutex excludes other writers
+		if got == want {
+			c := &tab.cold[i]
+			var cur [token.Len / 8]uint64
+			for j := range cur {
+				cur[j] = c.ufrag[j].Load()
+			}
+			d := keyWords(&tab.slots[i].dst)
+			d[2] &^= dstConfirmed
+			if d == dk && cur == uw {
+				tab.slots[i].last.Store(now)
+				return dropNone
+			}
+			// A new token: route to its transceiver, pending until it answers.
+			if tab.slots[i].dst[2].Load()&dstConfirmed != 0 {
+				t.pending.Add(1)
+			}
+			tab.write(i, want, dk, uint64(transceiver), now, now, uw)
+			t.created.Add(1)
 			return dropNone
 		}
-		// A new token: route to its transceiver, pending until it answers.
-		f.dst, f.transceiver, f.created = dst, transceiver, now
-		copy(f.ufrag[:], ufrag)
-		f.lastSeen.Store(now)
-		if f.confirmed.Swap(false) {
-			t.pending.Add(1)
+		st := state(got)
+		if st == stateTomb && free < 0 {
+			free = int64(i)
 		}
-		t.created.Add(1)
-		return dropNone
+		if st == stateEmpty {
+			break
+		}
 	}
 	if t.n.Add(1) > t.max {
 		t.n.Add(-1)
 		return DropFlowTableFull
 	}
-	var f *flow
-	if n := len(s.free); n > 0 {
-		f, s.free[n-1] = s.free[n-1], nil
-		s.free = s.free[:n-1]
-	} else {
-		f = new(flow)
+	if free >= 0 {
+		i = uint64(free)
+		tab.tombs--
+	} else if uint64(tab.live+tab.tombs+1) > (tab.mask+1)*3/4 {
+		tab = t.rehash(s, tab, tab.live+1)
+		for i = h & tab.mask; state(keyWords(&tab.slots[i].key)) != stateEmpty; i = (i + 1) & tab.mask {
+		}
 	}
-	f.dst, f.transceiver, f.created = dst, transceiver, now
-	f.ufrag = [token.Len]byte{}
-	copy(f.ufrag[:], ufrag)
-	f.lastSeen.Store(now)
-	f.confirmed.Store(false)
-	s.m[client] = f
+	tab.write(i, want, dk, uint64(transceiver), now, now, uw)
+	tab.live++
 	t.pending.Add(1)
 	t.created.Add(1)
 	return dropNone
 }
 
-// removeLocked deletes client's flow f from s, whose write lock is held.
-func (t *flowTable) removeLocked(s *shard, client netip.AddrPort, f *flow) {
-	delete(s.m, client)
+// rehash copies the live flows of old into a new table sized for need
+// flows at most half full, publishes it and returns it. The shard mutex is held.
+func (t *flowTable) rehash(s *shard, old *table, need int) *table {
+	n := minSlots
+	for n < 2*need {
+		n *= 2
+	}
+	tab := newTable(n)
+	for i := range old.slots {
+		k := keyWords(&old.slots[i].key)
+		if state(k) != stateLive {
+			continue
+		}
+		sl, c := &old.slots[i], &old.cold[i]
+		hk := k
+		hk[2] &^= 3 << keyStateSft
+		h := t.hash(&hk)
+		j := h & tab.mask
+		for state(keyWords(&tab.slots[j].key)) != stateEmpty {
+			j = (j + 1) & tab.mask
+		}
+		var uw [token.Len / 8]uint64
+		for x := range uw {
+			uw[x] = c.ufrag[x].Load()
+		}
+		tab.write(j, k, keyWords(&sl.dst), c.tr.Load(), c.created.Load(), sl.last.Load(), uw)
+		tab.live++
+	}
+	s.tab.Store(tab)
+	return tab
+}
+
+// remove deletes client's flow if there is one.
+func (t *flowTable) remove(client netip.AddrPort) {
+	k := keyOf(client)
+	h := t.hash(&k)
+	s := t.shardOf(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tab := s.tab.Load()
+	if i, _, ok := probe(tab, k, h); ok {
+		t.removeLocked(tab, i)
+	}
+}
+
+// removeLocked turns slot i of tab, a live flow, into a tombstone. The
+// shard mutex is held.
+func (t *flowTable) removeLocked(tab *table, i uint64) {
+	sl := &tab.slots[i]
+	k := keyWords(&sl.key)
+	k[2] = k[2]&^(3<<keyStateSft) | stateTomb<<keyStateSft
+	sl.seq.Add(1)
+	sl.key[2].Store(k[2])
+	sl.seq.Add(1)
+	tab.live--
+	tab.tombs++
 	t.n.Add(-1)
-	if f.confirmed.Load() {
+	if sl.dst[2].Load()&dstConfirmed != 0 {
 		t.expired[1].Add(1)
 	} else {
 		t.pending.Add(-1)
 		t.expired[0].Add(1)
 	}
-	if len(s.free) < maxFreePerShard {
-		s.free = append(s.free, f)
-	}
-}
-
-// remove deletes client's flow if there is one.
-func (t *flowTable) remove(client netip.AddrPort) {
-	s := t.shardOf(client)
-	s.mu.Lock()
-	if f := s.m[client]; f != nil {
-		t.removeLocked(s, client, f)
-	}
-	s.mu.Unlock()
 }
 
 // sweep expires pending flows created more than pending ago (client
 // retransmissions do not extend them: a transceiver that never answers must
 // not pin the flow), confirmed flows idle for more than idle, and flows whose
-// transceiver has left the membership table (isMember false).
+// transceiver has left the membership table (isMember false). A shard whose
+// table is more than a quarter tombstones is rebuilt.
 func (t *flowTable) sweep(now int64, pending, idle int64, isMember func(netip.AddrPort) bool) {
-	for i := range t.shards {
-		s := &t.shards[i]
+	for si := range t.shards {
+		s := &t.shards[si]
 		s.mu.Lock()
-		for client, f := range s.m {
+		tab := s.tab.Load()
+		for i := range tab.slots {
+			sl := &tab.slots[i]
+			if state(keyWords(&sl.key)) != stateLive {
+				continue
+			}
 			var dead bool
-			if f.confirmed.Load() {
-				dead = now-f.lastSeen.Load() > idle
+			if sl.dst[2].Load()&dstConfirmed != 0 {
+				dead = now-sl.last.Load() > idle
 			} else {
-				dead = now-f.created > pending
+				dead = now-tab.cold[i].created.Load() > pending
 			}
-			if dead || !isMember(f.dst) {
-				t.removeLocked(s, client, f)
+			if dead || !isMember(keyWords(&sl.dst).addrPort()) {
+				t.removeLocked(tab, uint64(i))
 			}
+		}
+		if uint64(tab.tombs) > (tab.mask+1)/4 {
+			t.rehash(s, tab, tab.live)
 		}
 		s.mu.Unlock()
 	}
