@@ -65,6 +65,9 @@ const (
 	DropReadError
 	// DropWriteError: the forwarding write failed.
 	DropWriteError
+	// DropTooBig: a datagram longer than the batched loops' buffers
+	// (MaxBatchedPayload, plus the hop header on the internal side).
+	DropTooBig
 
 	// NumDropReasons is one more than the largest DropReason; Stats.Drops has this length.
 	NumDropReasons
@@ -93,6 +96,7 @@ var dropNames = [NumDropReasons]string{
 	DropInternalFlowMismatch:  "internal_flow_mismatch",
 	DropReadError:             "read_error",
 	DropWriteError:            "write_error",
+	DropTooBig:                "too_big",
 }
 
 // String returns the reason's metric label.

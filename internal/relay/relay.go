@@ -47,8 +47,20 @@ const (
 	ConsentTimeout = 30 * time.Second
 	// maxWorkers bounds Config.Workers.
 	maxWorkers = 256
-	// maxDatagram is the largest UDP payload; read buffers hold one whole.
+	// maxDatagram is the largest UDP payload; the unbatched loops' read
+	// buffers hold one whole.
 	maxDatagram = 64 * 1024
+	// DefaultBatch is the default number of datagrams per recvmmsg/sendmmsg.
+	DefaultBatch = 64
+	// maxBatch bounds Config.Batch.
+	maxBatch = 1024
+	// batchSlot is the size of one message buffer of the batched loops:
+	// hop.MaxHeaderLen of headroom and the datagram. Larger datagrams are
+	// dropped as DropTooBig (MaxBatchedPayload).
+	batchSlot = 2048
+	// MaxBatchedPayload is the largest client payload the batched loops
+	// forward (either direction); WebRTC over UDP stays under path MTU.
+	MaxBatchedPayload = batchSlot - hop.MaxHeaderLen
 )
 
 // Config configures a relay.
@@ -71,6 +83,14 @@ type Config struct {
 	// MaxFlows caps the flow table; at the cap new flows are dropped and
 	// existing ones are never evicted. Default 1<<20.
 	MaxFlows int `yaml:"max_flows"`
+	// Batch is the number of datagrams each read loop receives per
+	// recvmmsg(2) and sends per sendmmsg(2). 1 uses one read and one write
+	// syscall per datagram (and forwards datagrams up to 64 KiB; batched
+	// loops forward up to MaxBatchedPayload). 0 means DefaultBatch.
+	Batch int `yaml:"batch"`
+	// NoThreadLock leaves the read loops unpinned from their OS threads
+	// (runtime.LockOSThread is the default). For measurement only.
+	NoThreadLock bool `yaml:"no_thread_lock"`
 }
 
 // Validate checks c and fills in defaults.
@@ -110,6 +130,12 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("relay: MaxFlows is %d; use 0 for the default %d or a positive cap", c.MaxFlows, DefaultMaxFlows))
 	case c.MaxFlows == 0:
 		c.MaxFlows = DefaultMaxFlows
+	}
+	switch {
+	case c.Batch < 0 || c.Batch > maxBatch:
+		errs = append(errs, fmt.Errorf("relay: Batch is %d; use 0 for the default %d, or 1 to %d", c.Batch, DefaultBatch, maxBatch))
+	case c.Batch == 0:
+		c.Batch = DefaultBatch
 	}
 	return errors.Join(errs...)
 }
@@ -230,13 +256,18 @@ func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometh
 	r.cancel = cancel
 	for _, w := range r.workers {
 		r.wg.Add(2)
-		go r.publicLoop(w)
-		go r.internalLoop(w)
+		if cfg.Batch > 1 {
+			go r.publicBatchLoop(w)
+			go r.internalBatchLoop(w)
+		} else {
+			go r.publicLoop(w)
+			go r.internalLoop(w)
+		}
 	}
 	r.wg.Add(1)
 	go r.sweepLoop(ctx)
 	r.log.Info("relay: listening", "public", r.publicAddr, "internal", r.intAddr,
-		"cluster", cfg.Cluster, "workers", cfg.Workers, "members", members.Len())
+		"cluster", cfg.Cluster, "workers", cfg.Workers, "batch", cfg.Batch, "members", members.Len())
 	return r, nil
 }
 
@@ -403,10 +434,20 @@ func (r *Relay) handleInternal(from netip.AddrPort, b []byte, now time.Time) (to
 	return client, payload, dropNone
 }
 
+// lockThread pins the calling read loop to its OS thread unless the config
+// says not to; the returned func undoes it.
+func (r *Relay) lockThread() func() {
+	if r.cfg.NoThreadLock {
+		return func() {}
+	}
+	runtime.LockOSThread()
+	return runtime.UnlockOSThread
+}
+
+// publicLoop is the unbatched (Config.Batch 1) public read loop.
 func (r *Relay) publicLoop(w *worker) {
 	defer r.wg.Done()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	defer r.lockThread()()
 	buf := make([]byte, hop.MaxHeaderLen+maxDatagram)
 	for {
 		n, from, err := w.public.ReadFromUDPAddrPort(buf[hop.MaxHeaderLen:])
@@ -432,10 +473,10 @@ func (r *Relay) publicLoop(w *worker) {
 	}
 }
 
+// internalLoop is the unbatched (Config.Batch 1) internal read loop.
 func (r *Relay) internalLoop(w *worker) {
 	defer r.wg.Done()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	defer r.lockThread()()
 	buf := make([]byte, hop.MaxHeaderLen+maxDatagram)
 	for {
 		n, from, err := w.internal.ReadFromUDPAddrPort(buf)
@@ -529,4 +570,101 @@ func (r *Relay) Stats() Stats {
 		s.ToClientBytes += w.c.bytes[toClient].Load()
 	}
 	return s
+}
+
+// newSlots returns n message buffers of batchSlot bytes cut from one slab.
+func newSlots(n int) [][]byte {
+	slab := make([]byte, n*batchSlot)
+	bufs := make([][]byte, n)
+	for i := range bufs {
+		bufs[i] = slab[i*batchSlot : (i+1)*batchSlot : (i+1)*batchSlot]
+	}
+	return bufs
+}
+
+// publicBatchLoop reads up to Config.Batch client datagrams per recvmmsg,
+// each into its own slot after hop.MaxHeaderLen bytes of headroom, decides
+// each one, and sends the forwards to transceivers with one sendmmsg.
+// Counters are updated once per batch.
+func (r *Relay) publicBatchLoop(w *worker) {
+	defer r.wg.Done()
+	defer r.lockThread()()
+	slots := newSlots(r.cfg.Batch)
+	reads := make([][]byte, len(slots))
+	for i, s := range slots {
+		reads[i] = s[hop.MaxHeaderLen:]
+	}
+	in, err := NewBatch(w.public, r.cfg.Batch, reads)
+	if err == nil {
+		var out *Batch
+		if out, err = NewBatch(w.internal, r.cfg.Batch, nil); err == nil {
+			r.forwardBatches(w, in, out, slots, hop.MaxHeaderLen, toTransceiver, r.handlePublic)
+			return
+		}
+	}
+	r.log.Error("relay: batched loop failed to start", "err", err)
+}
+
+// internalBatchLoop is publicBatchLoop for the internal socket.
+func (r *Relay) internalBatchLoop(w *worker) {
+	defer r.wg.Done()
+	defer r.lockThread()()
+	slots := newSlots(r.cfg.Batch)
+	in, err := NewBatch(w.internal, r.cfg.Batch, slots)
+	if err == nil {
+		var out *Batch
+		if out, err = NewBatch(w.public, r.cfg.Batch, nil); err == nil {
+			r.forwardBatches(w, in, out, slots, 0, toClient, r.handleInternal)
+			return
+		}
+	}
+	r.log.Error("relay: batched loop failed to start", "err", err)
+}
+
+// forwardBatches is the body of both batched loops: datagram i of a read
+// sits at slots[i][headroom:]; handle decides it given the whole slot up to
+// the datagram's end.
+func (r *Relay) forwardBatches(w *worker, in, out *Batch, slots [][]byte, headroom int, dir direction,
+	handle func(from netip.AddrPort, buf []byte, now time.Time) (netip.AddrPort, []byte, DropReason)) {
+	for {
+		n, err := in.Read()
+		if err != nil {
+			if isClosed(err) {
+				return
+			}
+			w.c.drops[DropReadError].Add(1)
+			continue
+		}
+		now := time.Now()
+		for i := range n {
+			if in.Truncated(i) {
+				w.c.drops[DropTooBig].Add(1)
+				continue
+			}
+			to, pkt, drop := handle(in.Addr(i), slots[i][:headroom+in.Len(i)], now)
+			if drop != dropNone {
+				w.c.drops[drop].Add(1)
+				continue
+			}
+			if !out.Queue(pkt, to) {
+				w.c.drops[DropWriteError].Add(1)
+				continue
+			}
+			if dir == toTransceiver {
+				out.plen[out.n-1] = in.Len(i) // count the payload, not the hop header
+			}
+		}
+		if out.Queued() == 0 {
+			continue
+		}
+		sent, bytes, failed, err := out.Flush()
+		if failed > 0 {
+			w.c.drops[DropWriteError].Add(uint64(failed))
+		}
+		w.c.packets[dir].Add(uint64(sent))
+		w.c.bytes[dir].Add(uint64(bytes))
+		if err != nil && isClosed(err) {
+			return
+		}
+	}
 }

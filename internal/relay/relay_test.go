@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -120,7 +121,13 @@ func (e *env) binding(t *testing.T, transceiver uint32) []byte {
 // TestRelayEndToEnd runs a client, the relay and a fake transceiver on real
 // loopback sockets.
 func TestRelayEndToEnd(t *testing.T) {
-	e := newEnv(t, Config{}, nil)
+	for _, batch := range []int{1, DefaultBatch} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) { testRelayEndToEnd(t, Config{Batch: batch}) })
+	}
+}
+
+func testRelayEndToEnd(t *testing.T, cfg Config) {
+	e := newEnv(t, cfg, nil)
 	if e.r.PublicAddr().Port() == 0 || e.r.InternalAddr().Port() == 0 || e.r.PublicAddr() == e.r.InternalAddr() {
 		t.Fatalf("addresses %v %v", e.r.PublicAddr(), e.r.InternalAddr())
 	}
@@ -283,11 +290,36 @@ func TestRelayFlowsExpire(t *testing.T) {
 }
 
 func TestRelayWriteError(t *testing.T) {
-	// Member 9 has an IPv6 address the IPv4 internal socket cannot send to.
-	e := newEnv(t, Config{Workers: 1}, map[uint32]netip.AddrPort{9: netip.MustParseAddrPort("[::1]:9")})
+	for _, batch := range []int{1, DefaultBatch} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			// Member 9 has an IPv6 address the IPv4 internal socket cannot send to.
+			e := newEnv(t, Config{Workers: 1, Batch: batch}, map[uint32]netip.AddrPort{9: netip.MustParseAddrPort("[::1]:9")})
+			client := udp(t)
+			send(t, client, e.binding(t, 9), e.r.PublicAddr())
+			eventually(t, "write_error counted", func() bool { return e.r.Stats().Drops[DropWriteError] == 1 })
+		})
+	}
+}
+
+func TestRelayTooBig(t *testing.T) {
+	e := newEnv(t, Config{Workers: 1}, nil)
 	client := udp(t)
-	send(t, client, e.binding(t, 9), e.r.PublicAddr())
-	eventually(t, "write_error counted", func() bool { return e.r.Stats().Drops[DropWriteError] == 1 })
+	send(t, client, e.binding(t, 7), e.r.PublicAddr())
+	recv(t, e.tr)
+	big := make([]byte, MaxBatchedPayload+1)
+	big[0] = 0x80
+	send(t, client, big, e.r.PublicAddr())
+	eventually(t, "too_big counted", func() bool { return e.r.Stats().Drops[DropTooBig] == 1 })
+	// The largest allowed payload goes through, both ways.
+	send(t, client, big[:MaxBatchedPayload], e.r.PublicAddr())
+	got, _ := recv(t, e.tr)
+	if _, _, payload, err := hop.ParseHeader(got); err != nil || len(payload) != MaxBatchedPayload {
+		t.Fatalf("forwarded %d bytes (%v), want %d", len(payload), err, MaxBatchedPayload)
+	}
+	send(t, e.tr, got, e.r.InternalAddr())
+	if back, _ := recv(t, client); len(back) != MaxBatchedPayload {
+		t.Fatalf("returned %d bytes", len(back))
+	}
 }
 
 func TestRelayNewAndClose(t *testing.T) {
