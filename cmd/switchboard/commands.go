@@ -20,7 +20,6 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/demo"
-	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 )
@@ -86,11 +85,12 @@ func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logge
 
 func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	var cfg struct {
-		Relay   relay.Config `yaml:",inline"`
-		Members string       `yaml:"members"`
-		Metrics string       `yaml:"metrics"`
-		Keys    KeyConfig    `yaml:",inline"`
-		Log     LogConfig    `yaml:",inline"`
+		Relay   relay.Config     `yaml:",inline"`
+		Members string           `yaml:"members"`
+		Source  MembershipConfig `yaml:",inline"`
+		Metrics string           `yaml:"metrics"`
+		Keys    KeyConfig        `yaml:",inline"`
+		Log     LogConfig        `yaml:",inline"`
 	}
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	fs.StringVar(&cfg.Relay.PublicAddr, "public", "0.0.0.0:3478", "public UDP address clients send to (the VIP:port)")
@@ -102,6 +102,7 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	fs.IntVar(&cfg.Relay.MaxFlows, "max-flows", 1<<20, "flow table capacity; new flows beyond it are dropped and counted")
 	fs.StringVar(&cfg.Members, "members", "", "static membership: transceiver id=internal ip:port, comma separated, e.g. 1=10.0.0.5:4000,2=10.0.0.6:4000")
 	fs.StringVar(&cfg.Metrics, "metrics", "127.0.0.1:9090", "address serving /metrics, /live and /ready (empty disables)")
+	cfg.Source.register(fs)
 	cfg.Keys.register(fs)
 	cfg.Log.register(fs, "json")
 	if err := parseConfig(fs, args, &cfg); err != nil {
@@ -115,24 +116,18 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	entries, err := membership.Static(cfg.Members)
-	if err != nil {
-		return fmt.Errorf("-members: %w", err)
-	}
-	if len(entries) == 0 {
-		return errors.New("-members is empty: list the transceivers this relay may route to, e.g. -members 1=127.0.0.1:4000")
-	}
-	members, err := membership.NewTable(entries)
-	if err != nil {
-		return fmt.Errorf("-members: %w", err)
-	}
 	reg := newRegistry()
+	members, stopMembers, err := relayMembership(ctx, cfg.Source, cfg.Members, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopMembers()
 	r, err := relay.New(cfg.Relay, keys, members, reg, log)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "members", len(entries))
+	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "members", members.Len())
 	return serveOps(ctx, cfg.Metrics, reg, nil, log)
 }
 
@@ -169,6 +164,7 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	var cfg struct {
 		Trx   transceiver.Config `yaml:",inline"`
 		HTTP  string             `yaml:"http"`
+		Drain time.Duration      `yaml:"drain_timeout"`
 		Allow string             `yaml:"-"`
 		Keys  KeyConfig          `yaml:",inline"`
 		Log   LogConfig          `yaml:",inline"`
@@ -190,6 +186,7 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	fs.DurationVar(&cfg.Trx.SetupTimeout, "setup-timeout", 30*time.Second, "end sessions not connected this long after the offer")
 	fs.IntVar(&cfg.Trx.MaxSessions, "max-sessions", 10000, "concurrent session cap; offers beyond it get 503")
 	fs.StringVar(&cfg.HTTP, "http", "127.0.0.1:8080", "address of the signaling API, /metrics, /live and /ready")
+	fs.DurationVar(&cfg.Drain, "drain-timeout", 30*time.Second, "on SIGTERM, how long live sessions may run on before they are ended")
 	fs.StringVar(&cfg.Trx.DTLSRole, "dtls-role", "client", "DTLS role in answers: client (active) or server (passive, no HelloVerify)")
 	cfg.Keys.register(fs)
 	cfg.Log.register(fs, "json")
@@ -217,7 +214,23 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", t.Handler())
-	return serveHTTP(ctx, cfg.HTTP, mux, log)
+	// Keep serving while draining, so that /ready fails and offers get 503.
+	httpCtx, stopHTTP := context.WithCancel(context.Background())
+	defer stopHTTP()
+	httpErr := make(chan error, 1)
+	go func() { httpErr <- serveHTTP(httpCtx, cfg.HTTP, mux, log) }()
+	select {
+	case err := <-httpErr:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("draining", "sessions", t.Sessions(), "timeout", cfg.Drain)
+	dctx, cancel := context.WithTimeout(context.Background(), cfg.Drain)
+	ended := t.Drain(dctx)
+	cancel()
+	log.Info("drained", "sessions_ended", ended)
+	stopHTTP()
+	return <-httpErr
 }
 
 func runAgent(ctx context.Context, args []string, _ io.Writer) error {

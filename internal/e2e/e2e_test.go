@@ -39,13 +39,17 @@ type stack struct {
 
 func startStack(t *testing.T, trxID uint32) *stack {
 	t.Helper()
+	return startStackWithLog(t, trxID, slog.New(slog.DiscardHandler))
+}
+
+func startStackWithLog(t *testing.T, trxID uint32, log *slog.Logger) *stack {
+	t.Helper()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	keys, err := token.NewKeyring(token.Key{ID: 1, Secret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.DiscardHandler)
 	backend := httptest.NewServer(agent.NewEcho(log))
 	t.Cleanup(backend.Close)
 

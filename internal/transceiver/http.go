@@ -69,7 +69,7 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, ErrBadOffer):
 		httpapi.WriteError(w, http.StatusBadRequest, "bad_offer", err.Error())
 		return
-	case errors.Is(err, ErrFull), errors.Is(err, ErrClosed):
+	case errors.Is(err, ErrFull), errors.Is(err, ErrClosed), errors.Is(err, ErrDraining):
 		w.Header().Set("Retry-After", "1")
 		httpapi.WriteError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 		return
@@ -98,11 +98,8 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
-		httpapi.WriteError(w, http.StatusServiceUnavailable, "draining", "the transceiver is shutting down")
+	if !s.Ready() {
+		httpapi.WriteError(w, http.StatusServiceUnavailable, "draining", "the transceiver is draining or shutting down")
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

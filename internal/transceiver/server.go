@@ -37,6 +37,8 @@ var (
 	ErrFull = errors.New("transceiver: at session capacity")
 	// ErrClosed: the transceiver is shutting down.
 	ErrClosed = errors.New("transceiver: closed")
+	// ErrDraining: the transceiver is draining and takes no new sessions.
+	ErrDraining = errors.New("transceiver: draining, try another transceiver")
 	// ErrBackend: the backend bridge could not be opened.
 	ErrBackend = errors.New("transceiver: backend unavailable")
 )
@@ -72,6 +74,7 @@ type Server struct {
 	mu       sync.Mutex
 	sessions map[string]*session // guarded by mu
 	closed   bool                // guarded by mu
+	draining bool                // guarded by mu
 	wg       sync.WaitGroup      // session goroutines
 }
 
@@ -190,19 +193,22 @@ func newSessionID() string {
 // complete answer. Errors wrap ErrBadOffer (the offer is unusable),
 // ErrFull, ErrClosed or ErrBackend.
 func (s *Server) Offer(ctx context.Context, offer string, meta map[string]string) (id, answer string, err error) {
-	if err := validateOffer(offer); err != nil {
-		return "", "", err
-	}
 	s.mu.Lock()
 	switch {
 	case s.closed:
 		s.mu.Unlock()
 		return "", "", ErrClosed
+	case s.draining:
+		s.mu.Unlock()
+		return "", "", ErrDraining
 	case len(s.sessions) >= s.cfg.MaxSessions:
 		s.mu.Unlock()
 		return "", "", ErrFull
 	}
 	s.mu.Unlock()
+	if err := validateOffer(offer); err != nil {
+		return "", "", err
+	}
 
 	start := time.Now()
 	sess, answer, err := s.newSession(ctx, offer, meta)
@@ -225,6 +231,39 @@ func (s *Server) End(id, reason string) bool {
 	}
 	sess.end(reason)
 	return true
+}
+
+// Ready reports whether the transceiver takes new sessions: false once it
+// drains or closes.
+func (s *Server) Ready() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.closed && !s.draining
+}
+
+// Drain stops taking sessions (offers get 503 with Retry-After, /ready
+// fails), lets live sessions run until they end or ctx is done, then
+// closes: the sessions still live are ended with reason "shutdown" (the
+// client gets a session.end event on oai-events and a DTLS close_notify,
+// the backend a session.end). It returns the number of sessions it had to
+// end.
+func (s *Server) Drain(ctx context.Context) int {
+	s.mu.Lock()
+	s.draining = true
+	s.mu.Unlock()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for s.Sessions() > 0 {
+		select {
+		case <-ctx.Done():
+			n := s.Sessions()
+			_ = s.Close()
+			return n
+		case <-t.C:
+		}
+	}
+	_ = s.Close()
+	return 0
 }
 
 // Close ends every session (the backend is told "shutdown"), closes the

@@ -2,6 +2,7 @@ package transceiver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -275,6 +276,31 @@ func (sess *session) fromBackend() {
 	}
 }
 
+// EndEventType is the type of the event the transceiver sends on
+// oai-events just before it ends a session, e.g.
+// {"type":"switchboard.session.end","reason":"shutdown"}.
+const EndEventType = "switchboard.session.end"
+
+// notifyClient tells the client why the session ends, on its data channel
+// if open, and waits briefly for the message to leave.
+func (sess *session) notifyClient(reason string) {
+	dc := sess.events.Load()
+	if dc == nil || dc.ReadyState() != webrtc.DataChannelStateOpen {
+		return
+	}
+	msg, _ := json.Marshal(struct {
+		Type   string `json:"type"`
+		Reason string `json:"reason"`
+	}{EndEventType, reason})
+	if dc.SendText(string(msg)) != nil {
+		return
+	}
+	deadline := time.Now().Add(200 * time.Millisecond)
+	for dc.BufferedAmount() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // watchSetup ends the session if it does not connect in time.
 func (sess *session) watchSetup() {
 	defer sess.srv.wg.Done()
@@ -302,7 +328,8 @@ func (sess *session) end(reason string) {
 		_ = sess.be.End(ctx, reason)
 		cancel()
 		sess.cancel()
-		_ = sess.pc.Close()
+		sess.notifyClient(reason)
+		_ = sess.pc.Close() // sends DTLS close_notify
 		s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
 		sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
 	})

@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pion/webrtc/v4"
+
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+)
+
+// lockedBuffer collects log output from several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// dial connects a bare Pion client with audio and an oai-events channel
+// through the stack and returns it once the channel is open, with a
+// channel of the messages it receives and one closed when DTLS closes.
+func dial(t *testing.T, s *stack) (*webrtc.PeerConnection, <-chan string, <-chan struct{}) {
+	t.Helper()
+	var se webrtc.SettingEngine
+	se.SetIncludeLoopbackCandidate(true)
+	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
+	pc, err := webrtc.NewAPI(webrtc.WithSettingEngine(se)).NewPeerConnection(webrtc.Configuration{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pc.Close() })
+	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := pc.CreateDataChannel(transceiver.EventsLabel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := make(chan string, 16)
+	open := make(chan struct{})
+	dc.OnOpen(func() { close(open) })
+	dc.OnMessage(func(m webrtc.DataChannelMessage) { msgs <- string(m.Data) })
+	dtlsClosed := make(chan struct{})
+	var once sync.Once
+	pc.SCTP().Transport().OnStateChange(func(st webrtc.DTLSTransportState) {
+		if st == webrtc.DTLSTransportStateClosed {
+			once.Do(func() { close(dtlsClosed) })
+		}
+	})
+	offer, _ := pc.CreateOffer(nil)
+	gathered := webrtc.GatheringCompletePromise(pc)
+	if err := pc.SetLocalDescription(offer); err != nil {
+		t.Fatal(err)
+	}
+	<-gathered
+	resp, err := http.Post(s.signaling.URL+"/v1/calls", "application/sdp", strings.NewReader(pc.LocalDescription().SDP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("offer: %d %s", resp.StatusCode, answer)
+	}
+	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-open:
+	case <-time.After(10 * time.Second):
+		t.Fatal("data channel did not open")
+	}
+	return pc, msgs, dtlsClosed
+}
+
+// TestDrain: a draining transceiver refuses new sessions with 503 and
+// Retry-After and fails /ready, keeps live sessions up to the bound, then
+// ends them cleanly: session.end event and DTLS close to the client,
+// session.end to the backend.
+func TestDrain(t *testing.T) {
+	var logs lockedBuffer
+	s := startStackWithLog(t, 3, slog.New(slog.NewJSONHandler(&logs, nil)))
+	_, msgs, dtlsClosed := dial(t, s)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	drained := make(chan int, 1)
+	go func() { drained <- s.trx.Drain(ctx) }()
+
+	// While draining: not ready, no new sessions, the live one stays up.
+	deadline := time.Now().Add(time.Second)
+	for s.trx.Ready() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	r, err := http.Get(s.signaling.URL + "/ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/ready while draining: %d", r.StatusCode)
+	}
+	resp, err := http.Post(s.signaling.URL+"/v1/calls", "application/sdp", strings.NewReader("v=0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("offer while draining: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if s.trx.Sessions() != 1 {
+		t.Fatalf("live session was not kept during the drain")
+	}
+
+	// At the bound, the session is ended cleanly.
+	if n := <-drained; n != 1 {
+		t.Fatalf("drain ended %d sessions, want 1", n)
+	}
+	select {
+	case m := <-msgs:
+		var ev struct{ Type, Reason string }
+		if err := json.Unmarshal([]byte(m), &ev); err != nil || ev.Type != transceiver.EndEventType || ev.Reason != "shutdown" {
+			t.Fatalf("client got %q, want a %s event with reason shutdown", m, transceiver.EndEventType)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("client got no session end event")
+	}
+	select {
+	case <-dtlsClosed:
+	case <-time.After(3 * time.Second):
+		t.Fatal("client's DTLS transport did not close")
+	}
+	deadline = time.Now().Add(3 * time.Second)
+	for !strings.Contains(logs.String(), `"reason":"shutdown"`) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), `"msg":"session end"`) || !strings.Contains(logs.String(), `"reason":"shutdown"`) {
+		t.Fatalf("backend was not told the session ended for shutdown; logs:\n%s", logs.String())
+	}
+}
