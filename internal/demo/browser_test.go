@@ -1,0 +1,442 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// The browser test drives a real Chromium through the whole demo: the page
+// gets the fake microphone (testdata/speech.wav), POSTs its offer to the
+// transceiver, and ICE, DTLS, SCTP and SRTP all flow through the relay on
+// loopback. The echo agent sends the speech back, so the page must receive
+// audio with energy in it.
+
+// screenshotEnv names a file for a PNG of the connected page, for looking at
+// the page by hand; the test takes no screenshot when it is empty.
+const screenshotEnv = "SWITCHBOARD_DEMO_SCREENSHOT"
+
+func TestBrowserCall(t *testing.T) {
+	chromium := chromiumPath(t)
+	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(wav); err != nil {
+		t.Fatalf("fake microphone input: %v", err)
+	}
+	start := time.Now()
+
+	// The demo's log goes to a buffer, shown only on failure: its goroutines
+	// must not call t.Log once the test has returned.
+	var serverLog lockedBuffer
+	d, err := Start(Config{
+		HTTPAddr:  "127.0.0.1:0",
+		RelayAddr: "127.0.0.1:0",
+		Logger:    slog.New(slog.NewTextHandler(&serverLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cleanups run last-registered first, so the browser (registered below)
+	// stops before the demo closes.
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			t.Errorf("demo close: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("demo log:\n%s", serverLog.String())
+		}
+	})
+
+	ctx := startBrowser(t, chromium, wav)
+	if err := chromedp.Do(ctx, chromedp.Navigate(d.URL()+"/")); err != nil {
+		t.Fatalf("navigate to %s: %v", d.URL(), err)
+	}
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`void window.switchboard.call()`)); err != nil {
+		t.Fatalf("call(): %v", err)
+	}
+
+	s := waitPage(t, ctx, "peer connection connected", 20*time.Second, func(s pageState) bool {
+		return s.State == "connected" && s.BodyState == "connected"
+	})
+	t.Logf("connected: setup (POST → connected) %.0f ms, session %s", deref(s.SetupMs), deref(s.Location))
+	// The page pings as soon as its data channel opens. The transceiver can
+	// drop the echo of that first ping: it sends to the client's channel only
+	// after Pion's OnOpen for it has run, and a message that arrives with the
+	// channel's DCEP open can overtake that (events_dropped_total counts
+	// it). So ping again, once, if the first echo does not come back.
+	s, ok := pollPage(t, ctx, 3*time.Second, func(s pageState) bool { return s.DCEcho })
+	if !ok {
+		t.Logf("no echo of the first data-channel ping within 3 s (transceiver: %s); pinging again",
+			metricLines(ctx, "switchboard_transceiver_events_dropped_total"))
+		if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`window.switchboard.ping()`)); err != nil {
+			t.Fatalf("ping(): %v", err)
+		}
+	}
+	s = waitPage(t, ctx, "data-channel echo", 7*time.Second, func(s pageState) bool { return s.DCEcho })
+	t.Logf("data-channel echo: %.1f ms", deref(s.EchoMs))
+	s = waitPage(t, ctx, "echoed speech (inbound-rtp packetsReceived > 50, totalAudioEnergy > 0)", 20*time.Second, func(s pageState) bool {
+		return s.Stats.PacketsReceived > 50 && s.Stats.TotalAudioEnergy > 0
+	})
+	t.Logf("page stats: sent %d, received %d, lost %d, jitter %.1f ms, rtt %.1f ms, audio level %.3f, total audio energy %.3f",
+		s.Stats.PacketsSent, s.Stats.PacketsReceived, s.Stats.PacketsLost, deref(s.Stats.JitterMs), deref(s.Stats.RTTMs),
+		s.Stats.AudioLevel, s.Stats.TotalAudioEnergy)
+	if s.Stats.PacketsSent <= 50 {
+		t.Errorf("outbound-rtp packetsSent = %d, want > 50", s.Stats.PacketsSent)
+	}
+	if s.State != "connected" {
+		t.Errorf("state = %q after the media checks, want connected", s.State)
+	}
+
+	if path := os.Getenv(screenshotEnv); path != "" {
+		png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+		if err != nil {
+			t.Errorf("screenshot: %v", err)
+		} else if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Errorf("screenshot: %v", err)
+		} else {
+			t.Logf("screenshot of the connected page in %s", path)
+		}
+	}
+
+	// Everything the browser sent and received went through the relay, and
+	// nothing reached the transceiver around it.
+	rs := d.Relay().Stats()
+	t.Logf("relay: flows %d, to transceiver %d packets, to client %d packets, drops %d",
+		rs.Flows, rs.ToTransceiverPackets, rs.ToClientPackets, rs.Dropped())
+	if rs.ToTransceiverPackets <= 50 || rs.ToClientPackets <= 50 {
+		t.Errorf("relay forwarded %d packets to the transceiver and %d to the client, want > 50 each",
+			rs.ToTransceiverPackets, rs.ToClientPackets)
+	}
+	hs := d.Transceiver().HopStats()
+	t.Logf("transceiver hop: %+v", hs)
+	if hs.DroppedNotHop != 0 {
+		t.Errorf("transceiver dropped %d datagrams without a hop header, want 0 (something bypassed the relay)", hs.DroppedNotHop)
+	}
+	if n := d.Transceiver().Sessions(); n != 1 {
+		t.Errorf("transceiver has %d sessions during the call, want 1", n)
+	}
+
+	// hangup() closes the peer connection, then DELETEs the session URL; it
+	// resolves once the DELETE has answered. Either ends the session.
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`window.switchboard.hangup()`, chromedp.EvalAwaitPromise)); err != nil {
+		t.Fatalf("hangup(): %v", err)
+	}
+	waitSessions(t, d, 0, "after hangup")
+	pageLog, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("log").textContent`))
+	if err != nil {
+		t.Fatalf("read the page log: %v", err)
+	}
+	switch m := deleteStatus.FindStringSubmatch(pageLog); {
+	case m == nil:
+		t.Errorf("the page logged no DELETE on hangup; page log:\n%s", pageLog)
+	case m[1] == "204":
+	case m[1] == "404":
+		// The page closes its peer connection before it sends the DELETE,
+		// and the transceiver ends a session whose peer connection closes,
+		// so the DELETE usually finds the session gone already.
+		t.Logf("hangup: the DELETE answered 404, the session had ended on the peer connection's close")
+	default:
+		t.Errorf("hangup: the DELETE answered %s, want 204 (or 404 after the close won the race)", m[1])
+	}
+
+	// So that the DELETE itself is what ends a live session, call again from
+	// the same page and DELETE while the peer connection is still up.
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`void window.switchboard.call()`)); err != nil {
+		t.Fatalf("second call(): %v", err)
+	}
+	s = waitPage(t, ctx, "second call connected", 20*time.Second, func(s pageState) bool {
+		return s.State == "connected" && s.Location != nil
+	})
+	waitSessions(t, d, 1, "during the second call")
+	status, err := chromedp.Run(ctx, chromedp.Evaluate[int](
+		`fetch(window.switchboard.location, {method: "DELETE"}).then((r) => r.status)`, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatalf("DELETE %s: %v", deref(s.Location), err)
+	}
+	if status != 204 {
+		t.Errorf("DELETE of a live session answered %d, want 204", status)
+	}
+	waitSessions(t, d, 0, "after the DELETE")
+	// The server's close reaches the page as an SCTP abort and a DTLS
+	// close_notify, each one datagram and best effort, so this only logs.
+	// (The page keeps showing "connected" until ICE consent expires, some
+	// 6 s later: the spec counts a closed DTLS transport as connected.)
+	if _, ok := pollPage(t, ctx, 2*time.Second, func(s pageState) bool { return s.ServerClosed }); !ok {
+		t.Logf("the page saw neither its data channel nor DTLS close within 2 s of the DELETE")
+	}
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`window.switchboard.hangup()`, chromedp.EvalAwaitPromise)); err != nil {
+		t.Fatalf("hangup() after DELETE: %v", err)
+	}
+	t.Logf("call, checks and hangup took %v", time.Since(start).Round(time.Millisecond))
+}
+
+// deleteStatus finds the status the page logs for its DELETE.
+var deleteStatus = regexp.MustCompile(`DELETE (\d{3})`)
+
+// chromiumPath returns Chromium's path. Without it the test is skipped, except
+// in CI (CI set), where a missing tool is an error.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "/usr/bin/chromium"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	const msg = "chromium is not installed (Debian: apt-get install chromium); the browser end-to-end test needs it"
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg + "; CI is set, and in CI a missing tool is an error")
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// startBrowser starts a headless Chromium whose microphone plays wav, and
+// returns a chromedp context for its one tab. A cleanup stops Chromium and
+// every goroutine of chromedp, and on failure logs the page's console,
+// exceptions, on-page log and Chromium's own output.
+func startBrowser(t *testing.T, chromium, wav string) context.Context {
+	t.Helper()
+	var (
+		output   lockedBuffer // Chromium's stdout and stderr
+		mu       sync.Mutex
+		messages []string // console messages, exceptions, browser log entries, chromedp errors
+	)
+	note := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		messages = append(messages, fmt.Sprintf(format, args...))
+	}
+
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(chromium),
+		// No UserDataDir: chromedp then makes a fresh temporary profile,
+		// kills any Chromium child still using it when the browser exits,
+		// and removes it.
+		chromedp.Headless,  // also --hide-scrollbars and --mute-audio
+		chromedp.NoSandbox, // we may run as root (CI containers)
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-default-apps", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-breakpad", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("password-store", "basic"),
+		chromedp.Flag("use-mock-keychain", true),
+		// A hidden tab must not throttle the page's timers (stats polling).
+		chromedp.Flag("disable-background-timer-throttling", true),
+		chromedp.Flag("disable-renderer-backgrounding", true),
+		chromedp.Flag("disable-backgrounding-occluded-windows", true),
+		// Media: grant the microphone without a prompt, and feed it from the
+		// WAV file (looped). http://127.0.0.1 is a secure context, so
+		// getUserMedia works without TLS.
+		chromedp.Flag("use-fake-ui-for-media-stream", true),
+		chromedp.Flag("use-fake-device-for-media-stream", true),
+		chromedp.Flag("use-file-for-fake-audio-capture", wav),
+		chromedp.Flag("autoplay-policy", "no-user-gesture-required"),
+		// WebRTC: gather candidates on loopback too (Chromium skips it by
+		// default), so the call works in a network namespace with only lo.
+		chromedp.Flag("allow-loopback-in-peer-connection", true),
+		chromedp.WindowSize(900, 1000),
+		chromedp.CombinedOutput(&output),
+	}
+	allocCtx, allocCancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(allocCtx,
+		chromedp.WithErrorf(func(format string, args ...any) { note("chromedp error: "+format, args...) }),
+		chromedp.WithLogf(func(format string, args ...any) { note("chromedp: "+format, args...) }),
+	)
+
+	// Console starts the browser and subscribes before the page loads.
+	console := chromedp.Console(ctx)
+	consoleDone := make(chan struct{})
+	go func() {
+		defer close(consoleDone)
+		for m, err := range console {
+			if err != nil {
+				return
+			}
+			if m.URL != "" {
+				note("console %s (%s:%d)", m, m.URL, m.Line+1)
+			} else {
+				note("console %s", m)
+			}
+		}
+	}()
+
+	t.Cleanup(func() {
+		if t.Failed() {
+			lctx, lcancel := context.WithTimeout(ctx, 2*time.Second)
+			if text, err := chromedp.Run(lctx, chromedp.Evaluate[string](`document.getElementById("log")?.textContent ?? "(no page)"`)); err == nil {
+				t.Logf("page log:\n%s", text)
+			}
+			lcancel()
+		}
+		// Close the browser gracefully, then tear down everything: the
+		// allocator's cancel waits for the process, its output reader and the
+		// profile's removal, so goleak sees no chromedp goroutine.
+		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := chromedp.Cancel(cctx); err != nil {
+			t.Logf("closing chromium: %v", err)
+		}
+		ccancel()
+		cancel()
+		allocCancel()
+		<-consoleDone
+		if t.Failed() {
+			mu.Lock()
+			t.Logf("browser console and errors (%d):\n%s", len(messages), strings.Join(messages, "\n"))
+			mu.Unlock()
+			t.Logf("chromium output (tail):\n%s", tail(output.String(), 8<<10))
+		}
+	})
+	return ctx
+}
+
+// pageState is what the test reads of window.switchboard.
+type pageState struct {
+	State     string `json:"state"`
+	BodyState string `json:"bodyState"`
+	DCEcho    bool   `json:"dcEcho"`
+	// ServerClosed: since the last answer, the page logged its data
+	// channel or DTLS transport closing.
+	ServerClosed bool     `json:"serverClosed"`
+	SetupMs      *float64 `json:"setupMs"`
+	EchoMs       *float64 `json:"echoMs"`
+	Location     *string  `json:"location"`
+	Error        *string  `json:"error"`
+	Stats        struct {
+		PacketsSent      int64    `json:"packetsSent"`
+		PacketsReceived  int64    `json:"packetsReceived"`
+		PacketsLost      int64    `json:"packetsLost"`
+		JitterMs         *float64 `json:"jitterMs"`
+		RTTMs            *float64 `json:"rttMs"`
+		AudioLevel       float64  `json:"audioLevel"`
+		TotalAudioEnergy float64  `json:"totalAudioEnergy"`
+	} `json:"stats"`
+}
+
+// pageStateJS copies the fields of window.switchboard (which also holds
+// functions) into a plain object that returns by value.
+const pageStateJS = `(() => {
+	const s = window.switchboard;
+	const log = document.getElementById("log").textContent;
+	const last = log.slice(log.lastIndexOf("answer in"));
+	return {state: s.state, bodyState: document.body.dataset.state, dcEcho: s.dcEcho,
+		serverClosed: last.includes("data channel closed") || last.includes("DTLS closed"),
+		setupMs: s.setupMs, echoMs: s.echoMs, location: s.location, error: s.error, stats: s.stats};
+})()`
+
+// waitPage polls the page until cond holds, and fails the test when the call
+// fails or timeout passes first.
+func waitPage(t *testing.T, ctx context.Context, what string, timeout time.Duration, cond func(pageState) bool) pageState {
+	t.Helper()
+	s, ok := pollPage(t, ctx, timeout, cond)
+	if !ok {
+		t.Fatalf("no %s within %v; page state %+v", what, timeout, s)
+	}
+	return s
+}
+
+// pollPage polls the page until cond holds or timeout passes, and reports
+// which. It fails the test when the page cannot be read or the call failed.
+func pollPage(t *testing.T, ctx context.Context, timeout time.Duration, cond func(pageState) bool) (pageState, bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[pageState](pageStateJS))
+		if err != nil {
+			t.Fatalf("read window.switchboard: %v", err)
+		}
+		if cond(s) {
+			return s, true
+		}
+		if s.State == "failed" || s.Error != nil {
+			t.Fatalf("the call failed: state %q, error %q", s.State, deref(s.Error))
+		}
+		if time.Now().After(deadline) {
+			return s, false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// metricLines returns the demo's /metrics lines for the metric name, fetched
+// by the page (so the test opens no HTTP connection of its own).
+func metricLines(ctx context.Context, name string) string {
+	text, err := chromedp.Run(ctx, chromedp.Evaluate[string](`fetch("/metrics").then((r) => r.text())`, chromedp.EvalAwaitPromise))
+	if err != nil {
+		return "metrics: " + err.Error()
+	}
+	var lines []string
+	for line := range strings.Lines(text) {
+		if strings.HasPrefix(line, name) {
+			lines = append(lines, strings.TrimSpace(line))
+		}
+	}
+	if lines == nil {
+		return "no " + name
+	}
+	return strings.Join(lines, ", ")
+}
+
+// waitSessions waits up to 5 s for the transceiver to hold n sessions.
+func waitSessions(t *testing.T, d *Demo, n int, when string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for d.Transceiver().Sessions() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("transceiver has %d sessions 5 s %s, want %d", d.Transceiver().Sessions(), when, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writers and readers.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
