@@ -45,7 +45,7 @@ type session struct {
 	ctx     context.Context // cancelled when the session ends
 	cancel  context.CancelFunc
 
-	events    atomic.Pointer[webrtc.DataChannel] // the oai-events channel, once open
+	events    atomic.Pointer[webrtc.DataChannel] // the oai-events channel, once the client opened it
 	connected atomic.Bool
 	endOnce   sync.Once
 	dropped   atomic.Uint64 // backend messages that could not be delivered to the client
@@ -209,7 +209,10 @@ func (sess *session) onDataChannel(dc *webrtc.DataChannel) {
 		sess.log.Info("ignoring data channel", "label", dc.Label())
 		return
 	}
-	dc.OnOpen(func() { sess.events.Store(dc) })
+	// Pion hands over a remote-created channel once it is open; store it
+	// now, not in OnOpen, or a backend reply to the client's first message
+	// could arrive before the OnOpen callback ran and be dropped.
+	sess.events.Store(dc)
 	dc.OnMessage(func(m webrtc.DataChannelMessage) {
 		if err := sess.be.SendEvent(sess.ctx, m.Data); err != nil {
 			sess.end(ReasonBackendGone)
