@@ -49,6 +49,7 @@ type Batch struct {
 	errno  error
 
 	readFn, writeFn func(fd uintptr) bool
+	pollFn          func(fd uintptr)
 }
 
 // NewBatch prepares up to size messages on c. For a receive batch, bufs
@@ -93,6 +94,7 @@ func NewBatch(c *net.UDPConn, size int, bufs [][]byte) (*Batch, error) {
 		}
 	}
 	b.readFn, b.writeFn = b.recv, b.send
+	b.pollFn = func(fd uintptr) { b.recv(fd) }
 	return b, nil
 }
 
@@ -110,6 +112,23 @@ func (b *Batch) Read() (int, error) {
 	}
 	return b.n, b.errno
 }
+
+// Poll is Read without waiting: it returns 0 when nothing is queued. It is
+// for busy-polling load generators (bench/), not for the relay.
+func (b *Batch) Poll() (int, error) {
+	for i := range b.hdrs {
+		b.hdrs[i].hdr.Namelen = unix.SizeofSockaddrInet6
+		b.hdrs[i].hdr.Flags = 0
+	}
+	b.n, b.errno = 0, nil
+	if err := b.rc.Control(b.pollFn); err != nil {
+		return 0, err
+	}
+	return b.n, b.errno
+}
+
+// Buf returns the buffer of message i of a receive batch.
+func (b *Batch) Buf(i int) []byte { return b.bufs[i] }
 
 func (b *Batch) recv(fd uintptr) bool {
 	for {

@@ -1,0 +1,541 @@
+// Package bench is `switchboard bench relay`: it measures Switchboard's
+// relay against a raw UDP ceiling, a naive Go proxy and coturn, on one
+// machine in one run, and prints a markdown table (docs/benchmarks.md).
+//
+// Each system under test runs as a child process pinned to one CPU
+// (taskset), so its CPU time is read per process from
+// /proc/<pid>/task/*/schedstat. The load generator (gen_linux.go) runs in
+// this process, pinned to another CPU, and plays both the clients and the
+// sink (fake transceiver / TURN peer) so that one-way latency is measured
+// on one monotonic clock from timestamps in the payload.
+//
+// Per system and run: session setup (real STUN Binding requests carrying
+// real tokens for the relay; TURN Allocate, CreatePermission and
+// ChannelBind for coturn), a step of Sessions × PPS each way, a ramp to
+// saturation (×1.25 per step until loss exceeds 1% or the generator cannot
+// keep up), then latency steps at 10%, 50% and 80% of that system's own
+// capacity. Each number in the table is the median over Runs runs.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pion/stun/v4"
+
+	"github.com/switchboard-rtc/switchboard/internal/token"
+)
+
+// Options configure a benchmark run.
+type Options struct {
+	// Systems to measure, in order: raw, relay, relay-nobatch, relay-nolock, naive, coturn.
+	Systems []string
+	// Runs per system; each table cell is the median.
+	Runs int
+	// Sessions and PPS shape the voice step: Sessions × PPS datagrams per second each way.
+	Sessions, PPS int
+	// Step is the length of each measured load step; Ramp of each ramp step.
+	Step, Ramp time.Duration
+	// LoadCPU runs the load generator, SUTCPU the system under test.
+	LoadCPU, SUTCPU int
+	// Serve returns the command that runs `bench serve` with args (a Go
+	// system under test); the harness pins it with taskset.
+	Serve func(args []string) *exec.Cmd
+	// Log receives progress lines (may be nil).
+	Log io.Writer
+}
+
+// Defaults returns the default options; quick shortens everything to a
+// smoke run of about a minute.
+func Defaults(quick bool) Options {
+	o := Options{
+		Systems:  []string{"raw", "relay", "relay-nobatch", "naive", "coturn"},
+		Runs:     3,
+		Sessions: 2000, PPS: 50,
+		Step: 3 * time.Second, Ramp: time.Second,
+		LoadCPU: 0, SUTCPU: 1,
+	}
+	if quick {
+		o.Runs, o.Step, o.Ramp = 1, time.Second, 300*time.Millisecond
+	}
+	return o
+}
+
+// result is one system's numbers from one run.
+type result struct {
+	capPPS     float64 // forwarded datagrams per second at capacity, both directions
+	capUtil    float64 // CPU utilization of the system at capacity (1 = one core)
+	perCPUSec  float64 // forwarded datagrams per CPU-second at capacity
+	genBound   bool    // the ramp stopped because the generator could not keep up
+	voicePPS   float64 // forwarded per second at Sessions × PPS
+	voiceCPUus float64 // CPU-µs per forwarded datagram at Sessions × PPS
+	voiceLoss  float64
+	lat        [3][3]float64 // [10%, 50%, 80%][p50, p99, p99.9] added one-way µs
+	latLoss    [3]float64
+}
+
+var loadFractions = [3]float64{0.1, 0.5, 0.8}
+
+// Run measures every system opt.Runs times and writes the markdown report to w.
+func Run(ctx context.Context, opt Options, w io.Writer) error {
+	if opt.Serve == nil {
+		return errors.New("bench: Options.Serve is nil")
+	}
+	logf := func(format string, args ...any) {
+		if opt.Log != nil {
+			fmt.Fprintf(opt.Log, format+"\n", args...)
+		}
+	}
+	if runtime.NumCPU() < 2 {
+		return errors.New("bench: needs two CPUs (one for the load generator, one for the system under test)")
+	}
+	if _, err := exec.LookPath("taskset"); err != nil {
+		return fmt.Errorf("bench: taskset (util-linux) is needed to pin the system under test: %w", err)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := pinProcess(os.Getpid(), opt.LoadCPU); err != nil {
+		return fmt.Errorf("bench: pin load generator: %w", err)
+	}
+	g, err := newGen(opt.Sessions)
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	sinkAddr := g.sink.LocalAddr().(*net.UDPAddr).AddrPort()
+
+	// Direct loopback one-way latency, client → sink → client with no
+	// system in between: subtracted from every latency as "added".
+	g.cli.setTarget(sinkAddr)
+	g.pump(float64(opt.Sessions*opt.PPS), opt.Step/2, 50*time.Millisecond)
+	d0 := float64(g.hist.quantile(0.5)) / 1e3
+	logf("direct loopback one-way p50 %.1f µs (subtracted as the baseline)", d0)
+
+	results := map[string][]result{}
+	for run := range opt.Runs {
+		for _, sys := range opt.Systems {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			res, err := measure(ctx, opt, g, sys, sinkAddr, d0, logf)
+			if errors.Is(err, errSkip) {
+				logf("%s: skipped: %v", sys, err)
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("bench: %s (run %d): %w", sys, run+1, err)
+			}
+			results[sys] = append(results[sys], res)
+			logf("%s run %d: capacity %.0f pkt/s (cpu %.0f%%, %.0f pkt/CPU-s), voice %.2f CPU-µs/pkt loss %.3f%%, p99 @50%% %.1f µs",
+				sys, run+1, res.capPPS, res.capUtil*100, res.perCPUSec, res.voiceCPUus, res.voiceLoss*100, res.lat[1][1])
+		}
+	}
+	writeReport(w, opt, results, d0)
+	return nil
+}
+
+var errSkip = errors.New("not available")
+
+// sut is a running system under test.
+type sut struct {
+	cmd       *exec.Cmd
+	stdin     io.Closer
+	pub, int_ netip.AddrPort
+	tmp       string
+}
+
+func (s *sut) stop() {
+	if s.stdin != nil {
+		s.stdin.Close()
+	}
+	done := make(chan struct{})
+	go func() { _ = s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-done
+	}
+	if s.tmp != "" {
+		os.RemoveAll(s.tmp)
+	}
+}
+
+func pinned(cpu int, cmd *exec.Cmd) *exec.Cmd {
+	c := exec.Command("taskset", append([]string{"-c", strconv.Itoa(cpu), cmd.Path}, cmd.Args[1:]...)...)
+	c.Env = cmd.Env
+	c.Stderr = os.Stderr
+	return c
+}
+
+func startGo(opt Options, args []string) (*sut, error) {
+	cmd := pinned(opt.SUTCPU, opt.Serve(args))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &sut{cmd: cmd, stdin: stdin}
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "READY ") {
+				line <- sc.Text()
+			}
+		}
+	}()
+	select {
+	case l := <-line:
+		f := strings.Fields(l)
+		if len(f) == 3 {
+			s.pub, err = netip.ParseAddrPort(f[1])
+			if err == nil {
+				s.int_, err = netip.ParseAddrPort(f[2])
+			}
+			if err == nil {
+				return s, nil
+			}
+		}
+		err = fmt.Errorf("bad READY line %q", l)
+	case <-time.After(10 * time.Second):
+		err = errors.New("system under test did not report READY")
+	}
+	s.stop()
+	return nil, err
+}
+
+func freeUDPPort() (int, error) {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).Port, nil
+}
+
+func startCoturn(opt Options) (*sut, error) {
+	bin, err := exec.LookPath("turnserver")
+	if err != nil {
+		return nil, fmt.Errorf("%w: turnserver (apt-get install coturn)", errSkip)
+	}
+	port, err := freeUDPPort()
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "switchboard-bench-coturn-")
+	if err != nil {
+		return nil, err
+	}
+	cmd := pinned(opt.SUTCPU, exec.Command(bin, "-n", "--no-auth",
+		"--listening-ip", "127.0.0.1", "--listening-port", strconv.Itoa(port), "--relay-ip", "127.0.0.1",
+		"--min-port", "40000", "--max-port", "59999", "--relay-threads", "1",
+		"--allow-loopback-peers", "--no-cli", "--no-tls", "--no-dtls", "--no-rfc5780",
+		"--no-software-attribute", "--no-stdout-log", "--simple-log",
+		"--log-file", filepath.Join(tmp, "turn.log"), "--pidfile", filepath.Join(tmp, "turn.pid"),
+		"--userdb", filepath.Join(tmp, "turndb")))
+	cmd.Stderr = nil
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	s := &sut{cmd: cmd, tmp: tmp, pub: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(port))}
+	// Wait until it answers a Binding request.
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		s.stop()
+		return nil, err
+	}
+	defer c.Close()
+	req := stun.MustBuild(stun.TransactionID, stun.BindingRequest)
+	buf := make([]byte, 1500)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		_, _ = c.WriteToUDPAddrPort(req.Raw, s.pub)
+		_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, _, err := c.ReadFromUDPAddrPort(buf); err == nil {
+			return s, nil
+		}
+	}
+	s.stop()
+	return nil, errors.New("coturn did not answer a Binding request within 10s")
+}
+
+// txID encodes session i and a phase in a STUN transaction id.
+func txID(i int, phase byte) [stun.TransactionIDSize]byte {
+	var id [stun.TransactionIDSize]byte
+	binary.BigEndian.PutUint32(id[0:], uint32(i))
+	id[4] = phase
+	id[5] = 0x5b
+	return id
+}
+
+// stunDone returns an onSetup hook marking done[i] for a response (or an
+// echo) to session i's transaction in phase.
+func stunDone(done []bool, phase byte, wantClass stun.MessageClass, firstErr *error) func(b []byte) {
+	return func(b []byte) {
+		if !stun.IsMessage(b) {
+			return
+		}
+		m := &stun.Message{Raw: append([]byte(nil), b...)}
+		if m.Decode() != nil || m.TransactionID[4] != phase || m.TransactionID[5] != 0x5b {
+			return
+		}
+		i := int(binary.BigEndian.Uint32(m.TransactionID[0:]))
+		if i >= len(done) {
+			return
+		}
+		if m.Type.Class == wantClass {
+			done[i] = true
+			return
+		}
+		if *firstErr == nil {
+			var code stun.ErrorCodeAttribute
+			_ = code.GetFrom(m)
+			*firstErr = fmt.Errorf("%v: %v", m.Type, code)
+		}
+	}
+}
+
+type xorPeer netip.AddrPort
+
+func (p xorPeer) AddTo(m *stun.Message) error {
+	a := netip.AddrPort(p)
+	x := stun.XORMappedAddress{IP: a.Addr().AsSlice(), Port: int(a.Port())}
+	return x.AddToAs(m, stun.AttrXORPeerAddress)
+}
+
+// setup creates the sessions on the system under test.
+func setup(g *gen, sys string, secret []byte, sink netip.AddrPort) error {
+	n := g.sessions
+	var firstErr error
+	step := func(phase byte, class stun.MessageClass, build func(i int) []byte) error {
+		done := make([]bool, n)
+		g.onSetup = stunDone(done, phase, class, &firstErr)
+		got := g.transact(8, 300*time.Millisecond, done, build)
+		g.onSetup = func([]byte) {}
+		if got != n {
+			return fmt.Errorf("phase %d: %d of %d sessions set up (first error: %v)", phase, got, n, firstErr)
+		}
+		return nil
+	}
+	switch sys {
+	case "raw":
+		return nil // no state to create
+	case "coturn":
+		if err := step(1, stun.ClassSuccessResponse, func(i int) []byte {
+			return stun.MustBuild(stun.NewTransactionIDSetter(txID(i, 1)), stun.NewType(stun.MethodAllocate, stun.ClassRequest),
+				stun.RawAttribute{Type: stun.AttrRequestedTransport, Value: []byte{17, 0, 0, 0}}, stun.Fingerprint).Raw
+		}); err != nil {
+			return err
+		}
+		if err := step(2, stun.ClassSuccessResponse, func(i int) []byte {
+			return stun.MustBuild(stun.NewTransactionIDSetter(txID(i, 2)), stun.NewType(stun.MethodCreatePermission, stun.ClassRequest),
+				xorPeer(sink), stun.Fingerprint).Raw
+		}); err != nil {
+			return err
+		}
+		return step(3, stun.ClassSuccessResponse, func(i int) []byte {
+			return stun.MustBuild(stun.NewTransactionIDSetter(txID(i, 3)), stun.NewType(stun.MethodChannelBind, stun.ClassRequest),
+				stun.RawAttribute{Type: stun.AttrChannelNumber, Value: []byte{0x40, 0, 0, 0}}, xorPeer(sink), stun.Fingerprint).Raw
+		})
+	default: // relay, naive: a Binding request with a token, echoed by the sink
+		keys, err := token.NewKeyring(token.Key{ID: 1, Secret: secret})
+		if err != nil {
+			return err
+		}
+		reqs := make([][]byte, n)
+		for i := range reqs {
+			u, err := keys.Seal(token.Claims{Cluster: benchCluster, Transceiver: benchTransceiver, IssuedMinute: token.MinuteOf(time.Now())}, rand.Reader)
+			if err != nil {
+				return err
+			}
+			reqs[i] = stun.MustBuild(stun.NewTransactionIDSetter(txID(i, 4)), stun.BindingRequest,
+				stun.NewUsername(u+":cli"+strconv.Itoa(i)), stun.NewShortTermIntegrity("bench-pwd"), stun.Fingerprint).Raw
+		}
+		return step(4, stun.ClassRequest, func(i int) []byte { return reqs[i] })
+	}
+}
+
+func measure(ctx context.Context, opt Options, g *gen, sys string, sink netip.AddrPort, d0 float64, logf func(string, ...any)) (result, error) {
+	var res result
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	var s *sut
+	var err error
+	switch sys {
+	case "raw":
+		s, err = startGo(opt, []string{"-system", "raw", "-sink", sink.String()})
+	case "relay", "relay-nobatch", "relay-nolock":
+		args := []string{"-system", "relay", "-sink", sink.String(), "-secret", hex.EncodeToString(secret)}
+		if sys == "relay-nobatch" {
+			args = append(args, "-batch", "1")
+		}
+		if sys == "relay-nolock" {
+			args = append(args, "-lock=false")
+		}
+		s, err = startGo(opt, args)
+	case "naive":
+		s, err = startGo(opt, []string{"-system", "naive", "-sink", sink.String()})
+	case "coturn":
+		s, err = startCoturn(opt)
+	default:
+		return res, fmt.Errorf("unknown system %q", sys)
+	}
+	if err != nil {
+		return res, err
+	}
+	defer s.stop()
+	pid := s.cmd.Process.Pid
+	g.cli.setTarget(s.pub)
+	g.chanHdr = sys == "coturn"
+	g.sinkHdr = strings.HasPrefix(sys, "relay") || sys == "naive"
+	if err := setup(g, sys, secret, sink); err != nil {
+		return res, err
+	}
+	const drain = 50 * time.Millisecond
+	step := func(rate float64, d time.Duration) (counts, time.Duration) {
+		c0, _ := procCPU(pid)
+		c := g.pump(rate, d, drain)
+		c1, _ := procCPU(pid)
+		return c, c1 - c0
+	}
+	// Warm up, then the voice step.
+	g.pump(float64(opt.Sessions*opt.PPS), opt.Ramp, drain)
+	c, cpu := step(float64(opt.Sessions*opt.PPS), opt.Step)
+	res.voicePPS = float64(c.forwarded()) / opt.Step.Seconds()
+	res.voiceCPUus = float64(cpu.Microseconds()) / float64(max(c.forwarded(), 1))
+	res.voiceLoss = c.loss()
+
+	// Ramp to saturation.
+	rate := float64(opt.Sessions * opt.PPS)
+	for ctx.Err() == nil {
+		c, cpu := step(rate, opt.Ramp)
+		fwd := float64(c.forwarded()) / opt.Ramp.Seconds()
+		achieved := float64(c.cliSent) / opt.Ramp.Seconds()
+		if c.loss() <= 0.01 && fwd > res.capPPS {
+			res.capPPS = fwd
+			res.capUtil = cpu.Seconds() / (opt.Ramp + drain).Seconds()
+			res.perCPUSec = float64(c.forwarded()) / max(cpu.Seconds(), 1e-9)
+		}
+		if c.loss() > 0.01 {
+			break
+		}
+		if achieved < 0.9*rate {
+			res.genBound = true
+			break
+		}
+		rate *= 1.25
+	}
+	// Latency at fractions of this system's capacity.
+	for j, f := range loadFractions {
+		c, _ := step(f*res.capPPS/2, opt.Step)
+		for k, q := range []float64{0.5, 0.99, 0.999} {
+			res.lat[j][k] = max(0, float64(g.hist.quantile(q))/1e3-d0)
+		}
+		res.latLoss[j] = c.loss()
+	}
+	return res, nil
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func med(rs []result, f func(result) float64) float64 {
+	xs := make([]float64, len(rs))
+	for i, r := range rs {
+		xs[i] = f(r)
+	}
+	return median(xs)
+}
+
+var systemNames = map[string]string{
+	"raw":           "(a) raw ceiling",
+	"relay":         "(b) Switchboard relay",
+	"relay-nobatch": "(b') relay, Batch=1",
+	"relay-nolock":  "(b'') relay, no LockOSThread",
+	"naive":         "(c) naive Go proxy",
+	"coturn":        "(d) coturn",
+}
+
+func writeReport(w io.Writer, opt Options, results map[string][]result, d0 float64) {
+	perCPU := func(sys string) float64 { return med(results[sys], func(r result) float64 { return r.perCPUSec }) }
+	ratio := func(a, b float64) string {
+		if a == 0 || b == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f×", a/b)
+	}
+	fmt.Fprintf(w, "Sessions %d × %d pps each way; %d run(s), medians; step %v, ramp step %v; load generator on CPU %d, system under test on CPU %d; added latency = one-way minus direct loopback p50 (%.1f µs).\n\n",
+		opt.Sessions, opt.PPS, opt.Runs, opt.Step, opt.Ramp, opt.LoadCPU, opt.SUTCPU, d0)
+	fmt.Fprintln(w, "| system | capacity (fwd pkt/s) | CPU at capacity | pkt per CPU-second | CPU-µs/pkt at capacity | CPU-µs/pkt at 2k×50 pps | loss at 2k×50 pps | vs (a) | vs coturn |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, sys := range opt.Systems {
+		rs := results[sys]
+		if len(rs) == 0 {
+			fmt.Fprintf(w, "| %s | not run | | | | | | | |\n", systemNames[sys])
+			continue
+		}
+		capNote := ""
+		for _, r := range rs {
+			if r.genBound {
+				capNote = " (gen-bound)"
+			}
+		}
+		pc := perCPU(sys)
+		fmt.Fprintf(w, "| %s | %.0f%s | %.0f%% | %.0f | %.2f | %.2f | %.3f%% | %s | %s |\n", systemNames[sys],
+			med(rs, func(r result) float64 { return r.capPPS }), capNote,
+			100*med(rs, func(r result) float64 { return r.capUtil }), pc, 1e6/max(pc, 1e-9),
+			med(rs, func(r result) float64 { return r.voiceCPUus }),
+			100*med(rs, func(r result) float64 { return r.voiceLoss }),
+			ratio(pc, perCPU("raw")), ratio(pc, perCPU("coturn")))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Added one-way latency, µs (p50 / p99 / p99.9), and loss, at a fraction of each system's own capacity:")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| system | 10% | 50% | 80% | loss 10/50/80% |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+	for _, sys := range opt.Systems {
+		rs := results[sys]
+		if len(rs) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "| %s ", systemNames[sys])
+		for j := range loadFractions {
+			fmt.Fprintf(w, "| %.1f / %.1f / %.1f ", med(rs, func(r result) float64 { return r.lat[j][0] }),
+				med(rs, func(r result) float64 { return r.lat[j][1] }), med(rs, func(r result) float64 { return r.lat[j][2] }))
+		}
+		fmt.Fprintf(w, "| %.3f / %.3f / %.3f%% |\n", 100*med(rs, func(r result) float64 { return r.latLoss[0] }),
+			100*med(rs, func(r result) float64 { return r.latLoss[1] }), 100*med(rs, func(r result) float64 { return r.latLoss[2] }))
+	}
+}
