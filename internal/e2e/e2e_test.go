@@ -177,3 +177,30 @@ func TestConcurrentCalls(t *testing.T) {
 		}
 	}
 }
+
+// TestDirectMode runs a call with the transceiver's socket facing the
+// client, no relay: the single-host setup and the latency baseline.
+func TestDirectMode(t *testing.T) {
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	keys, _ := token.NewKeyring(token.Key{Secret: secret})
+	log := slog.New(slog.DiscardHandler)
+	backend := httptest.NewServer(agent.NewEcho(log))
+	defer backend.Close()
+	trx, err := transceiver.New(transceiver.Config{
+		ID: 1, Direct: true, ListenAddr: "127.0.0.1:0",
+		BackendURL: "ws" + strings.TrimPrefix(backend.URL, "http") + "/v1/bridge",
+	}, keys, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer trx.Close()
+	sig := httptest.NewServer(trx.Handler())
+	defer sig.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	report, err := callclient.Run(ctx, callclient.Options{URL: sig.URL + "/v1/calls", AudioPath: speech, Duration: time.Second, IPv4Only: true})
+	if err != nil || !report.AudioEchoed || !report.DataChannelEchoed || report.PayloadMismatches != 0 {
+		t.Fatalf("direct call: %v\n%s", err, report)
+	}
+}

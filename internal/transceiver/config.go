@@ -35,6 +35,10 @@ type Config struct {
 	// Advertise. The region comes from the RegionHeader of the offer
 	// request, set by the director or a CDN.
 	IngressByRegion map[string]string `yaml:"ingress_by_region"`
+	// Direct makes the UDP socket face clients directly, with no relay and
+	// no internal hop: for a single host, and as the latency baseline the
+	// relay path is measured against. Advertise then defaults to ListenAddr.
+	Direct bool `yaml:"direct"`
 	// DTLSRole is the DTLS role the transceiver takes in answers: "client"
 	// (default; a=setup:active, the transceiver sends the ClientHello the
 	// moment ICE connects) or "server" (a=setup:passive; the client's
@@ -57,14 +61,18 @@ func (c *Config) Validate() error {
 	if c.ListenAddr == "" {
 		c.ListenAddr = "127.0.0.1:4000"
 	}
-	if c.Advertise == "" {
+	switch {
+	case c.Advertise == "" && c.Direct:
+		// New advertises the socket's bound address.
+	case c.Advertise == "":
 		return fmt.Errorf("transceiver: advertise must be set to the relay's public ip:port (the VIP clients send media to)")
+	default:
+		ap, err := netip.ParseAddrPort(c.Advertise)
+		if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() {
+			return fmt.Errorf("transceiver: advertise %q must be a concrete ip:port such as 203.0.113.10:3478", c.Advertise)
+		}
+		c.advertise = ap
 	}
-	ap, err := netip.ParseAddrPort(c.Advertise)
-	if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() {
-		return fmt.Errorf("transceiver: advertise %q must be a concrete ip:port such as 203.0.113.10:3478", c.Advertise)
-	}
-	c.advertise = ap
 	c.allow = c.allow[:0]
 	for _, s := range c.AllowRelays {
 		p, err := netip.ParsePrefix(s)

@@ -46,7 +46,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	}, func() float64 { return float64(s.Sessions()) })
 	hopDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_hop_dropped_total", Help: "Datagrams on the internal-hop socket that were not valid hop datagrams from an allowed relay.",
-	}, func() float64 { st := s.conn.Stats(); return float64(st.DroppedNotHop + st.DroppedUntrusted) })
+	}, func() float64 { st := s.HopStats(); return float64(st.DroppedNotHop + st.DroppedUntrusted) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect, active, hopDropped)
 	return m
 }

@@ -65,7 +65,8 @@ type Server struct {
 	cfg     Config
 	keys    *token.Keyring
 	log     *slog.Logger
-	conn    *hop.Conn
+	sock    *net.UDPConn // the one UDP socket
+	conn    *hop.Conn    // the internal hop over sock; nil when Config.Direct
 	mux     *ice.UDPMuxDefault
 	metrics *metrics
 	ctx     context.Context
@@ -98,18 +99,25 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 	if err != nil {
 		return nil, fmt.Errorf("transceiver: listen %s: %w", cfg.ListenAddr, err)
 	}
-	conn, err := hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow})
-	if err != nil {
-		_ = sock.Close()
-		return nil, err
-	}
 	s := &Server{
 		cfg:      cfg,
 		keys:     keys,
 		log:      log.With("transceiver", cfg.ID),
-		conn:     conn,
-		mux:      ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: conn}),
+		sock:     sock,
 		sessions: make(map[string]*session),
+	}
+	if cfg.Direct {
+		if s.cfg.advertise.Port() == 0 {
+			s.cfg.advertise = sock.LocalAddr().(*net.UDPAddr).AddrPort()
+		}
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: sock})
+	} else {
+		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow})
+		if err != nil {
+			_ = sock.Close()
+			return nil, err
+		}
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: s.conn})
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s, reg)
@@ -118,10 +126,16 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 
 // HopAddr returns the address of the internal-hop socket, which relays'
 // membership tables must map this transceiver's id to.
-func (s *Server) HopAddr() net.Addr { return net.UDPAddrFromAddrPort(s.conn.SocketAddr()) }
+func (s *Server) HopAddr() net.Addr { return s.sock.LocalAddr() }
 
 // HopStats returns the internal-hop socket's counters.
-func (s *Server) HopStats() hop.ConnStats { return s.conn.Stats() }
+// They are zero in Direct mode.
+func (s *Server) HopStats() hop.ConnStats {
+	if s.conn == nil {
+		return hop.ConnStats{}
+	}
+	return s.conn.Stats()
+}
 
 // Sessions returns the number of live sessions.
 func (s *Server) Sessions() int {
@@ -286,8 +300,11 @@ func (s *Server) Close() error {
 	s.wg.Wait()
 	s.cancel()
 	err := s.mux.Close()
-	if cerr := s.conn.Close(); err == nil {
+	if cerr := s.sock.Close(); err == nil && !errors.Is(cerr, net.ErrClosed) {
 		err = cerr
+	}
+	if s.conn != nil {
+		_ = s.conn.Close() // stops its sweeper; the socket is already closed
 	}
 	return err
 }
