@@ -98,8 +98,9 @@ func AppendHeader(dst []byte, t Type, client netip.AddrPort) []byte {
 }
 
 // ParseHeader reads the header at the start of b. payload aliases b. The
-// client address is never zero or unspecified and has a non-zero port;
-// IPv4 clients come back as plain IPv4. It never reads past len(b), never
+// client address is never zero or unspecified and has a non-zero port; an
+// IPv4-mapped address in an IPv6 header is rejected (ErrAddress), since
+// PutHeader writes IPv4 clients as family 4. It never reads past len(b), never
 // allocates, and returns one of the package's errors on bad input.
 func ParseHeader(b []byte) (t Type, client netip.AddrPort, payload []byte, err error) {
 	if len(b) < HeaderLenV4 {
@@ -125,7 +126,12 @@ func ParseHeader(b []byte) (t Type, client netip.AddrPort, payload []byte, err e
 		if len(b) < HeaderLenV6 {
 			return 0, netip.AddrPort{}, nil, ErrShort
 		}
-		addr, n = netip.AddrFrom16([16]byte(b[6:22])).Unmap(), HeaderLenV6
+		addr, n = netip.AddrFrom16([16]byte(b[6:22])), HeaderLenV6
+		if addr.Is4In6() {
+			// Canonical form: IPv4 clients travel as family 4, so that
+			// one client has one encoding.
+			return 0, netip.AddrPort{}, nil, ErrAddress
+		}
 	default:
 		return 0, netip.AddrPort{}, nil, ErrFamily
 	}

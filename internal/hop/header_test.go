@@ -62,6 +62,7 @@ func TestParseHeaderRejects(t *testing.T) {
 		{"short v6", mut(2, 6), ErrShort},
 		{"port zero", mut(5, 0), ErrAddress},
 		{"unspecified", append([]byte{Magic, 0x11, 4, 0, 0, 9}, 0, 0, 0, 0), ErrAddress},
+		{"ipv4-mapped in an ipv6 header", append([]byte{Magic, 0x11, 6, 0, 0, 9}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 0, 2, 1), ErrAddress},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
