@@ -12,7 +12,7 @@
 // Per system and run: session setup (real STUN Binding requests carrying
 // real tokens for the relay; TURN Allocate, CreatePermission and
 // ChannelBind for coturn), a step of Sessions × PPS each way, a ramp to
-// saturation (×1.25 per step until loss exceeds 1% or the generator cannot
+// saturation (from 20k pps, ×1.3 per step until loss exceeds 1% or the generator cannot
 // keep up), then latency steps at 10%, 50% and 80% of that system's own
 // capacity. Each number in the table is the median over Runs runs.
 package bench
@@ -57,6 +57,9 @@ type Options struct {
 	// Serve returns the command that runs `bench serve` with args (a Go
 	// system under test); the harness pins it with taskset.
 	Serve func(args []string) *exec.Cmd
+	// MaxRate stops the ramp at this many client datagrams per second; 0
+	// means no limit (the smoke test bounds its duration with it).
+	MaxRate float64
 	// Log receives progress lines (may be nil).
 	Log io.Writer
 }
@@ -65,7 +68,7 @@ type Options struct {
 // smoke run of about a minute.
 func Defaults(quick bool) Options {
 	o := Options{
-		Systems:  []string{"raw", "relay", "relay-nobatch", "naive", "coturn"},
+		Systems:  []string{"raw", "relay", "relay-nobatch", "relay-nolock", "naive", "coturn"},
 		Runs:     3,
 		Sessions: 2000, PPS: 50,
 		Step: 3 * time.Second, Ramp: time.Second,
@@ -408,6 +411,9 @@ func measure(ctx context.Context, opt Options, g *gen, sys string, sink netip.Ad
 	}
 	defer s.stop()
 	pid := s.cmd.Process.Pid
+	if err := pinProcess(pid, opt.SUTCPU); err != nil { // taskset pinned it; this adds the priority
+		return res, err
+	}
 	g.cli.setTarget(s.pub)
 	g.chanHdr = sys == "coturn"
 	g.sinkHdr = strings.HasPrefix(sys, "relay") || sys == "naive"
@@ -428,8 +434,8 @@ func measure(ctx context.Context, opt Options, g *gen, sys string, sink netip.Ad
 	res.voiceCPUus = float64(cpu.Microseconds()) / float64(max(c.forwarded(), 1))
 	res.voiceLoss = c.loss()
 
-	// Ramp to saturation.
-	rate := float64(opt.Sessions * opt.PPS)
+	// Ramp to saturation, from well below any system's capacity.
+	rate := 20_000.0
 	for ctx.Err() == nil {
 		c, cpu := step(rate, opt.Ramp)
 		fwd := float64(c.forwarded()) / opt.Ramp.Seconds()
@@ -446,7 +452,10 @@ func measure(ctx context.Context, opt Options, g *gen, sys string, sink netip.Ad
 			res.genBound = true
 			break
 		}
-		rate *= 1.25
+		if opt.MaxRate > 0 && rate*1.3 > opt.MaxRate {
+			break
+		}
+		rate *= 1.3
 	}
 	// Latency at fractions of this system's capacity.
 	for j, f := range loadFractions {
