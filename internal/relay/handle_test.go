@@ -504,3 +504,16 @@ func BenchmarkFlowLookup(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkTokenOpen is the token decode on the first packet: base64,
+// one AES block for the tag, one to decrypt.
+func BenchmarkTokenOpen(b *testing.B) {
+	f := newFixture(b, Config{})
+	u := []byte(mint(b, f.keys, testCluster, 7, f.now))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := f.r.keys.Open(u, f.now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
