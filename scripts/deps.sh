@@ -5,7 +5,7 @@
 set -euo pipefail
 want=(gcc pkg-config libopus-dev libopusfile-dev)
 if [[ "${1:-build}" == test ]]; then
-  want+=(chromium coturn iproute2)
+  want+=(chromium coturn iproute2 redis-server)
 fi
 missing=()
 for p in "${want[@]}"; do

@@ -1,0 +1,161 @@
+package membership
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// startRedis runs a real redis-server on a free loopback port for the test.
+// Without redis-server the test is skipped, except in CI, where that fails.
+func startRedis(t *testing.T) (addr string, stop func()) {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("redis-server is not installed; in CI it must be (scripts/deps.sh)")
+		}
+		t.Skip("redis-server not installed (apt-get install redis-server)")
+	}
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}
+	t.Cleanup(stop)
+	addr = fmt.Sprintf("127.0.0.1:%d", port)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			_ = c.Close()
+			return addr, stop
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("redis-server did not start")
+	return "", nil
+}
+
+func newClient(t *testing.T, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestRedisRegistry(t *testing.T) {
+	addr, _ := startRedis(t)
+	ctx := context.Background()
+	trxClient, relayClient := newClient(t, addr), newClient(t, addr)
+	a1, a2 := netip.MustParseAddrPort("10.0.0.1:4000"), netip.MustParseAddrPort("10.0.0.2:4000")
+
+	r1, err := RegisterRedis(ctx, trxClient, 7, 1, a1, 50*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := RegisterRedis(ctx, trxClient, 7, 2, a2, 50*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := RegisterRedis(ctx, trxClient, 8, 3, a2, 50*time.Millisecond, nil) // another cluster
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	var table Table
+	w, err := WatchRedis(ctx, relayClient, 7, &table, 20*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if got, ok := table.Lookup(1); !ok || got != a1 {
+		t.Fatalf("after the first read: id 1 → %v %v", got, ok)
+	}
+	if _, ok := table.Lookup(3); ok {
+		t.Fatal("a transceiver of another cluster is in the table")
+	}
+
+	// A clean deregistration leaves at once.
+	if err := r1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "id 1 to leave after Close", func() bool { _, ok := table.Lookup(1); return !ok })
+
+	// A transceiver that stops heartbeating (crash: no Close) leaves after
+	// its TTL, 3 heartbeats. Simulate it by stopping the heartbeat loop
+	// without the deregistration.
+	r2.cancel()
+	r2.wg.Wait()
+	start := time.Now()
+	waitFor(t, "id 2 to expire", func() bool { _, ok := table.Lookup(2); return !ok })
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("id 2 left %v after its last heartbeat, bound is 150 ms + a poll", d)
+	}
+}
+
+func TestRedisDownKeepsTable(t *testing.T) {
+	addr, stop := startRedis(t)
+	ctx := context.Background()
+	client := newClient(t, addr)
+	a := netip.MustParseAddrPort("10.0.0.9:4000")
+	reg, err := RegisterRedis(ctx, client, 1, 9, a, 50*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	var table Table
+	w, err := WatchRedis(ctx, newClient(t, addr), 1, &table, 20*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	stop() // Redis dies
+	waitFor(t, "failed reads to be counted", func() bool { return w.Failures.Load() >= 3 })
+	if got, ok := table.Lookup(9); !ok || got != a {
+		t.Fatalf("the table lost id 9 while Redis was down: %v %v", got, ok)
+	}
+	if reg.Failures.Load() == 0 {
+		waitFor(t, "failed heartbeats to be counted", func() bool { return reg.Failures.Load() > 0 })
+	}
+}
+
+func TestRegisterRedisRejectsBadAddress(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	if _, err := RegisterRedis(context.Background(), c, 1, 1, netip.MustParseAddrPort("0.0.0.0:4000"), 0, nil); err == nil {
+		t.Fatal("an unspecified address was accepted")
+	}
+}
