@@ -86,8 +86,11 @@ type Options struct {
 	// "https://edge.example/v1/calls". Required.
 	URL string
 	// AudioPath is a 16-bit PCM WAV file (mono or stereo, 8/12/16/24/48
-	// kHz). Required.
+	// kHz). Required unless Audio is set.
 	AudioPath string
+	// Audio, if set, is sent instead of the file at AudioPath (harnesses
+	// that synthesize their audio use it).
+	Audio *WAV
 	// Duration is how much audio to send; 0 sends the whole file once. A
 	// Duration longer than the file loops it.
 	Duration time.Duration
@@ -111,6 +114,13 @@ type Options struct {
 	// HTTPClient is used for signaling; nil uses a private client whose
 	// idle connections are closed when Run returns.
 	HTTPClient *http.Client
+	// ICEServers are STUN/TURN servers the client gathers candidates from
+	// (webrtc.Configuration.ICEServers); none by default.
+	ICEServers []webrtc.ICEServer
+	// RelayOnly sets iceTransportPolicy "relay": the client offers and
+	// uses only TURN relay candidates, so all media goes through a TURN
+	// server from ICEServers.
+	RelayOnly bool
 }
 
 // SetupTimes are milliseconds from the start of the POST to each event; 0
@@ -143,7 +153,15 @@ type Report struct {
 	DataChannelEchoed bool `json:"data_channel_echoed"`
 	// SessionURL is the absolute Location of the session.
 	SessionURL string `json:"session_url"`
-	Error      string `json:"error,omitempty"`
+	// GatheringMS is how long ICE gathering took before the POST (the
+	// offer is complete, so the POST waits for it): near 0 with host
+	// candidates only, the TURN allocation round trips with a TURN server.
+	GatheringMS float64 `json:"gathering_ms,omitempty"`
+	// Started is when the POST began, the origin of Setup's times, on
+	// this process's monotonic clock: a harness in the same process
+	// measures other events (such as audio reaching a backend) against it.
+	Started time.Time `json:"-"`
+	Error   string    `json:"error,omitempty"`
 
 	// SentPayloads and ReceivedPayloads are the Opus payloads in order.
 	SentPayloads     [][]byte `json:"-"`
@@ -202,6 +220,7 @@ type call struct {
 	sent        [][]byte
 	received    [][]byte
 	sessionURL  string
+	gatheringMS float64
 	dcEchoed    bool
 	stopReading bool // set before closing the peer connection
 	signals     map[chan struct{}]bool
@@ -211,16 +230,18 @@ func (c *call) run(ctx context.Context) error {
 	if c.opts.URL == "" {
 		return fmt.Errorf("%w: URL is empty", ErrOptions)
 	}
-	if c.opts.AudioPath == "" {
+	if c.opts.AudioPath == "" && c.opts.Audio == nil {
 		return fmt.Errorf("%w: AudioPath is empty", ErrOptions)
 	}
 	target, err := url.Parse(c.opts.URL)
 	if err != nil || (target.Scheme != "http" && target.Scheme != "https") {
 		return fmt.Errorf("%w: URL %q is not an http(s) URL", ErrOptions, c.opts.URL)
 	}
-	wav, err := LoadWAV(c.opts.AudioPath)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrOptions, err)
+	wav := c.opts.Audio
+	if wav == nil {
+		if wav, err = LoadWAV(c.opts.AudioPath); err != nil {
+			return fmt.Errorf("%w: %w", ErrOptions, err)
+		}
 	}
 	maxFrames := 0
 	if c.opts.Duration > 0 {
@@ -263,6 +284,7 @@ func (c *call) run(ctx context.Context) error {
 		return fmt.Errorf("create offer: %w", err)
 	}
 	gathered := webrtc.GatheringCompletePromise(pc)
+	gatherStart := time.Now()
 	if err := pc.SetLocalDescription(offer); err != nil {
 		return fmt.Errorf("set local description: %w", err)
 	}
@@ -274,6 +296,7 @@ func (c *call) run(ctx context.Context) error {
 
 	c.mu.Lock()
 	c.start = time.Now()
+	c.gatheringMS = float64(c.start.Sub(gatherStart).Microseconds()) / 1000
 	c.mu.Unlock()
 	answer, session, err := c.post(ctx, httpc, target, pc.LocalDescription().SDP)
 	if err != nil {
@@ -331,7 +354,11 @@ func (c *call) newPeerConnection() (*webrtc.PeerConnection, *webrtc.TrackLocalSt
 		}
 	}
 	api := webrtc.NewAPI(webrtc.WithMediaEngine(&me), webrtc.WithSettingEngine(*se))
-	pc, err := api.NewPeerConnection(webrtc.Configuration{})
+	conf := webrtc.Configuration{ICEServers: c.opts.ICEServers}
+	if c.opts.RelayOnly {
+		conf.ICETransportPolicy = webrtc.ICETransportPolicyRelay
+	}
+	pc, err := api.NewPeerConnection(conf)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -350,6 +377,17 @@ func (c *call) newPeerConnection() (*webrtc.PeerConnection, *webrtc.TrackLocalSt
 		c.log.Debug("DTLS state", "state", s.String())
 		if s == webrtc.DTLSTransportStateConnected {
 			c.mark(&c.setup.DTLSConnectedMS)
+			// DTLS runs over a connected ICE transport, so this is the
+			// moment the peer connection becomes "connected". Signal it
+			// here too: with aggressive ICE consent timeouts (a latency
+			// harness) ICE can blink "disconnected" between handshake
+			// flights and delay the peer connection state.
+			c.mu.Lock()
+			iceUp := c.setup.ICEConnectedMS > 0
+			c.mu.Unlock()
+			if iceUp {
+				c.signal(c.connected)
+			}
 		}
 	})
 	pc.OnConnectionStateChange(func(s webrtc.PeerConnectionState) {
@@ -613,6 +651,8 @@ func (c *call) report() Report {
 		PacketsReceived:   len(c.received),
 		DataChannelEchoed: c.dcEchoed,
 		SessionURL:        c.sessionURL,
+		GatheringMS:       c.gatheringMS,
+		Started:           c.start,
 		SentPayloads:      c.sent,
 		ReceivedPayloads:  c.received,
 	}

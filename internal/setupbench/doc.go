@@ -1,0 +1,100 @@
+// Package setupbench measures call setup latency: the time, and the number
+// of round trips, from a client's POST of its SDP offer to the first audio
+// frame at the backend (DESIGN §7, issue 6 "Round trips" and
+// "Measurement").
+//
+// # What runs
+//
+// Each path is a real stack on loopback: a transceiver, its signaling HTTP
+// server, a backend bridge endpoint in this process, and the callclient
+// (Pion) as the client. This machine has no netem, so the RTT is added in
+// userspace: an impair.TCP proxy in front of signaling and an impair.UDP
+// proxy in front of the media ingress the client uses, each delaying RTT/2
+// one way in each direction. The answer's one candidate points at the UDP
+// proxy.
+//
+//	direct  client ─UDP proxy─ transceiver (Direct mode, no relay)
+//	relay   client ─UDP proxy─ relay ─internal hop─ transceiver
+//	turn    client ─UDP proxy─ coturn (relay candidate) ─ transceiver (Direct)
+//
+// For "turn" the client has the TURN server in its ICE servers and the
+// "relay" iceTransportPolicy, so every packet goes through coturn; coturn
+// sits next to the transceiver (loopback), as a TURN server in the same
+// site as the media server would.
+//
+// The backend echoes audio and events like the echo agent and records when
+// the first audio frame of each session arrives. The client's POST start
+// (callclient Report.Started) and that arrival are read from the same
+// monotonic clock, so "first audio at backend" is exact.
+//
+// Every path runs with each DTLS role of the transceiver (Config.DTLSRole
+// "client" = a=setup:active, "server" = a=setup:passive). Runs are
+// interleaved across paths and roles, after one unrecorded warm-up call
+// per stack, so that drift on a shared machine hits them alike.
+//
+// # Round trips, phase by phase (times from the start of the POST)
+//
+// RTT is the configured round-trip time; "RTT" below is one of them. The
+// proxies accept TCP locally, so the TCP (and, in production, TLS)
+// handshake of the signaling connection is not delayed: the POST costs
+// what it costs on a warm connection. Each count is the earliest the
+// protocols allow the way this client (Pion) runs them.
+//
+//	answer received   1     the POST and its 201 (the answer is complete:
+//	                        ICE-lite credentials and the one candidate)
+//	ICE connected     +2    Pion, as the controlling full agent facing an
+//	                        ICE-lite server, uses regular nomination: a check
+//	                        (1 RTT) makes the pair valid, then a check with
+//	                        USE-CANDIDATE (1 RTT) nominates it. The ICE-lite
+//	                        server never checks; it selects the pair when the
+//	                        nomination arrives, 0.5 RTT after it was sent.
+//	                        TURN: +1 before the first check, the client's
+//	                        CreatePermission on the TURN server.
+//	DTLS connected    +2    DTLS 1.2 full handshake, counted at the client.
+//	                        Role "client": the transceiver sends ClientHello
+//	                        the moment the nomination arrives, so it reaches
+//	                        the client with the nomination's response; the
+//	                        Pion client, as DTLS server, answers with a
+//	                        HelloVerifyRequest (+1), then ServerHello…Done
+//	                        (+1 to get the client's Finished). Role "server":
+//	                        the client sends ClientHello once its ICE is
+//	                        connected; the transceiver skips the
+//	                        HelloVerifyRequest; 2 RTT to the server's
+//	                        Finished. Both roles: +2. With a client whose
+//	                        DTLS server sends no HelloVerifyRequest
+//	                        (Options.ClientSkipHelloVerify), role "client"
+//	                        takes +1: its ClientHello rode along with the
+//	                        nomination.
+//	first audio at    +0.5  the client sends its first RTP once connected;
+//	backend                 half a round trip to the transceiver, then the
+//	                        bridge (loopback).
+//	first echo at     +0.5  back to the client.
+//	client
+//
+// So the Pion client reaches the backend at 5.5 RTT on direct and relay
+// (4.5 with role "client" and a client that skips HelloVerify), and 6.5
+// through TURN, which also spends 2 RTT before the POST allocating its
+// relay candidate (Allocate, 401 with nonce, authenticated Allocate): the
+// offer is complete, so the POST waits for gathering (reported as
+// "gather").
+//
+// The data channel does not gate audio. With SCTP SNAP (a=sctp-init, both
+// sides here) the association needs no INIT/COOKIE round trips and the
+// channel opens when DTLS connects; the harness reports it too.
+//
+// # The client's check timer
+//
+// Pion's ICE agent runs its connecting-phase task every 200 ms
+// (ice.AgentConfig.CheckInterval, not exposed by webrtc.SettingEngine in
+// v4.2.26). The first check leaves at once, but the nomination waits for
+// the next tick after the first check's response: ICE then takes
+// 200 ms + 1 RTT instead of 2 RTT. The task loop runs at the smallest of
+// the check interval and the disconnected and failed timeouts, so the
+// harness sets SettingEngine.SetICETimeouts(disconnected = ClientICETick
+// (5 ms), failed = 30 s, keepalive = 2 s): the nomination leaves within
+// one tick of the valid pair and the numbers show protocol round trips, not
+// a client timer. Side effects, harmless for a short call: the client
+// sends a consent check every tick once connected, and its ICE state may
+// flap to "disconnected" between packets (the peer connection stays up).
+// Set Options.ClientICETick to 200 ms to measure Pion's default.
+package setupbench

@@ -1,0 +1,145 @@
+package setupbench
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Markdown renders results as a section for docs/benchmarks.md: the
+// medians of each phase in ms and in round trips beside the expected
+// count, the cost against the direct path with the same DTLS role, the
+// round-trip model, and the goals of issue 6.
+func Markdown(results []Result, opts Options) string {
+	o, err := opts.withDefaults()
+	if err == nil {
+		opts = o
+	}
+	rtt := opts.RTT
+	var b strings.Builder
+	runs := 0
+	for _, r := range results {
+		runs = max(runs, r.Runs)
+	}
+	fmt.Fprintf(&b, "Setup latency from the POST of the offer, RTT %s (%s each way, userspace delay proxies on loopback), %d runs per row, medians.\n", rtt, rtt/2, runs)
+	fmt.Fprintf(&b, "Each cell is `ms (round trips; expected)`. Client: Pion (`callclient`), ICE check tick %s", opts.ClientICETick)
+	if opts.ClientICETick >= pionCheckInterval {
+		b.WriteString(" (Pion's default)")
+	}
+	if opts.ClientSkipHelloVerify {
+		b.WriteString(", its DTLS server skips HelloVerifyRequest")
+	} else {
+		b.WriteString(", its DTLS server sends HelloVerifyRequest (Pion's default)")
+	}
+	b.WriteString(".\n\n")
+
+	b.WriteString("| Path | DTLS role | Runs (failed) | Answer | ICE connected | DTLS connected | First audio at backend | First echo at client | vs direct at backend | Data channel open | Gathering before POST |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	cell := func(s Stats, exp float64) string {
+		if s.Median == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.1f (%.2f; %s)", s.Median, s.RTTs(rtt), trimFloat(exp))
+	}
+	direct := map[string]Result{}
+	for _, r := range results {
+		if r.Path == PathDirect && r.Runs > r.Failures {
+			direct[r.DTLSRole] = r
+		}
+	}
+	for _, r := range results {
+		if r.Runs == 0 {
+			fmt.Fprintf(&b, "| %s | %s | – | %s |||||||| \n", r.Path, r.DTLSRole, r.Note)
+			continue
+		}
+		vs := "–"
+		if d, ok := direct[r.DTLSRole]; ok && r.Path != PathDirect && r.FirstAudioBackendMS.Median > 0 {
+			delta := r.FirstAudioBackendMS.Median - d.FirstAudioBackendMS.Median
+			vs = fmt.Sprintf("%+.1f ms (%+.2f RTT, ×%.2f)", delta, delta/ms(rtt), r.FirstAudioBackendMS.Median/d.FirstAudioBackendMS.Median)
+		}
+		gather := "–"
+		if r.GatheringMS.Median >= 0.05*ms(rtt) || r.Expected.Gathering > 0 {
+			gather = cell(r.GatheringMS, r.Expected.Gathering)
+		}
+		dc := "–"
+		if r.DataChannelMS.Median > 0 {
+			dc = fmt.Sprintf("%.1f (%.2f)", r.DataChannelMS.Median, r.DataChannelMS.RTTs(rtt))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d (%d) | %s | %s | %s | **%s** | %s | %s | %s | %s |\n",
+			r.Path, r.DTLSRole, r.Runs, r.Failures,
+			cell(r.SignalingMS, r.Expected.Signaling), cell(r.ICEMS, r.Expected.ICE), cell(r.DTLSMS, r.Expected.DTLS),
+			cell(r.FirstAudioBackendMS, r.Expected.FirstAudioBackend), cell(r.FirstAudioClientMS, r.Expected.FirstAudioClient),
+			vs, dc, gather)
+	}
+	b.WriteString("\nSpread of first audio at backend (ms): ")
+	var spread []string
+	for _, r := range results {
+		if r.FirstAudioBackendMS.Median > 0 {
+			s := r.FirstAudioBackendMS
+			spread = append(spread, fmt.Sprintf("%s/%s min %.1f, median %.1f, p90 %.1f", r.Path, r.DTLSRole, s.Min, s.Median, s.P90))
+		}
+	}
+	b.WriteString(strings.Join(spread, "; "))
+	b.WriteString(".\n")
+	for _, r := range results {
+		if r.Note != "" && r.Runs > 0 {
+			fmt.Fprintf(&b, "\n%s: %s.", r.Path, r.Note)
+		}
+		for _, e := range r.Errors {
+			fmt.Fprintf(&b, "\n%s/%s failure: %s", r.Path, r.DTLSRole, e)
+		}
+	}
+
+	b.WriteString("\n\nExpected round trips, from the start of the POST (the package comment of `internal/setupbench` has the detail):\n\n")
+	b.WriteString("| Phase | RTT | Why |\n|---|---|---|\n")
+	b.WriteString("| Answer | 1 | POST → 201 with the complete answer (warm connection: the proxies do not delay the TCP handshake) |\n")
+	b.WriteString("| ICE connected | +2 (TURN +3) | Pion uses regular nomination: a check makes the pair valid (1), a USE-CANDIDATE check nominates it (1); the ICE-lite server selects the pair 0.5 RTT after the nomination leaves. TURN: CreatePermission first (+1) |\n")
+	hvr := "the Pion client, DTLS server, sends HelloVerifyRequest (+1), then ServerHello…Done (+1)"
+	if opts.ClientSkipHelloVerify {
+		hvr = "the client, DTLS server, answers at once: +1 after ICE (the ClientHello rode with the nomination)"
+	}
+	b.WriteString("| DTLS connected | +2 (role client: " + hvr + "; role server: ClientHello after ICE, no HelloVerifyRequest, 2 RTT) | DTLS 1.2 full handshake, counted at the client |\n")
+	b.WriteString("| First audio at backend | +0.5 | first RTP after connected, half a round trip to the transceiver, then the bridge on loopback |\n")
+	b.WriteString("| First echo at client | +0.5 | back |\n")
+	b.WriteString("| Gathering (before POST) | TURN 2 | Allocate → 401 → authenticated Allocate; the offer is complete, so the POST waits |\n")
+
+	b.WriteString("\nGoals (issue 6):\n\n")
+	for _, r := range results {
+		if r.FirstAudioBackendMS.Median == 0 {
+			continue
+		}
+		verdict := "missed"
+		if r.RTTs <= 3 {
+			verdict = "met"
+		}
+		fmt.Fprintf(&b, "* %s, DTLS role %s: POST → first audio at backend %.2f RTT (≤ 3 RTT: %s; the protocols as this client runs them allow %s).\n",
+			r.Path, r.DTLSRole, r.RTTs, verdict, trimFloat(r.Expected.FirstAudioBackend))
+	}
+	for _, r := range results {
+		d, ok := direct[r.DTLSRole]
+		if r.Path != PathRelay || !ok || r.FirstAudioBackendMS.Median == 0 {
+			continue
+		}
+		delta := r.FirstAudioBackendMS.Median - d.FirstAudioBackendMS.Median
+		dmin := r.FirstAudioBackendMS.Min - d.FirstAudioBackendMS.Min
+		verdict := "met"
+		if delta >= 1 {
+			verdict = "not shown at this resolution"
+		}
+		fmt.Fprintf(&b, "* Relay over direct, DTLS role %s: %+.2f ms median, %+.2f ms min (< 1 ms: %s).\n", r.DTLSRole, delta, dmin, verdict)
+	}
+	for _, r := range results {
+		d, ok := direct[r.DTLSRole]
+		if r.Path != PathTURN || !ok || r.FirstAudioBackendMS.Median == 0 {
+			continue
+		}
+		delta := r.FirstAudioBackendMS.Median - d.FirstAudioBackendMS.Median
+		total := delta + r.GatheringMS.Median - d.GatheringMS.Median
+		fmt.Fprintf(&b, "* TURN over direct, DTLS role %s: %+.1f ms (%+.2f RTT) after the POST, %+.1f ms (%+.2f RTT) counting its gathering.\n",
+			r.DTLSRole, delta, delta/ms(rtt), total, total/ms(rtt))
+	}
+	return b.String()
+}
+
+func trimFloat(f float64) string {
+	return strings.TrimSuffix(strings.TrimRight(fmt.Sprintf("%.1f", f), "0"), ".")
+}

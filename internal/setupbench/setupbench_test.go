@@ -1,0 +1,161 @@
+package setupbench
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestSmoke runs direct and relay once each per DTLS role with a small
+// RTT and checks that the phases are sane. It asserts no performance
+// beyond the physical lower bound of two round trips.
+func TestSmoke(t *testing.T) {
+	const rtt = 10 * time.Millisecond
+	opts := Options{RTT: rtt, Runs: 1, Paths: []string{PathDirect, PathRelay, PathGlobal}}
+	if testing.Verbose() {
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 6 {
+		t.Fatalf("%d results, want 6 (3 paths × 2 roles)", len(res))
+	}
+	for _, r := range res {
+		if r.Path == PathGlobal {
+			if r.Runs != 0 || r.Note == "" {
+				t.Errorf("global: %+v, want a note and no runs", r)
+			}
+			continue
+		}
+		if r.Runs != 1 || r.Failures != 0 {
+			t.Errorf("%s/%s: %d runs, %d failures: %v", r.Path, r.DTLSRole, r.Runs, r.Failures, r.Errors)
+			continue
+		}
+		phases := []float64{r.SignalingMS.Median, r.ICEMS.Median, r.DTLSMS.Median, r.FirstAudioBackendMS.Median, r.FirstAudioClientMS.Median}
+		for i, v := range phases {
+			if v <= 0 {
+				t.Errorf("%s/%s: phase %d is %v: %+v", r.Path, r.DTLSRole, i, v, r)
+			}
+			if i > 0 && v < phases[i-1] {
+				t.Errorf("%s/%s: phases out of order %v", r.Path, r.DTLSRole, phases)
+			}
+		}
+		if r.SignalingMS.Median < ms(rtt) {
+			t.Errorf("%s/%s: answer after %.1f ms, under one RTT", r.Path, r.DTLSRole, r.SignalingMS.Median)
+		}
+		if r.FirstAudioBackendMS.Median < 2*ms(rtt) {
+			t.Errorf("%s/%s: first audio at backend after %.1f ms, under 2 RTT", r.Path, r.DTLSRole, r.FirstAudioBackendMS.Median)
+		}
+		if r.RTTs < 2 {
+			t.Errorf("%s/%s: RTTs %.2f", r.Path, r.DTLSRole, r.RTTs)
+		}
+	}
+	md := Markdown(res, opts)
+	for _, want := range []string{"| direct | client |", "| relay | server |", "| global | client | – | not built yet", "≤ 3 RTT", "Relay over direct"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("Markdown lacks %q:\n%s", want, md)
+		}
+	}
+	t.Log("\n" + md)
+}
+
+func TestOptions(t *testing.T) {
+	o, err := Options{}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.RTT != 50*time.Millisecond || o.Runs != 10 || len(o.Paths) != 3 || len(o.DTLSRoles) != 2 || o.ClientICETick != DefaultClientICETick {
+		t.Errorf("defaults %+v", o)
+	}
+	for _, bad := range []Options{{Paths: []string{"ipoac"}}, {DTLSRoles: []string{"both"}}, {RTT: -1}, {Runs: -1}} {
+		if _, err := Run(t.Context(), bad); !errors.Is(err, ErrOptions) {
+			t.Errorf("%+v: err %v, want ErrOptions", bad, err)
+		}
+	}
+}
+
+func TestStats(t *testing.T) {
+	s := newStats([]float64{5, 1, 4, 2, 3, 10, 6, 7, 8, 9})
+	if s.Median != 5.5 || s.P90 != 9 || s.Min != 1 {
+		t.Errorf("%+v", s)
+	}
+	if s := newStats([]float64{3}); s != (Stats{3, 3, 3}) {
+		t.Errorf("%+v", s)
+	}
+	if s.RTTs(0) != 0 || (Stats{Median: 100}).RTTs(50*time.Millisecond) != 2 {
+		t.Error("RTTs")
+	}
+}
+
+// TestExpected pins the round-trip model of the package comment.
+func TestExpected(t *testing.T) {
+	for _, c := range []struct {
+		path, role string
+		hvr        bool
+		want       Expected
+	}{
+		{PathDirect, RoleClient, true, Expected{0, 1, 3, 5, 5.5, 6}},
+		{PathDirect, RoleServer, true, Expected{0, 1, 3, 5, 5.5, 6}},
+		{PathRelay, RoleClient, false, Expected{0, 1, 3, 4, 4.5, 5}},
+		{PathRelay, RoleServer, false, Expected{0, 1, 3, 5, 5.5, 6}},
+		{PathTURN, RoleClient, true, Expected{2, 1, 4, 6, 6.5, 7}},
+	} {
+		if got := expected(c.path, c.role, c.hvr); got != c.want {
+			t.Errorf("%s/%s hvr=%v: %+v, want %+v", c.path, c.role, c.hvr, got, c.want)
+		}
+	}
+}
+
+// TestMeasure is the full measurement: SETUPBENCH=1 go test -run TestMeasure -v
+// (SETUPBENCH_RUNS, SETUPBENCH_RTT, SETUPBENCH_PATHS, SETUPBENCH_SKIP_HVR, SETUPBENCH_TICK override).
+func TestMeasure(t *testing.T) {
+	if os.Getenv("SETUPBENCH") == "" {
+		t.Skip("set SETUPBENCH=1 for the full measurement")
+	}
+	opts := Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	if os.Getenv("SETUPBENCH_DEBUG") != "" {
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if v := os.Getenv("SETUPBENCH_PATHS"); v != "" {
+		opts.Paths = strings.Split(v, ",")
+	}
+	if v := os.Getenv("SETUPBENCH_RTT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.RTT = d
+	}
+	if v := os.Getenv("SETUPBENCH_TICK"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.ClientICETick = d
+	}
+	if v := os.Getenv("SETUPBENCH_RUNS"); v != "" {
+		var n int
+		for _, c := range v {
+			n = n*10 + int(c-'0')
+		}
+		opts.Runs = n
+	}
+	opts.ClientSkipHelloVerify = os.Getenv("SETUPBENCH_SKIP_HVR") != ""
+	res, err := Run(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + Markdown(res, opts))
+}

@@ -1,0 +1,340 @@
+package setupbench
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pion/ice/v4"
+	"github.com/pion/webrtc/v4"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/callclient"
+	"github.com/switchboard-rtc/switchboard/internal/impair"
+	"github.com/switchboard-rtc/switchboard/internal/membership"
+	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/token"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+)
+
+// cluster is the cluster id of every stack.
+const cluster = 6
+
+// env holds what the stacks share: token keys, the backend, the client
+// audio, the TURN server, and everything to close.
+type env struct {
+	opts      Options
+	log       *slog.Logger // stacks' logs: warn and above
+	clientLog *slog.Logger
+	keys      *token.Keyring
+	backend   *backend
+	backendHS *httptest.Server
+	audio     *callclient.WAV
+	turn      *coturn // started on first use
+	turnErr   error
+	nextID    uint32
+	closers   []func() // run in reverse order
+}
+
+func newEnv(opts Options) (*env, error) {
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, err
+	}
+	keys, err := token.NewKeyring(token.Key{ID: 1, Secret: secret})
+	if err != nil {
+		return nil, err
+	}
+	e := &env{
+		opts:      opts,
+		log:       slog.New(minLevel{opts.Logger.Handler(), slog.LevelWarn}),
+		clientLog: opts.Logger.With("component", "client"),
+		keys:      keys,
+		backend:   newBackend(),
+		audio:     tone(300 * time.Millisecond),
+	}
+	e.backendHS = httptest.NewServer(e.backend)
+	e.closers = append(e.closers, func() {
+		e.backendHS.Close()
+		e.backend.wait()
+	})
+	return e, nil
+}
+
+func (e *env) close() {
+	for i := len(e.closers) - 1; i >= 0; i-- {
+		e.closers[i]()
+	}
+	e.closers = nil
+}
+
+func (e *env) defer_(f func()) { e.closers = append(e.closers, f) }
+
+// stack is one path with one DTLS role, ready for calls.
+type stack struct {
+	url        string // signaling URL, through the TCP proxy
+	iceServers []webrtc.ICEServer
+	relayOnly  bool
+}
+
+// newStack builds a path. It returns a nil stack and a note when the path
+// cannot run here.
+func (e *env) newStack(path, role string) (*stack, string, error) {
+	half := e.opts.RTT / 2
+	delay := impair.Config{Delay: half}
+	e.nextID++
+	id := e.nextID
+	cfg := transceiver.Config{
+		ID:         id,
+		Cluster:    cluster,
+		BackendURL: "ws" + strings.TrimPrefix(e.backendHS.URL, "http") + "/v1/bridge",
+		DTLSRole:   role,
+	}
+	st := &stack{}
+	var note string
+	switch path {
+	case PathGlobal:
+		return nil, "not built yet: the Global Relay data plane (issue 6, ingress mode) does not exist; add it here when it does", nil
+
+	case PathDirect:
+		// The proxy must exist before the transceiver (its address is
+		// advertised) and target the transceiver's socket: reserve a port.
+		port, err := freeUDPPort()
+		if err != nil {
+			return nil, "", err
+		}
+		listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
+		px, err := impair.NewUDP("127.0.0.1:0", listen, delay, 1)
+		if err != nil {
+			return nil, "", err
+		}
+		e.defer_(func() { _ = px.Close() })
+		cfg.Direct = true
+		cfg.ListenAddr = listen.String()
+		cfg.Advertise = px.Addr().String()
+
+	case PathRelay:
+		members := &membership.Table{}
+		rly, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: cluster, Workers: 1}, e.keys, members, nil, e.log)
+		if err != nil {
+			return nil, "", err
+		}
+		e.defer_(func() { _ = rly.Close() })
+		px, err := impair.NewUDP("127.0.0.1:0", rly.PublicAddr(), delay, 1)
+		if err != nil {
+			return nil, "", err
+		}
+		e.defer_(func() { _ = px.Close() })
+		cfg.ListenAddr = "127.0.0.1:0"
+		cfg.Advertise = px.Addr().String()
+		cfg.AllowRelays = []string{netip.PrefixFrom(rly.InternalAddr().Addr(), 32).String()}
+		trx, err := e.newTransceiver(cfg)
+		if err != nil {
+			return nil, "", err
+		}
+		if err := members.Set(map[uint32]netip.AddrPort{id: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
+			return nil, "", err
+		}
+		st.url, err = e.signaling(trx)
+		return st, "", err
+
+	case PathTURN:
+		if e.turn == nil && e.turnErr == nil {
+			e.turn, e.turnErr = startCoturn(e.log)
+			if e.turn != nil {
+				e.defer_(e.turn.stop)
+			}
+		}
+		if e.turnErr != nil {
+			if errors.Is(e.turnErr, errNoTurnserver) && os.Getenv("CI") == "" {
+				return nil, "skipped: turnserver (Debian package coturn) is not installed; scripts/deps.sh test installs it", nil
+			}
+			return nil, "", e.turnErr
+		}
+		px, err := impair.NewUDP("127.0.0.1:0", e.turn.addr, delay, 1)
+		if err != nil {
+			return nil, "", err
+		}
+		e.defer_(func() { _ = px.Close() })
+		cfg.Direct = true
+		cfg.ListenAddr = "127.0.0.1:0" // advertised as is; only coturn sends to it
+		st.iceServers = []webrtc.ICEServer{{
+			URLs:       []string{fmt.Sprintf("turn:%s?transport=udp", px.Addr())},
+			Username:   e.turn.user,
+			Credential: e.turn.password,
+		}}
+		st.relayOnly = true
+		note = "coturn " + e.turn.version + " next to the transceiver; client relay-only"
+	}
+	trx, err := e.newTransceiver(cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	st.url, err = e.signaling(trx)
+	return st, note, err
+}
+
+func (e *env) newTransceiver(cfg transceiver.Config) (*transceiver.Server, error) {
+	trx, err := transceiver.New(cfg, e.keys, nil, e.log)
+	if err != nil {
+		return nil, err
+	}
+	e.defer_(func() { _ = trx.Close() })
+	return trx, nil
+}
+
+// signaling serves trx's signaling API behind a delaying TCP proxy and
+// returns the offer URL.
+func (e *env) signaling(trx *transceiver.Server) (string, error) {
+	hs := httptest.NewServer(trx.Handler())
+	e.defer_(hs.Close)
+	px, err := impair.NewTCP("127.0.0.1:0", hs.Listener.Addr().String(), e.opts.RTT/2)
+	if err != nil {
+		return "", err
+	}
+	e.defer_(func() { _ = px.Close() })
+	return "http://" + px.Addr() + "/v1/calls", nil
+}
+
+// clientEngine is the client's SettingEngine: loopback host candidates
+// only (one pair, through the proxy), no mDNS, SCTP SNAP offered, and the
+// check tick of the package comment.
+func (e *env) clientEngine() *webrtc.SettingEngine {
+	se := &webrtc.SettingEngine{}
+	se.SetIncludeLoopbackCandidate(true)
+	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
+	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
+	se.SetIPFilter(func(ip net.IP) bool { return ip.IsLoopback() })
+	se.EnableSctpSnap(true)
+	if tick := e.opts.ClientICETick; tick < pionCheckInterval {
+		se.SetICETimeouts(tick, 30*time.Second, 2*time.Second)
+	}
+	// Pion waits 2 s before nominating a relay pair (ICE
+	// RelayAcceptanceMinWait), in case a better pair succeeds; with the
+	// relay policy there is no other pair, so the wait is pure delay.
+	se.SetRelayAcceptanceMinWait(0)
+	if e.opts.ClientSkipHelloVerify {
+		se.SetDTLSInsecureSkipHelloVerify(true)
+	}
+	return se
+}
+
+// freeUDPPort returns a loopback UDP port that was free a moment ago.
+func freeUDPPort() (uint16, error) {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	return uint16(c.LocalAddr().(*net.UDPAddr).Port), nil
+}
+
+// tone is d of a 440 Hz sine, 48 kHz mono.
+func tone(d time.Duration) *callclient.WAV {
+	const rate = 48000
+	n := int(d.Seconds() * rate)
+	w := &callclient.WAV{SampleRate: rate, Channels: 1, Samples: make([]int16, n)}
+	for i := range w.Samples {
+		w.Samples[i] = int16(8000 * math.Sin(2*math.Pi*440*float64(i)/rate))
+	}
+	return w
+}
+
+// backend is the bridge endpoint: it echoes audio and events like the echo
+// agent and records when each session's first audio frame arrived.
+type backend struct {
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	first  map[string]time.Time // session id → first audio frame; guarded by mu
+	closed bool                 // guarded by mu
+}
+
+func newBackend() *backend { return &backend{first: map[string]time.Time{}} }
+
+func (b *backend) firstAudio(id string) (time.Time, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t, ok := b.first[id]
+	return t, ok
+}
+
+// wait waits for every session handler; call after the transceivers closed.
+func (b *backend) wait() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.wg.Wait()
+}
+
+func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		http.Error(w, "closed", http.StatusServiceUnavailable)
+		return
+	}
+	b.wg.Add(1)
+	b.mu.Unlock()
+	defer b.wg.Done()
+	sc, err := bridge.Accept(w, r, bridge.AcceptOptions{})
+	if err != nil {
+		return
+	}
+	defer sc.Close()
+	id := sc.Session().SessionID
+	ctx := context.Background() // hijacked: not tied to the request
+	seen := false
+	for {
+		m, err := sc.Recv(ctx)
+		if err != nil {
+			return
+		}
+		switch {
+		case m.Audio != nil:
+			if !seen {
+				seen = true
+				now := time.Now()
+				b.mu.Lock()
+				b.first[id] = now
+				b.mu.Unlock()
+			}
+			if sc.SendAudio(ctx, *m.Audio) != nil {
+				return
+			}
+		case m.Event != nil:
+			if sc.SendEvent(ctx, m.Event) != nil {
+				return
+			}
+		case m.End != nil:
+			_ = sc.End(ctx, m.End.Reason)
+			return
+		}
+	}
+}
+
+// minLevel drops records below a level.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(as []slog.Attr) slog.Handler {
+	return minLevel{h.Handler.WithAttrs(as), h.min}
+}
+
+func (h minLevel) WithGroup(n string) slog.Handler { return minLevel{h.Handler.WithGroup(n), h.min} }
