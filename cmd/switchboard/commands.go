@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -16,10 +17,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/demo"
+	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 )
@@ -166,6 +169,8 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 		HTTP  string             `yaml:"http"`
 		Drain time.Duration      `yaml:"drain_timeout"`
 		Allow string             `yaml:"-"`
+		Redis string             `yaml:"redis"`
+		HopAd string             `yaml:"hop_advertise"`
 		Keys  KeyConfig          `yaml:",inline"`
 		Log   LogConfig          `yaml:",inline"`
 	}
@@ -189,6 +194,8 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	fs.DurationVar(&cfg.Drain, "drain-timeout", 30*time.Second, "on SIGTERM, how long live sessions may run on before they are ended")
 	fs.BoolVar(&cfg.Trx.Direct, "direct", false, "clients send straight to -listen (no relay, no internal hop); -advertise defaults to -listen")
 	fs.StringVar(&cfg.Trx.DTLSRole, "dtls-role", "client", "DTLS role in answers: client (active) or server (passive, no HelloVerify)")
+	fs.StringVar(&cfg.Redis, "redis", "", "Redis host:port to register in (relays with -membership redis find this transceiver there); empty: no registration")
+	fs.StringVar(&cfg.HopAd, "hop-advertise", "", "internal-hop ip:port registered for relays (default: -listen, which must then be a concrete IP)")
 	cfg.Keys.register(fs)
 	cfg.Log.register(fs, "json")
 	if err := parseConfig(fs, args, &cfg); err != nil {
@@ -212,6 +219,25 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	defer t.Close()
 	log.Info("transceiver running", "id", cfg.Trx.ID, "hop", t.HopAddr().String(), "advertise", cfg.Trx.Advertise)
+	if cfg.Redis != "" {
+		hopAddr := t.HopAddr().(*net.UDPAddr).AddrPort()
+		if cfg.HopAd != "" {
+			if hopAddr, err = netip.ParseAddrPort(cfg.HopAd); err != nil {
+				return fmt.Errorf("-hop-advertise %q: want ip:port", cfg.HopAd)
+			}
+		}
+		rc := redis.NewClient(&redis.Options{Addr: cfg.Redis})
+		defer rc.Close()
+		registration, err := membership.RegisterRedis(ctx, rc, cfg.Trx.Cluster, cfg.Trx.ID, hopAddr, 0, log)
+		if registration == nil {
+			return err
+		}
+		if err != nil {
+			log.Warn("first registration in redis failed; retrying in the background", "err", err)
+		}
+		// Deregistered after the drain: live sessions still need relays to find us.
+		defer registration.Close()
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", t.Handler())
