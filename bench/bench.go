@@ -439,26 +439,28 @@ func measure(ctx context.Context, opt Options, g *gen, sys string, sink netip.Ad
 	// the best forwarded rate of a step with at most 1% loss. The ramp goes
 	// on through a lossy step (on a shared machine a burst of other work can
 	// stall a pinned process long enough to overflow a socket buffer) and
-	// stops after two steps in a row above 5% loss, when the generator
-	// cannot keep up, or at MaxRate.
+	// stops after two bad steps in a row (see below) or at MaxRate.
 	rate := 20_000.0
 	lossy := 0
 	for ctx.Err() == nil {
 		c, cpu := step(rate, opt.Ramp)
 		fwd := float64(c.forwarded()) / opt.Ramp.Seconds()
 		achieved := float64(c.cliSent) / opt.Ramp.Seconds()
+		logf("  %s ramp: offered %.0f/s, sent %.0f/s, forwarded %.0f/s, loss %.2f%%, cpu %.0f%%",
+			sys, rate, achieved, fwd, 100*c.loss(), 100*cpu.Seconds()/(opt.Ramp+drain).Seconds())
 		if c.loss() <= 0.01 && fwd > res.capPPS {
 			res.capPPS = fwd
 			res.capUtil = cpu.Seconds() / (opt.Ramp + drain).Seconds()
 			res.perCPUSec = float64(c.forwarded()) / max(cpu.Seconds(), 1e-9)
 		}
-		if c.loss() <= 0.05 {
+		// A step is bad if it lost more than 5% or the generator fell more
+		// than 10% short of the offered rate; stop after two in a row
+		// (one alone is often a burst of other work on a shared machine).
+		short := achieved < 0.9*rate
+		if c.loss() <= 0.05 && !short {
 			lossy = 0
 		} else if lossy++; lossy == 2 {
-			break
-		}
-		if achieved < 0.9*rate {
-			res.genBound = true
+			res.genBound = short
 			break
 		}
 		if opt.MaxRate > 0 && rate*1.3 > opt.MaxRate {
