@@ -79,8 +79,9 @@
 // "gather").
 //
 // The data channel does not gate audio. With SCTP SNAP (a=sctp-init, both
-// sides here) the association needs no INIT/COOKIE round trips and the
-// channel opens when DTLS connects; the harness reports it too.
+// sides here) the association needs no INIT/COOKIE round trips (2 RTT);
+// Pion's client then fires OnOpen on the DCEP ACK, 1 RTT after DTLS
+// connects (RFC 8832 would let it send at once). The harness reports it.
 //
 // # The client's check timer
 //
@@ -94,7 +95,29 @@
 // (5 ms), failed = 30 s, keepalive = 2 s): the nomination leaves within
 // one tick of the valid pair and the numbers show protocol round trips, not
 // a client timer. Side effects, harmless for a short call: the client
-// sends a consent check every tick once connected, and its ICE state may
-// flap to "disconnected" between packets (the peer connection stays up).
-// Set Options.ClientICETick to 200 ms to measure Pion's default.
+// sends a consent check every tick once connected, and its ICE state
+// blinks "disconnected" between packets (callclient therefore starts its
+// audio when DTLS connects over a connected ICE transport, not on the
+// aggregate peer connection state, which would follow the blinking). Set
+// Options.ClientICETick to 200 ms to measure Pion's default: ICE then
+// takes about 200 ms + 1 RTT after the answer.
+//
+// Pion also waits 2 s (RelayAcceptanceMinWait) before it nominates a
+// relay pair, in case a direct pair succeeds; with the relay policy there
+// is none, so the harness sets that wait to 0.
+//
+// # Reaching 3 RTT
+//
+// With DTLS 1.2 behind ICE, 3 RTT from the POST to audio at the backend is
+// out of reach whatever the roles: the server's first packet can reach
+// the client at 2 RTT at the earliest (answer 1, the client's first check
+// 0.5, the server's reply 0.5), and a full DTLS 1.2 handshake needs 1 more
+// RTT before the client may send, then 0.5 RTT for the audio: 3.5 RTT,
+// and only if the client nominates on its first check (aggressive
+// nomination) and the ICE-lite server starts DTLS (role "client") on that
+// check. Pion's client, with regular nomination and a HelloVerifyRequest,
+// gets 5.5; without the HelloVerifyRequest and with role "client", 4.5.
+// Below 3.5 needs the handshake to ride on the ICE checks (DTLS-in-STUN,
+// draft-hancke-webrtc-sped: ClientHello in the first check, the server's
+// flight in its response) or DTLS 1.3 (a 1-RTT handshake), on both ends.
 package setupbench

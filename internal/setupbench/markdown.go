@@ -111,8 +111,9 @@ func Markdown(results []Result, opts Options) string {
 		if r.RTTs <= 3 {
 			verdict = "met"
 		}
-		fmt.Fprintf(&b, "* %s, DTLS role %s: POST → first audio at backend %.2f RTT (≤ 3 RTT: %s; the protocols as this client runs them allow %s).\n",
-			r.Path, r.DTLSRole, r.RTTs, verdict, trimFloat(r.Expected.FirstAudioBackend))
+		excess := r.FirstAudioBackendMS.Median - r.Expected.FirstAudioBackend*ms(rtt)
+		fmt.Fprintf(&b, "* %s, DTLS role %s: POST → first audio at backend %.2f RTT (≤ 3 RTT: %s; the protocols as this client runs them allow %s; %+.1f ms over that, processing and timers).\n",
+			r.Path, r.DTLSRole, r.RTTs, verdict, trimFloat(r.Expected.FirstAudioBackend), excess)
 	}
 	for _, r := range results {
 		d, ok := direct[r.DTLSRole]
@@ -121,9 +122,12 @@ func Markdown(results []Result, opts Options) string {
 		}
 		delta := r.FirstAudioBackendMS.Median - d.FirstAudioBackendMS.Median
 		dmin := r.FirstAudioBackendMS.Min - d.FirstAudioBackendMS.Min
-		verdict := "met"
-		if delta >= 1 {
-			verdict = "not shown at this resolution"
+		// Half the min-to-p90 spread of the noisier of the two: what one
+		// median can be off by on this machine.
+		noise := max(r.FirstAudioBackendMS.P90-r.FirstAudioBackendMS.Min, d.FirstAudioBackendMS.P90-d.FirstAudioBackendMS.Min) / 2
+		verdict := fmt.Sprintf("no difference beyond the run-to-run spread of ±%.1f ms, so this harness can bound the relay's cost only to that; its per-packet cost needs a forwarding benchmark", noise)
+		if delta > noise {
+			verdict = fmt.Sprintf("missed: %+.1f ms is beyond the ±%.1f ms spread", delta, noise)
 		}
 		fmt.Fprintf(&b, "* Relay over direct, DTLS role %s: %+.2f ms median, %+.2f ms min (< 1 ms: %s).\n", r.DTLSRole, delta, dmin, verdict)
 	}
