@@ -103,6 +103,11 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	fs.DurationVar(&cfg.Relay.PendingTimeout, "pending-timeout", 10*time.Second, "lifetime of a flow the transceiver has not answered yet")
 	fs.DurationVar(&cfg.Relay.IdleTimeout, "idle-timeout", 60*time.Second, "idle timeout of a confirmed flow (longer than ICE consent, 30s)")
 	fs.IntVar(&cfg.Relay.MaxFlows, "max-flows", 1<<20, "flow table capacity; new flows beyond it are dropped and counted")
+	fs.BoolVar(&cfg.Relay.Ingress, "ingress", false, "run as a Global Relay: route tokens by cluster; -members then lists cluster id=cluster relay public ip:port")
+	fs.Func("trusted-ingress", "comma-separated CIDR prefixes of Global Relays whose hop-framed datagrams the public socket accepts", func(v string) error {
+		cfg.Relay.TrustedIngress = strings.Split(v, ",")
+		return nil
+	})
 	fs.StringVar(&cfg.Members, "members", "", "static membership: transceiver id=internal ip:port, comma separated, e.g. 1=10.0.0.5:4000,2=10.0.0.6:4000")
 	fs.StringVar(&cfg.Metrics, "metrics", "127.0.0.1:9090", "address serving /metrics, /live and /ready (empty disables)")
 	cfg.Source.register(fs)

@@ -111,6 +111,9 @@ type Options struct {
 	// AuthToken, if set, is sent as "Authorization: Bearer <AuthToken>" on
 	// the POST and the DELETE.
 	AuthToken string
+	// Header holds extra headers for the POST and the DELETE (e.g. a
+	// region header a CDN would set in front of a director).
+	Header http.Header
 	// HTTPClient is used for signaling; nil uses a private client whose
 	// idle connections are closed when Run returns.
 	HTTPClient *http.Client
@@ -578,6 +581,11 @@ func (c *call) delete(ctx context.Context, httpc *http.Client, session *url.URL)
 }
 
 func (c *call) authorize(req *http.Request) {
+	for k, vs := range c.opts.Header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
 	if c.opts.AuthToken != "" {
 		req.Header.Set("Authorization", "Bearer "+c.opts.AuthToken)
 	}

@@ -41,9 +41,27 @@ const (
 	DropUnknownTransceiver
 	// DropFlowTableFull: a valid first packet while the table holds MaxFlows flows.
 	DropFlowTableFull
+	// DropSourceRateLimit: a valid first packet from a source IP (IPv6: /64)
+	// that created Config.NewFlowsPerIP flows this second (limits.go).
+	DropSourceRateLimit
+	// DropSourcePendingLimit: a valid first packet from a source IP that
+	// holds Config.MaxPendingPerIP pending flows.
+	DropSourcePendingLimit
+	// DropNewFlowRateLimit: a valid first packet while all sources together
+	// created Config.NewFlowsPerSecond flows this second.
+	DropNewFlowRateLimit
 	// DropTransceiverGone: the flow's transceiver left the membership table;
 	// the flow is removed at the next sweep.
 	DropTransceiverGone
+	// DropUnknownCluster: ingress mode, the token's cluster has no relay in
+	// the table.
+	DropUnknownCluster
+	// DropIngressUntrusted: a hop-framed datagram on the public socket from
+	// a source outside Config.TrustedIngress.
+	DropIngressUntrusted
+	// DropIngressBadHeader: a hop-framed datagram from a trusted ingress
+	// whose header does not parse.
+	DropIngressBadHeader
 
 	// Internal socket.
 
@@ -88,7 +106,13 @@ var dropNames = [NumDropReasons]string{
 	DropWrongCluster:          "wrong_cluster",
 	DropUnknownTransceiver:    "unknown_transceiver",
 	DropFlowTableFull:         "flow_table_full",
+	DropSourceRateLimit:       "source_rate_limit",
+	DropSourcePendingLimit:    "source_pending_limit",
+	DropNewFlowRateLimit:      "new_flow_rate_limit",
 	DropTransceiverGone:       "transceiver_gone",
+	DropUnknownCluster:        "unknown_cluster",
+	DropIngressUntrusted:      "ingress_untrusted",
+	DropIngressBadHeader:      "ingress_bad_header",
 	DropInternalUnknownPeer:   "internal_unknown_peer",
 	DropInternalBadHeader:     "internal_bad_header",
 	DropInternalEmptyPayload:  "internal_empty_payload",

@@ -102,6 +102,7 @@ type coldSlot struct {
 	created atomic.Int64                 // relay-monotonic nanoseconds
 	tr      atomic.Uint64                // transceiver id
 	ufrag   [token.Len / 8]atomic.Uint64 // server ufrag that created the flow (ICE restart detection)
+	via     [3]atomic.Uint64             // addrKey of the ingress relay the client's traffic arrives through; zero: direct
 }
 
 // dstConfirmed, in the destination's third word, marks a flow its
@@ -137,6 +138,11 @@ type flowTable struct {
 	pending atomic.Int64 // flows not yet confirmed
 	created atomic.Uint64
 	expired [2]atomic.Uint64 // by state: 0 pending, 1 confirmed
+
+	// lim holds the per-source caps (limits.go): every pending flow holds
+	// one unit of its source's pending count, taken where pending goes up
+	// and given back where it goes down. nil: no caps but MaxFlows.
+	lim *limiter
 }
 
 func newFlowTable(max int) *flowTable {
@@ -282,19 +288,42 @@ func (t *flowTable) sameUfrag(client netip.AddrPort, ufrag []byte) bool {
 
 // reply handles traffic from transceiver from for client: it refreshes the
 // flow if the flow exists and points to from, and confirms it the first time.
-func (t *flowTable) reply(client, from netip.AddrPort, now int64) DropReason {
+// via is the ingress relay the reply must go back through, invalid when the
+// client is directly attached.
+func (t *flowTable) reply(client, from netip.AddrPort, now int64) (via netip.AddrPort, drop DropReason) {
 	k := keyOf(client)
 	h := t.hash(&k)
-	v, ok := t.lookup(k, h, now)
+	tab := t.shardOf(h).tab.Load()
+	var v view
+	var vk addrKey
+	for {
+		i, seq, hit := probe(tab, k, h)
+		if !hit {
+			return via, DropInternalNoFlow
+		}
+		sl := &tab.slots[i]
+		v.dst = keyWords(&sl.dst)
+		v.confirmed = v.dst[2]&dstConfirmed != 0
+		v.dst[2] &^= dstConfirmed
+		vk = keyWords(&tab.cold[i].via)
+		if sl.seq.Load() != seq {
+			continue // changed under us: probe again
+		}
+		if sl.last.Load() < now {
+			sl.last.Store(now)
+		}
+		break
+	}
 	switch {
-	case !ok:
-		return DropInternalNoFlow
 	case v.dst != keyOf(from):
-		return DropInternalFlowMismatch
+		return via, DropInternalFlowMismatch
 	case !v.confirmed:
 		t.confirm(k, h, keyOf(from))
 	}
-	return dropNone
+	if vk != (addrKey{}) {
+		via = vk.addrPort()
+	}
+	return via, dropNone
 }
 
 // confirm marks client's flow confirmed (once per flow, so it may lock).
@@ -315,17 +344,19 @@ func (t *flowTable) confirm(k addrKey, h uint64, dst addrKey) {
 	}
 	w.Store(dst[2] | dstConfirmed)
 	t.pending.Add(-1)
+	t.lim.release(&k)
 }
 
 func keyWords(w *[3]atomic.Uint64) addrKey { return addrKey{w[0].Load(), w[1].Load(), w[2].Load()} }
 
 // write stores a flow into slot i of tab under the seqlock. The caller holds the shard mutex.
-func (tab *table) write(i uint64, k, dst addrKey, tr uint64, created, last int64, ufrag [token.Len / 8]uint64) {
+func (tab *table) write(i uint64, k, dst, via addrKey, tr uint64, created, last int64, ufrag [token.Len / 8]uint64) {
 	sl, c := &tab.slots[i], &tab.cold[i]
 	sl.seq.Add(1)
 	for j := range 3 {
 		sl.key[j].Store(k[j])
 		sl.dst[j].Store(dst[j])
+		c.via[j].Store(via[j])
 	}
 	sl.last.Store(last)
 	c.created.Store(created)
@@ -340,7 +371,23 @@ func (tab *table) write(i uint64, k, dst addrKey, tr uint64, created, last int64
 // (ICE restart, or two workers racing on the first packet). ufrag is the
 // server ufrag of a token that opened (token.Len bytes), or nil in tests.
 func (t *flowTable) upsert(client, dst netip.AddrPort, transceiver uint32, ufrag []byte, now int64) DropReason {
-	k, dk := keyOf(client), keyOf(dst)
+	return t.upsertVia(client, dst, netip.AddrPort{}, transceiver, ufrag, now)
+}
+
+// viaKey is the addrKey stored for via: zero when via is not valid (the
+// client is directly attached).
+func viaKey(via netip.AddrPort) addrKey {
+	if !via.IsValid() {
+		return addrKey{}
+	}
+	return keyOf(via)
+}
+
+// upsertVia is upsert for a client whose datagrams arrive through the
+// ingress relay via (a Global Relay), where replies must go back; an
+// invalid via means the client is directly attached.
+func (t *flowTable) upsertVia(client, dst, via netip.AddrPort, transceiver uint32, ufrag []byte, now int64) DropReason {
+	k, dk, vk := keyOf(client), keyOf(dst), viaKey(via)
 	uw, _ := ufragWords(ufrag)
 	h := t.hash(&k)
 	s := t.shardOf(h)
@@ -361,15 +408,18 @@ func (t *flowTable) upsert(client, dst netip.AddrPort, transceiver uint32, ufrag
 			}
 			d := keyWords(&tab.slots[i].dst)
 			d[2] &^= dstConfirmed
-			if d == dk && cur == uw {
+			if d == dk && cur == uw && keyWords(&c.via) == vk {
 				tab.slots[i].last.Store(now)
 				return dropNone
 			}
 			// A new token: route to its transceiver, pending until it answers.
 			if tab.slots[i].dst[2].Load()&dstConfirmed != 0 {
+				if drop := t.lim.acquire(&k, now); drop != dropNone {
+					return drop
+				}
 				t.pending.Add(1)
 			}
-			tab.write(i, want, dk, uint64(transceiver), now, now, uw)
+			tab.write(i, want, dk, vk, uint64(transceiver), now, now, uw)
 			t.created.Add(1)
 			return dropNone
 		}
@@ -385,6 +435,10 @@ func (t *flowTable) upsert(client, dst netip.AddrPort, transceiver uint32, ufrag
 		t.n.Add(-1)
 		return DropFlowTableFull
 	}
+	if drop := t.lim.acquire(&k, now); drop != dropNone {
+		t.n.Add(-1)
+		return drop
+	}
 	if free >= 0 {
 		i = uint64(free)
 		tab.tombs--
@@ -393,7 +447,7 @@ func (t *flowTable) upsert(client, dst netip.AddrPort, transceiver uint32, ufrag
 		for i = h & tab.mask; state(keyWords(&tab.slots[i].key)) != stateEmpty; i = (i + 1) & tab.mask {
 		}
 	}
-	tab.write(i, want, dk, uint64(transceiver), now, now, uw)
+	tab.write(i, want, dk, vk, uint64(transceiver), now, now, uw)
 	tab.live++
 	t.pending.Add(1)
 	t.created.Add(1)
@@ -425,7 +479,7 @@ func (t *flowTable) rehash(s *shard, old *table, need int) *table {
 		for x := range uw {
 			uw[x] = c.ufrag[x].Load()
 		}
-		tab.write(j, k, keyWords(&sl.dst), c.tr.Load(), c.created.Load(), sl.last.Load(), uw)
+		tab.write(j, k, keyWords(&sl.dst), keyWords(&c.via), c.tr.Load(), c.created.Load(), sl.last.Load(), uw)
 		tab.live++
 	}
 	s.tab.Store(tab)
@@ -461,6 +515,7 @@ func (t *flowTable) removeLocked(tab *table, i uint64) {
 		t.expired[1].Add(1)
 	} else {
 		t.pending.Add(-1)
+		t.lim.release(&k)
 		t.expired[0].Add(1)
 	}
 }

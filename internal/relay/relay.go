@@ -83,14 +83,36 @@ type Config struct {
 	// MaxFlows caps the flow table; at the cap new flows are dropped and
 	// existing ones are never evicted. Default 1<<20.
 	MaxFlows int `yaml:"max_flows"`
+	// MaxPendingPerIP caps the pending flows of one source IP (IPv6: one
+	// /64); at the cap its new flows are dropped (source_pending_limit).
+	// Default DefaultMaxPendingPerIP. See limits.go and docs/security.md.
+	MaxPendingPerIP int `yaml:"max_pending_per_ip"`
+	// NewFlowsPerIP caps the flows one source IP (IPv6: one /64) creates
+	// per second (source_rate_limit). Default DefaultNewFlowsPerIP.
+	NewFlowsPerIP int `yaml:"new_flows_per_ip"`
+	// NewFlowsPerSecond caps the flows all sources together create per
+	// second (new_flow_rate_limit). Default DefaultNewFlowsPerSecond.
+	NewFlowsPerSecond int `yaml:"new_flows_per_second"`
 	// Batch is the number of datagrams each read loop receives per
 	// recvmmsg(2) and sends per sendmmsg(2). 1 uses one read and one write
 	// syscall per datagram (and forwards datagrams up to 64 KiB; batched
 	// loops forward up to MaxBatchedPayload). 0 means DefaultBatch.
 	Batch int `yaml:"batch"`
+	// Ingress makes this relay a Global Relay (DESIGN §2.3): it routes a
+	// token by its cluster id, and the membership table maps cluster ids
+	// to those clusters' relay public addresses, which it forwards to with
+	// the client's address in a hop header. Cluster is then ignored.
+	Ingress bool `yaml:"ingress"`
+	// TrustedIngress lists the prefixes of Global Relays whose hop-framed
+	// datagrams this (cluster) relay accepts on its public socket, as if
+	// from the client named in the header; replies go back through the
+	// Global Relay. Empty: none (hop-framed datagrams are dropped).
+	TrustedIngress []string `yaml:"trusted_ingress"`
 	// NoThreadLock leaves the read loops unpinned from their OS threads
 	// (runtime.LockOSThread is the default). For measurement only.
 	NoThreadLock bool `yaml:"no_thread_lock"`
+
+	trustedIngress []netip.Prefix // parsed TrustedIngress
 }
 
 // Validate checks c and fills in defaults.
@@ -131,11 +153,37 @@ func (c *Config) Validate() error {
 	case c.MaxFlows == 0:
 		c.MaxFlows = DefaultMaxFlows
 	}
+	for _, l := range []struct {
+		name string
+		v    *int
+		def  int
+		max  int
+	}{
+		{"MaxPendingPerIP", &c.MaxPendingPerIP, DefaultMaxPendingPerIP, maxLimit},
+		{"NewFlowsPerIP", &c.NewFlowsPerIP, DefaultNewFlowsPerIP, maxLimit},
+		{"NewFlowsPerSecond", &c.NewFlowsPerSecond, DefaultNewFlowsPerSecond, 1<<32 - 1},
+	} {
+		switch {
+		case *l.v < 0 || *l.v > l.max:
+			errs = append(errs, fmt.Errorf("relay: %s is %d; use 0 for the default %d, or 1 to %d", l.name, *l.v, l.def, l.max))
+		case *l.v == 0:
+			*l.v = l.def
+		}
+	}
 	switch {
 	case c.Batch < 0 || c.Batch > maxBatch:
 		errs = append(errs, fmt.Errorf("relay: Batch is %d; use 0 for the default %d, or 1 to %d", c.Batch, DefaultBatch, maxBatch))
 	case c.Batch == 0:
 		c.Batch = DefaultBatch
+	}
+	c.trustedIngress = c.trustedIngress[:0]
+	for _, p := range c.TrustedIngress {
+		pfx, err := netip.ParsePrefix(p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("relay: TrustedIngress entry %q is not a CIDR prefix such as 192.0.2.0/24", p))
+			continue
+		}
+		c.trustedIngress = append(c.trustedIngress, pfx.Masked())
 	}
 	return errors.Join(errs...)
 }
@@ -212,6 +260,7 @@ func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *s
 		epoch:   time.Now(),
 		flows:   newFlowTable(cfg.MaxFlows),
 	}
+	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowsPerSecond)
 	r.collector = newCollector(r)
 	return r, nil
 }
@@ -311,37 +360,48 @@ func (r *Relay) mono(now time.Time) int64 { return int64(now.Sub(r.epoch)) }
 // the payload (no copy) and out is the header plus payload, to be sent from
 // the internal socket to to. from must be canonical (unmapped).
 func (r *Relay) handlePublic(from netip.AddrPort, buf []byte, now time.Time) (to netip.AddrPort, out []byte, drop DropReason) {
-	pkt := buf[hop.MaxHeaderLen:]
+	if pkt := buf[hop.MaxHeaderLen:]; len(pkt) > 0 && pkt[0] == hop.Magic && len(r.cfg.trustedIngress) > 0 {
+		return r.handleFromIngress(from, pkt, now)
+	}
+	return r.fromClient(from, netip.AddrPort{}, buf, hop.MaxHeaderLen, now)
+}
+
+// fromClient forwards client datagram buf[off:] from client, which arrived
+// directly (via invalid) or through the Global Relay via. On forward the
+// hop header for client is written just before off, which must leave room
+// for it, and out is the header plus payload.
+func (r *Relay) fromClient(client, via netip.AddrPort, buf []byte, off int, now time.Time) (to netip.AddrPort, out []byte, drop DropReason) {
+	pkt := buf[off:]
 	kind := stunpeek.Classify(pkt)
 	if kind == stunpeek.KindOther {
 		return to, nil, DropUnknownFirstByte
 	}
 	t := r.mono(now)
-	to, hit := r.flows.touch(from, t)
+	to, hit := r.flows.touch(client, t)
 	switch {
 	case !hit && kind != stunpeek.KindSTUN:
 		return to, nil, DropNotSTUNOnMiss
 	case !hit:
-		if to, drop = r.admit(from, pkt, now, t); drop != dropNone {
+		if to, drop = r.admit(client, via, pkt, now, t); drop != dropNone {
 			return to, nil, drop
 		}
 	case kind == stunpeek.KindSTUN:
-		to = r.restart(from, pkt, to, now, t)
+		to = r.restart(client, via, pkt, to, now, t)
 		fallthrough
 	default:
 		if !r.members.Contains(to) {
 			return netip.AddrPort{}, nil, DropTransceiverGone
 		}
 	}
-	start := hop.MaxHeaderLen - hop.HeaderLen(from.Addr())
-	hop.PutHeader(buf[start:], hop.TypeData, from)
+	start := off - hop.HeaderLen(client.Addr())
+	hop.PutHeader(buf[start:], hop.TypeData, client)
 	return to, buf[start:], dropNone
 }
 
 // admit is the first-packet path for STUN from a client without a flow:
 // peek the Binding request's USERNAME, open the token in its server ufrag,
 // check cluster and membership, and create a pending flow.
-func (r *Relay) admit(from netip.AddrPort, pkt []byte, now time.Time, t int64) (netip.AddrPort, DropReason) {
+func (r *Relay) admit(from, via netip.AddrPort, pkt []byte, now time.Time, t int64) (netip.AddrPort, DropReason) {
 	user, res := stunpeek.PeekBindingRequest(pkt)
 	switch res {
 	case stunpeek.OK:
@@ -362,7 +422,7 @@ func (r *Relay) admit(from netip.AddrPort, pkt []byte, now time.Time, t int64) (
 	if drop != dropNone {
 		return netip.AddrPort{}, drop
 	}
-	if drop := r.flows.upsert(from, dst, tr, ufrag, t); drop != dropNone {
+	if drop := r.flows.upsertVia(from, dst, via, tr, ufrag, t); drop != dropNone {
 		return netip.AddrPort{}, drop
 	}
 	return dst, dropNone
@@ -374,7 +434,7 @@ func (r *Relay) admit(from netip.AddrPort, pkt []byte, now time.Time, t int64) (
 // to another transceiver) and returns the new destination. Anything else
 // (consent checks with the same ufrag, malformed STUN, an invalid new token)
 // rides the existing flow unchanged: an invalid token never changes a flow.
-func (r *Relay) restart(from netip.AddrPort, pkt []byte, dst netip.AddrPort, now time.Time, t int64) netip.AddrPort {
+func (r *Relay) restart(from, via netip.AddrPort, pkt []byte, dst netip.AddrPort, now time.Time, t int64) netip.AddrPort {
 	user, ok := stunpeek.BindingRequestUsername(pkt)
 	if !ok {
 		return dst
@@ -384,7 +444,7 @@ func (r *Relay) restart(from netip.AddrPort, pkt []byte, dst netip.AddrPort, now
 		return dst
 	}
 	ndst, tr, drop := r.route(ufrag, now)
-	if drop != dropNone || r.flows.upsert(from, ndst, tr, ufrag, t) != dropNone {
+	if drop != dropNone || r.flows.upsertVia(from, ndst, via, tr, ufrag, t) != dropNone {
 		return dst
 	}
 	return ndst
@@ -403,6 +463,14 @@ func (r *Relay) route(ufrag []byte, now time.Time) (netip.AddrPort, uint32, Drop
 		return netip.AddrPort{}, 0, DropTokenExpired
 	default:
 		return netip.AddrPort{}, 0, DropTokenMalformed
+	}
+	if r.cfg.Ingress {
+		// A Global Relay: the table maps cluster ids to cluster relays.
+		dst, ok := r.members.Lookup(uint32(c.Cluster))
+		if !ok {
+			return netip.AddrPort{}, 0, DropUnknownCluster
+		}
+		return dst, uint32(c.Cluster), dropNone
 	}
 	if c.Cluster != r.cfg.Cluster {
 		return netip.AddrPort{}, 0, DropWrongCluster
@@ -428,8 +496,14 @@ func (r *Relay) handleInternal(from netip.AddrPort, b []byte, now time.Time) (to
 	if len(payload) == 0 {
 		return to, nil, DropInternalEmptyPayload
 	}
-	if drop = r.flows.reply(client, from, r.mono(now)); drop != dropNone {
+	via, drop := r.flows.reply(client, from, r.mono(now))
+	if drop != dropNone {
 		return to, nil, drop
+	}
+	if via.IsValid() {
+		// The client is behind a Global Relay: send it the datagram as
+		// it came, header naming the client and all.
+		return via, b, dropNone
 	}
 	return client, payload, dropNone
 }
