@@ -7,7 +7,8 @@
 #   docker run --rm switchboard relay -h
 #
 # `switchboard call` encodes Opus through libopus (cgo), so the binary is
-# built with cgo and linked statically against Debian's libopus.a; the
+# built with cgo and linked statically against Debian's libopus.a (and
+# libm, which it needs); the
 # nolibopusfile tag leaves out the Ogg-file reader, which nothing uses.
 # netgo and osusergo keep glibc's resolver and user lookup (which cannot be
 # linked statically) out of the binary.
@@ -25,7 +26,7 @@ COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=1 go build -trimpath -buildvcs=false \
       -tags 'nolibopusfile netgo osusergo' \
-      -ldflags "-s -w -linkmode external -extldflags '-static'" \
+      -ldflags "-s -w -linkmode external -extldflags '-static -lm'" \
       -o /out/switchboard ./cmd/switchboard \
  && /out/switchboard -h 2>&1 | grep -q 'Commands:' \
  && ! ldd /out/switchboard >/dev/null 2>&1
