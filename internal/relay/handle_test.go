@@ -396,7 +396,9 @@ func TestDropReasonNames(t *testing.T) {
 }
 
 func TestHandlersAllocateNothing(t *testing.T) {
-	f := newFixture(t, Config{})
+	// Limits high enough for one source to open a flow per iteration; the
+	// limiter still runs on every first packet.
+	f := newFixture(t, Config{NewFlowsPerIP: maxLimit, NewFlowsPerSecond: 1<<32 - 1})
 	bind := f.good(7)
 	buf := make([]byte, hop.MaxHeaderLen+1500)
 	load := func(pkt []byte) []byte { return buf[:hop.MaxHeaderLen+copy(buf[hop.MaxHeaderLen:], pkt)] }
@@ -463,7 +465,9 @@ func BenchmarkHandleInternal(b *testing.B) {
 }
 
 func BenchmarkFirstPacket(b *testing.B) {
-	f := newFixture(b, Config{})
+	// Limits high enough for one source to open a flow per iteration; the
+	// limiter still runs on every first packet.
+	f := newFixture(b, Config{NewFlowsPerIP: maxLimit, NewFlowsPerSecond: 1<<32 - 1})
 	bind := f.good(7)
 	buf := make([]byte, hop.MaxHeaderLen+len(bind))
 	b.ReportAllocs()
