@@ -6,20 +6,26 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
+	"time"
 
 	"github.com/switchboard-rtc/switchboard/bench"
+	"github.com/switchboard-rtc/switchboard/internal/setupbench"
 )
 
 // runBench is `switchboard bench relay` (the benchmark, docs/benchmarks.md)
 // and `switchboard bench serve` (one system under test, started by the
 // benchmark as a pinned child process).
 func runBench(ctx context.Context, args []string, stdout io.Writer) error {
-	if len(args) == 0 || (args[0] != "relay" && args[0] != "serve") {
-		fmt.Fprintln(os.Stderr, "usage: switchboard bench relay [-quick] [-runs N] [-systems list]\n       switchboard bench serve ... (internal: a system under test)")
+	if len(args) == 0 || (args[0] != "relay" && args[0] != "serve" && args[0] != "setup") {
+		fmt.Fprintln(os.Stderr, "usage: switchboard bench relay [-quick] [-runs N] [-systems list]\n       switchboard bench setup [-rtt 50ms] [-runs N] [-paths list]\n       switchboard bench serve ... (internal: a system under test)")
 		return flag.ErrHelp
+	}
+	if args[0] == "setup" {
+		return runBenchSetup(ctx, args[1:], stdout)
 	}
 	if args[0] == "serve" {
 		return bench.Serve(ctx, args[1:], stdout)
@@ -52,4 +58,33 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	opt.Serve = func(a []string) *exec.Cmd { return exec.Command(exe, append([]string{"bench", "serve"}, a...)...) }
 	opt.Log = os.Stderr
 	return bench.Run(ctx, opt, stdout)
+}
+
+// runBenchSetup is `switchboard bench setup`: call setup time, POST to first
+// audio at the backend, over direct, relay, Global Relay and TURN paths
+// with an added round-trip time (internal/setupbench).
+func runBenchSetup(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("bench setup", flag.ContinueOnError)
+	rtt := fs.Duration("rtt", 50*time.Millisecond, "round-trip time added between client and server (half each way)")
+	runs := fs.Int("runs", 10, "calls per path and DTLS role (median)")
+	paths := fs.String("paths", "", "comma-separated paths: direct, relay, global, turn (default all)")
+	roles := fs.String("roles", "", "comma-separated transceiver DTLS roles: client, server (default both)")
+	skipHVR := fs.Bool("client-skip-hello-verify", false, "the client, as DTLS server, sends no HelloVerifyRequest (as browsers)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	opts := setupbench.Options{RTT: *rtt, Runs: *runs, ClientSkipHelloVerify: *skipHVR,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	if *paths != "" {
+		opts.Paths = strings.Split(*paths, ",")
+	}
+	if *roles != "" {
+		opts.DTLSRoles = strings.Split(*roles, ",")
+	}
+	res, err := setupbench.Run(ctx, opts)
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(stdout, setupbench.Markdown(res, opts))
+	return err
 }

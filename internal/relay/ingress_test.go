@@ -20,7 +20,9 @@ var (
 // the Global Relay, header and all.
 func TestClusterRelayFromIngress(t *testing.T) {
 	f := newFixture(t, Config{TrustedIngress: []string{"192.0.2.0/24"}})
-	framed := func(client netip.AddrPort, p []byte) []byte { return append(hop.AppendHeader(nil, hop.TypeData, client), p...) }
+	framed := func(client netip.AddrPort, p []byte) []byte {
+		return append(hop.AppendHeader(nil, hop.TypeData, client), p...)
+	}
 	rtp := []byte{0x80, 111, 0, 1, 0, 0, 0, 1}
 
 	tests := []struct {

@@ -18,7 +18,7 @@ const (
 	PathDirect = "direct"
 	PathRelay  = "relay"
 	PathTURN   = "turn"
-	PathGlobal = "global" // the Global Relay data plane; not built yet
+	PathGlobal = "global" // Global Relay, then the cluster relay
 )
 
 // DTLS roles of the transceiver (transceiver.Config.DTLSRole).
@@ -47,8 +47,8 @@ type Options struct {
 	// Runs is the number of recorded calls per path and DTLS role (after
 	// one warm-up call). Default 10.
 	Runs int
-	// Paths to measure, in order; default "direct", "relay", "turn".
-	// "global" is accepted and reported as not built yet.
+	// Paths to measure, in order; default "direct", "relay", "global",
+	// "turn".
 	Paths []string
 	// Logger receives progress at info, per-call detail at debug and
 	// failures at warn; nil discards. The stacks' own logs go to it at
@@ -84,7 +84,7 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("%w: Runs %d is negative", ErrOptions, o.Runs)
 	}
 	if len(o.Paths) == 0 {
-		o.Paths = []string{PathDirect, PathRelay, PathTURN}
+		o.Paths = []string{PathDirect, PathRelay, PathGlobal, PathTURN}
 	}
 	for _, p := range o.Paths {
 		if !slices.Contains([]string{PathDirect, PathRelay, PathTURN, PathGlobal}, p) {

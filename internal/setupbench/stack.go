@@ -105,7 +105,42 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 	var note string
 	switch path {
 	case PathGlobal:
-		return nil, "not built yet: the Global Relay data plane (issue 6, ingress mode) does not exist; add it here when it does", nil
+		// Client ⇄ (RTT/2) ⇄ Global Relay ⇄ cluster relay ⇄ transceiver,
+		// the last two hops on loopback (the Global Relay is near the user).
+		members, clusters := &membership.Table{}, &membership.Table{}
+		global, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Ingress: true, Workers: 1}, e.keys, clusters, nil, e.log)
+		if err != nil {
+			return nil, "", err
+		}
+		e.defer_(func() { _ = global.Close() })
+		rly, err := relay.New(relay.Config{
+			PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: cluster, Workers: 1,
+			TrustedIngress: []string{netip.PrefixFrom(global.InternalAddr().Addr(), 32).String()},
+		}, e.keys, members, nil, e.log)
+		if err != nil {
+			return nil, "", err
+		}
+		e.defer_(func() { _ = rly.Close() })
+		if err := clusters.Set(map[uint32]netip.AddrPort{uint32(cluster): rly.PublicAddr()}); err != nil {
+			return nil, "", err
+		}
+		px, err := impair.NewUDP("127.0.0.1:0", global.PublicAddr(), delay, 1)
+		if err != nil {
+			return nil, "", err
+		}
+		e.defer_(func() { _ = px.Close() })
+		cfg.ListenAddr = "127.0.0.1:0"
+		cfg.Advertise = px.Addr().String()
+		cfg.AllowRelays = []string{netip.PrefixFrom(rly.InternalAddr().Addr(), 32).String()}
+		trx, err := e.newTransceiver(cfg)
+		if err != nil {
+			return nil, "", err
+		}
+		if err := members.Set(map[uint32]netip.AddrPort{id: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
+			return nil, "", err
+		}
+		st.url, err = e.signaling(trx)
+		return st, "Global Relay in front of the cluster relay", err
 
 	case PathDirect:
 		// The proxy must exist before the transceiver (its address is
