@@ -125,7 +125,7 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 		return err
 	}
 	reg := newRegistry()
-	members, stopMembers, err := relayMembership(ctx, cfg.Source, cfg.Members, reg, log)
+	members, stopMembers, err := relayMembership(ctx, cfg.Source, cfg.Members, cfg.Relay.Cluster, reg, log)
 	if err != nil {
 		return err
 	}
@@ -298,6 +298,17 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&opts.Timeout, "timeout", 0, "bound on the whole call (0 = audio length + 15s)")
 	fs.StringVar(&opts.AuthToken, "token", "", "bearer token for signaling")
 	fs.BoolVar(&opts.IPv4Only, "ipv4", false, "gather IPv4 candidates only")
+	fs.Func("header", `extra "Name: value" header on the POST and the DELETE (repeatable), e.g. a region header a CDN would set`, func(v string) error {
+		name, value, ok := strings.Cut(v, ":")
+		if name = strings.TrimSpace(name); !ok || name == "" {
+			return errors.New(`want "Name: value"`)
+		}
+		if opts.Header == nil {
+			opts.Header = http.Header{}
+		}
+		opts.Header.Add(name, strings.TrimSpace(value))
+		return nil
+	})
 	// Accept the URL before or after the flags.
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		opts.URL, args = args[0], args[1:]

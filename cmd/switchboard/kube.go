@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -22,6 +23,7 @@ import (
 const (
 	membershipStatic     = "static"
 	membershipKubernetes = "kubernetes"
+	membershipRedis      = "redis"
 )
 
 // kubeSyncTimeout bounds the wait for the first list of EndpointSlices at
@@ -40,22 +42,24 @@ type MembershipConfig struct {
 	Service    string `yaml:"kube_service"`
 	PortName   string `yaml:"kube_port"`
 	IDOffset   uint   `yaml:"kube_id_offset"`
+	Redis      string `yaml:"redis"`
 }
 
 func (m *MembershipConfig) register(fs *flag.FlagSet) {
-	fs.StringVar(&m.Source, "membership", membershipStatic, "membership source: static (-members) or kubernetes (EndpointSlices of -kube-service)")
+	fs.StringVar(&m.Source, "membership", membershipStatic, "membership source: static (-members), kubernetes (EndpointSlices of -kube-service) or redis (transceivers registered with -redis)")
 	fs.StringVar(&m.Kubeconfig, "kubeconfig", "", "kubeconfig file for -membership kubernetes (empty: the in-cluster service account)")
 	fs.StringVar(&m.Namespace, "kube-namespace", "", "namespace of -kube-service (empty: the pod's own namespace)")
 	fs.StringVar(&m.Service, "kube-service", "", "headless Service of the transceiver StatefulSet, for -membership kubernetes")
 	fs.StringVar(&m.PortName, "kube-port", membership.DefaultKubePortName, "name of the internal-hop UDP port in that Service")
 	fs.UintVar(&m.IDOffset, "kube-id-offset", 0, "transceiver id = pod ordinal + this offset")
+	fs.StringVar(&m.Redis, "redis", "", "Redis host:port of the membership registry, for -membership redis")
 }
 
 // relayMembership builds the relay's membership table from the configured
 // source. With kubernetes it waits for the first complete membership and
 // keeps the table current in the background until the returned stop
 // function is called.
-func relayMembership(ctx context.Context, m MembershipConfig, static string, reg prometheus.Registerer, log *slog.Logger) (*membership.Table, func(), error) {
+func relayMembership(ctx context.Context, m MembershipConfig, static string, cluster uint16, reg prometheus.Registerer, log *slog.Logger) (*membership.Table, func(), error) {
 	switch m.Source {
 	case membershipStatic, "":
 		entries, err := membership.Static(static)
@@ -71,9 +75,11 @@ func relayMembership(ctx context.Context, m MembershipConfig, static string, reg
 		}
 		registerMembers(reg, t, membershipStatic)
 		return t, func() {}, nil
+	case membershipRedis:
+		return redisMembership(ctx, m, static, cluster, reg, log)
 	case membershipKubernetes:
 	default:
-		return nil, nil, fmt.Errorf("-membership %q: want static or kubernetes", m.Source)
+		return nil, nil, fmt.Errorf("-membership %q: want static, kubernetes or redis", m.Source)
 	}
 	if static != "" {
 		return nil, nil, errors.New("-members and -membership kubernetes exclude each other: drop -members")
@@ -138,4 +144,38 @@ func registerMembers(reg prometheus.Registerer, t *membership.Table, source stri
 		Help:        "Transceivers in the relay's membership table.",
 		ConstLabels: prometheus.Labels{"source": source},
 	}, func() float64 { return float64(t.Len()) }))
+}
+
+// redisMembership fills the table from the Redis registry of cluster and
+// keeps it current in the background. A Redis that is down at start-up is
+// not fatal: the table starts empty (or from -members, if given) and fills
+// once Redis answers.
+func redisMembership(ctx context.Context, m MembershipConfig, static string, cluster uint16, reg prometheus.Registerer, log *slog.Logger) (*membership.Table, func(), error) {
+	if m.Redis == "" {
+		return nil, nil, errors.New("-membership redis needs -redis host:port")
+	}
+	t := new(membership.Table)
+	if static != "" {
+		entries, err := membership.Static(static)
+		if err != nil {
+			return nil, nil, fmt.Errorf("-members: %w", err)
+		}
+		if err := t.Set(entries); err != nil {
+			return nil, nil, fmt.Errorf("-members: %w", err)
+		}
+	}
+	client := redis.NewClient(&redis.Options{Addr: m.Redis})
+	w, err := membership.WatchRedis(ctx, client, cluster, t, 0, log)
+	if err != nil {
+		log.Warn("membership registry unreachable at start; retrying in the background", "redis", m.Redis, "err", err)
+	}
+	registerMembers(reg, t, membershipRedis)
+	if reg != nil {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "switchboard_relay_membership_read_failures_total",
+			Help: "Reads of the Redis membership registry that failed; the relay keeps its last table meanwhile.",
+		}, func() float64 { return float64(w.Failures.Load()) }))
+	}
+	log.Info("membership from redis", "redis", m.Redis, "cluster", cluster, "members", t.Len())
+	return t, func() { _ = w.Close(); _ = client.Close() }, nil
 }

@@ -29,7 +29,8 @@ func TestRelayMembership(t *testing.T) {
 		{"default is static", MembershipConfig{}, "1=127.0.0.1:4000", "", 1},
 		{"static empty", MembershipConfig{Source: "static"}, "", "-members is empty", 0},
 		{"static invalid", MembershipConfig{Source: "static"}, "1=localhost:4000", "-members: membership: invalid entry", 0},
-		{"unknown source", MembershipConfig{Source: "redis"}, "", `-membership "redis": want static or kubernetes`, 0},
+		{"unknown source", MembershipConfig{Source: "etcd"}, "", `-membership "etcd": want static, kubernetes or redis`, 0},
+		{"redis without address", MembershipConfig{Source: "redis"}, "", "-membership redis needs -redis", 0},
 		{"kubernetes with members", MembershipConfig{Source: "kubernetes"}, "1=127.0.0.1:4000", "exclude each other", 0},
 		{"kubernetes bad kubeconfig", MembershipConfig{Source: "kubernetes", Namespace: "ns", Service: "s", Kubeconfig: badKubeconfig}, "", "-membership kubernetes:", 0},
 		{"kubernetes outside a cluster", MembershipConfig{Source: "kubernetes", Namespace: "ns", Service: "s"}, "", "-membership kubernetes:", 0},
@@ -38,7 +39,7 @@ func TestRelayMembership(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("KUBERNETES_SERVICE_HOST", "")
 			reg := prometheus.NewRegistry()
-			tab, stop, err := relayMembership(t.Context(), tt.m, tt.static, reg, log)
+			tab, stop, err := relayMembership(t.Context(), tt.m, tt.static, 1, reg, log)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)

@@ -142,13 +142,47 @@ func TestSeparateProcesses(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
+	t.Run("static membership", func(t *testing.T) { separateProcesses(t, bin, "") })
+	t.Run("redis membership", func(t *testing.T) { separateProcesses(t, bin, startRedis(t)) })
+}
+
+// startRedis runs redis-server on a free loopback port; it is skipped
+// without redis-server, except in CI.
+func startRedis(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("redis-server is not installed; in CI it must be (scripts/deps.sh)")
+		}
+		t.Skip("redis-server not installed")
+	}
+	addr := freeTCP(t)
+	_, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return addr
+}
+
+// separateProcesses runs the parts as processes; with redisAddr the relay
+// learns the transceiver from the Redis registry instead of -members.
+func separateProcesses(t *testing.T, bin, redisAddr string) {
 	key := "c3dpdGNoYm9hcmQtdGVzdC1mbGVldC1rZXktMzItYnl0ZXM="
 	agentHTTP, trxHTTP, relayOps := freeTCP(t), freeTCP(t), freeTCP(t)
 	public, internal, trxHop := freeUDP(t), freeUDP(t), freeUDP(t)
 
 	relayYAML := filepath.Join(t.TempDir(), "relay.yaml")
+	members := "members: 7=" + trxHop
+	var trxExtra []string
+	if redisAddr != "" {
+		members = "membership: redis\nredis: " + redisAddr
+		trxExtra = []string{"-redis", redisAddr}
+	}
 	if err := os.WriteFile(relayYAML, []byte(fmt.Sprintf(
-		"public_addr: %s\ninternal_addr: %s\nmembers: 7=%s\nworkers: 2\n", public, internal, trxHop)), 0o600); err != nil {
+		"public_addr: %s\ninternal_addr: %s\n%s\nworkers: 2\n", public, internal, members)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -175,8 +209,8 @@ func TestSeparateProcesses(t *testing.T) {
 		}
 	}()
 	start(nil, "agent", "-listen", agentHTTP)
-	start([]string{"SWITCHBOARD_TOKEN_KEY=" + key}, "transceiver", "-id", "7", "-listen", trxHop,
-		"-advertise", public, "-backend", "ws://"+agentHTTP+"/v1/bridge", "-http", trxHTTP)
+	start([]string{"SWITCHBOARD_TOKEN_KEY=" + key}, append([]string{"transceiver", "-id", "7", "-listen", trxHop,
+		"-advertise", public, "-backend", "ws://" + agentHTTP + "/v1/bridge", "-http", trxHTTP}, trxExtra...)...)
 	start([]string{"SWITCHBOARD_TOKEN_KEY=" + key}, "relay", "-config", relayYAML, "-metrics", relayOps)
 	waitHTTP(t, "http://"+agentHTTP+"/live")
 	waitHTTP(t, "http://"+trxHTTP+"/live")
