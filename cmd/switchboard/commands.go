@@ -16,7 +16,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
@@ -136,23 +135,20 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	defer r.Close()
 	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "members", members.Len())
-	return serveOps(ctx, cfg.Metrics, reg, nil, log)
+	return serveOps(ctx, cfg.Metrics, reg, cfg.Log.Pprof, log)
 }
 
 // serveOps serves /metrics, /live and /ready on addr until ctx ends, or
 // just waits if addr is empty.
-func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, extra http.Handler, log *slog.Logger) error {
+func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofOn bool, log *slog.Logger) error {
 	if addr == "" {
 		<-ctx.Done()
 		return nil
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	handleOps(mux, reg, pprofOn)
 	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	if extra != nil {
-		mux.Handle("/", extra)
-	}
 	return serveHTTP(ctx, addr, mux, log)
 }
 
@@ -244,7 +240,7 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 		defer registration.Close()
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	handleOps(mux, reg, cfg.Log.Pprof)
 	mux.Handle("/", t.Handler())
 	// Keep serving while draining, so that /ready fails and offers get 503.
 	httpCtx, stopHTTP := context.WithCancel(context.Background())

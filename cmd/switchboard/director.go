@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/http"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/switchboard-rtc/switchboard/internal/director"
 )
 
@@ -43,7 +41,7 @@ func runDirector(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	reg := newRegistry()
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	handleOps(mux, reg, cfg.Log.Pprof)
 	mux.Handle("/", d.Handler())
 	return serveHTTP(ctx, cfg.Listen, mux, log)
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pion/stun/v4"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
@@ -32,6 +33,7 @@ const speech = "../../testdata/speech.wav"
 // stack is one relay, one transceiver and one echo agent, wired as in
 // production but on loopback.
 type stack struct {
+	reg       *prometheus.Registry // the transceiver's metrics
 	relay     *relay.Relay
 	trx       *transceiver.Server
 	signaling *httptest.Server
@@ -54,6 +56,7 @@ func startStackWithLog(t *testing.T, trxID uint32, log *slog.Logger) *stack {
 	t.Cleanup(backend.Close)
 
 	members := &membership.Table{}
+	reg := prometheus.NewRegistry()
 	rly, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: 4, Workers: 2}, keys, members, nil, log)
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +70,7 @@ func startStackWithLog(t *testing.T, trxID uint32, log *slog.Logger) *stack {
 		Advertise:   rly.PublicAddr().String(),
 		AllowRelays: []string{netip.PrefixFrom(internal, 32).String()},
 		BackendURL:  "ws" + strings.TrimPrefix(backend.URL, "http") + "/v1/bridge",
-	}, keys, nil, log)
+	}, keys, reg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +80,7 @@ func startStackWithLog(t *testing.T, trxID uint32, log *slog.Logger) *stack {
 	}
 	sig := httptest.NewServer(trx.Handler())
 	t.Cleanup(sig.Close)
-	return &stack{relay: rly, trx: trx, signaling: sig}
+	return &stack{reg: reg, relay: rly, trx: trx, signaling: sig}
 }
 
 // TestCallThroughRelay sends speech as Opus from a Pion client through the
@@ -139,6 +142,24 @@ func TestCallThroughRelay(t *testing.T) {
 	if rs.ToClientPackets < uint64(report.PacketsReceived) {
 		t.Fatalf("relay sent %d packets to clients, client received %d audio packets", rs.ToClientPackets, report.PacketsReceived)
 	}
+
+	// The transceiver measured each setup phase once, and the client's
+	// RTCP receiver reports reached the quality metrics.
+	counts := histogramCounts(t, s.reg)
+	for _, name := range []string{
+		`switchboard_transceiver_setup_seconds{phase="ice"}`,
+		`switchboard_transceiver_setup_seconds{phase="dtls"}`,
+		`switchboard_transceiver_setup_seconds{phase="first_audio"}`,
+		`switchboard_transceiver_bridge_dial_seconds`,
+	} {
+		if counts[name] != 1 {
+			t.Errorf("%s observed %d times, want 1", name, counts[name])
+		}
+	}
+	if counts["switchboard_transceiver_loss_ratio"] == 0 || counts["switchboard_transceiver_jitter_seconds"] == 0 {
+		t.Errorf("no RTCP receiver report reached the quality metrics: %v", counts)
+	}
+	t.Logf("RTT samples from RTCP: %d", counts["switchboard_transceiver_rtt_seconds"])
 
 	// Hanging up ended the session on the transceiver.
 	deadline := time.Now().Add(5 * time.Second)
@@ -203,4 +224,32 @@ func TestDirectMode(t *testing.T) {
 	if err != nil || !report.AudioEchoed || !report.DataChannelEchoed || report.PayloadMismatches != 0 {
 		t.Fatalf("direct call: %v\n%s", err, report)
 	}
+}
+
+// histogramCounts returns the sample count of every histogram in reg, keyed
+// by name and labels as in the exposition format.
+func histogramCounts(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if m.GetHistogram() == nil {
+				continue
+			}
+			name := mf.GetName()
+			if lp := m.GetLabel(); len(lp) > 0 {
+				var parts []string
+				for _, l := range lp {
+					parts = append(parts, l.GetName()+`="`+l.GetValue()+`"`)
+				}
+				name += "{" + strings.Join(parts, ",") + "}"
+			}
+			out[name] = m.GetHistogram().GetSampleCount()
+		}
+	}
+	return out
 }

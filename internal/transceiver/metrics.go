@@ -12,7 +12,25 @@ type metrics struct {
 	eventsDropped   prometheus.Counter
 	signaling       prometheus.Histogram
 	connect         prometheus.Histogram
+	// setup is the time from the offer to each setup phase.
+	setup *prometheus.HistogramVec
+	// setupFailures counts sessions that failed a setup phase, by reason.
+	setupFailures *prometheus.CounterVec
+	// Call quality from the client's RTCP receiver reports (RFC 3550 §6.4.1)
+	// about the audio the transceiver sends.
+	rtt, jitter prometheus.Histogram
+	loss        prometheus.Histogram
+	// Backend bridge.
+	bridgeDial   prometheus.Histogram
+	bridgeErrors *prometheus.CounterVec
 }
+
+// Setup phases, the values of the phase label.
+const (
+	phaseICE        = "ice"         // ICE connected (the client's nomination reached us)
+	phaseDTLS       = "dtls"        // DTLS handshake done
+	phaseFirstAudio = "first_audio" // first client audio packet handed to the backend
+)
 
 // setupBuckets span 1 ms to ~4 s, in seconds.
 var setupBuckets = prometheus.ExponentialBuckets(0.001, 2, 13)
@@ -37,6 +55,39 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		connect: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_connect_seconds", Help: "Time from offer received to ICE and DTLS connected.", Buckets: setupBuckets,
 		}),
+		setup: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_setup_seconds", Help: "Time from offer received to each setup phase: ice, dtls, first_audio (at the backend).", Buckets: setupBuckets,
+		}, []string{"phase"}),
+		setupFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_setup_failures_total", Help: "Sessions that failed during setup, by phase (ice, dtls) and reason (failed, timeout).",
+		}, []string{"phase", "reason"}),
+		rtt: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_rtt_seconds", Help: "Round-trip time to clients, from RTCP receiver reports (LSR/DLSR, RFC 3550 6.4.1).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 12),
+		}),
+		jitter: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_jitter_seconds", Help: "Interarrival jitter clients report for the audio they receive, from RTCP receiver reports.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 10),
+		}),
+		loss: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_loss_ratio", Help: "Fraction of audio packets lost towards clients, per RTCP receiver report.",
+			Buckets: []float64{0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1},
+		}),
+		bridgeDial: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_bridge_dial_seconds", Help: "Time to open a session's backend bridge (WebSocket, hello, session.start).", Buckets: setupBuckets,
+		}),
+		bridgeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_bridge_errors_total", Help: "Backend bridge failures, by operation: dial, send, recv.",
+		}, []string{"op"}),
+	}
+	for _, ph := range []string{phaseICE, phaseDTLS, phaseFirstAudio} {
+		m.setup.WithLabelValues(ph)
+	}
+	for _, f := range [][2]string{{phaseICE, "failed"}, {phaseDTLS, "failed"}, {"connect", "timeout"}} {
+		m.setupFailures.WithLabelValues(f[0], f[1])
+	}
+	for _, op := range []string{"dial", "send", "recv"} {
+		m.bridgeErrors.WithLabelValues(op)
 	}
 	if reg == nil {
 		return m
@@ -47,6 +98,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	hopDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_hop_dropped_total", Help: "Datagrams on the internal-hop socket that were not valid hop datagrams from an allowed relay.",
 	}, func() float64 { st := s.HopStats(); return float64(st.DroppedNotHop + st.DroppedUntrusted) })
-	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect, active, hopDropped)
+	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
+		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, active, hopDropped)
 	return m
 }

@@ -3,7 +3,6 @@ package transceiver
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -13,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pion/rtcp"
 	"github.com/pion/rtp"
 	"github.com/pion/webrtc/v4"
 
@@ -47,6 +47,8 @@ type session struct {
 
 	events    atomic.Pointer[webrtc.DataChannel] // the oai-events channel, once the client opened it
 	connected atomic.Bool
+	// Setup phases reached, each observed once.
+	iceUp, dtlsUp, audioUp atomic.Bool
 	endOnce   sync.Once
 	dropped   atomic.Uint64 // backend messages that could not be delivered to the client
 }
@@ -71,7 +73,13 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 	go func() {
 		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
 		defer dcancel()
+		start := time.Now()
 		be, err := bridge.Dial(dctx, s.cfg.BackendURL, bridge.SessionStart{SessionID: id, Metadata: meta})
+		if err != nil {
+			s.metrics.bridgeErrors.WithLabelValues("dial").Inc()
+		} else {
+			s.metrics.bridgeDial.Observe(time.Since(start).Seconds())
+		}
 		dialed <- dialResult{be, err}
 	}()
 	joined := false
@@ -141,6 +149,8 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 	sess.pc.OnTrack(sess.onTrack)
 	sess.pc.OnDataChannel(sess.onDataChannel)
 	sess.pc.OnConnectionStateChange(sess.onConnectionState)
+	sess.pc.OnICEConnectionStateChange(sess.onICEState)
+	sess.pc.SCTP().Transport().OnStateChange(sess.onDTLSState)
 	go sess.readRTCP(sender)
 	go sess.fromBackend()
 	go sess.watchSetup()
@@ -198,8 +208,14 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 		}
 		f := bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}
 		if err := sess.be.SendAudio(sess.ctx, f); err != nil {
+			if sess.ctx.Err() == nil {
+				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
+			}
 			sess.end(ReasonBackendGone)
 			return
+		}
+		if !sess.audioUp.Swap(true) {
+			sess.srv.metrics.setup.WithLabelValues(phaseFirstAudio).Observe(time.Since(sess.created).Seconds())
 		}
 	}
 }
@@ -215,6 +231,9 @@ func (sess *session) onDataChannel(dc *webrtc.DataChannel) {
 	sess.events.Store(dc)
 	dc.OnMessage(func(m webrtc.DataChannelMessage) {
 		if err := sess.be.SendEvent(sess.ctx, m.Data); err != nil {
+			if sess.ctx.Err() == nil {
+				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
+			}
 			sess.end(ReasonBackendGone)
 		}
 	})
@@ -234,15 +253,85 @@ func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
 	}
 }
 
-// readRTCP drains RTCP from the sender so that interceptors see it.
+func (sess *session) onICEState(st webrtc.ICEConnectionState) {
+	switch st {
+	case webrtc.ICEConnectionStateConnected:
+		if !sess.iceUp.Swap(true) {
+			sess.srv.metrics.setup.WithLabelValues(phaseICE).Observe(time.Since(sess.created).Seconds())
+		}
+	case webrtc.ICEConnectionStateFailed:
+		if !sess.connected.Load() {
+			sess.srv.metrics.setupFailures.WithLabelValues(phaseICE, "failed").Inc()
+		}
+	}
+}
+
+func (sess *session) onDTLSState(st webrtc.DTLSTransportState) {
+	switch st {
+	case webrtc.DTLSTransportStateConnected:
+		if !sess.dtlsUp.Swap(true) {
+			sess.srv.metrics.setup.WithLabelValues(phaseDTLS).Observe(time.Since(sess.created).Seconds())
+		}
+	case webrtc.DTLSTransportStateFailed:
+		if !sess.dtlsUp.Load() {
+			sess.srv.metrics.setupFailures.WithLabelValues(phaseDTLS, "failed").Inc()
+		}
+	}
+}
+
+// readRTCP drains RTCP from the sender, so that interceptors see it, and
+// turns the client's receiver reports into call-quality metrics.
 func (sess *session) readRTCP(sender *webrtc.RTPSender) {
 	defer sess.srv.wg.Done()
 	buf := make([]byte, 1500)
 	for {
-		if _, _, err := sender.Read(buf); err != nil {
+		n, _, err := sender.Read(buf)
+		if err != nil {
 			return
 		}
+		pkts, err := rtcp.Unmarshal(buf[:n])
+		if err != nil {
+			continue
+		}
+		now := time.Now()
+		for _, p := range pkts {
+			var reports []rtcp.ReceptionReport
+			switch p := p.(type) {
+			case *rtcp.ReceiverReport:
+				reports = p.Reports
+			case *rtcp.SenderReport:
+				reports = p.Reports
+			}
+			for _, rr := range reports {
+				sess.observeReport(rr, now)
+			}
+		}
 	}
+}
+
+// observeReport records one reception report about our audio: loss,
+// jitter (Opus RTP clock, 48 kHz) and, when it echoes one of our sender
+// reports, the round-trip time A - LSR - DLSR (RFC 3550 §6.4.1), in units
+// of 1/65536 s of the middle 32 bits of NTP time.
+func (sess *session) observeReport(rr rtcp.ReceptionReport, now time.Time) {
+	m := sess.srv.metrics
+	m.loss.Observe(float64(rr.FractionLost) / 256)
+	m.jitter.Observe(float64(rr.Jitter) / float64(opusCodec.ClockRate))
+	if rr.LastSenderReport == 0 {
+		return
+	}
+	rtt := ntpMiddle(now) - rr.LastSenderReport - rr.Delay
+	if rtt < 10<<16 { // a wrapped or bogus value would be huge
+		m.rtt.Observe(float64(rtt) / 65536)
+	}
+}
+
+// ntpMiddle returns the middle 32 bits of t as a 64-bit NTP timestamp.
+func ntpMiddle(t time.Time) uint32 {
+	const ntpEpochOffset = 2208988800 // seconds from 1900 to 1970
+	secs := uint64(t.Unix()) + ntpEpochOffset
+	frac := uint64(t.Nanosecond()) << 32 / 1e9
+	return uint32((secs<<32 | frac) >> 16)
 }
 
 // fromBackend sends backend audio to the client's track and backend
@@ -253,8 +342,9 @@ func (sess *session) fromBackend() {
 	for {
 		m, err := sess.be.Recv(sess.ctx)
 		if err != nil {
-			if !errors.Is(err, context.Canceled) {
+			if sess.ctx.Err() == nil {
 				sess.log.Info("backend bridge closed", "err", err)
+				sess.srv.metrics.bridgeErrors.WithLabelValues("recv").Inc()
 			}
 			go sess.end(ReasonBackendGone)
 			return
@@ -312,6 +402,7 @@ func (sess *session) watchSetup() {
 	select {
 	case <-t.C:
 		if !sess.connected.Load() {
+			sess.srv.metrics.setupFailures.WithLabelValues("connect", "timeout").Inc()
 			sess.log.Info("session did not connect in time", "timeout", sess.srv.cfg.SetupTimeout)
 			sess.end(ReasonSetupTimeout)
 		}
