@@ -103,6 +103,7 @@ type coldSlot struct {
 	tr      atomic.Uint64                // transceiver id
 	ufrag   [token.Len / 8]atomic.Uint64 // server ufrag that created the flow (ICE restart detection)
 	via     [3]atomic.Uint64             // addrKey of the ingress relay the client's traffic arrives through; zero: direct
+	cand    candidate                    // re-point in waiting (restart.go)
 }
 
 // dstConfirmed, in the destination's third word, marks a flow its
@@ -262,30 +263,6 @@ func ufragWords(ufrag []byte) (w [token.Len / 8]uint64, ok bool) {
 	return w, true
 }
 
-// sameUfrag reports whether client's flow exists and was created by ufrag.
-func (t *flowTable) sameUfrag(client netip.AddrPort, ufrag []byte) bool {
-	want, ok := ufragWords(ufrag)
-	if !ok {
-		return false
-	}
-	k := keyOf(client)
-	h := t.hash(&k)
-	tab := t.shardOf(h).tab.Load()
-	for {
-		i, seq, hit := probe(tab, k, h)
-		if !hit {
-			return false
-		}
-		var got [token.Len / 8]uint64
-		for j := range got {
-			got[j] = tab.cold[i].ufrag[j].Load()
-		}
-		if tab.slots[i].seq.Load() == seq {
-			return got == want
-		}
-	}
-}
-
 // reply handles traffic from transceiver from for client: it refreshes the
 // flow if the flow exists and points to from, and confirms it the first time.
 // via is the ingress relay the reply must go back through, invalid when the
@@ -316,7 +293,11 @@ func (t *flowTable) reply(client, from netip.AddrPort, now int64) (via netip.Add
 	}
 	switch {
 	case v.dst != keyOf(from):
-		return via, DropInternalFlowMismatch
+		// Only the transceiver of the flow's candidate may take it over (restart.go).
+		var ok bool
+		if vk, ok = t.promote(k, h, keyOf(from), now); !ok {
+			return via, DropInternalFlowMismatch
+		}
 	case !v.confirmed:
 		t.confirm(k, h, keyOf(from))
 	}
@@ -359,6 +340,7 @@ func (tab *table) write(i uint64, k, dst, via addrKey, tr uint64, created, last 
 		c.via[j].Store(via[j])
 	}
 	sl.last.Store(last)
+	c.cand.clear() // a new or re-pointed flow has no candidate (rehash copies it after)
 	c.created.Store(created)
 	c.tr.Store(tr)
 	for j := range ufrag {
@@ -480,6 +462,7 @@ func (t *flowTable) rehash(s *shard, old *table, need int) *table {
 			uw[x] = c.ufrag[x].Load()
 		}
 		tab.write(j, k, keyWords(&sl.dst), keyWords(&c.via), c.tr.Load(), c.created.Load(), sl.last.Load(), uw)
+		tab.cold[j].cand.copyFrom(&c.cand)
 		tab.live++
 	}
 	s.tab.Store(tab)
@@ -543,7 +526,9 @@ func (t *flowTable) sweep(now int64, pending, idle int64, isMember func(netip.Ad
 			}
 			if dead || !isMember(keyWords(&sl.dst).addrPort()) {
 				t.removeLocked(tab, uint64(i))
+				continue
 			}
+			tab.expireCandidate(i, now, pending)
 		}
 		if uint64(tab.tombs) > (tab.mask+1)/4 {
 			t.rehash(s, tab, tab.live)

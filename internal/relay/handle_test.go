@@ -295,11 +295,18 @@ func TestICERestart(t *testing.T) {
 	if to, _, drop := f.pub(c1, binding(t, mint(t, other, testCluster, 8, f.now)+":x")); to != t7 || drop != dropNone {
 		t.Fatalf("forged restart: (%v, %v), want the existing flow to %v", to, drop, t7)
 	}
-	// A valid token for transceiver 8 moves it, pending again.
+	// A valid token for transceiver 8: its Binding request goes to 8, but the
+	// flow moves only when 8 answers (restart.go); media stays on 7 until then.
 	if to, _, drop := f.pub(c1, f.good(8)); to != t8 || drop != dropNone {
 		t.Fatalf("restart: (%v, %v), want %v", to, drop, t8)
 	}
-	if s := f.r.Stats(); s.Flows != 1 || s.PendingFlows != 1 {
+	if to, _, _ := f.pub(c1, []byte{0x80, 1}); to != t7 {
+		t.Fatal("media moved before the new transceiver answered")
+	}
+	if _, _, drop := f.internal(t8, c1, []byte{1}); drop != dropNone {
+		t.Fatalf("new transceiver's answer: %v", drop)
+	}
+	if s := f.r.Stats(); s.Flows != 1 || s.PendingFlows != 0 {
 		t.Fatalf("stats %+v", s)
 	}
 	if _, _, drop := f.internal(t7, c1, []byte{1}); drop != DropInternalFlowMismatch {

@@ -430,8 +430,10 @@ func (r *Relay) admit(from, via netip.AddrPort, pkt []byte, now time.Time, t int
 
 // restart handles STUN from a client that has a flow towards dst. A Binding
 // request whose server ufrag differs from the one that created the flow and
-// is a valid token for a member re-points the flow (ICE restart, possibly
-// to another transceiver) and returns the new destination. Anything else
+// is a valid token for a member is an ICE restart: for the same transceiver
+// it re-points the flow at once; for another one it becomes the flow's
+// candidate, which the request goes to and which takes the flow over when
+// its transceiver answers (restart.go). Anything else
 // (consent checks with the same ufrag, malformed STUN, an invalid new token)
 // rides the existing flow unchanged: an invalid token never changes a flow.
 func (r *Relay) restart(from, via netip.AddrPort, pkt []byte, dst netip.AddrPort, now time.Time, t int64) netip.AddrPort {
@@ -440,11 +442,26 @@ func (r *Relay) restart(from, via netip.AddrPort, pkt []byte, dst netip.AddrPort
 		return dst
 	}
 	ufrag, ok := stunpeek.ServerUfrag(user)
-	if !ok || r.flows.sameUfrag(from, ufrag) {
+	if !ok {
 		return dst
 	}
+	switch m, cand := r.flows.matchUfrag(from, ufrag); m {
+	case ufragCurrent:
+		return dst
+	case ufragCandidate:
+		return cand
+	}
 	ndst, tr, drop := r.route(ufrag, now)
-	if drop != dropNone || r.flows.upsertVia(from, ndst, via, tr, ufrag, t) != dropNone {
+	switch {
+	case drop != dropNone:
+		return dst
+	case ndst == dst:
+		// Same transceiver: nothing moves, so no confirmation is needed.
+		if r.flows.upsertVia(from, ndst, via, tr, ufrag, t) != dropNone {
+			return dst
+		}
+	case !r.flows.propose(from, ndst, via, tr, ufrag, t):
+		// Another transceiver: only a candidate until it answers (restart.go).
 		return dst
 	}
 	return ndst
