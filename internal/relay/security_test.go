@@ -5,11 +5,20 @@ package relay
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	mrand "math/rand/v2"
+	"net"
 	"net/netip"
+	"os"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/hop"
+	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/stunpeek"
+	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
 var (
@@ -187,4 +196,563 @@ func FuzzHandlers(f *testing.F) {
 			t.Fatalf("sent to %v for client %v", to, client)
 		}
 	})
+}
+
+// firstBytePath is the documented path of a datagram by its first byte
+// (docs/relay.md, RFC 7983 §7), written out independently of stunpeek.
+func firstBytePath(b byte, hasFlow bool) DropReason {
+	switch {
+	case b <= 3: // STUN: on a miss it must parse; garbage is malformed
+		if hasFlow {
+			return dropNone
+		}
+		return DropSTUNMalformed
+	case b >= 20 && b <= 63, b >= 128 && b <= 191: // DTLS, RTP/RTCP
+		if hasFlow {
+			return dropNone
+		}
+		return DropNotSTUNOnMiss
+	}
+	return DropUnknownFirstByte // 4-19 (incl. ZRTP 16-19), 64-127 (incl. TURN channels 64-79), 192-255 (incl. hop magic)
+}
+
+// TestAllFirstBytes sends a datagram with each of the 256 first-byte values
+// from a client with a flow and from one without, and checks that each lands
+// on the documented path; then the same through real sockets, where every
+// datagram must be either forwarded or counted under its reason.
+func TestAllFirstBytes(t *testing.T) {
+	f := newFixture(t, Config{})
+	if _, _, drop := f.pub(c1, f.good(7)); drop != dropNone {
+		t.Fatal(drop)
+	}
+	for b := range 256 {
+		pkt := append([]byte{byte(b)}, bytes.Repeat([]byte{0xEE}, 47)...)
+		for _, tc := range []struct {
+			from    netip.AddrPort
+			hasFlow bool
+		}{{c1, true}, {c4, false}} {
+			to, out, drop := f.pub(tc.from, pkt)
+			want := firstBytePath(byte(b), tc.hasFlow)
+			if drop != want {
+				t.Fatalf("first byte %d (flow %v): %v, want %v", b, tc.hasFlow, drop, want)
+			}
+			if want == dropNone {
+				if _, named, payload, err := hop.ParseHeader(out); to != t7 || err != nil || named != tc.from || !bytes.Equal(payload, pkt) {
+					t.Fatalf("first byte %d: forwarded %x to %v for %v", b, payload, to, named)
+				}
+			}
+		}
+	}
+	if s := f.r.Stats(); s.Flows != 1 {
+		t.Fatalf("%d flows", s.Flows)
+	}
+	// With trusted Global Relays configured, the hop magic from anyone else
+	// is counted apart; from a trusted one it must parse.
+	g := newFixture(t, Config{TrustedIngress: []string{"192.0.2.0/24"}})
+	if _, _, drop := g.pub(c4, []byte{hop.Magic, 0xEE}); drop != DropIngressUntrusted {
+		t.Fatalf("hop magic from an untrusted source: %v", drop)
+	}
+	if _, _, drop := g.pub(ingress, []byte{hop.Magic, 0xEE}); drop != DropIngressBadHeader {
+		t.Fatalf("garbled hop header from a trusted ingress: %v", drop)
+	}
+
+	// Real sockets: 256 datagrams from a client with a flow, 256 from one without.
+	e := newEnv(t, Config{}, nil)
+	withFlow, without := udp(t), udp(t)
+	send(t, withFlow, e.binding(t, 7), e.r.PublicAddr())
+	recv(t, e.tr)
+	var want [NumDropReasons]uint64
+	forwarded := 0
+	for b := range 256 {
+		pkt := append([]byte{byte(b)}, bytes.Repeat([]byte{0xEE}, 47)...)
+		send(t, withFlow, pkt, e.r.PublicAddr())
+		send(t, without, pkt, e.r.PublicAddr())
+		for _, has := range []bool{true, false} {
+			if d := firstBytePath(byte(b), has); d == dropNone {
+				forwarded++
+			} else {
+				want[d]++
+			}
+		}
+	}
+	for range forwarded {
+		got, _ := recv(t, e.tr)
+		if _, named, _, _ := hop.ParseHeader(got); named != addrOf(withFlow) {
+			t.Fatalf("forwarded a datagram of %v", named)
+		}
+	}
+	eventually(t, "every drop counted", func() bool { return e.r.Stats().Dropped() == 512-uint64(forwarded) })
+	s := e.r.Stats()
+	if s.Drops != want {
+		t.Fatalf("drops by reason %v, want %v", s.Drops, want)
+	}
+	if s.ToTransceiverPackets != uint64(forwarded)+1 {
+		t.Fatalf("%d forwarded, want %d", s.ToTransceiverPackets, forwarded+1)
+	}
+	expectNothing(t, without)
+	expectNothing(t, withFlow)
+}
+
+// fullSize reports whether the tests run at the sizes recorded in
+// docs/security.md (SWITCHBOARD_FLOOD_FULL=1) rather than the quick defaults.
+func fullSize() bool { return os.Getenv("SWITCHBOARD_FLOOD_FULL") == "1" }
+
+// badTokens generates Binding requests whose token must never open a flow
+// on a relay of cluster testCluster with members 7 and 8 and keyring
+// (id 1, 0xAA), by category, with the drop each must get (0: any token drop).
+type badTokens struct {
+	keys, forger, retired *token.Keyring
+	now                   time.Time
+	tmpl                  []byte // Binding request with USERNAME "<32 chars>:clnt" at offset 24
+	rng                   *mrand.Rand
+}
+
+var badKinds = []struct {
+	name string
+	want DropReason // dropNone: one of the token drops, depending on the bytes
+}{
+	{"forged", DropTokenForged},
+	{"garbled", dropNone},
+	{"random", dropNone},
+	{"expired", DropTokenExpired},
+	{"wrong key", DropTokenUnknownKey},
+	{"unknown transceiver", DropUnknownTransceiver},
+	{"wrong cluster", DropWrongCluster},
+}
+
+func newBadTokens(tb testing.TB, keys *token.Keyring, now time.Time) *badTokens {
+	g := &badTokens{keys: keys, forger: testKeyring(tb, 1, 0xBB), retired: testKeyring(tb, 9, 0xAA), now: now,
+		rng: mrand.New(mrand.NewPCG(1, 2))}
+	g.tmpl = rawSTUN(0x0001, 0x0006, []byte(mint(tb, keys, testCluster, 7, now)+":clnt"))
+	return g
+}
+
+const iceChars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+// next writes a bad token of kind i into the template and returns it.
+func (g *badTokens) next(i int) []byte {
+	u := g.tmpl[24 : 24+token.Len]
+	seal := func(k *token.Keyring, c token.Claims) {
+		s, err := k.Seal(c, rand.Reader)
+		if err != nil {
+			panic(err)
+		}
+		copy(u, s)
+	}
+	good := token.Claims{Cluster: testCluster, Transceiver: 7, IssuedMinute: token.MinuteOf(g.now)}
+	switch i {
+	case 0:
+		seal(g.forger, good)
+	case 1: // a valid token with 1-3 characters changed
+		seal(g.keys, good)
+		for _, j := range g.rng.Perm(token.Len)[:1+g.rng.IntN(3)] { // distinct positions
+			c := iceChars[g.rng.IntN(len(iceChars))]
+			for c == u[j] {
+				c = iceChars[g.rng.IntN(len(iceChars))]
+			}
+			u[j] = c
+		}
+	case 2:
+		for j := range u {
+			u[j] = iceChars[g.rng.IntN(len(iceChars))]
+		}
+	case 3:
+		c := good
+		c.IssuedMinute = token.MinuteOf(g.now.Add(-3 * time.Hour))
+		seal(g.keys, c)
+	case 4:
+		seal(g.retired, good)
+	case 5:
+		c := good
+		c.Transceiver = 100 + g.rng.Uint32N(1<<31)
+		seal(g.keys, c)
+	case 6:
+		c := good
+		c.Cluster = testCluster + 1 + uint16(g.rng.IntN(1000))
+		seal(g.keys, c)
+	}
+	return g.tmpl
+}
+
+func isTokenDrop(d DropReason) bool {
+	switch d {
+	case DropTokenMalformed, DropTokenForged, DropTokenUnknownKey, DropTokenExpired:
+		return true
+	}
+	return false
+}
+
+// TestBadTokensBulk runs 1,000,000 (SWITCHBOARD_FLOOD_FULL=1; else 100,000)
+// Binding requests with forged, garbled, random, expired, wrong-key,
+// unknown-transceiver and wrong-cluster tokens through handlePublic, each
+// from its own source address: 0 forwarded, 0 flows created.
+func TestBadTokensBulk(t *testing.T) {
+	n := 100_000
+	if fullSize() {
+		n = 1_000_000
+	}
+	f := newFixture(t, Config{})
+	g := newBadTokens(t, f.keys, f.now)
+	var byKind [7][NumDropReasons]int
+	buf := make([]byte, hop.MaxHeaderLen+len(g.tmpl))
+	start := time.Now()
+	for i := range n {
+		kind := i % len(badKinds)
+		copy(buf[hop.MaxHeaderLen:], g.next(kind))
+		from := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), uint16(1024+i%60000))
+		to, out, drop := f.r.handlePublic(from, buf, f.now)
+		if drop == dropNone || out != nil || to.IsValid() {
+			t.Fatalf("request %d (%s) forwarded to %v", i, badKinds[kind].name, to)
+		}
+		byKind[kind][drop]++
+	}
+	elapsed := time.Since(start)
+	s := f.r.Stats()
+	if s.Flows != 0 || s.FlowsCreated != 0 {
+		t.Fatalf("%d flows, %d created", s.Flows, s.FlowsCreated)
+	}
+	for k, kind := range badKinds {
+		for d, c := range byKind[k] {
+			if c == 0 {
+				continue
+			}
+			ok := DropReason(d) == kind.want || (kind.want == dropNone && isTokenDrop(DropReason(d)))
+			if !ok {
+				t.Errorf("%s: %d dropped as %v", kind.name, c, DropReason(d))
+			}
+			t.Logf("%-20s %-20v %d", kind.name, DropReason(d), c)
+		}
+	}
+	t.Logf("%d bad tokens: 0 forwarded, 0 flows, %v (%v per request, token minting included)", n, elapsed, elapsed/time.Duration(n))
+}
+
+// sockKinds are the badKinds the socket tests send: all but "expired", as
+// newEnv's keyring has no MaxAge (TestBadTokensBulk covers expiry).
+var sockKinds = []int{0, 1, 2, 4, 5, 6}
+
+// TestBadTokensSockets is a socket sample of TestBadTokensBulk: 7,000 bad
+// tokens (6 kinds) from 70 client sockets reach neither the transceiver nor any client,
+// and every one is counted.
+func TestBadTokensSockets(t *testing.T) {
+	e := newEnv(t, Config{}, map[uint32]netip.AddrPort{8: netip.MustParseAddrPort("127.0.0.1:4008")})
+	g := newBadTokens(t, e.keys, e.now)
+	clients := make([]*net.UDPConn, 70)
+	for i := range clients {
+		clients[i] = udp(t)
+	}
+	const n = 7000
+	for i := range n {
+		send(t, clients[i%len(clients)], g.next(sockKinds[i%len(sockKinds)]), e.r.PublicAddr())
+		if i%100 == 99 { // stay under the socket buffers: a kernel drop is not the relay's
+			eventually(t, "the relay keeping up", func() bool { return e.r.Stats().Dropped() == uint64(i+1) })
+		}
+	}
+	eventually(t, "every bad token counted", func() bool { return e.r.Stats().Dropped() == n })
+	s := e.r.Stats()
+	if s.Flows != 0 || s.FlowsCreated != 0 || s.ToTransceiverPackets != 0 || s.ToClientPackets != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	expectNothing(t, e.tr)
+	for _, c := range clients[:5] {
+		expectNothing(t, c)
+	}
+}
+
+// TestNoBytesToSourcesWithoutFlow sends everything that might make a server
+// answer from sources without a flow (all 256 first bytes, STUN requests
+// without USERNAME or with bad tokens, TURN Allocate, ChannelData, hop
+// frames), has the member transceiver and a stranger on the internal socket
+// try to reach those sources, and checks that the relay sent 0 bytes to any
+// of them, and that every datagram was counted as a drop.
+func TestNoBytesToSourcesWithoutFlow(t *testing.T) {
+	e := newEnv(t, Config{TrustedIngress: []string{"192.0.2.0/24"}}, nil)
+	g := newBadTokens(t, e.keys, e.now)
+	var srcs []*net.UDPConn
+	for i := range 8 {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 4, byte(1+i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		srcs = append(srcs, c)
+	}
+	var pkts [][]byte
+	for b := range 256 {
+		pkts = append(pkts, append([]byte{byte(b)}, bytes.Repeat([]byte{1}, 63)...))
+	}
+	for i := range 70 {
+		pkts = append(pkts, bytes.Clone(g.next(sockKinds[i%len(sockKinds)])))
+	}
+	pkts = append(pkts,
+		rawSTUN(0x0001, 0x8022, []byte("no username")),               // Binding request a STUN server would answer
+		rawSTUN(0x0003, 0x0019, []byte{17, 0, 0, 0}),                 // TURN Allocate
+		rawSTUN(0x0001, 0x0006, []byte("abcd:efgh")),                 // USERNAME, not a token
+		[]byte{0x40, 0x00, 0x00, 0x04, 1, 2, 3, 4},                   // ChannelData
+		append(hop.AppendHeader(nil, hop.TypeData, c1), 0x80, 1),     // hop frame from an untrusted source
+		append(hop.AppendHeader(nil, hop.TypeData, addrOf(e.tr)), 0), // naming the transceiver
+	)
+	sent := 0
+	for _, c := range srcs {
+		for _, p := range pkts {
+			send(t, c, p, e.r.PublicAddr())
+			sent++
+			if sent%100 == 0 { // stay under the socket buffers: a kernel drop is not the relay's
+				eventually(t, "the relay keeping up", func() bool { return e.r.Stats().Dropped() == uint64(sent) })
+			}
+		}
+	}
+	// The member and a stranger try to reach the sources through the relay.
+	stranger := udp(t)
+	for _, c := range srcs {
+		hdr := hop.AppendHeader(nil, hop.TypeData, addrOf(c))
+		send(t, e.tr, append(bytes.Clone(hdr), 0x01, 0x01, 0, 0), e.r.InternalAddr())
+		send(t, stranger, append(bytes.Clone(hdr), 0x01, 0x01, 0, 0), e.r.InternalAddr())
+		sent += 2
+	}
+	eventually(t, "every datagram counted", func() bool { return e.r.Stats().Dropped() == uint64(sent) })
+	s := e.r.Stats()
+	if s.ToClientPackets != 0 || s.ToClientBytes != 0 || s.ToTransceiverPackets != 0 || s.Flows != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	received := 0
+	for _, c := range srcs {
+		for {
+			b, _, err := tryRecv(c, 20*time.Millisecond)
+			if err != nil {
+				break
+			}
+			received += len(b)
+		}
+	}
+	if received != 0 {
+		t.Fatalf("sources without a flow received %d bytes", received)
+	}
+	t.Logf("%d datagrams from %d sources without a flow: %d bytes sent to them, %d drops counted", sent, len(srcs), received, s.Dropped())
+}
+
+// echoTransceiver answers every datagram from the relay with the same
+// datagram (hop header naming the client, payload unchanged), as a
+// transceiver that echoes media would. It counts datagrams by the client the
+// header names. It stops when c is closed.
+type echoTransceiver struct {
+	c     *net.UDPConn
+	done  chan struct{}
+	mu    sync.Mutex
+	named map[netip.AddrPort]int
+}
+
+func startEcho(t *testing.T, c *net.UDPConn, echo bool) *echoTransceiver {
+	et := &echoTransceiver{c: c, done: make(chan struct{}), named: map[netip.AddrPort]int{}}
+	go func() {
+		defer close(et.done)
+		buf := make([]byte, 4096)
+		for {
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if _, named, _, err := hop.ParseHeader(buf[:n]); err == nil {
+				et.mu.Lock()
+				et.named[named]++
+				et.mu.Unlock()
+			}
+			if echo {
+				_, _ = c.WriteToUDPAddrPort(buf[:n], from)
+			}
+		}
+	}()
+	t.Cleanup(func() { c.Close(); <-et.done })
+	return et
+}
+
+func (et *echoTransceiver) count(a netip.AddrPort) int {
+	et.mu.Lock()
+	defer et.mu.Unlock()
+	return et.named[a]
+}
+
+func mediaPkt(seq uint32) []byte {
+	p := make([]byte, 32)
+	p[0], p[1] = 0x80, 111
+	binary.BigEndian.PutUint32(p[4:], seq)
+	return p
+}
+
+// TestReplayFromSecondAddress: a victim's Binding request (a sniffed,
+// valid ufrag) replayed from other addresses neither redirects nor disturbs
+// the victim's media; the transceiver sees the replays under the replayers'
+// own addresses.
+func TestReplayFromSecondAddress(t *testing.T) {
+	e := newEnv(t, Config{}, nil)
+	et := startEcho(t, e.tr, true)
+	victim := udp(t)
+	req := e.binding(t, 7)
+	send(t, victim, req, e.r.PublicAddr())
+	if got, _ := recv(t, victim); !bytes.Equal(got, req) {
+		t.Fatal("no echo of the Binding request")
+	}
+	var replayers []*net.UDPConn
+	for i := range 5 {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 5, byte(1+i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		replayers = append(replayers, c)
+	}
+	const media = 300
+	for seq := range uint32(media) {
+		send(t, victim, mediaPkt(seq), e.r.PublicAddr())
+		for _, c := range replayers {
+			send(t, c, req, e.r.PublicAddr())
+		}
+		got, from := recv(t, victim)
+		if from != e.r.PublicAddr() || !bytes.Equal(got, mediaPkt(seq)) {
+			t.Fatalf("victim got %x from %v, want its packet %d echoed", got, from, seq)
+		}
+	}
+	if n := et.count(addrOf(victim)); n != media+1 {
+		t.Fatalf("the transceiver got %d datagrams for the victim, want %d", n, media+1)
+	}
+	for _, c := range replayers {
+		if n := et.count(addrOf(c)); n == 0 {
+			t.Fatalf("replays from %v not seen under their own address", addrOf(c))
+		}
+	}
+	if dst, ok := e.r.flows.touch(addrOf(victim), 0); !ok || dst != addrOf(e.tr) {
+		t.Fatalf("victim's flow (%v, %v)", dst, ok)
+	}
+	expectNothing(t, victim)
+}
+
+// TestSpoofedRestart: Binding requests spoofed from the victim's own address
+// with other valid tokens. A token for another transceiver only becomes a
+// candidate: the victim's media keeps its route, and the candidate lapses
+// if its transceiver never answers. A token for the victim's own
+// transceiver changes where nothing goes.
+func TestSpoofedRestart(t *testing.T) {
+	f := newFixture(t, Config{PendingTimeout: time.Second})
+	f.pub(c1, f.good(7))
+	if _, _, drop := f.internal(t7, c1, []byte{1}); drop != dropNone {
+		t.Fatal(drop)
+	}
+	mediaOK := func(when string) {
+		t.Helper()
+		if to, _, drop := f.pub(c1, []byte{0x80, 1}); to != t7 || drop != dropNone {
+			t.Fatalf("%s: victim's media to (%v, %v), want %v", when, to, drop, t7)
+		}
+		if to, _, drop := f.internal(t7, c1, []byte{0x80, 2}); to != c1 || drop != dropNone {
+			t.Fatalf("%s: victim's replies (%v, %v)", when, to, drop)
+		}
+	}
+	sniffed := f.good(8) // another client's session on transceiver 8
+	if to, _, _ := f.pub(c1, sniffed); to != t8 {
+		t.Fatalf("the spoofed request went to %v; only 8 can check its integrity", to)
+	}
+	mediaOK("after a spoofed restart to 8")
+	if s := f.r.Stats(); s.PendingFlows != 0 {
+		t.Fatal("a spoofed restart made the flow pending")
+	}
+	// 8 never answers (the request's MESSAGE-INTEGRITY does not check); the candidate lapses.
+	f.r.sweep(f.now.Add(1500 * time.Millisecond))
+	if _, _, drop := f.internal(t8, c1, []byte{1}); drop != DropInternalFlowMismatch {
+		t.Fatalf("8 after the candidate lapsed: %v", drop)
+	}
+	mediaOK("after the candidate lapsed")
+	// A token for the victim's own transceiver: the route cannot change.
+	f.pub(c1, f.good(7))
+	mediaOK("after a spoofed restart to 7")
+	// The victim's own consent check still rides the flow.
+	if to, _, _ := f.pub(c1, f.good(7)); to != t7 {
+		t.Fatal("consent check")
+	}
+	if s := f.r.Stats(); s.Flows != 1 {
+		t.Fatalf("%d flows", s.Flows)
+	}
+}
+
+// TestICERestartAcrossTransceivers: a real ICE restart to another
+// transceiver over sockets: the new transceiver gets the check, media stays
+// on the old one until the new one answers, then moves.
+func TestICERestartAcrossTransceivers(t *testing.T) {
+	tr8 := udp(t)
+	e := newEnv(t, Config{}, map[uint32]netip.AddrPort{8: addrOf(tr8)})
+	client := udp(t)
+	ca := addrOf(client)
+	hdr := hop.AppendHeader(nil, hop.TypeData, ca)
+	send(t, client, e.binding(t, 7), e.r.PublicAddr())
+	recv(t, e.tr)
+	send(t, e.tr, append(bytes.Clone(hdr), 0x01, 0x01, 0, 0), e.r.InternalAddr())
+	recv(t, client)
+
+	restart := e.binding(t, 8)
+	send(t, client, restart, e.r.PublicAddr())
+	if got, _ := recv(t, tr8); !bytes.Equal(got[len(hdr):], restart) {
+		t.Fatal("the restart check did not reach transceiver 8")
+	}
+	send(t, client, mediaPkt(1), e.r.PublicAddr())
+	if got, _ := recv(t, e.tr); !bytes.Equal(got[len(hdr):], mediaPkt(1)) {
+		t.Fatal("media left transceiver 7 before 8 answered")
+	}
+	send(t, tr8, append(bytes.Clone(hdr), 0x01, 0x01, 0, 0), e.r.InternalAddr()) // 8's Binding success
+	recv(t, client)
+	send(t, client, mediaPkt(2), e.r.PublicAddr())
+	if got, _ := recv(t, tr8); !bytes.Equal(got[len(hdr):], mediaPkt(2)) {
+		t.Fatal("media did not follow the restart")
+	}
+	send(t, e.tr, append(bytes.Clone(hdr), 0x80, 0), e.r.InternalAddr())
+	expectNothing(t, client)
+	eventually(t, "old transceiver's reply counted", func() bool { return e.r.Stats().Drops[DropInternalFlowMismatch] == 1 })
+}
+
+// TestKeyRotationThroughRelay follows docs/token.md's rotation from key A
+// (id 1) to key B (id 2) at the relay: during the rotation (relay: current
+// B, previous A) tokens minted before (by A) and after (by B) both route;
+// after it (relay: B only) A's tokens are dropped as token_unknown_key.
+func TestKeyRotationThroughRelay(t *testing.T) {
+	a := token.Key{ID: 1, Secret: bytes.Repeat([]byte{0xA1}, 32)}
+	b := token.Key{ID: 2, Secret: bytes.Repeat([]byte{0xB2}, 32)}
+	ring := func(cur token.Key, prev ...token.Key) *token.Keyring {
+		k, err := token.NewKeyring(cur, prev...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	now := time.Now()
+	before := mint(t, ring(a), testCluster, 7, now)   // a transceiver before the rotation
+	after := mint(t, ring(b, a), testCluster, 7, now) // a transceiver after step 2
+	members, err := membership.NewTable(map[uint32]netip.AddrPort{7: t7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayWith := func(k *token.Keyring) *Relay {
+		r, err := newRelay(Config{PublicAddr: ":0", InternalAddr: ":0", Cluster: testCluster}, k, members, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	try := func(r *Relay, from netip.AddrPort, ufrag string) DropReason {
+		pkt := binding(t, ufrag+":clnt")
+		buf := append(make([]byte, hop.MaxHeaderLen), pkt...)
+		_, _, drop := r.handlePublic(from, buf, now)
+		return drop
+	}
+	for _, tc := range []struct {
+		step          string
+		r             *Relay
+		before, after DropReason
+	}{
+		{"before (relay A)", relayWith(ring(a)), dropNone, DropTokenUnknownKey},
+		{"during (relay B, previous A)", relayWith(ring(b, a)), dropNone, dropNone},
+		{"after (relay B)", relayWith(ring(b)), DropTokenUnknownKey, dropNone},
+	} {
+		if got := try(tc.r, c1, before); got != tc.before {
+			t.Errorf("%s: token minted before the rotation: %v, want %v", tc.step, got, tc.before)
+		}
+		if got := try(tc.r, c2, after); got != tc.after {
+			t.Errorf("%s: token minted after the rotation: %v, want %v", tc.step, got, tc.after)
+		}
+	}
 }
