@@ -46,6 +46,14 @@ func startStack(t *testing.T, trxID uint32) *stack {
 
 func startStackWithLog(t *testing.T, trxID uint32, log *slog.Logger) *stack {
 	t.Helper()
+	return startStackFront(t, trxID, log, nil)
+}
+
+// startStackFront is startStack with front, if not nil, called with the
+// relay's public address to return the address clients are told to use
+// (a proxy in front of the relay).
+func startStackFront(t *testing.T, trxID uint32, log *slog.Logger, front func(netip.AddrPort) netip.AddrPort) *stack {
+	t.Helper()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	keys, err := token.NewKeyring(token.Key{ID: 1, Secret: secret})
@@ -63,11 +71,15 @@ func startStackWithLog(t *testing.T, trxID uint32, log *slog.Logger) *stack {
 	}
 	t.Cleanup(func() { _ = rly.Close() })
 	internal := rly.InternalAddr().Addr()
+	advertise := rly.PublicAddr()
+	if front != nil {
+		advertise = front(advertise)
+	}
 	trx, err := transceiver.New(transceiver.Config{
 		ID:          trxID,
 		Cluster:     4,
 		ListenAddr:  "127.0.0.1:0",
-		Advertise:   rly.PublicAddr().String(),
+		Advertise:   advertise.String(),
 		AllowRelays: []string{netip.PrefixFrom(internal, 32).String()},
 		BackendURL:  "ws" + strings.TrimPrefix(backend.URL, "http") + "/v1/bridge",
 	}, keys, reg, log)

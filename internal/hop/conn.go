@@ -28,6 +28,9 @@ type ConnStats struct {
 	DroppedUntrusted uint64
 	// DroppedNoRoute counts writes to a client with no known relay.
 	DroppedNoRoute uint64
+	// Latched counts clients that moved to a new address (NAT rebinding)
+	// and were followed after an authenticated Binding request.
+	Latched uint64
 	// Routes is the number of clients with a known relay.
 	Routes int
 }
@@ -69,9 +72,18 @@ type Conn struct {
 	received, sent, droppedNotHop, droppedUntrusted, droppedNoRoute atomic.Uint64
 
 	mu sync.RWMutex
-	// routes maps a client to the relay that last delivered its traffic;
-	// guarded by mu (lastSeen inside each route is atomic).
+	// routes maps a client's wire address to the relay that last delivered
+	// its traffic; guarded by mu (lastSeen inside each route is atomic).
 	routes map[netip.AddrPort]*route
+
+	lmu sync.RWMutex
+	// Latching (NAT rebinding), guarded by lmu: sessions by local ufrag;
+	// alias maps a client's new wire address to the address its session
+	// knows it by; wire maps that address back to the current wire address.
+	sessions map[string]*latchSession
+	alias    map[netip.AddrPort]netip.AddrPort
+	wire     map[netip.AddrPort]netip.AddrPort
+	latched  atomic.Uint64
 
 	bufs sync.Pool // *[]byte of 64 KiB + MaxHeaderLen for writes
 }
@@ -96,6 +108,9 @@ func NewConn(sock *net.UDPConn, cfg ConnConfig) (*Conn, error) {
 		ttl:       cfg.RouteTTL,
 		done:      make(chan struct{}),
 		routes:    make(map[netip.AddrPort]*route),
+		sessions:  make(map[string]*latchSession),
+		alias:     make(map[netip.AddrPort]netip.AddrPort),
+		wire:      make(map[netip.AddrPort]netip.AddrPort),
 	}
 	c.bufs.New = func() any { b := make([]byte, MaxHeaderLen+65536); return &b }
 	c.wg.Add(1)
@@ -136,7 +151,8 @@ func (c *Conn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
 		}
 		c.learn(client, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
 		c.received.Add(1)
-		return copy(b, payload), client, nil
+		addr := c.sessionAddr(client, payload) // before the copy moves the payload
+		return copy(b, payload), addr, nil
 	}
 }
 
@@ -164,6 +180,11 @@ func (c *Conn) learn(client, relay netip.AddrPort) {
 // the client's traffic. It returns ErrNoRoute if there is none.
 func (c *Conn) WriteToAddrPort(b []byte, client netip.AddrPort) (int, error) {
 	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
+	c.lmu.RLock()
+	if w, ok := c.wire[client]; ok {
+		client = w // the client moved (NAT rebinding); its session does not know
+	}
+	c.lmu.RUnlock()
 	c.mu.RLock()
 	r := c.routes[client]
 	c.mu.RUnlock()
@@ -241,6 +262,7 @@ func (c *Conn) Stats() ConnStats {
 		DroppedNotHop:    c.droppedNotHop.Load(),
 		DroppedUntrusted: c.droppedUntrusted.Load(),
 		DroppedNoRoute:   c.droppedNoRoute.Load(),
+		Latched:          c.latched.Load(),
 		Routes:           routes,
 	}
 }

@@ -265,6 +265,17 @@ func (p *UDP) readUpstream(client netip.AddrPort, up *net.UDPConn) {
 	}
 }
 
+// Clients returns the client addresses the proxy has mappings for.
+func (p *UDP) Clients() []netip.AddrPort {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]netip.AddrPort, 0, len(p.peers))
+	for c := range p.peers {
+		out = append(out, c)
+	}
+	return out
+}
+
 // Rebind simulates a NAT rebinding for client: its later datagrams leave
 // from a new upstream port, and the old port is closed, so replies sent to
 // it are lost. It reports whether the client was known.

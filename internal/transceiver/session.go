@@ -85,6 +85,9 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 	joined := false
 	fail := func(err error) (*session, string, error) {
 		cancel()
+		if s.conn != nil {
+			s.conn.RemoveSession(ufrag)
+		}
 		if sess.pc != nil {
 			_ = sess.pc.Close()
 		}
@@ -99,6 +102,10 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 	api, err := s.newAPI(ufrag, pwd)
 	if err != nil {
 		return fail(err)
+	}
+	if s.conn != nil {
+		// Follow the client across NAT rebindings (hop/latch.go).
+		s.conn.AddSession(ufrag, pwd)
 	}
 	if sess.pc, err = api.NewPeerConnection(webrtc.Configuration{}); err != nil {
 		return fail(err)
@@ -424,6 +431,9 @@ func (sess *session) end(reason string) {
 		sess.cancel()
 		sess.notifyClient(reason)
 		_ = sess.pc.Close() // sends DTLS close_notify
+		if s.conn != nil {
+			s.conn.RemoveSession(sess.ufrag)
+		}
 		s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
 		sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
 	})

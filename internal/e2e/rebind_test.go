@@ -1,0 +1,84 @@
+package e2e
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/callclient"
+	"github.com/switchboard-rtc/switchboard/internal/impair"
+)
+
+// TestNATRebinding: mid-call the client's NAT gives it a new source port.
+// The relay has no flow for the new address, so its media is dropped until
+// the client's next consent check (a Binding request carrying the token)
+// creates one; the transceiver's ICE agent then sees the check from the
+// new address. Media must resume in both directions with no signaling.
+func TestNATRebinding(t *testing.T) {
+	var px *impair.UDP
+	s := startStackFront(t, 9, slog.New(slog.DiscardHandler), func(relay netip.AddrPort) netip.AddrPort {
+		var err error
+		if px, err = impair.NewUDP("127.0.0.1:0", relay, impair.Config{}, 1); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = px.Close() })
+		return px.Addr()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	type result struct {
+		r   callclient.Report
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := callclient.Run(ctx, callclient.Options{URL: s.signaling.URL + "/v1/calls", AudioPath: speech, Duration: 12 * time.Second, IPv4Only: true})
+		done <- result{r, err}
+	}()
+	// Let the call run, then rebind the client's NAT mapping.
+	deadline := time.Now().Add(10 * time.Second)
+	for s.relay.Stats().ToClientPackets < 100 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	flowsBefore := s.relay.Stats().FlowsCreated
+	rebound := 0
+	for _, c := range px.Clients() {
+		if px.Rebind(c) {
+			rebound++
+		}
+	}
+	if rebound == 0 {
+		t.Fatal("no client mapping to rebind")
+	}
+	rebindAt := time.Now()
+	// Media resumes once the client's next consent check (a Binding request
+	// with the token and the session's credentials) has created a flow for
+	// the new address at the relay and the transceiver has followed it.
+	var resumedAfter time.Duration
+	for time.Since(rebindAt) < 10*time.Second {
+		time.Sleep(10 * time.Millisecond)
+		if s.relay.Stats().FlowsCreated > flowsBefore && s.trx.HopStats().Latched > 0 {
+			resumedAfter = time.Since(rebindAt)
+			break
+		}
+	}
+	res := <-done
+	t.Logf("report: %s", res.r)
+	t.Logf("hop stats %+v", s.trx.HopStats())
+	if resumedAfter == 0 {
+		t.Fatalf("the transceiver did not follow the client to its new address within 10 s (relay %+v)", s.relay.Stats())
+	}
+	t.Logf("media resumed %v after the rebinding", resumedAfter.Round(time.Millisecond))
+	if res.err != nil || res.r.PayloadMismatches != 0 || !res.r.DataChannelEchoed {
+		t.Fatalf("call: %v", res.err)
+	}
+	// Both directions resumed: what was lost is at most the gap until the
+	// client's next consent check (Pion's client sends one every 2 s),
+	// plus slack for scheduling on a busy machine.
+	lost := res.r.PacketsSent - res.r.PacketsReceived
+	if maxLost := int(resumedAfter/(20*time.Millisecond)) + 50; lost > maxLost {
+		t.Fatalf("%d of %d packets did not come back, more than the %v gap explains (%d)", lost, res.r.PacketsSent, resumedAfter, maxLost)
+	}
+}
