@@ -49,8 +49,8 @@ type session struct {
 	connected atomic.Bool
 	// Setup phases reached, each observed once.
 	iceUp, dtlsUp, audioUp atomic.Bool
-	endOnce   sync.Once
-	dropped   atomic.Uint64 // backend messages that could not be delivered to the client
+	endOnce                sync.Once
+	dropped                atomic.Uint64 // backend messages that could not be delivered to the client
 }
 
 // newSession builds the peer connection and opens the backend bridge in
