@@ -105,42 +105,8 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 	var note string
 	switch path {
 	case PathGlobal:
-		// Client ⇄ (RTT/2) ⇄ Global Relay ⇄ cluster relay ⇄ transceiver,
-		// the last two hops on loopback (the Global Relay is near the user).
-		members, clusters := &membership.Table{}, &membership.Table{}
-		global, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Ingress: true, Workers: 1}, e.keys, clusters, nil, e.log)
-		if err != nil {
-			return nil, "", err
-		}
-		e.defer_(func() { _ = global.Close() })
-		rly, err := relay.New(relay.Config{
-			PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: cluster, Workers: 1,
-			TrustedIngress: []string{netip.PrefixFrom(global.InternalAddr().Addr(), 32).String()},
-		}, e.keys, members, nil, e.log)
-		if err != nil {
-			return nil, "", err
-		}
-		e.defer_(func() { _ = rly.Close() })
-		if err := clusters.Set(map[uint32]netip.AddrPort{uint32(cluster): rly.PublicAddr()}); err != nil {
-			return nil, "", err
-		}
-		px, err := impair.NewUDP("127.0.0.1:0", global.PublicAddr(), delay, 1)
-		if err != nil {
-			return nil, "", err
-		}
-		e.defer_(func() { _ = px.Close() })
-		cfg.ListenAddr = "127.0.0.1:0"
-		cfg.Advertise = px.Addr().String()
-		cfg.AllowRelays = []string{netip.PrefixFrom(rly.InternalAddr().Addr(), 32).String()}
-		trx, err := e.newTransceiver(cfg)
-		if err != nil {
-			return nil, "", err
-		}
-		if err := members.Set(map[uint32]netip.AddrPort{id: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
-			return nil, "", err
-		}
-		st.url, err = e.signaling(trx)
-		return st, "Global Relay in front of the cluster relay", err
+		url, err := e.behindRelay(cfg, id, delay, true)
+		return &stack{url: url}, "Global Relay in front of the cluster relay", err
 
 	case PathDirect:
 		// The proxy must exist before the transceiver (its address is
@@ -160,29 +126,8 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 		cfg.Advertise = px.Addr().String()
 
 	case PathRelay:
-		members := &membership.Table{}
-		rly, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: cluster, Workers: 1}, e.keys, members, nil, e.log)
-		if err != nil {
-			return nil, "", err
-		}
-		e.defer_(func() { _ = rly.Close() })
-		px, err := impair.NewUDP("127.0.0.1:0", rly.PublicAddr(), delay, 1)
-		if err != nil {
-			return nil, "", err
-		}
-		e.defer_(func() { _ = px.Close() })
-		cfg.ListenAddr = "127.0.0.1:0"
-		cfg.Advertise = px.Addr().String()
-		cfg.AllowRelays = []string{netip.PrefixFrom(rly.InternalAddr().Addr(), 32).String()}
-		trx, err := e.newTransceiver(cfg)
-		if err != nil {
-			return nil, "", err
-		}
-		if err := members.Set(map[uint32]netip.AddrPort{id: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
-			return nil, "", err
-		}
-		st.url, err = e.signaling(trx)
-		return st, "", err
+		url, err := e.behindRelay(cfg, id, delay, false)
+		return &stack{url: url}, "", err
 
 	case PathTURN:
 		if e.turn == nil && e.turnErr == nil {
@@ -218,6 +163,52 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 	}
 	st.url, err = e.signaling(trx)
 	return st, note, err
+}
+
+// behindRelay builds a relay with transceiver cfg (id) behind it, and with
+// global a Global Relay in front of the relay; the client reaches the first
+// of them through a delaying proxy. It returns the signaling URL.
+func (e *env) behindRelay(cfg transceiver.Config, id uint32, delay impair.Config, global bool) (string, error) {
+	members, clusters := &membership.Table{}, &membership.Table{}
+	rcfg := relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: cluster, Workers: 1}
+	var ingress *relay.Relay
+	if global {
+		var err error
+		ingress, err = relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Ingress: true, Workers: 1}, e.keys, clusters, nil, e.log)
+		if err != nil {
+			return "", err
+		}
+		e.defer_(func() { _ = ingress.Close() })
+		rcfg.TrustedIngress = []string{netip.PrefixFrom(ingress.InternalAddr().Addr(), 32).String()}
+	}
+	rly, err := relay.New(rcfg, e.keys, members, nil, e.log)
+	if err != nil {
+		return "", err
+	}
+	e.defer_(func() { _ = rly.Close() })
+	entry := rly.PublicAddr()
+	if ingress != nil {
+		if err := clusters.Set(map[uint32]netip.AddrPort{uint32(cluster): rly.PublicAddr()}); err != nil {
+			return "", err
+		}
+		entry = ingress.PublicAddr()
+	}
+	px, err := impair.NewUDP("127.0.0.1:0", entry, delay, 1)
+	if err != nil {
+		return "", err
+	}
+	e.defer_(func() { _ = px.Close() })
+	cfg.ListenAddr = "127.0.0.1:0"
+	cfg.Advertise = px.Addr().String()
+	cfg.AllowRelays = []string{netip.PrefixFrom(rly.InternalAddr().Addr(), 32).String()}
+	trx, err := e.newTransceiver(cfg)
+	if err != nil {
+		return "", err
+	}
+	if err := members.Set(map[uint32]netip.AddrPort{id: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
+		return "", err
+	}
+	return e.signaling(trx)
 }
 
 func (e *env) newTransceiver(cfg transceiver.Config) (*transceiver.Server, error) {
