@@ -23,6 +23,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/demo"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/token"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 )
 
@@ -53,6 +54,20 @@ func runDemo(ctx context.Context, args []string, _ io.Writer) error {
 		werr = cerr
 	}
 	return werr
+}
+
+// serverSetup builds what every server holding the fleet key needs: its
+// logger, token keyring and metrics registry.
+func serverSetup(l LogConfig, k KeyConfig) (*slog.Logger, *token.Keyring, *prometheus.Registry, error) {
+	log, err := newLogger(l.Format, l.Level)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	keys, err := k.keyring()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return log, keys, newRegistry(), nil
 }
 
 // newRegistry returns a registry with the Go and process collectors.
@@ -102,6 +117,9 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	fs.DurationVar(&cfg.Relay.PendingTimeout, "pending-timeout", 10*time.Second, "lifetime of a flow the transceiver has not answered yet")
 	fs.DurationVar(&cfg.Relay.IdleTimeout, "idle-timeout", 60*time.Second, "idle timeout of a confirmed flow (longer than ICE consent, 30s)")
 	fs.IntVar(&cfg.Relay.MaxFlows, "max-flows", 1<<20, "flow table capacity; new flows beyond it are dropped and counted")
+	fs.IntVar(&cfg.Relay.MaxPendingPerIP, "max-pending-per-ip", relay.DefaultMaxPendingPerIP, "pending (unanswered) flows one source IP (IPv6: /64) may hold; beyond it its new flows are dropped and counted")
+	fs.IntVar(&cfg.Relay.NewFlowsPerIP, "new-flows-per-ip", relay.DefaultNewFlowsPerIP, "flows one source IP (IPv6: /64) may create per second; beyond it new flows are dropped and counted")
+	fs.IntVar(&cfg.Relay.NewFlowsPerSecond, "new-flows-per-second", relay.DefaultNewFlowsPerSecond, "flows all sources together may create per second; beyond it new flows are dropped and counted")
 	fs.BoolVar(&cfg.Relay.Ingress, "ingress", false, "run as a Global Relay: route tokens by cluster; -members then lists cluster id=cluster relay public ip:port")
 	fs.Func("trusted-ingress", "comma-separated CIDR prefixes of Global Relays whose hop-framed datagrams the public socket accepts", func(v string) error {
 		cfg.Relay.TrustedIngress = strings.Split(v, ",")
@@ -115,15 +133,10 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	if err := parseConfig(fs, args, &cfg); err != nil {
 		return err
 	}
-	log, err := newLogger(cfg.Log.Format, cfg.Log.Level)
+	log, keys, reg, err := serverSetup(cfg.Log, cfg.Keys)
 	if err != nil {
 		return err
 	}
-	keys, err := cfg.Keys.keyring()
-	if err != nil {
-		return err
-	}
-	reg := newRegistry()
 	members, stopMembers, err := relayMembership(ctx, cfg.Source, cfg.Members, cfg.Relay.Cluster, reg, log)
 	if err != nil {
 		return err
@@ -205,15 +218,10 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	if cfg.Allow != "" {
 		cfg.Trx.AllowRelays = strings.Split(cfg.Allow, ",")
 	}
-	log, err := newLogger(cfg.Log.Format, cfg.Log.Level)
+	log, keys, reg, err := serverSetup(cfg.Log, cfg.Keys)
 	if err != nil {
 		return err
 	}
-	keys, err := cfg.Keys.keyring()
-	if err != nil {
-		return err
-	}
-	reg := newRegistry()
 	t, err := transceiver.New(cfg.Trx, keys, reg, log)
 	if err != nil {
 		return err
