@@ -7,11 +7,18 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/binary"
+	"fmt"
 	mrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -755,4 +762,350 @@ func TestKeyRotationThroughRelay(t *testing.T) {
 			t.Errorf("%s: token minted after the rotation: %v, want %v", tc.step, got, tc.after)
 		}
 	}
+}
+
+// liveSession is one real session of TestFloodWithLiveSessions: a client
+// socket sending a 32-byte RTP-like datagram every 20 ms through the relay
+// to an echoing transceiver, timing each echo.
+type liveSession struct {
+	c     *net.UDPConn
+	mu    sync.Mutex
+	rtt   [4][]time.Duration // by the phase the datagram was sent in
+	sent  [4]int
+	got   [4]int
+	bytes int // everything received, the Binding echo included
+	last  time.Time
+	gap   time.Duration // longest time without an echo, from the end of the warm-up
+}
+
+const (
+	phaseWarmup = iota
+	phaseBefore
+	phaseFlood
+	phaseAfter
+)
+
+func (s *liveSession) receive(epoch time.Time, phase *atomic.Int32) {
+	buf := make([]byte, 2048)
+	for {
+		n, _, err := s.c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		s.mu.Lock()
+		s.bytes += n
+		if n == 32 && buf[0] == 0x80 {
+			p := buf[3] & 3
+			s.rtt[p] = append(s.rtt[p], now.Sub(epoch)-time.Duration(binary.BigEndian.Uint64(buf[8:16])))
+			s.got[p]++
+			if phase.Load() > phaseWarmup && !s.last.IsZero() {
+				s.gap = max(s.gap, now.Sub(s.last))
+			}
+			s.last = now
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (s *liveSession) sendLoop(to netip.AddrPort, epoch time.Time, phase *atomic.Int32, stop <-chan struct{}) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	pkt := make([]byte, 32)
+	pkt[0], pkt[1] = 0x80, 111
+	for seq := uint16(0); ; seq++ {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		p := phase.Load()
+		pkt[3] = byte(p)
+		binary.BigEndian.PutUint16(pkt[4:], seq)
+		binary.BigEndian.PutUint64(pkt[8:], uint64(time.Since(epoch)))
+		if _, err := s.c.WriteToUDPAddrPort(pkt, to); err == nil {
+			s.mu.Lock()
+			s.sent[p]++
+			s.mu.Unlock()
+		}
+	}
+}
+
+// raceBuild reports whether the test binary was built with -race.
+func raceBuild() bool {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "-race" {
+				return s.Value == "true"
+			}
+		}
+	}
+	return false
+}
+
+func rssBytes() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func quantile(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	d = slices.Clone(d)
+	slices.Sort(d)
+	return d[min(len(d)-1, int(q*float64(len(d))))]
+}
+
+// Bounds asserted by TestFloodWithLiveSessions (docs/security.md).
+const (
+	floodRSSBound = 64 << 20              // RSS growth of the whole test process during the flood
+	floodP99Bound = 20 * time.Millisecond // p99 echo latency during the flood minus before it
+	floodGapBound = time.Second           // longest time a real session goes without an echo
+)
+
+// TestFloodWithLiveSessions floods the relay with well-formed Binding
+// requests carrying valid tokens (for a transceiver that never answers) from
+// many source ports while 50 real sessions run through it to an echoing
+// transceiver, on real loopback sockets and default limits. Full size
+// (SWITCHBOARD_FLOOD_FULL=1): 1,000,000 requests from 100,000 source ports
+// (100 source IPs x 1,000 ports, 10 each); default: 100,000 from 10,000.
+// It asserts that the table stays within its caps, RSS growth stays under
+// floodRSSBound, the sessions' p99 moves less than floodP99Bound, no
+// session goes floodGapBound without an echo, and the relay sends nothing
+// to anyone but the sessions.
+func TestFloodWithLiveSessions(t *testing.T) {
+	floodIPs, portsPerIP, perPort, sessions := 10, 1000, 10, 50
+	before := time.Second
+	if fullSize() {
+		floodIPs, before = 100, 2*time.Second
+	}
+	sink := udp(t)
+	e := newEnv(t, Config{}, map[uint32]netip.AddrPort{9: addrOf(sink)})
+	startEcho(t, e.tr, true)
+	sinkSeen := startEcho(t, sink, false)
+	var phase atomic.Int32
+	epoch := time.Now()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	live := make([]*liveSession, sessions)
+	for i := range live {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 2, byte(1+i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &liveSession{c: c}
+		live[i] = s
+		req := e.binding(t, 7)
+		send(t, c, req, e.r.PublicAddr())
+		if got, _ := recv(t, c); !bytes.Equal(got, req) {
+			t.Fatalf("session %d: no echo of its Binding request", i)
+		}
+		c.SetReadDeadline(time.Time{}) // recv set one
+		s.bytes = len(req)
+		wg.Add(2)
+		go func() { defer wg.Done(); s.receive(epoch, &phase) }()
+		go func() { defer wg.Done(); s.sendLoop(e.r.PublicAddr(), epoch, &phase, stop) }()
+	}
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		for _, s := range live {
+			s.c.Close()
+		}
+		wg.Wait()
+	}()
+
+	rate := 100_000
+	if raceBuild() && !fullSize() {
+		// The race detector slows the relay about tenfold: a smaller,
+		// slower flood keeps it within what the relay can read, so that the
+		// properties, not the kernel's socket buffers, are what is tested.
+		portsPerIP, rate = 200, 10_000
+	}
+	if v := os.Getenv("SWITCHBOARD_FLOOD_RATE"); v != "" {
+		rate, _ = strconv.Atoi(v)
+	}
+	time.Sleep(500 * time.Millisecond)
+	phase.Store(phaseBefore)
+	time.Sleep(before)
+	rss0 := rssBytes()
+	phase.Store(phaseFlood)
+	var rssMax atomic.Int64
+	rssMax.Store(rss0)
+	floodDone := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-floodDone:
+				return
+			case <-time.After(20 * time.Millisecond):
+				if r := rssBytes(); r > rssMax.Load() {
+					rssMax.Store(r)
+				}
+			}
+		}
+	}()
+	// The generator is this test binary in another process (floodGenerator),
+	// so that it competes with the relay for CPU but not for the Go scheduler.
+	start := time.Now()
+	gen := exec.Command(os.Args[0], "-test.run=^TestFloodGenerator$", "-test.count=1")
+	gen.Env = append(os.Environ(), fmt.Sprintf("SWITCHBOARD_FLOOD_GEN=%s,%d,%d,%d,%d", e.r.PublicAddr(), floodIPs, portsPerIP, perPort, rate))
+	genOut, err := gen.CombinedOutput()
+	if err != nil {
+		close(floodDone)
+		t.Fatalf("flood generator: %v\n%s", err, genOut)
+	}
+	var sentFlood, ports, skipped int
+	if i := bytes.Index(genOut, []byte("FLOOD ")); i < 0 {
+		t.Fatalf("flood generator said %s", genOut)
+	} else if _, err := fmt.Sscanf(string(genOut[i:]), "FLOOD %d %d %d", &sentFlood, &ports, &skipped); err != nil {
+		t.Fatal(err)
+	}
+	floodTime := time.Since(start)
+	close(floodDone)
+	phase.Store(phaseAfter)
+	time.Sleep(time.Second)
+	close(stop)
+	time.Sleep(300 * time.Millisecond) // the last echoes
+	rss1 := rssMax.Load()
+
+	st := e.r.Stats()
+	var before99, during99, before50, during50 time.Duration
+	var all [4][]time.Duration
+	var sent, got [4]int
+	clientBytes := 0
+	for i, s := range live {
+		s.mu.Lock()
+		for p := range 4 {
+			all[p] = append(all[p], s.rtt[p]...)
+			sent[p] += s.sent[p]
+			got[p] += s.got[p]
+		}
+		clientBytes += s.bytes
+		if s.got[phaseFlood] == 0 || s.got[phaseAfter] == 0 || s.gap > floodGapBound {
+			t.Errorf("session %d dropped: %d echoes during the flood, %d after, longest gap %v", i, s.got[phaseFlood], s.got[phaseAfter], s.gap)
+		}
+		s.mu.Unlock()
+		if dst, ok := e.r.flows.touch(addrOf(s.c), 0); !ok || dst != addrOf(e.tr) {
+			t.Errorf("session %d lost its flow", i)
+		}
+	}
+	before50, before99 = quantile(all[phaseBefore], 0.5), quantile(all[phaseBefore], 0.99)
+	during50, during99 = quantile(all[phaseFlood], 0.5), quantile(all[phaseFlood], 0.99)
+	after99 := quantile(all[phaseAfter], 0.99)
+
+	// Caps: per source IP pending and rate, and the table.
+	maxPending := 0
+	for i := range e.r.flows.lim.slots {
+		maxPending = max(maxPending, int(e.r.flows.lim.slots[i].Load()&limField))
+	}
+	floodFlows := int(st.FlowsCreated) - sessions
+	windows := int(time.Since(start)/time.Second) + 2
+	t.Logf("flood: %d requests from %d source ports (%d IPs; %d ports in use skipped) in %v (%.0f/s; paced at %d/s, 0: unpaced)",
+		sentFlood, ports, floodIPs, skipped, floodTime.Round(time.Millisecond), float64(sentFlood)/floodTime.Seconds(), rate)
+	t.Logf("relay: flows %d (pending %d), flood flows created %d, most pending in one source slot %d; drops: source_rate_limit %d, source_pending_limit %d, new_flow_rate_limit %d, flow_table_full %d; forwarded to the flood's transceiver %d",
+		st.Flows, st.PendingFlows, floodFlows, maxPending, st.Drops[DropSourceRateLimit], st.Drops[DropSourcePendingLimit],
+		st.Drops[DropNewFlowRateLimit], st.Drops[DropFlowTableFull], sinkSeen.total())
+	t.Logf("sessions: %d; echo latency p50/p99 before %v/%v, during %v/%v, after p99 %v; datagrams sent/echoed before %d/%d, during %d/%d, after %d/%d",
+		sessions, before50, before99, during50, during99, after99, sent[1], got[1], sent[2], got[2], sent[3], got[3])
+	t.Logf("RSS: %.1f MiB before the flood, peak %.1f MiB during it (+%.1f MiB)",
+		float64(rss0)/(1<<20), float64(rss1)/(1<<20), float64(rss1-rss0)/(1<<20))
+	t.Logf("relay to clients: %d datagrams, %d bytes; real sessions received %d bytes", st.ToClientPackets, st.ToClientBytes, clientBytes)
+
+	if st.Flows > e.r.cfg.MaxFlows || maxPending > e.r.cfg.MaxPendingPerIP || st.PendingFlows > floodIPs*e.r.cfg.MaxPendingPerIP {
+		t.Errorf("table beyond its caps: %d flows, %d pending, %d pending in one source slot", st.Flows, st.PendingFlows, maxPending)
+	}
+	if floodFlows > floodIPs*e.r.cfg.NewFlowsPerIP*windows {
+		t.Errorf("%d flood flows created in %d windows: above %d per source IP per second", floodFlows, windows, e.r.cfg.NewFlowsPerIP)
+	}
+	if st.Drops[DropSourceRateLimit]+st.Drops[DropSourcePendingLimit] == 0 {
+		t.Error("the flood met no per-source cap")
+	}
+	if rss1-rss0 > floodRSSBound {
+		t.Errorf("RSS grew %d MiB during the flood, bound %d MiB", (rss1-rss0)>>20, floodRSSBound>>20)
+	}
+	if during99-before99 > floodP99Bound {
+		t.Errorf("p99 moved from %v to %v during the flood, bound +%v", before99, during99, floodP99Bound)
+	}
+	if st.ToClientBytes != uint64(clientBytes) {
+		t.Errorf("the relay sent %d bytes to clients, the real sessions received %d: something else was sent to", st.ToClientBytes, clientBytes)
+	}
+}
+
+func (et *echoTransceiver) total() int {
+	et.mu.Lock()
+	defer et.mu.Unlock()
+	n := 0
+	for _, c := range et.named {
+		n += c
+	}
+	return n
+}
+
+// TestFloodGenerator is the flood of TestFloodWithLiveSessions, run by it in
+// a child process (SWITCHBOARD_FLOOD_GEN=relay,ips,portsPerIP,perPort,rate):
+// from each of ports 20000.. on 127.0.3.1.., perPort copies of a Binding
+// request with a valid token (newEnv's key and cluster) for transceiver 9,
+// at rate datagrams per second (0: as fast as it can).
+func TestFloodGenerator(t *testing.T) {
+	spec := os.Getenv("SWITCHBOARD_FLOOD_GEN")
+	if spec == "" {
+		t.Skip("run by TestFloodWithLiveSessions")
+	}
+	var to string
+	var ips, portsPerIP, perPort, rate int
+	f := strings.Split(spec, ",")
+	if len(f) != 5 {
+		t.Fatalf("spec %q", spec)
+	}
+	to = f[0]
+	for i, p := range []*int{&ips, &portsPerIP, &perPort, &rate} {
+		var err error
+		if *p, err = strconv.Atoi(f[i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst := netip.MustParseAddrPort(to)
+	keys := testKeyring(t, 1, 0xAA)
+	reqs := make([][]byte, 1000)
+	for i := range reqs {
+		reqs[i] = binding(t, mint(t, keys, testCluster, 9, time.Now())+":clnt")
+	}
+	start := time.Now()
+	sent, ports, skipped := 0, 0, 0
+	for ip := range ips {
+		for p := range portsPerIP {
+			c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 3, byte(1+ip)), Port: 20000 + p})
+			if err != nil {
+				skipped++ // port in use
+				continue
+			}
+			ports++
+			for range perPort { // one token per port: a client retransmitting its check
+				if _, err := c.WriteToUDPAddrPort(reqs[ports%len(reqs)], dst); err == nil {
+					sent++
+				}
+			}
+			c.Close()
+			if rate > 0 {
+				if ahead := time.Duration(sent)*time.Second/time.Duration(rate) - time.Since(start); ahead > time.Millisecond {
+					time.Sleep(ahead)
+				}
+			}
+		}
+	}
+	fmt.Printf("FLOOD %d %d %d\n", sent, ports, skipped)
 }
