@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pion/webrtc/v4"
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+	"github.com/switchboard-rtc/switchboard/internal/webrtctest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -46,27 +46,7 @@ func startCluster(t *testing.T, keys *token.Keyring, id uint16) cluster {
 	return cluster{trx, srv}
 }
 
-func offer(t *testing.T) string {
-	t.Helper()
-	var se webrtc.SettingEngine
-	se.SetIncludeLoopbackCandidate(true)
-	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
-	pc, err := webrtc.NewAPI(webrtc.WithSettingEngine(se)).NewPeerConnection(webrtc.Configuration{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pc.Close() })
-	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
-		t.Fatal(err)
-	}
-	o, _ := pc.CreateOffer(nil)
-	done := webrtc.GatheringCompletePromise(pc)
-	if err := pc.SetLocalDescription(o); err != nil {
-		t.Fatal(err)
-	}
-	<-done
-	return pc.LocalDescription().SDP
-}
+func offer(t *testing.T) string { return webrtctest.AudioOffer(t, true, false) }
 
 func answerFacts(t *testing.T, keys *token.Keyring, answer string) (cluster uint16, candidate string) {
 	t.Helper()

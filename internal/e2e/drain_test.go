@@ -15,6 +15,7 @@ import (
 	"github.com/pion/webrtc/v4"
 
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+	"github.com/switchboard-rtc/switchboard/internal/webrtctest"
 )
 
 // lockedBuffer collects log output from several goroutines.
@@ -40,14 +41,7 @@ func (l *lockedBuffer) String() string {
 // channel of the messages it receives and one closed when DTLS closes.
 func dial(t *testing.T, s *stack) (*webrtc.PeerConnection, <-chan string, <-chan struct{}) {
 	t.Helper()
-	var se webrtc.SettingEngine
-	se.SetIncludeLoopbackCandidate(true)
-	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
-	pc, err := webrtc.NewAPI(webrtc.WithSettingEngine(se)).NewPeerConnection(webrtc.Configuration{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pc.Close() })
+	pc := webrtctest.PeerConnection(t)
 	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
 		t.Fatal(err)
 	}
@@ -66,13 +60,7 @@ func dial(t *testing.T, s *stack) (*webrtc.PeerConnection, <-chan string, <-chan
 			once.Do(func() { close(dtlsClosed) })
 		}
 	})
-	offer, _ := pc.CreateOffer(nil)
-	gathered := webrtc.GatheringCompletePromise(pc)
-	if err := pc.SetLocalDescription(offer); err != nil {
-		t.Fatal(err)
-	}
-	<-gathered
-	resp, err := http.Post(s.signaling.URL+"/v1/calls", "application/sdp", strings.NewReader(pc.LocalDescription().SDP))
+	resp, err := http.Post(s.signaling.URL+"/v1/calls", "application/sdp", strings.NewReader(webrtctest.Offer(t, pc)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,12 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pion/webrtc/v4"
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/httpapi"
 	"github.com/switchboard-rtc/switchboard/internal/token"
+	"github.com/switchboard-rtc/switchboard/internal/webrtctest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -51,37 +51,9 @@ func newTestServer(t *testing.T, mutate ...func(*Config)) (*Server, *httptest.Se
 	return s, api, keys
 }
 
-// clientOffer makes a complete offer from a Pion client with the given
-// media; it returns the SDP and a cleanup.
-func clientOffer(t *testing.T, audio bool) string {
-	t.Helper()
-	var se webrtc.SettingEngine
-	se.SetIncludeLoopbackCandidate(true)
-	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
-	pc, err := webrtc.NewAPI(webrtc.WithSettingEngine(se)).NewPeerConnection(webrtc.Configuration{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pc.Close() })
-	if audio {
-		if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := pc.CreateDataChannel(EventsLabel, nil); err != nil {
-		t.Fatal(err)
-	}
-	offer, err := pc.CreateOffer(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := webrtc.GatheringCompletePromise(pc)
-	if err := pc.SetLocalDescription(offer); err != nil {
-		t.Fatal(err)
-	}
-	<-done
-	return pc.LocalDescription().SDP
-}
+// clientOffer makes a complete offer from a Pion client with an
+// oai-events channel and, if audio, an audio transceiver.
+func clientOffer(t *testing.T, audio bool) string { return webrtctest.AudioOffer(t, audio, true) }
 
 func post(t *testing.T, url, contentType, body string) *http.Response {
 	t.Helper()
