@@ -1109,3 +1109,39 @@ func TestFloodGenerator(t *testing.T) {
 	}
 	fmt.Printf("FLOOD %d %d %d\n", sent, ports, skipped)
 }
+
+// TestRestartAllocatesNothing: an ICE restart to another transceiver and its
+// promotion, back and forth, allocate nothing.
+func TestRestartAllocatesNothing(t *testing.T) {
+	f := newFixture(t, Config{})
+	bind7, bind8 := f.good(7), f.good(8)
+	buf := make([]byte, hop.MaxHeaderLen+len(bind7))
+	pub := func(pkt []byte) netip.AddrPort {
+		copy(buf[hop.MaxHeaderLen:], pkt)
+		to, _, drop := f.r.handlePublic(c1, buf[:hop.MaxHeaderLen+len(pkt)], f.now)
+		if drop != dropNone {
+			t.Fatal(drop)
+		}
+		return to
+	}
+	reply := append(hop.AppendHeader(nil, hop.TypeData, c1), 0x01, 0x01, 0, 0)
+	answer := func(from netip.AddrPort) {
+		if _, _, drop := f.r.handleInternal(from, reply, f.now); drop != dropNone {
+			t.Fatal(drop)
+		}
+	}
+	pub(bind7)
+	answer(t7)
+	if n := testing.AllocsPerRun(500, func() {
+		if pub(bind8) != t8 || pub(bind8) != t8 {
+			t.Fatal("candidate request not sent to 8")
+		}
+		answer(t8)
+		if pub(bind7) != t7 {
+			t.Fatal("candidate request not sent to 7")
+		}
+		answer(t7)
+	}); n != 0 {
+		t.Errorf("restart and promotion: %v allocations, want 0", n)
+	}
+}
