@@ -21,7 +21,7 @@ import (
 // benchmark as a pinned child process).
 func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 || (args[0] != "relay" && args[0] != "serve" && args[0] != "setup") {
-		fmt.Fprintln(os.Stderr, "usage: switchboard bench relay [-quick] [-runs N] [-systems list]\n       switchboard bench setup [-rtt 50ms] [-runs N] [-paths list]\n       switchboard bench serve ... (internal: a system under test)")
+		fmt.Fprintln(os.Stderr, "usage: switchboard bench relay [-quick] [-runs N] [-systems list]\n       switchboard bench setup [-rtt 50ms] [-runs N] [-paths list] [-client pion|chromium]\n       switchboard bench serve ... (internal: a system under test)")
 		return flag.ErrHelp
 	}
 	if args[0] == "setup" {
@@ -70,10 +70,11 @@ func runBenchSetup(ctx context.Context, args []string, stdout io.Writer) error {
 	paths := fs.String("paths", "", "comma-separated paths: direct, relay, global, turn (default all)")
 	roles := fs.String("roles", "", "comma-separated transceiver DTLS roles: client, server (default both)")
 	skipHVR := fs.Bool("client-skip-hello-verify", false, "the client, as DTLS server, sends no HelloVerifyRequest (as browsers)")
+	client := fs.String("client", setupbench.ClientPion, "client: pion (callclient) or chromium (headless Chromium running the demo page)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	opts := setupbench.Options{RTT: *rtt, Runs: *runs, ClientSkipHelloVerify: *skipHVR,
+	opts := setupbench.Options{RTT: *rtt, Runs: *runs, ClientSkipHelloVerify: *skipHVR, Client: *client,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	if *paths != "" {
 		opts.Paths = strings.Split(*paths, ",")

@@ -106,6 +106,27 @@
 // relay pair, in case a direct pair succeeds; with the relay policy there
 // is none, so the harness sets that wait to 0.
 //
+// # Headless Chromium
+//
+// With Options.Client "chromium" the client is the demo page
+// (internal/web) in one headless Chromium per run, a fresh tab per call
+// (chromium.go). Each stack's signaling server also serves the page at
+// "/", so the page and the offer share an origin through the same delay
+// proxy (no CORS preflight). The page calls
+// window.switchboard.call({url, iceServers, iceTransportPolicy}) and
+// times each phase from its POST start on performance.now(): answer, ICE
+// "connected", DTLS "connected", first inbound audio (getStats polled
+// every 5 ms). The backend's first-frame time is mapped onto the page's
+// clock by reading performance.now() between two readings of ours (the
+// tightest of five brackets, typically under 1 ms). Chromium on the
+// wire, unlike Pion: its ICE state is "connected" once the first check
+// succeeds, before it nominates (USE-CANDIDATE on the pair's next
+// scheduled check, 0–60 ms later); its DTLS starts on the writable pair
+// and its DTLS server sends no HelloVerifyRequest; through TURN it sends
+// CreatePermission and the first check back to back. So the model
+// (expectedChromium) is 1 + 1 + 2 + 0.5 = 4.5 RTT to the backend on every
+// path and role.
+//
 // # Reaching 3 RTT
 //
 // With DTLS 1.2 behind ICE, 3 RTT from the POST to audio at the backend is

@@ -21,16 +21,29 @@ func Markdown(results []Result, opts Options) string {
 		runs = max(runs, r.Runs)
 	}
 	fmt.Fprintf(&b, "Setup latency from the POST of the offer, RTT %s (%s each way, userspace delay proxies on loopback), %d runs per row, medians.\n", rtt, rtt/2, runs)
-	fmt.Fprintf(&b, "Each cell is `ms (round trips; expected)`. Client: Pion (`callclient`), ICE check tick %s", opts.ClientICETick)
-	if opts.ClientICETick >= pionCheckInterval {
-		b.WriteString(" (Pion's default)")
-	}
-	if opts.ClientSkipHelloVerify {
-		b.WriteString(", its DTLS server skips HelloVerifyRequest")
+	chromium := opts.Client == ClientChromium
+	if chromium {
+		name := "Chromium"
+		for _, r := range results {
+			if strings.HasPrefix(r.Client, "Chromium") {
+				name = r.Client
+				break
+			}
+		}
+		fmt.Fprintf(&b, "Each cell is `ms (round trips; expected)`. Client: headless %s running the demo page (`internal/web`), one browser, a fresh tab per call; "+
+			"times taken in the page on its `performance.now()` clock (first echo: `getStats` polled every 5 ms; first audio at backend: the backend's clock mapped onto the page's).\n\n", name)
 	} else {
-		b.WriteString(", its DTLS server sends HelloVerifyRequest (Pion's default)")
+		fmt.Fprintf(&b, "Each cell is `ms (round trips; expected)`. Client: Pion (`callclient`), ICE check tick %s", opts.ClientICETick)
+		if opts.ClientICETick >= pionCheckInterval {
+			b.WriteString(" (Pion's default)")
+		}
+		if opts.ClientSkipHelloVerify {
+			b.WriteString(", its DTLS server skips HelloVerifyRequest")
+		} else {
+			b.WriteString(", its DTLS server sends HelloVerifyRequest (Pion's default)")
+		}
+		b.WriteString(".\n\n")
 	}
-	b.WriteString(".\n\n")
 
 	b.WriteString("| Path | DTLS role | Runs (failed) | Answer | ICE connected | DTLS connected | First audio at backend | First echo at client | vs direct at backend | Data channel open | Gathering before POST |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -92,12 +105,17 @@ func Markdown(results []Result, opts Options) string {
 	b.WriteString("\n\nExpected round trips, from the start of the POST (the package comment of `internal/setupbench` has the detail):\n\n")
 	b.WriteString("| Phase | RTT | Why |\n|---|---|---|\n")
 	b.WriteString("| Answer | 1 | POST → 201 with the complete answer (warm connection: the proxies do not delay the TCP handshake) |\n")
-	b.WriteString("| ICE connected | +2 (TURN +3) | Pion uses regular nomination: a check makes the pair valid (1), a USE-CANDIDATE check nominates it (1); the ICE-lite server selects the pair 0.5 RTT after the nomination leaves. TURN: CreatePermission first (+1) |\n")
-	hvr := "the Pion client, DTLS server, sends HelloVerifyRequest (+1), then ServerHello…Done (+1)"
-	if opts.ClientSkipHelloVerify {
-		hvr = "the client, DTLS server, answers at once: +1 after ICE (the ClientHello rode with the nomination)"
+	if chromium {
+		b.WriteString("| ICE connected | +1 | Chromium reports `connected` when its first check succeeds (the pair is writable); it nominates afterwards, with USE-CANDIDATE on its next scheduled check of that pair (0–60 ms later), and the ICE-lite server selects the pair 0.5 RTT after that. TURN: CreatePermission and the first check (a Send indication) leave back to back, no extra round trip |\n")
+		b.WriteString("| DTLS connected | +2 | DTLS 1.2 full handshake, counted at the page. Role client: the transceiver's ClientHello leaves when the nomination arrives and Chromium's DTLS server answers at once (no HelloVerifyRequest). Role server: Chromium's ClientHello leaves as soon as the pair is writable, before the nomination; the transceiver holds it and answers when the nomination selects the pair |\n")
+	} else {
+		b.WriteString("| ICE connected | +2 (TURN +3) | Pion uses regular nomination: a check makes the pair valid (1), a USE-CANDIDATE check nominates it (1); the ICE-lite server selects the pair 0.5 RTT after the nomination leaves. TURN: CreatePermission first (+1) |\n")
+		hvr := "the Pion client, DTLS server, sends HelloVerifyRequest (+1), then ServerHello…Done (+1)"
+		if opts.ClientSkipHelloVerify {
+			hvr = "the client, DTLS server, answers at once: +1 after ICE (the ClientHello rode with the nomination)"
+		}
+		b.WriteString("| DTLS connected | +2 (role client: " + hvr + "; role server: ClientHello after ICE, no HelloVerifyRequest, 2 RTT) | DTLS 1.2 full handshake, counted at the client |\n")
 	}
-	b.WriteString("| DTLS connected | +2 (role client: " + hvr + "; role server: ClientHello after ICE, no HelloVerifyRequest, 2 RTT) | DTLS 1.2 full handshake, counted at the client |\n")
 	b.WriteString("| First audio at backend | +0.5 | first RTP after connected, half a round trip to the transceiver, then the bridge on loopback |\n")
 	b.WriteString("| First echo at client | +0.5 | back |\n")
 	b.WriteString("| Gathering (before POST) | TURN 2 | Allocate → 401 → authenticated Allocate; the offer is complete, so the POST waits |\n")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 	"path"
 	"slices"
 	"time"
@@ -68,6 +69,11 @@ type Options struct {
 	ClientSkipHelloVerify bool
 	// CallTimeout bounds one call; default 15 s + 20 RTT.
 	CallTimeout time.Duration
+	// Client is "pion" (default: callclient in this process) or
+	// "chromium" (headless Chromium running the demo page, internal/web;
+	// see chromium.go). ClientICETick and ClientSkipHelloVerify apply to
+	// Pion only.
+	Client string
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -104,6 +110,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ClientICETick < 0 {
 		return o, fmt.Errorf("%w: ClientICETick %v is negative", ErrOptions, o.ClientICETick)
+	}
+	if o.Client == "" {
+		o.Client = ClientPion
+	}
+	if o.Client != ClientPion && o.Client != ClientChromium {
+		return o, fmt.Errorf("%w: client %q is not pion or chromium", ErrOptions, o.Client)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -167,6 +179,24 @@ func expected(path, role string, clientHelloVerify bool) Expected {
 	return e
 }
 
+// expectedChromium is the model for headless Chromium (chromium.go), as
+// seen on the wire: ICE "connected" when its first check succeeds (the
+// pair is writable); the USE-CANDIDATE check follows on the pair's next
+// scheduled check; its DTLS starts on the writable pair and its DTLS
+// server sends no HelloVerifyRequest, so either role connects 2 RTT after
+// ICE. Through TURN it sends CreatePermission and the first check (in a
+// Send indication) back to back: no extra round trip.
+func expectedChromium(path string) Expected {
+	e := Expected{Signaling: 1, ICE: 2}
+	if path == PathTURN {
+		e.Gathering = 2
+	}
+	e.DTLS = e.ICE + 2
+	e.FirstAudioBackend = e.DTLS + 0.5
+	e.FirstAudioClient = e.FirstAudioBackend + 0.5
+	return e
+}
+
 // Result is one path and DTLS role, over Runs calls.
 type Result struct {
 	Path     string
@@ -187,6 +217,9 @@ type Result struct {
 	RTTs float64
 	// Expected is the round-trip model for this path and role.
 	Expected Expected
+	// Client is the client that ran the calls: "pion", or "Chromium" and
+	// its version.
+	Client string
 	// Note says why a path was skipped, or what to know about it.
 	Note string
 	// Errors holds up to a few failure messages.
@@ -224,7 +257,29 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 	results := make([]Result, 0, len(opts.Paths)*len(opts.DTLSRoles))
 	for _, p := range opts.Paths {
 		for _, role := range opts.DTLSRoles {
-			results = append(results, Result{Path: p, DTLSRole: role, Expected: expected(p, role, !opts.ClientSkipHelloVerify)})
+			exp := expected(p, role, !opts.ClientSkipHelloVerify)
+			if opts.Client == ClientChromium {
+				exp = expectedChromium(p)
+			}
+			results = append(results, Result{Path: p, DTLSRole: role, Client: opts.Client, Expected: exp})
+		}
+	}
+	if opts.Client == ClientChromium {
+		b, err := startBrowser(log, env.audio)
+		if errors.Is(err, errNoChromium) && os.Getenv("CI") == "" {
+			for i := range results {
+				results[i].Note = "skipped: chromium is not installed (Debian: apt-get install chromium)"
+			}
+			log.Warn("chromium is not installed; every path skipped")
+			return results, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		env.browser = b
+		env.defer_(b.close)
+		for i := range results {
+			results[i].Client = b.version
 		}
 	}
 	for i := range results {
@@ -296,6 +351,9 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 
 // call runs one call on st and returns its phases.
 func (e *env) call(ctx context.Context, st *stack) (sample, error) {
+	if e.browser != nil {
+		return e.callChromium(ctx, st)
+	}
 	rep, err := callclient.Run(ctx, callclient.Options{
 		URL:           st.url,
 		Audio:         e.audio,

@@ -113,7 +113,8 @@ func TestExpected(t *testing.T) {
 }
 
 // TestMeasure is the full measurement: SETUPBENCH=1 go test -run TestMeasure -v
-// (SETUPBENCH_RUNS, SETUPBENCH_RTT, SETUPBENCH_PATHS, SETUPBENCH_SKIP_HVR, SETUPBENCH_TICK override).
+// (SETUPBENCH_RUNS, SETUPBENCH_RTT, SETUPBENCH_PATHS, SETUPBENCH_SKIP_HVR, SETUPBENCH_TICK,
+// SETUPBENCH_CLIENT override).
 func TestMeasure(t *testing.T) {
 	if os.Getenv("SETUPBENCH") == "" {
 		t.Skip("set SETUPBENCH=1 for the full measurement")
@@ -147,6 +148,7 @@ func TestMeasure(t *testing.T) {
 		opts.Runs = n
 	}
 	opts.ClientSkipHelloVerify = os.Getenv("SETUPBENCH_SKIP_HVR") != ""
+	opts.Client = os.Getenv("SETUPBENCH_CLIENT") // "" is pion
 	res, err := Run(t.Context(), opts)
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+	"github.com/switchboard-rtc/switchboard/internal/web"
 )
 
 // cluster is the cluster id of every stack.
@@ -43,6 +44,7 @@ type env struct {
 	audio     *callclient.WAV
 	turn      *coturn // started on first use
 	turnErr   error
+	browser   *browser // Options.Client "chromium"
 	nextID    uint32
 	closers   []func() // run in reverse order
 }
@@ -84,6 +86,7 @@ func (e *env) defer_(f func()) { e.closers = append(e.closers, f) }
 // stack is one path with one DTLS role, ready for calls.
 type stack struct {
 	url        string // signaling URL, through the TCP proxy
+	page       string // the demo page, same origin as url (no CORS preflight)
 	iceServers []webrtc.ICEServer
 	relayOnly  bool
 }
@@ -105,8 +108,8 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 	var note string
 	switch path {
 	case PathGlobal:
-		url, err := e.behindRelay(cfg, id, delay, true)
-		return &stack{url: url}, "Global Relay in front of the cluster relay", err
+		st, err := e.behindRelay(cfg, id, delay, true)
+		return st, "Global Relay in front of the cluster relay", err
 
 	case PathDirect:
 		// The proxy must exist before the transceiver (its address is
@@ -126,8 +129,8 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 		cfg.Advertise = px.Addr().String()
 
 	case PathRelay:
-		url, err := e.behindRelay(cfg, id, delay, false)
-		return &stack{url: url}, "", err
+		st, err := e.behindRelay(cfg, id, delay, false)
+		return st, "", err
 
 	case PathTURN:
 		if e.turn == nil && e.turnErr == nil {
@@ -161,14 +164,14 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	st.url, err = e.signaling(trx)
+	st.url, st.page, err = e.signaling(trx)
 	return st, note, err
 }
 
 // behindRelay builds a relay with transceiver cfg (id) behind it, and with
 // global a Global Relay in front of the relay; the client reaches the first
-// of them through a delaying proxy. It returns the signaling URL.
-func (e *env) behindRelay(cfg transceiver.Config, id uint32, delay impair.Config, global bool) (string, error) {
+// of them through a delaying proxy.
+func (e *env) behindRelay(cfg transceiver.Config, id uint32, delay impair.Config, global bool) (*stack, error) {
 	members, clusters := &membership.Table{}, &membership.Table{}
 	rcfg := relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: cluster, Workers: 1}
 	var ingress *relay.Relay
@@ -176,26 +179,26 @@ func (e *env) behindRelay(cfg transceiver.Config, id uint32, delay impair.Config
 		var err error
 		ingress, err = relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Ingress: true, Workers: 1}, e.keys, clusters, nil, e.log)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		e.defer_(func() { _ = ingress.Close() })
 		rcfg.TrustedIngress = []string{netip.PrefixFrom(ingress.InternalAddr().Addr(), 32).String()}
 	}
 	rly, err := relay.New(rcfg, e.keys, members, nil, e.log)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	e.defer_(func() { _ = rly.Close() })
 	entry := rly.PublicAddr()
 	if ingress != nil {
 		if err := clusters.Set(map[uint32]netip.AddrPort{uint32(cluster): rly.PublicAddr()}); err != nil {
-			return "", err
+			return nil, err
 		}
 		entry = ingress.PublicAddr()
 	}
 	px, err := impair.NewUDP("127.0.0.1:0", entry, delay, 1)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	e.defer_(func() { _ = px.Close() })
 	cfg.ListenAddr = "127.0.0.1:0"
@@ -203,12 +206,13 @@ func (e *env) behindRelay(cfg transceiver.Config, id uint32, delay impair.Config
 	cfg.AllowRelays = []string{netip.PrefixFrom(rly.InternalAddr().Addr(), 32).String()}
 	trx, err := e.newTransceiver(cfg)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if err := members.Set(map[uint32]netip.AddrPort{id: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
-		return "", err
+		return nil, err
 	}
-	return e.signaling(trx)
+	url, page, err := e.signaling(trx)
+	return &stack{url: url, page: page}, err
 }
 
 func (e *env) newTransceiver(cfg transceiver.Config) (*transceiver.Server, error) {
@@ -220,17 +224,25 @@ func (e *env) newTransceiver(cfg transceiver.Config) (*transceiver.Server, error
 	return trx, nil
 }
 
-// signaling serves trx's signaling API behind a delaying TCP proxy and
-// returns the offer URL.
-func (e *env) signaling(trx *transceiver.Server) (string, error) {
-	hs := httptest.NewServer(trx.Handler())
+// signaling serves trx's signaling API, and the demo page at "/" for the
+// browser, behind a delaying TCP proxy and returns the offer URL and the
+// page URL.
+func (e *env) signaling(trx *transceiver.Server) (offer, page string, err error) {
+	api, demo := trx.Handler(), web.Handler()
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/" {
+			demo.ServeHTTP(w, r)
+			return
+		}
+		api.ServeHTTP(w, r)
+	}))
 	e.defer_(hs.Close)
 	px, err := impair.NewTCP("127.0.0.1:0", hs.Listener.Addr().String(), e.opts.RTT/2)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	e.defer_(func() { _ = px.Close() })
-	return "http://" + px.Addr() + "/v1/calls", nil
+	return "http://" + px.Addr() + "/v1/calls", "http://" + px.Addr() + "/", nil
 }
 
 // clientEngine is the client's SettingEngine: loopback host candidates

@@ -1,0 +1,83 @@
+package setupbench
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestChromiumSmoke runs one call from headless Chromium on direct and
+// relay per DTLS role with a small RTT and checks that the phases are sane
+// (present, ordered, within physical bounds). It asserts no performance.
+// Without chromium it is skipped, except in CI (CI set), where it fails.
+func TestChromiumSmoke(t *testing.T) {
+	if _, err := chromiumPath(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("chromium is not installed; CI is set, and in CI a missing tool is an error")
+		}
+		t.Skip("chromium is not installed (Debian: apt-get install chromium)")
+	}
+	const rtt = 10 * time.Millisecond
+	opts := Options{RTT: rtt, Runs: 1, Paths: []string{PathDirect, PathRelay}, Client: ClientChromium}
+	if testing.Verbose() {
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 4 {
+		t.Fatalf("%d results, want 4 (2 paths × 2 roles)", len(res))
+	}
+	for _, r := range res {
+		if !strings.HasPrefix(r.Client, "Chromium") {
+			t.Errorf("%s/%s: client %q, want Chromium and its version", r.Path, r.DTLSRole, r.Client)
+		}
+		if r.Runs != 1 || r.Failures != 0 {
+			t.Errorf("%s/%s: %d runs, %d failures: %v", r.Path, r.DTLSRole, r.Runs, r.Failures, r.Errors)
+			continue
+		}
+		// Answer ≤ ICE ≤ DTLS ≤ first audio at backend ≤ first echo at client.
+		phases := []float64{r.SignalingMS.Median, r.ICEMS.Median, r.DTLSMS.Median, r.FirstAudioBackendMS.Median, r.FirstAudioClientMS.Median}
+		for i, v := range phases {
+			if v <= 0 {
+				t.Errorf("%s/%s: phase %d is %v: %+v", r.Path, r.DTLSRole, i, v, r)
+			}
+			if i > 0 && v < phases[i-1] {
+				t.Errorf("%s/%s: phases out of order %v", r.Path, r.DTLSRole, phases)
+			}
+		}
+		if r.SignalingMS.Median < ms(rtt) {
+			t.Errorf("%s/%s: answer after %.1f ms, under one RTT", r.Path, r.DTLSRole, r.SignalingMS.Median)
+		}
+		if r.FirstAudioBackendMS.Median < 2*ms(rtt) {
+			t.Errorf("%s/%s: first audio at backend after %.1f ms, under 2 RTT", r.Path, r.DTLSRole, r.FirstAudioBackendMS.Median)
+		}
+	}
+	md := Markdown(res, opts)
+	for _, want := range []string{"| direct | client |", "| relay | server |", "Chromium"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("Markdown lacks %q:\n%s", want, md)
+		}
+	}
+	t.Log("\n" + md)
+}
+
+// TestExpectedChromium pins the round-trip model for Chromium.
+func TestExpectedChromium(t *testing.T) {
+	if got, want := expectedChromium(PathDirect), (Expected{0, 1, 2, 4, 4.5, 5}); got != want {
+		t.Errorf("direct: %+v, want %+v", got, want)
+	}
+	if got, want := expectedChromium(PathTURN), (Expected{2, 1, 2, 4, 4.5, 5}); got != want {
+		t.Errorf("turn: %+v, want %+v", got, want)
+	}
+	if _, err := (Options{Client: "lynx"}).withDefaults(); !errors.Is(err, ErrOptions) {
+		t.Errorf("client lynx: %v, want ErrOptions", err)
+	}
+}
