@@ -870,7 +870,10 @@ func quantile(d []time.Duration, q float64) time.Duration {
 const (
 	floodRSSBound = 64 << 20              // RSS growth of the whole test process during the flood
 	floodP99Bound = 20 * time.Millisecond // p99 echo latency during the flood minus before it
-	floodGapBound = time.Second           // longest time a real session goes without an echo
+	// floodP99BoundRace is floodP99Bound in -race builds, which CI runs
+	// next to other packages' tests on two cores.
+	floodP99BoundRace = 50 * time.Millisecond
+	floodGapBound     = time.Second // longest time a real session goes without an echo
 )
 
 // TestFloodWithLiveSessions floods the relay with well-formed Binding
@@ -1037,8 +1040,12 @@ func TestFloodWithLiveSessions(t *testing.T) {
 	if rss1-rss0 > floodRSSBound {
 		t.Errorf("RSS grew %d MiB during the flood, bound %d MiB", (rss1-rss0)>>20, floodRSSBound>>20)
 	}
-	if during99-before99 > floodP99Bound {
-		t.Errorf("p99 moved from %v to %v during the flood, bound +%v", before99, during99, floodP99Bound)
+	p99Bound := floodP99Bound
+	if raceBuild() {
+		p99Bound = floodP99BoundRace
+	}
+	if during99-before99 > p99Bound {
+		t.Errorf("p99 moved from %v to %v during the flood, bound +%v", before99, during99, p99Bound)
 	}
 	if st.ToClientBytes != uint64(clientBytes) {
 		t.Errorf("the relay sent %d bytes to clients, the real sessions received %d: something else was sent to", st.ToClientBytes, clientBytes)
