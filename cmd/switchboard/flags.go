@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -77,6 +78,7 @@ func (k *KeyConfig) register(fs *flag.FlagSet) {
 	fs.UintVar(&k.KeyID, "token-key-id", 0, "id of the current token key (0-63)")
 	fs.StringVar(&k.PreviousKey, "token-previous-key", "", "previous fleet token secret, still accepted during a rotation")
 	fs.UintVar(&k.PreviousKeyID, "token-previous-key-id", 0, "id of the previous token key (0-63)")
+	fs.StringVar(&k.MaxAge, "token-max-age", "", "relays drop tokens older than this (token_expired), e.g. 24h; keep it above the longest session; empty or 0: no bound")
 }
 
 func decodeSecret(s string) ([]byte, error) {
@@ -115,5 +117,12 @@ func (k *KeyConfig) keyring() (*token.Keyring, error) {
 		}
 		prev = append(prev, token.Key{ID: uint8(k.PreviousKeyID), Secret: b})
 	}
-	return token.NewKeyring(token.Key{ID: uint8(k.KeyID), Secret: cur}, prev...)
+	kr, err := token.NewKeyring(token.Key{ID: uint8(k.KeyID), Secret: cur}, prev...)
+	if err != nil || k.MaxAge == "" {
+		return kr, err
+	}
+	if kr.MaxAge, err = time.ParseDuration(k.MaxAge); err != nil || kr.MaxAge < 0 {
+		return nil, fmt.Errorf("-token-max-age %q: want a duration such as 24h, or 0 for no bound", k.MaxAge)
+	}
+	return kr, nil
 }
