@@ -10,7 +10,7 @@
 //
 // For automated browser tests it exposes window.switchboard:
 //
-//	state     "idle" | "calling" | "connected" | "disconnected" | "failed" | "closed"
+//	state     "idle" | "calling" | "connected" | "disconnected" | "failed" | "closed" | "ended"
 //	dcEcho    true once a ping on "oai-events" came back
 //	setupMs   POST start → peer connection "connected"
 //	echoMs    last data-channel ping round trip
@@ -19,7 +19,12 @@
 //	stats     {packetsSent, packetsReceived, packetsLost, jitterMs, rttMs,
 //	           audioLevel, totalAudioEnergy}, polled from getStats every 500 ms
 //	messages  data-channel messages received
-//	call(), hangup(), ping()
+//	timing    ms from the POST: gathering, answer, ICE connected, DTLS
+//	          connected, peer connected, data channel open, first inbound packet
+//	call(opts), hangup(), ping()   opts: optional {url, iceServers, iceTransportPolicy}
+//
+// "ended" means the server ended the call (a switchboard.session.end event
+// on oai-events, or the data channel or DTLS closing).
 //
 // and mirrors state in document.body.dataset.state.
 package web
