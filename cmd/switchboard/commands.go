@@ -120,6 +120,7 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	fs.IntVar(&cfg.Relay.MaxPendingPerIP, "max-pending-per-ip", relay.DefaultMaxPendingPerIP, "pending (unanswered) flows one source IP (IPv6: /64) may hold; beyond it its new flows are dropped and counted")
 	fs.IntVar(&cfg.Relay.NewFlowsPerIP, "new-flows-per-ip", relay.DefaultNewFlowsPerIP, "flows one source IP (IPv6: /64) may create per second; beyond it new flows are dropped and counted")
 	fs.IntVar(&cfg.Relay.NewFlowsPerSecond, "new-flows-per-second", relay.DefaultNewFlowsPerSecond, "flows all sources together may create per second; beyond it new flows are dropped and counted")
+	fs.BoolVar(&cfg.Relay.Relearn, "relearn", true, "rebuild a lost flow (relay restart) from a transceiver's datagram for the client, trusting members to name only their clients")
 	fs.BoolVar(&cfg.Relay.Ingress, "ingress", false, "run as a Global Relay: route tokens by cluster; -members then lists cluster id=cluster relay public ip:port")
 	fs.Func("trusted-ingress", "comma-separated CIDR prefixes of Global Relays whose hop-framed datagrams the public socket accepts", func(v string) error {
 		cfg.Relay.TrustedIngress = strings.Split(v, ",")

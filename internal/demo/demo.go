@@ -79,7 +79,7 @@ func Start(cfg Config) (*Demo, error) {
 		return nil, fmt.Errorf("demo: web listener: %w", err)
 	}
 	members := &membership.Table{}
-	rly, err := relay.New(relay.Config{PublicAddr: cfg.RelayAddr, InternalAddr: "127.0.0.1:0", Cluster: 1}, keys, members, reg, log.With("component", "relay"))
+	rly, err := relay.New(relay.Config{PublicAddr: cfg.RelayAddr, InternalAddr: "127.0.0.1:0", Cluster: 1, Relearn: true}, keys, members, reg, log.With("component", "relay"))
 	if err != nil {
 		_ = ln.Close()
 		return nil, err

@@ -33,6 +33,8 @@ const speech = "../../testdata/speech.wav"
 // stack is one relay, one transceiver and one echo agent, wired as in
 // production but on loopback.
 type stack struct {
+	keys      *token.Keyring
+	members   *membership.Table
 	reg       *prometheus.Registry // the transceiver's metrics
 	relay     *relay.Relay
 	trx       *transceiver.Server
@@ -92,7 +94,7 @@ func startStackFront(t *testing.T, trxID uint32, log *slog.Logger, front func(ne
 	}
 	sig := httptest.NewServer(trx.Handler())
 	t.Cleanup(sig.Close)
-	return &stack{reg: reg, relay: rly, trx: trx, signaling: sig}
+	return &stack{keys: keys, members: members, reg: reg, relay: rly, trx: trx, signaling: sig}
 }
 
 // TestCallThroughRelay sends speech as Opus from a Pion client through the

@@ -138,7 +138,9 @@ type flowTable struct {
 	n       atomic.Int64 // flows, pending and confirmed
 	pending atomic.Int64 // flows not yet confirmed
 	created atomic.Uint64
-	expired [2]atomic.Uint64 // by state: 0 pending, 1 confirmed
+	// relearned counts flows created from a member's traffic (Config.Relearn).
+	relearned atomic.Uint64
+	expired   [2]atomic.Uint64 // by state: 0 pending, 1 confirmed
 
 	// lim holds the per-source caps (limits.go): every pending flow holds
 	// one unit of its source's pending count, taken where pending goes up
@@ -305,6 +307,19 @@ func (t *flowTable) reply(client, from netip.AddrPort, now int64) (via netip.Add
 		via = vk.addrPort()
 	}
 	return via, dropNone
+}
+
+// relearn creates a confirmed flow from client to member, whose traffic
+// named a client the table does not know (a restarted relay). It is
+// subject to the same caps as any new flow.
+func (t *flowTable) relearn(client, member netip.AddrPort, now int64) DropReason {
+	if drop := t.upsert(client, member, 0, nil, now); drop != dropNone {
+		return drop
+	}
+	k := keyOf(client)
+	t.confirm(k, t.hash(&k), keyOf(member))
+	t.relearned.Add(1)
+	return dropNone
 }
 
 // confirm marks client's flow confirmed (once per flow, so it may lock).

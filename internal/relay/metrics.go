@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type collector struct {
 	r                            *Relay
 	drops, packets, bytes, flows *prometheus.Desc
-	created, expired             *prometheus.Desc
+	created, expired, relearned  *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*collector)(nil)
@@ -27,11 +27,13 @@ func newCollector(r *Relay) *collector {
 			"Flows created or re-pointed (ICE restart) by a Binding request with a valid token.", nil, nil),
 		expired: prometheus.NewDesc("switchboard_relay_flows_expired_total",
 			"Flows removed by the sweeper, by the state they were in.", []string{"state"}, nil),
+		relearned: prometheus.NewDesc("switchboard_relay_flows_relearned_total",
+			"Flows rebuilt from a transceiver's traffic for a client the relay did not know (after a restart).", nil, nil),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.drops, c.packets, c.bytes, c.flows, c.created, c.expired} {
+	for _, d := range []*prometheus.Desc{c.drops, c.packets, c.bytes, c.flows, c.created, c.expired, c.relearned} {
 		ch <- d
 	}
 }
@@ -48,6 +50,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.flows, prometheus.GaugeValue, float64(s.PendingFlows), "pending")
 	ch <- prometheus.MustNewConstMetric(c.flows, prometheus.GaugeValue, float64(s.Flows-s.PendingFlows), "confirmed")
 	ch <- prometheus.MustNewConstMetric(c.created, prometheus.CounterValue, float64(s.FlowsCreated))
+	ch <- prometheus.MustNewConstMetric(c.relearned, prometheus.CounterValue, float64(s.FlowsRelearned))
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(s.FlowsExpiredPending), "pending")
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(s.FlowsExpiredConfirmed), "confirmed")
 }

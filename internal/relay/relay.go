@@ -111,6 +111,15 @@ type Config struct {
 	// NoThreadLock leaves the read loops unpinned from their OS threads
 	// (runtime.LockOSThread is the default). For measurement only.
 	NoThreadLock bool `yaml:"no_thread_lock"`
+	// Relearn rebuilds a lost flow from the transceiver's side (DESIGN
+	// §5.7): a datagram from a member naming a client with no flow creates
+	// a confirmed flow from that client to that member, so a restarted
+	// relay forwards replies, and the client's media that follows, at once
+	// instead of after the client's next consent check. It trusts members
+	// to name only their own clients: a member can then make the relay
+	// send to any address. Off in the zero Config; the relay command turns
+	// it on by default.
+	Relearn bool `yaml:"relearn"`
 
 	trustedIngress []netip.Prefix // parsed TrustedIngress
 }
@@ -513,7 +522,13 @@ func (r *Relay) handleInternal(from netip.AddrPort, b []byte, now time.Time) (to
 	if len(payload) == 0 {
 		return to, nil, DropInternalEmptyPayload
 	}
-	via, drop := r.flows.reply(client, from, r.mono(now))
+	t := r.mono(now)
+	via, drop := r.flows.reply(client, from, t)
+	if drop == DropInternalNoFlow && r.cfg.Relearn {
+		if drop = r.flows.relearn(client, from, t); drop == dropNone {
+			return client, payload, dropNone
+		}
+	}
 	if drop != dropNone {
 		return to, nil, drop
 	}
@@ -622,6 +637,8 @@ type Stats struct {
 	Flows        int // flows in the table, pending and confirmed
 	PendingFlows int // flows whose transceiver has not answered yet
 	FlowsCreated uint64
+	// FlowsRelearned counts flows rebuilt from a member's traffic (Config.Relearn).
+	FlowsRelearned uint64
 	// FlowsExpired counts flows removed by the sweeper, by the state they were in.
 	FlowsExpiredPending, FlowsExpiredConfirmed uint64
 
@@ -649,6 +666,7 @@ func (r *Relay) Stats() Stats {
 	s.Flows = int(r.flows.n.Load())
 	s.PendingFlows = int(r.flows.pending.Load())
 	s.FlowsCreated = r.flows.created.Load()
+	s.FlowsRelearned = r.flows.relearned.Load()
 	s.FlowsExpiredPending = r.flows.expired[0].Load()
 	s.FlowsExpiredConfirmed = r.flows.expired[1].Load()
 	for _, w := range r.workers {
