@@ -183,6 +183,21 @@ func TestCallThroughRelay(t *testing.T) {
 	if n := s.trx.Sessions(); n != 0 {
 		t.Fatalf("%d sessions still live after hangup", n)
 	}
+	// A normal hangup is not a backend bridge error.
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "switchboard_transceiver_bridge_errors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if v := m.GetCounter().GetValue(); v != 0 {
+				t.Errorf("bridge errors %v = %v after a normal call", m.GetLabel(), v)
+			}
+		}
+	}
 }
 
 // TestConcurrentCalls runs several sessions at once through one relay and

@@ -50,6 +50,7 @@ type session struct {
 	// Setup phases reached, each observed once.
 	iceUp, dtlsUp, audioUp atomic.Bool
 	endOnce                sync.Once
+	ending                 atomic.Bool   // set when end starts: bridge errors after it are the teardown's
 	dropped                atomic.Uint64 // backend messages that could not be delivered to the client
 }
 
@@ -215,7 +216,7 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 		}
 		f := bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}
 		if err := sess.be.SendAudio(sess.ctx, f); err != nil {
-			if sess.ctx.Err() == nil {
+			if sess.ctx.Err() == nil && !sess.ending.Load() {
 				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
 			}
 			sess.end(ReasonBackendGone)
@@ -238,7 +239,7 @@ func (sess *session) onDataChannel(dc *webrtc.DataChannel) {
 	sess.events.Store(dc)
 	dc.OnMessage(func(m webrtc.DataChannelMessage) {
 		if err := sess.be.SendEvent(sess.ctx, m.Data); err != nil {
-			if sess.ctx.Err() == nil {
+			if sess.ctx.Err() == nil && !sess.ending.Load() {
 				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
 			}
 			sess.end(ReasonBackendGone)
@@ -349,7 +350,7 @@ func (sess *session) fromBackend() {
 	for {
 		m, err := sess.be.Recv(sess.ctx)
 		if err != nil {
-			if sess.ctx.Err() == nil {
+			if sess.ctx.Err() == nil && !sess.ending.Load() {
 				sess.log.Info("backend bridge closed", "err", err)
 				sess.srv.metrics.bridgeErrors.WithLabelValues("recv").Inc()
 			}
@@ -421,6 +422,7 @@ func (sess *session) watchSetup() {
 // connection is closed, and the session leaves the table.
 func (sess *session) end(reason string) {
 	sess.endOnce.Do(func() {
+		sess.ending.Store(true)
 		s := sess.srv
 		s.mu.Lock()
 		delete(s.sessions, sess.id)
