@@ -309,6 +309,43 @@ func (t *flowTable) reply(client, from netip.AddrPort, now int64) (via netip.Add
 	return via, dropNone
 }
 
+// setVia makes via (invalid: directly attached) the ingress relay of
+// client's flow if it is not already. Reading costs one probe; writing,
+// which only happens when a client's path moved, takes the shard lock.
+func (t *flowTable) setVia(client, via netip.AddrPort) {
+	k, vk := keyOf(client), viaKey(via)
+	h := t.hash(&k)
+	s := t.shardOf(h)
+	tab := s.tab.Load()
+	for {
+		i, seq, hit := probe(tab, k, h)
+		if !hit {
+			return
+		}
+		cur := keyWords(&tab.cold[i].via)
+		if tab.slots[i].seq.Load() != seq {
+			continue
+		}
+		if cur == vk {
+			return
+		}
+		break
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tab = s.tab.Load()
+	i, _, hit := probe(tab, k, h)
+	if !hit {
+		return
+	}
+	sl := &tab.slots[i]
+	sl.seq.Add(1)
+	for j := range 3 {
+		tab.cold[i].via[j].Store(vk[j])
+	}
+	sl.seq.Add(1)
+}
+
 // relearn creates a confirmed flow from client to member, whose traffic
 // named a client the table does not know (a restarted relay). It is
 // subject to the same caps as any new flow.

@@ -109,3 +109,34 @@ func TestGlobalRelayRoutesByCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestViaFollowsTheClient: when a client's consent checks start arriving
+// through another Global Relay (the first one died, or anycast moved), the
+// flow's replies follow them there.
+func TestViaFollowsTheClient(t *testing.T) {
+	f := newFixture(t, Config{TrustedIngress: []string{"192.0.2.0/24"}})
+	globalB := netip.MustParseAddrPort("192.0.2.20:3479")
+	framed := func(p []byte) []byte { return append(hop.AppendHeader(nil, hop.TypeData, c1), p...) }
+	check := f.good(7)
+	if _, _, drop := f.pub(globalA, framed(check)); drop != dropNone {
+		t.Fatal(drop)
+	}
+	reply := framed([]byte{0x16})
+	if to, _, _ := f.r.handleInternal(t7, bytes.Clone(reply), f.now); to != globalA {
+		t.Fatalf("reply to %v, want %v", to, globalA)
+	}
+	// The same consent check (same ufrag) now arrives through B.
+	if _, _, drop := f.pub(globalB, framed(check)); drop != dropNone {
+		t.Fatal(drop)
+	}
+	if to, _, _ := f.r.handleInternal(t7, bytes.Clone(reply), f.now); to != globalB {
+		t.Fatalf("reply to %v after the path moved, want %v", to, globalB)
+	}
+	// Media alone through A does not move it back (only a check does).
+	if _, _, drop := f.pub(globalA, framed([]byte{0x80, 111, 0, 1})); drop != dropNone {
+		t.Fatal(drop)
+	}
+	if to, _, _ := f.r.handleInternal(t7, bytes.Clone(reply), f.now); to != globalB {
+		t.Fatalf("media moved the via to %v", to)
+	}
+}

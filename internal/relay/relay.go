@@ -456,6 +456,9 @@ func (r *Relay) restart(from, via netip.AddrPort, pkt []byte, dst netip.AddrPort
 	}
 	switch m, cand := r.flows.matchUfrag(from, ufrag); m {
 	case ufragCurrent:
+		// The client's path may have moved to another Global Relay (or
+		// from one to none): replies follow its consent checks.
+		r.flows.setVia(from, via)
 		return dst
 	case ufragCandidate:
 		return cand
