@@ -87,29 +87,37 @@ func (c *Conn) sessionAddr(w netip.AddrPort, payload []byte) netip.AddrPort {
 	switch {
 	case s == nil:
 		return w
-	case !known.IsValid():
+	case known == w:
+		// The known address again: if a latch moved it, the mapping came back.
 		c.lmu.Lock()
-		if !s.addr.IsValid() {
-			s.addr = w
+		if old, ok := c.wire[known]; ok {
+			delete(c.alias, old)
+			delete(c.wire, known)
 		}
 		c.lmu.Unlock()
-		return w
-	case known == w || (aliased && a == known):
 		return known
+	case aliased && a == known:
+		return known
+	case known.IsValid() && known.Addr() != w.Addr():
+		return w // another path of a multi-homed client: ICE's business
 	}
-	// A request for this session from a new address: follow the client
-	// only if it proves it knows the session's pwd.
+	// A request that fixes or moves the session's address must prove it
+	// knows the session's pwd.
 	m := &stun.Message{Raw: bytes.Clone(payload)}
 	if m.Decode() != nil || s.integrity.Check(m) != nil {
 		return w
 	}
 	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	if !s.addr.IsValid() {
+		s.addr = w
+		return w
+	}
 	if old, ok := c.wire[known]; ok {
 		delete(c.alias, old)
 	}
 	c.alias[w] = known
 	c.wire[known] = w
-	c.lmu.Unlock()
 	c.latched.Add(1)
 	return known
 }

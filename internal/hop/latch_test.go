@@ -47,6 +47,8 @@ func TestLatch(t *testing.T) {
 		}
 		return got
 	}
+	otherIP := netip.MustParseAddrPort("203.0.113.5:40000") // the client's other network
+	const pwd = "the-session-pwd-of-24-chars"
 	steps := []struct {
 		name    string
 		from    netip.AddrPort
@@ -54,7 +56,9 @@ func TestLatch(t *testing.T) {
 		want    netip.AddrPort
 		latched uint64
 	}{
-		{"first check fixes the address", oldAddr, check("the-session-pwd-of-24-chars"), oldAddr, 0},
+		{"a first check without the pwd fixes nothing", otherIP, check("guessed-password-xxxxxxxx"), otherIP, 0},
+		{"first check fixes the address", oldAddr, check(pwd), oldAddr, 0},
+		{"an authenticated check from another IP is another path, not a rebinding", otherIP, check(pwd), otherIP, 0},
 		{"media from a new address alone does not move it", newAddr, rtp, newAddr, 0},
 		{"a check without the pwd does not move it", newAddr, check("guessed-password-xxxxxxxx"), newAddr, 0},
 		{"an authenticated check moves it", newAddr, check("the-session-pwd-of-24-chars"), oldAddr, 1},
@@ -80,6 +84,23 @@ func TestLatch(t *testing.T) {
 	}
 	if _, named, p, err := ParseHeader(buf[:n]); err != nil || named != newAddr || string(p) != "reply" {
 		t.Fatalf("reply went to %v (%q, %v), want %v", named, p, err, newAddr)
+	}
+	// A check from the old address again ends the latch: writes go there.
+	if got := deliver(oldAddr, check(pwd)); got != oldAddr {
+		t.Fatalf("check from the old address reported as %v", got)
+	}
+	if _, err := c.WriteToAddrPort([]byte("back"), oldAddr); err != nil {
+		t.Fatal(err)
+	}
+	n, _, err = relay.ReadFrom(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, named, _, err := ParseHeader(buf[:n]); err != nil || named != oldAddr {
+		t.Fatalf("after the mapping came back, write went to %v, want %v", named, oldAddr)
+	}
+	if got := deliver(newAddr, rtp); got != newAddr {
+		t.Fatalf("the stale alias survived: %v", got)
 	}
 	// Removing the session drops its aliases.
 	c.RemoveSession("srvufrag")
