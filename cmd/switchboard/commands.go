@@ -201,7 +201,7 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	clusterFlag(fs, &cfg.Trx.Cluster)
 	fs.StringVar(&cfg.Trx.ListenAddr, "listen", "127.0.0.1:4000", "UDP address of the internal-hop socket relays send to")
 	fs.StringVar(&cfg.Trx.Advertise, "advertise", "", "relay public ip:port put in answers as the one candidate (required unless -direct)")
-	fs.StringVar(&cfg.Allow, "allow-relays", "", "comma-separated CIDR prefixes relays may send from (empty allows any)")
+	fs.StringVar(&cfg.Allow, "allow-relays", "", "comma-separated CIDR prefixes relays may send from (default: loopback and private ranges)")
 	fs.StringVar(&cfg.Trx.BackendURL, "backend", "ws://127.0.0.1:8081/v1/bridge", "backend bridge WebSocket URL")
 	fs.DurationVar(&cfg.Trx.SetupTimeout, "setup-timeout", 30*time.Second, "end sessions not connected this long after the offer")
 	fs.IntVar(&cfg.Trx.MaxSessions, "max-sessions", 10000, "concurrent session cap; offers beyond it get 503")

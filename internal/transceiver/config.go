@@ -7,6 +7,11 @@ import (
 	"time"
 )
 
+// DefaultAllowRelays are the prefixes internal-hop datagrams may come from
+// when Config.AllowRelays is empty: loopback, RFC 1918, RFC 6598 shared
+// address space (some Kubernetes networks), and IPv6 unique-local.
+var DefaultAllowRelays = []string{"127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "::1/128", "fc00::/7"}
+
 // Config configures a transceiver. Validate fills defaults.
 type Config struct {
 	// ID is this transceiver's id, carried in every token it mints; relays
@@ -21,7 +26,9 @@ type Config struct {
 	// relay VIP:port clients send to. Required.
 	Advertise string `yaml:"advertise"`
 	// AllowRelays lists CIDR prefixes that internal-hop datagrams may come
-	// from; empty allows any source.
+	// from. Empty means DefaultAllowRelays: loopback and private ranges,
+	// never the internet, since a hop datagram names a client and so
+	// steers that client's return path.
 	AllowRelays []string `yaml:"allow_relays"`
 	// BackendURL is the WebSocket URL of the backend bridge (ws:// or wss://). Required.
 	BackendURL string `yaml:"backend_url"`
@@ -74,7 +81,11 @@ func (c *Config) Validate() error {
 		c.advertise = ap
 	}
 	c.allow = c.allow[:0]
-	for _, s := range c.AllowRelays {
+	allow := c.AllowRelays
+	if len(allow) == 0 {
+		allow = DefaultAllowRelays
+	}
+	for _, s := range allow {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
 			return fmt.Errorf("transceiver: allow_relays entry %q is not a CIDR prefix such as 10.0.0.0/8: %w", s, err)

@@ -287,3 +287,36 @@ func TestRegionIngress(t *testing.T) {
 		})
 	}
 }
+
+// TestMaxSessionsUnderConcurrentOffers: offers being answered count
+// against MaxSessions, so concurrent offers cannot overshoot it.
+func TestMaxSessionsUnderConcurrentOffers(t *testing.T) {
+	s, api, _ := newTestServer(t, func(c *Config) { c.MaxSessions = 2 })
+	const n = 8
+	offers := make([]string, n)
+	for i := range offers {
+		offers[i] = clientOffer(t, true)
+	}
+	codes := make(chan int, n)
+	for _, o := range offers {
+		go func() {
+			resp, err := http.Post(api.URL+"/v1/calls", "application/sdp", strings.NewReader(o))
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	got := map[int]int{}
+	for range n {
+		got[<-codes]++
+	}
+	if got[http.StatusCreated] > 2 || got[http.StatusCreated]+got[http.StatusServiceUnavailable] != n {
+		t.Fatalf("statuses %v: want at most 2 created and the rest 503", got)
+	}
+	if s.Sessions() > 2 {
+		t.Fatalf("%d sessions, cap 2", s.Sessions())
+	}
+}

@@ -76,6 +76,7 @@ type Server struct {
 	sessions map[string]*session // guarded by mu
 	closed   bool                // guarded by mu
 	draining bool                // guarded by mu
+	starting int                 // offers being answered, counted against MaxSessions; guarded by mu
 	wg       sync.WaitGroup      // session goroutines
 }
 
@@ -215,11 +216,19 @@ func (s *Server) Offer(ctx context.Context, offer string, meta map[string]string
 	case s.draining:
 		s.mu.Unlock()
 		return "", "", ErrDraining
-	case len(s.sessions) >= s.cfg.MaxSessions:
+	case len(s.sessions)+s.starting >= s.cfg.MaxSessions:
 		s.mu.Unlock()
 		return "", "", ErrFull
 	}
+	// Reserve the slot while the offer is answered, so that concurrent
+	// offers cannot overshoot MaxSessions.
+	s.starting++
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.starting--
+		s.mu.Unlock()
+	}()
 	if err := validateOffer(offer); err != nil {
 		return "", "", err
 	}
@@ -294,9 +303,13 @@ func (s *Server) Close() error {
 		live = append(live, sess)
 	}
 	s.mu.Unlock()
+	// In parallel: each end waits on its backend and its client (up to a
+	// few seconds), and all must finish within the pod's grace period.
+	var ending sync.WaitGroup
 	for _, sess := range live {
-		sess.end(bridge.ReasonShutdown)
+		ending.Go(func() { sess.end(bridge.ReasonShutdown) })
 	}
+	ending.Wait()
 	s.wg.Wait()
 	s.cancel()
 	err := s.mux.Close()
