@@ -13,7 +13,8 @@ package membership
 // A heartbeat is one MULTI: ZADD with the new expiry and HSET of the
 // address. A transceiver that stops heartbeating drops out of the table once
 // its expiry passes (RedisTTL after its last heartbeat, 6 s by default); the
-// next heartbeat from a restarted one brings it back. Relays read with
+// next heartbeat from a restarted one brings it back. Expiries are on the
+// Redis server's clock (TIME), never a host's. Relays read with
 // ZRANGEBYSCORE (expiry ≥ now) and HMGET and never write: an expired
 // member's entries stay, ignored, until its id registers again. If
 // Redis is unreachable, relays keep the last table they read, count the
@@ -108,8 +109,15 @@ func (r *RedisRegistration) beat(ctx context.Context) error {
 	defer cancel()
 	members, addrs := RedisKeys(r.cluster)
 	id := strconv.FormatUint(uint64(r.id), 10)
-	expiry := float64(time.Now().Add(r.ttl).UnixMilli())
-	_, err := r.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	// Expiries are on Redis's clock, which every relay reads too, so that
+	// clock skew between hosts cannot expire live members.
+	now, err := r.client.Time(ctx).Result()
+	if err != nil {
+		r.Failures.Add(1)
+		return err
+	}
+	expiry := float64(now.Add(r.ttl).UnixMilli())
+	_, err = r.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZAdd(ctx, members, redis.Z{Score: expiry, Member: id})
 		p.HSet(ctx, addrs, id, r.addr.String())
 		return nil
@@ -147,6 +155,7 @@ type RedisWatcher struct {
 	// Polls and Failures count registry reads and the ones that failed
 	// (Redis unreachable, or an entry that does not parse: it is skipped).
 	Polls, Failures atomic.Uint64
+	emptyOnce       atomic.Bool // the last read found no member
 }
 
 // WatchRedis reads the registry of cluster every poll (0: DefaultRedisPoll)
@@ -190,7 +199,12 @@ func (w *RedisWatcher) read(ctx context.Context, client redis.UniversalClient, c
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	members, addrs := RedisKeys(cluster)
-	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	tnow, err := client.Time(ctx).Result()
+	if err != nil {
+		w.Failures.Add(1)
+		return fmt.Errorf("membership: redis: %w", err)
+	}
+	now := strconv.FormatInt(tnow.UnixMilli(), 10)
 	ids, err := client.ZRangeByScore(ctx, members, &redis.ZRangeBy{Min: now, Max: "+inf"}).Result()
 	if err != nil {
 		w.Failures.Add(1)
@@ -214,6 +228,15 @@ func (w *RedisWatcher) read(ctx context.Context, client redis.UniversalClient, c
 			}
 			entries[uint32(id)] = ap
 		}
+	}
+	// One read that finds nobody (a Redis failover to an empty replica, a
+	// flushed database) must not empty a live table, which would drop
+	// every flow: a table is emptied only by two such reads in a row.
+	if len(entries) == 0 && t.Len() > 0 && !w.emptyOnce.Swap(true) {
+		return nil
+	}
+	if len(entries) > 0 {
+		w.emptyOnce.Store(false)
 	}
 	return t.Set(entries)
 }

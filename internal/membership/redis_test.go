@@ -3,6 +3,7 @@ package membership
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -127,6 +128,10 @@ func TestRedisRegistry(t *testing.T) {
 }
 
 func TestRedisDownKeepsTable(t *testing.T) {
+	// Registered first, so it runs after the clients are closed: go-redis
+	// redials a dead server from a goroutine that notices the pool closed
+	// only after its 1 s retry sleep; let it go before goleak looks.
+	t.Cleanup(func() { time.Sleep(1200 * time.Millisecond) })
 	addr, stop := startRedis(t)
 	ctx := context.Background()
 	client := newClient(t, addr)
@@ -157,5 +162,40 @@ func TestRegisterRedisRejectsBadAddress(t *testing.T) {
 	defer c.Close()
 	if _, err := RegisterRedis(context.Background(), c, 1, 1, netip.MustParseAddrPort("0.0.0.0:4000"), 0, nil); err == nil {
 		t.Fatal("an unspecified address was accepted")
+	}
+}
+
+// TestRedisEmptyReadNeedsConfirmation: one read that finds nobody (an
+// empty replica after a failover, a flush) keeps the table; a second one
+// in a row empties it.
+func TestRedisEmptyReadNeedsConfirmation(t *testing.T) {
+	addr, _ := startRedis(t)
+	ctx := context.Background()
+	client := newClient(t, addr)
+	reg, err := RegisterRedis(ctx, client, 3, 5, netip.MustParseAddrPort("10.0.0.5:4000"), time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	var table Table
+	w, err := WatchRedis(ctx, client, 3, &table, time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if table.Len() != 1 {
+		t.Fatalf("%d members, want 1", table.Len())
+	}
+	if err := client.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	for i, want := range []int{1, 0} {
+		if err := w.read(ctx, client, 3, &table, log); err != nil {
+			t.Fatal(err)
+		}
+		if table.Len() != want {
+			t.Fatalf("after empty read %d: %d members, want %d", i+1, table.Len(), want)
+		}
 	}
 }
