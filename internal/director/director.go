@@ -262,10 +262,24 @@ func (d *Director) rewriteLocation(up *upstream) func(*http.Response) error {
 	}
 }
 
+// validSessionID reports whether id can be a transceiver's session id
+// (URL-safe base64), so that nothing else is spliced into an upstream path.
+func validSessionID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
 func (d *Director) handleSession(w http.ResponseWriter, r *http.Request) {
 	name, id, ok := strings.Cut(r.PathValue("ref"), "~")
 	up := d.upstreams[name]
-	if !ok || up == nil || id == "" {
+	if !ok || up == nil || !validSessionID(id) {
 		httpapi.WriteError(w, http.StatusNotFound, "not_found", "no such session")
 		return
 	}

@@ -142,7 +142,7 @@ func TestDirectorRoutesByRegion(t *testing.T) {
 		})
 	}
 	// Unknown session references are 404, never proxied anywhere.
-	for _, ref := range []string{"nope", "c9-0~abc", "c1-0~"} {
+	for _, ref := range []string{"nope", "c9-0~abc", "c1-0~", "c1-0~..%2F..%2Flive", "c1-0~a%20b"} {
 		del, _ := http.NewRequest(http.MethodDelete, front.URL+"/v1/calls/"+ref, nil)
 		resp, err := http.DefaultClient.Do(del)
 		if err != nil {
