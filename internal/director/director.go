@@ -20,9 +20,11 @@
 package director
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -241,7 +243,69 @@ func (d *Director) handleOffer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Header.Set(RegionHeader, region)
-	up.proxy.ServeHTTP(w, r)
+	d.proxyOffer(w, r, ups, up)
+}
+
+// maxOfferBytes bounds the offers the director buffers (as transceivers do).
+const maxOfferBytes = 64 << 10
+
+// proxyOffer forwards the offer to first, and on a 502 (unreachable) or 503
+// (draining or full) to the cluster's other transceivers in turn, so that a
+// rolling restart or a dead pod costs a retry, not a failed call. The offer
+// and the answer are small, so both are buffered.
+func (d *Director) proxyOffer(w http.ResponseWriter, r *http.Request, ups []*upstream, first *upstream) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxOfferBytes))
+	if err != nil {
+		httpapi.WriteError(w, http.StatusRequestEntityTooLarge, "offer_too_large", "the offer is larger than 64 KiB")
+		return
+	}
+	start := slices.Index(ups, first)
+	for i := range ups {
+		up := ups[(start+i)%len(ups)]
+		req := r.Clone(r.Context())
+		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		rec := &recorder{header: http.Header{}}
+		up.proxy.ServeHTTP(rec, req)
+		if (rec.code == http.StatusBadGateway || rec.code == http.StatusServiceUnavailable) && i < len(ups)-1 {
+			d.log.Info("transceiver refused the offer; trying the next", "upstream", up.name, "status", rec.code)
+			continue
+		}
+		rec.writeTo(w)
+		return
+	}
+}
+
+// recorder is an in-memory http.ResponseWriter for one proxied offer.
+type recorder struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	return r.body.Write(b)
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+}
+
+func (r *recorder) writeTo(w http.ResponseWriter) {
+	for k, v := range r.header {
+		w.Header()[k] = v
+	}
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	w.WriteHeader(r.code)
+	_, _ = w.Write(r.body.Bytes())
 }
 
 // rewriteLocation turns a transceiver's "/v1/calls/{id}" into the

@@ -1,6 +1,7 @@
 package director
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"io"
@@ -216,5 +217,49 @@ func TestNewRejectsBadConfig(t *testing.T) {
 				t.Fatalf("error %v does not mention %q", err, tt.mention)
 			}
 		})
+	}
+}
+
+// TestDirectorFailsOver: an offer that meets a dead (502) or draining
+// (503) transceiver is tried on the cluster's next one, whichever the
+// round-robin starts with.
+func TestDirectorFailsOver(t *testing.T) {
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	keys, _ := token.NewKeyring(token.Key{Secret: secret})
+	live, draining := startCluster(t, keys, 1), startCluster(t, keys, 1)
+	drained := make(chan int, 1)
+	dctx, cancel := context.WithCancel(context.Background())
+	go func() { drained <- draining.trx.Drain(dctx) }()
+	defer func() { cancel(); <-drained }()
+	for draining.trx.Ready() {
+		time.Sleep(time.Millisecond)
+	}
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	d, err := New(Config{
+		Regions:       map[string]Region{"eu": {Cluster: "c1"}},
+		DefaultRegion: "eu",
+		Clusters:      map[string][]string{"c1": {deadURL, draining.srv.URL, live.srv.URL}},
+	}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(d.Handler())
+	defer front.Close()
+	for i := range 3 { // each round-robin starting point
+		resp, err := http.Post(front.URL+"/v1/calls", "application/sdp", strings.NewReader(offer(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || !strings.HasPrefix(resp.Header.Get("Location"), "/v1/calls/c1-2~") {
+			t.Fatalf("offer %d: %d, Location %q: %s", i, resp.StatusCode, resp.Header.Get("Location"), body)
+		}
+	}
+	if n := live.trx.Sessions(); n != 3 {
+		t.Fatalf("live transceiver has %d sessions, want 3", n)
 	}
 }
