@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/switchboard-rtc/switchboard/internal/chromium"
 )
 
 // The browser test drives a real Chromium through the whole demo: the page
@@ -183,7 +185,7 @@ func chromiumPath(t *testing.T) string {
 // returns a chromedp context for its one tab. A cleanup stops Chromium and
 // every goroutine of chromedp, and on failure logs the page's console,
 // exceptions, on-page log and Chromium's own output.
-func startBrowser(t *testing.T, chromium, wav string) context.Context {
+func startBrowser(t *testing.T, chromiumBin, wav string) context.Context {
 	t.Helper()
 	var (
 		output   lockedBuffer // Chromium's stdout and stderr
@@ -196,43 +198,7 @@ func startBrowser(t *testing.T, chromium, wav string) context.Context {
 		messages = append(messages, fmt.Sprintf(format, args...))
 	}
 
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(chromium),
-		// No UserDataDir: chromedp then makes a fresh temporary profile,
-		// kills any Chromium child still using it when the browser exits,
-		// and removes it.
-		chromedp.Headless,  // also --hide-scrollbars and --mute-audio
-		chromedp.NoSandbox, // we may run as root (CI containers)
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-default-apps", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("disable-breakpad", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("password-store", "basic"),
-		chromedp.Flag("use-mock-keychain", true),
-		// A hidden tab must not throttle the page's timers (stats polling).
-		chromedp.Flag("disable-background-timer-throttling", true),
-		chromedp.Flag("disable-renderer-backgrounding", true),
-		chromedp.Flag("disable-backgrounding-occluded-windows", true),
-		// Media: grant the microphone without a prompt, and feed it from the
-		// WAV file (looped). http://127.0.0.1 is a secure context, so
-		// getUserMedia works without TLS.
-		chromedp.Flag("use-fake-ui-for-media-stream", true),
-		chromedp.Flag("use-fake-device-for-media-stream", true),
-		chromedp.Flag("use-file-for-fake-audio-capture", wav),
-		chromedp.Flag("autoplay-policy", "no-user-gesture-required"),
-		// WebRTC: gather candidates on loopback too (Chromium skips it by
-		// default), so the call works in a network namespace with only lo.
-		chromedp.Flag("allow-loopback-in-peer-connection", true),
-		chromedp.WindowSize(900, 1000),
-		chromedp.CombinedOutput(&output),
-	}
+	opts := append(chromium.Options(chromiumBin, wav, &output), chromedp.WindowSize(900, 1000))
 	allocCtx, allocCancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(allocCtx,
 		chromedp.WithErrorf(func(format string, args ...any) { note("chromedp error: "+format, args...) }),

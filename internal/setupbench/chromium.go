@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
+	"github.com/switchboard-rtc/switchboard/internal/chromium"
 )
 
 // Clients.
@@ -69,37 +70,7 @@ func startBrowser(log *slog.Logger, audio *callclient.WAV) (*browser, error) {
 		return nil, err
 	}
 	b := &browser{dir: dir, output: &lockedBuffer{}, log: log}
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(bin),
-		// No UserDataDir: chromedp makes a temporary profile and removes it.
-		chromedp.Headless,
-		chromedp.NoSandbox, // we may run as root
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-default-apps", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("disable-breakpad", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("password-store", "basic"),
-		chromedp.Flag("use-mock-keychain", true),
-		// Background tabs must not throttle the page's timers (the 5 ms
-		// first-packet poll).
-		chromedp.Flag("disable-background-timer-throttling", true),
-		chromedp.Flag("disable-renderer-backgrounding", true),
-		chromedp.Flag("disable-backgrounding-occluded-windows", true),
-		chromedp.Flag("use-fake-ui-for-media-stream", true),
-		chromedp.Flag("use-fake-device-for-media-stream", true),
-		chromedp.Flag("use-file-for-fake-audio-capture", wav),
-		chromedp.Flag("autoplay-policy", "no-user-gesture-required"),
-		// The answer's candidate is on loopback.
-		chromedp.Flag("allow-loopback-in-peer-connection", true),
-		chromedp.CombinedOutput(b.output),
-	}
+	opts := chromium.Options(bin, wav, b.output)
 	allocCtx, allocCancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(allocCtx,
 		chromedp.WithErrorf(func(format string, args ...any) { log.Debug("chromedp error: " + fmt.Sprintf(format, args...)) }),
