@@ -8,10 +8,25 @@ go vet ./...
 go test -race -count=1 -timeout 20m ./...
 # Each fuzz target briefly (longer runs: see docs/security.md).
 fuzztime=${FUZZTIME:-5s}
+# A failing input is saved under testdata/fuzz and fails the retry too; a
+# retry that passes means the fuzzing engine itself stumbled (it can time
+# out its workers on a loaded machine), which is shown but not fatal.
+fuzz() {
+  go test -run '^$' -fuzz "^$2\$" -fuzztime "$fuzztime" "$1" >"$log" 2>&1
+}
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 for pkg in $(go list ./...); do
   for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
     echo "fuzz $pkg $target ($fuzztime)"
-    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg" >/dev/null
+    if ! fuzz "$pkg" "$target"; then
+      tail -n 30 "$log"
+      echo "fuzz $pkg $target failed; running it again (a real failing input fails again)"
+      if ! fuzz "$pkg" "$target"; then
+        tail -n 30 "$log"
+        exit 1
+      fi
+    fi
   done
 done
 echo "fuzz: all targets ran"
