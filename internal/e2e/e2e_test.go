@@ -282,3 +282,28 @@ func histogramCounts(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
 	}
 	return out
 }
+
+// callResult is the outcome of a call run in the background.
+type callResult struct {
+	r   callclient.Report
+	err error
+}
+
+// callInBackground starts a call of the given length through s and
+// returns once the relay has forwarded 100 packets to the client (the call
+// is under way), with a channel that yields the call's outcome.
+func callInBackground(t *testing.T, s *stack, d time.Duration) <-chan callResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d+30*time.Second)
+	done := make(chan callResult, 1)
+	go func() {
+		defer cancel()
+		r, err := callclient.Run(ctx, callclient.Options{URL: s.signaling.URL + "/v1/calls", AudioPath: speech, Duration: d, IPv4Only: true})
+		done <- callResult{r, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.relay.Stats().ToClientPackets < 100 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return done
+}

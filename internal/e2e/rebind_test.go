@@ -1,13 +1,11 @@
 package e2e
 
 import (
-	"context"
 	"log/slog"
 	"net/netip"
 	"testing"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/impair"
 )
 
@@ -26,22 +24,8 @@ func TestNATRebinding(t *testing.T) {
 		t.Cleanup(func() { _ = px.Close() })
 		return px.Addr()
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
-	defer cancel()
-	type result struct {
-		r   callclient.Report
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		r, err := callclient.Run(ctx, callclient.Options{URL: s.signaling.URL + "/v1/calls", AudioPath: speech, Duration: 12 * time.Second, IPv4Only: true})
-		done <- result{r, err}
-	}()
 	// Let the call run, then rebind the client's NAT mapping.
-	deadline := time.Now().Add(10 * time.Second)
-	for s.relay.Stats().ToClientPackets < 100 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	done := callInBackground(t, s, 12*time.Second)
 	flowsBefore := s.relay.Stats().FlowsCreated
 	rebound := 0
 	for _, c := range px.Clients() {

@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"context"
 	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 )
 
@@ -21,21 +19,7 @@ func TestRelayRestart(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s := startStackWithLog(t, 11, slog.New(slog.DiscardHandler))
 			public, internal := s.relay.PublicAddr(), s.relay.InternalAddr()
-			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
-			defer cancel()
-			type result struct {
-				r   callclient.Report
-				err error
-			}
-			done := make(chan result, 1)
-			go func() {
-				r, err := callclient.Run(ctx, callclient.Options{URL: s.signaling.URL + "/v1/calls", AudioPath: speech, Duration: 8 * time.Second, IPv4Only: true})
-				done <- result{r, err}
-			}()
-			deadline := time.Now().Add(10 * time.Second)
-			for s.relay.Stats().ToClientPackets < 100 && time.Now().Before(deadline) {
-				time.Sleep(20 * time.Millisecond)
-			}
+			done := callInBackground(t, s, 8*time.Second)
 			_ = s.relay.Close()
 			killed := time.Now()
 			members := s.members
