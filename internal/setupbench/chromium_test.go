@@ -43,22 +43,7 @@ func TestChromiumSmoke(t *testing.T) {
 			t.Errorf("%s/%s: %d runs, %d failures: %v", r.Path, r.DTLSRole, r.Runs, r.Failures, r.Errors)
 			continue
 		}
-		// Answer ≤ ICE ≤ DTLS ≤ first audio at backend ≤ first echo at client.
-		phases := []float64{r.SignalingMS.Median, r.ICEMS.Median, r.DTLSMS.Median, r.FirstAudioBackendMS.Median, r.FirstAudioClientMS.Median}
-		for i, v := range phases {
-			if v <= 0 {
-				t.Errorf("%s/%s: phase %d is %v: %+v", r.Path, r.DTLSRole, i, v, r)
-			}
-			if i > 0 && v < phases[i-1] {
-				t.Errorf("%s/%s: phases out of order %v", r.Path, r.DTLSRole, phases)
-			}
-		}
-		if r.SignalingMS.Median < ms(rtt) {
-			t.Errorf("%s/%s: answer after %.1f ms, under one RTT", r.Path, r.DTLSRole, r.SignalingMS.Median)
-		}
-		if r.FirstAudioBackendMS.Median < 2*ms(rtt) {
-			t.Errorf("%s/%s: first audio at backend after %.1f ms, under 2 RTT", r.Path, r.DTLSRole, r.FirstAudioBackendMS.Median)
-		}
+		checkPhases(t, r, rtt)
 	}
 	md := Markdown(res, opts)
 	for _, want := range []string{"| direct | client |", "| relay | server |", "Chromium"} {

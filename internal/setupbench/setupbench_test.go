@@ -37,21 +37,7 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s/%s: %d runs, %d failures: %v", r.Path, r.DTLSRole, r.Runs, r.Failures, r.Errors)
 			continue
 		}
-		phases := []float64{r.SignalingMS.Median, r.ICEMS.Median, r.DTLSMS.Median, r.FirstAudioBackendMS.Median, r.FirstAudioClientMS.Median}
-		for i, v := range phases {
-			if v <= 0 {
-				t.Errorf("%s/%s: phase %d is %v: %+v", r.Path, r.DTLSRole, i, v, r)
-			}
-			if i > 0 && v < phases[i-1] {
-				t.Errorf("%s/%s: phases out of order %v", r.Path, r.DTLSRole, phases)
-			}
-		}
-		if r.SignalingMS.Median < ms(rtt) {
-			t.Errorf("%s/%s: answer after %.1f ms, under one RTT", r.Path, r.DTLSRole, r.SignalingMS.Median)
-		}
-		if r.FirstAudioBackendMS.Median < 2*ms(rtt) {
-			t.Errorf("%s/%s: first audio at backend after %.1f ms, under 2 RTT", r.Path, r.DTLSRole, r.FirstAudioBackendMS.Median)
-		}
+		checkPhases(t, r, rtt)
 		if r.RTTs < 2 {
 			t.Errorf("%s/%s: RTTs %.2f", r.Path, r.DTLSRole, r.RTTs)
 		}
@@ -154,4 +140,27 @@ func TestMeasure(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log("\n" + Markdown(res, opts))
+}
+
+// checkPhases checks what physics guarantees of one result: every phase
+// happened, in order (answer ≤ ICE ≤ DTLS ≤ first audio at the backend ≤
+// first echo at the client), the answer took at least one RTT and the
+// first audio at least two.
+func checkPhases(t *testing.T, r Result, rtt time.Duration) {
+	t.Helper()
+	phases := []float64{r.SignalingMS.Median, r.ICEMS.Median, r.DTLSMS.Median, r.FirstAudioBackendMS.Median, r.FirstAudioClientMS.Median}
+	for i, v := range phases {
+		if v <= 0 {
+			t.Errorf("%s/%s: phase %d is %v: %+v", r.Path, r.DTLSRole, i, v, r)
+		}
+		if i > 0 && v < phases[i-1] {
+			t.Errorf("%s/%s: phases out of order %v", r.Path, r.DTLSRole, phases)
+		}
+	}
+	if r.SignalingMS.Median < ms(rtt) {
+		t.Errorf("%s/%s: answer after %.1f ms, under one RTT", r.Path, r.DTLSRole, r.SignalingMS.Median)
+	}
+	if r.FirstAudioBackendMS.Median < 2*ms(rtt) {
+		t.Errorf("%s/%s: first audio at backend after %.1f ms, under 2 RTT", r.Path, r.DTLSRole, r.FirstAudioBackendMS.Median)
+	}
 }
