@@ -63,6 +63,24 @@ const (
 	// whose header does not parse.
 	DropIngressBadHeader
 
+	// Flow cache (Config.FlowCache, flowcache.go): DTLS/RTP/RTCP from a
+	// client without a flow, which the cache could not recover.
+
+	// DropFlowCacheMiss: the cache has no flow for the client (or had
+	// none less than a second ago).
+	DropFlowCacheMiss
+	// DropFlowCacheDown: the cache is unreachable or backing off after an
+	// error; the datagram was not held, or its lookup failed.
+	DropFlowCacheDown
+	// DropFlowCacheTimeout: the lookup did not answer within the hold time (200 ms).
+	DropFlowCacheTimeout
+	// DropFlowCacheHoldFull: the client already has its held datagrams
+	// (8), or the relay's held-datagram pool or lookup table is full.
+	DropFlowCacheHoldFull
+	// DropFlowCacheStale: the cache's entry does not decode, or names a
+	// transceiver that is not a member with that id and address.
+	DropFlowCacheStale
+
 	// Internal socket.
 
 	// DropInternalUnknownPeer: the sender is not in the membership table.
@@ -113,6 +131,11 @@ var dropNames = [NumDropReasons]string{
 	DropUnknownCluster:        "unknown_cluster",
 	DropIngressUntrusted:      "ingress_untrusted",
 	DropIngressBadHeader:      "ingress_bad_header",
+	DropFlowCacheMiss:         "flow_cache_miss",
+	DropFlowCacheDown:         "flow_cache_down",
+	DropFlowCacheTimeout:      "flow_cache_timeout",
+	DropFlowCacheHoldFull:     "flow_cache_hold_full",
+	DropFlowCacheStale:        "flow_cache_stale",
 	DropInternalUnknownPeer:   "internal_unknown_peer",
 	DropInternalBadHeader:     "internal_bad_header",
 	DropInternalEmptyPayload:  "internal_empty_payload",
@@ -122,6 +145,12 @@ var dropNames = [NumDropReasons]string{
 	DropWriteError:            "write_error",
 	DropTooBig:                "too_big",
 }
+
+// heldForCache is what a handler returns for a datagram it handed to the
+// flow cache (flowcache.go): not a drop, and not counted by the read loop,
+// since the cache later forwards it or counts it under a DropFlowCache*
+// reason. It is outside the range of reasons.
+const heldForCache DropReason = 0xff
 
 // String returns the reason's metric label.
 func (d DropReason) String() string {

@@ -142,10 +142,17 @@ type flowTable struct {
 	relearned atomic.Uint64
 	expired   [2]atomic.Uint64 // by state: 0 pending, 1 confirmed
 
+	// restored counts flows recreated from the flow cache (flowcache.go).
+	restored atomic.Uint64
+
 	// lim holds the per-source caps (limits.go): every pending flow holds
 	// one unit of its source's pending count, taken where pending goes up
 	// and given back where it goes down. nil: no caps but MaxFlows.
 	lim *limiter
+	// onConfirm, if set, is called with a shard lock held each time a flow
+	// becomes confirmed or is re-pointed confirmed (the flow cache's
+	// writer queue, flowcache.go). It must not block. Set before use.
+	onConfirm func(addrKey)
 }
 
 func newFlowTable(max int) *flowTable {
@@ -378,6 +385,97 @@ func (t *flowTable) confirm(k addrKey, h uint64, dst addrKey) {
 	w.Store(dst[2] | dstConfirmed)
 	t.pending.Add(-1)
 	t.lim.release(&k)
+	if t.onConfirm != nil {
+		t.onConfirm(k)
+	}
+}
+
+// restore creates a confirmed flow for client from the flow cache, under
+// the same caps as any new flow, unless client has a flow already (its
+// Binding request got there first): dst is where client's datagrams go.
+func (t *flowTable) restore(client, to, via netip.AddrPort, transceiver uint32, ufrag []byte, now int64) (dst netip.AddrPort, drop DropReason) {
+	k := keyOf(client)
+	h := t.hash(&k)
+	if v, ok := t.lookup(k, h, now); ok {
+		return v.dst.addrPort(), dropNone
+	}
+	if drop := t.upsertVia(client, to, via, transceiver, ufrag, now); drop != dropNone {
+		return dst, drop
+	}
+	t.confirm(k, h, keyOf(to))
+	t.restored.Add(1)
+	return to, dropNone
+}
+
+// flowInfo is what the flow cache writes of a flow.
+type flowInfo struct {
+	dst       netip.AddrPort
+	tr        uint32
+	ufrag     [token.Len / 8]uint64
+	confirmed bool
+}
+
+// get reads client k's flow without locking.
+func (t *flowTable) get(k addrKey) (f flowInfo, ok bool) {
+	h := t.hash(&k)
+	tab := t.shardOf(h).tab.Load()
+	for {
+		i, seq, hit := probe(tab, k, h)
+		if !hit {
+			return f, false
+		}
+		if tab.read(i, &f); tab.slots[i].seq.Load() == seq {
+			return f, true
+		}
+	}
+}
+
+// read loads slot i's flowInfo; the caller validates it against the seqlock.
+func (tab *table) read(i uint64, f *flowInfo) {
+	sl, c := &tab.slots[i], &tab.cold[i]
+	d := keyWords(&sl.dst)
+	f.confirmed = d[2]&dstConfirmed != 0
+	d[2] &^= dstConfirmed
+	f.dst = d.addrPort()
+	f.tr = uint32(c.tr.Load())
+	for j := range f.ufrag {
+		f.ufrag[j] = c.ufrag[j].Load()
+	}
+}
+
+// eachConfirmed calls fn for every confirmed flow with traffic at or after
+// since, without locking, until fn returns false. A flow created or
+// removed during the walk may be missed or seen.
+func (t *flowTable) eachConfirmed(since int64, fn func(client netip.AddrPort, f *flowInfo) bool) {
+	var f flowInfo
+	for si := range t.shards {
+		tab := t.shards[si].tab.Load()
+		for i := range tab.slots {
+			sl := &tab.slots[i]
+			k, seq := readKey(sl)
+			if state(k) != stateLive {
+				continue
+			}
+			last := sl.last.Load()
+			tab.read(uint64(i), &f)
+			if sl.seq.Load() != seq || !f.confirmed || last < since {
+				continue
+			}
+			k[2] &^= 3 << keyStateSft
+			if !fn(k.addrPort(), &f) {
+				return
+			}
+		}
+	}
+}
+
+// ufragBytes unpacks ufragWords.
+func ufragBytes(w *[token.Len / 8]uint64) []byte {
+	b := make([]byte, token.Len)
+	for i := range w {
+		binary.LittleEndian.PutUint64(b[8*i:], w[i])
+	}
+	return b
 }
 
 func keyWords(w *[3]atomic.Uint64) addrKey { return addrKey{w[0].Load(), w[1].Load(), w[2].Load()} }

@@ -8,12 +8,15 @@ type collector struct {
 	r                            *Relay
 	drops, packets, bytes, flows *prometheus.Desc
 	created, expired, relearned  *prometheus.Desc
+	restored                     *prometheus.Desc
+	// Flow cache (nil without one).
+	cacheUp, cacheHeld, cacheLookups, cacheWrites *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*collector)(nil)
 
 func newCollector(r *Relay) *collector {
-	return &collector{
+	c := &collector{
 		r: r,
 		drops: prometheus.NewDesc("switchboard_relay_drops_total",
 			"Datagrams the relay dropped, by reason (docs/relay.md).", []string{"reason"}, nil),
@@ -30,11 +33,30 @@ func newCollector(r *Relay) *collector {
 		relearned: prometheus.NewDesc("switchboard_relay_flows_relearned_total",
 			"Flows rebuilt from a transceiver's traffic for a client the relay did not know (after a restart).", nil, nil),
 	}
+	if r.fc != nil {
+		c.restored = prometheus.NewDesc("switchboard_relay_flows_restored_total",
+			"Flows recreated from the flow cache for a client whose DTLS/RTP/RTCP missed the flow table.", nil, nil)
+		c.cacheUp = prometheus.NewDesc("switchboard_relay_flow_cache_up",
+			"1 if the last call to the flow cache worked (or none failed yet), 0 while it is unreachable and backed off.", nil, nil)
+		c.cacheHeld = prometheus.NewDesc("switchboard_relay_flow_cache_held_total",
+			"Datagrams from clients without a flow held while the flow cache was asked; each is then forwarded (packets_total) or dropped under a flow_cache_* or cap reason.", nil, nil)
+		c.cacheLookups = prometheus.NewDesc("switchboard_relay_flow_cache_lookups_total",
+			"Clients looked up in the flow cache, by result (hit, miss, stale: undecodable or not a member, error).", []string{"result"}, nil)
+		c.cacheWrites = prometheus.NewDesc("switchboard_relay_flow_cache_writes_total",
+			"Confirmed flows written to the flow cache, by result (ok, error, skipped: cache backing off or write queue full; the next refresh pass writes them).", []string{"result"}, nil)
+	}
+	return c
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.drops, c.packets, c.bytes, c.flows, c.created, c.expired, c.relearned} {
 		ch <- d
+	}
+	if c.r.fc != nil {
+		for _, d := range []*prometheus.Desc{c.restored, c.cacheUp, c.cacheHeld, c.cacheLookups, c.cacheWrites} {
+			ch <- d
+		}
+		c.r.fc.batches.Describe(ch)
 	}
 }
 
@@ -53,4 +75,22 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.relearned, prometheus.CounterValue, float64(s.FlowsRelearned))
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(s.FlowsExpiredPending), "pending")
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(s.FlowsExpiredConfirmed), "confirmed")
+	if c.r.fc == nil {
+		return
+	}
+	fs := s.FlowCache
+	up := 0.0
+	if fs.Up {
+		up = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.restored, prometheus.CounterValue, float64(s.FlowsRestored))
+	ch <- prometheus.MustNewConstMetric(c.cacheUp, prometheus.GaugeValue, up)
+	ch <- prometheus.MustNewConstMetric(c.cacheHeld, prometheus.CounterValue, float64(fs.Held))
+	for i, v := range [numLookupResults]uint64{fs.Hits, fs.Misses, fs.Stale, fs.Errors} {
+		ch <- prometheus.MustNewConstMetric(c.cacheLookups, prometheus.CounterValue, float64(v), lookupNames[i])
+	}
+	for i, v := range [numWriteResults]uint64{fs.WritesOK, fs.WritesFailed, fs.WritesSkipped} {
+		ch <- prometheus.MustNewConstMetric(c.cacheWrites, prometheus.CounterValue, float64(v), writeNames[i])
+	}
+	c.r.fc.batches.Collect(ch)
 }

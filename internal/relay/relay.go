@@ -120,8 +120,16 @@ type Config struct {
 	// send to any address. Off in the zero Config; the relay command turns
 	// it on by default.
 	Relearn bool `yaml:"relearn"`
+	// FlowCache, if set, is the cluster's shared flow cache (flowcache.go,
+	// docs/relay.md "Flow cache"; internal/flowcache is the Redis one):
+	// confirmed flows are written to it, and DTLS/RTP/RTCP from a client
+	// without a flow is held while it is asked, instead of dropped. Nil (the
+	// default): no cache. Not for a Global Relay (Ingress). The relay
+	// command builds it from -flow-cache.
+	FlowCache FlowCache `yaml:"-"`
 
 	trustedIngress []netip.Prefix // parsed TrustedIngress
+	cacheParams    *cacheParams   // tests: flow cache tunables; nil: defaultCacheParams
 }
 
 // Validate checks c and fills in defaults.
@@ -185,6 +193,9 @@ func (c *Config) Validate() error {
 	case c.Batch == 0:
 		c.Batch = DefaultBatch
 	}
+	if c.Ingress && c.FlowCache != nil {
+		errs = append(errs, errors.New("relay: FlowCache is for cluster relays; a Global Relay (Ingress) keeps no cache"))
+	}
 	c.trustedIngress = c.trustedIngress[:0]
 	for _, p := range c.TrustedIngress {
 		pfx, err := netip.ParsePrefix(p)
@@ -217,6 +228,13 @@ type counters struct {
 	_       [64]byte
 }
 
+// drop counts a handler's drop; heldForCache is not one.
+func (c *counters) drop(d DropReason) {
+	if d < NumDropReasons {
+		c.drops[d].Add(1)
+	}
+}
+
 // worker is one pair of sockets bound with SO_REUSEPORT, with a read loop on
 // each. The public loop writes to transceivers through internal, the
 // internal loop writes to clients through public; so each socket has one
@@ -240,6 +258,7 @@ type Relay struct {
 	intAddr    netip.AddrPort
 	workers    []*worker
 	flows      *flowTable
+	fc         *flowCache // nil without Config.FlowCache
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
 
@@ -270,6 +289,14 @@ func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *s
 		flows:   newFlowTable(cfg.MaxFlows),
 	}
 	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowsPerSecond)
+	if cfg.FlowCache != nil {
+		p := defaultCacheParams
+		if cfg.cacheParams != nil {
+			p = *cfg.cacheParams
+		}
+		r.fc = newFlowCache(r, cfg.FlowCache, p)
+		r.flows.onConfirm = r.fc.onConfirm
+	}
 	r.collector = newCollector(r)
 	return r, nil
 }
@@ -324,8 +351,15 @@ func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometh
 	}
 	r.wg.Add(1)
 	go r.sweepLoop(ctx)
+	if r.fc != nil {
+		r.fc.sock = r.workers[0].internal
+		r.wg.Add(2)
+		go r.fc.resolveLoop(ctx)
+		go r.fc.writeLoop(ctx)
+	}
 	r.log.Info("relay: listening", "public", r.publicAddr, "internal", r.intAddr,
-		"cluster", cfg.Cluster, "workers", cfg.Workers, "batch", cfg.Batch, "members", members.Len())
+		"cluster", cfg.Cluster, "workers", cfg.Workers, "batch", cfg.Batch, "members", members.Len(),
+		"flow_cache", r.fc != nil)
 	return r, nil
 }
 
@@ -389,7 +423,17 @@ func (r *Relay) fromClient(client, via netip.AddrPort, buf []byte, off int, now 
 	to, hit := r.flows.touch(client, t)
 	switch {
 	case !hit && kind != stunpeek.KindSTUN:
-		return to, nil, DropNotSTUNOnMiss
+		if r.fc == nil {
+			return to, nil, DropNotSTUNOnMiss
+		}
+		// Hold it and ask the flow cache (flowcache.go).
+		if to, drop = r.fc.hold(client, via, pkt, t); drop != dropNone {
+			return netip.AddrPort{}, nil, drop
+		}
+		// The cache restored the flow meanwhile: ride it.
+		if !r.members.Contains(to) {
+			return netip.AddrPort{}, nil, DropTransceiverGone
+		}
 	case !hit:
 		if to, drop = r.admit(client, via, pkt, now, t); drop != dropNone {
 			return to, nil, drop
@@ -570,7 +614,7 @@ func (r *Relay) publicLoop(w *worker) {
 		from = canonical(from)
 		to, out, drop := r.handlePublic(from, buf[:hop.MaxHeaderLen+n], time.Now())
 		if drop != dropNone {
-			w.c.drops[drop].Add(1)
+			w.c.drop(drop)
 			continue
 		}
 		if _, err := w.internal.WriteToUDPAddrPort(out, to); err != nil {
@@ -642,6 +686,8 @@ type Stats struct {
 	FlowsCreated uint64
 	// FlowsRelearned counts flows rebuilt from a member's traffic (Config.Relearn).
 	FlowsRelearned uint64
+	// FlowsRestored counts flows recreated from the flow cache (Config.FlowCache).
+	FlowsRestored uint64
 	// FlowsExpired counts flows removed by the sweeper, by the state they were in.
 	FlowsExpiredPending, FlowsExpiredConfirmed uint64
 
@@ -651,6 +697,25 @@ type Stats struct {
 
 	// Drops counts dropped datagrams by reason; Drops[0] is unused.
 	Drops [NumDropReasons]uint64
+
+	// FlowCache is zero without Config.FlowCache.
+	FlowCache FlowCacheStats
+}
+
+// FlowCacheStats are the flow cache's counters (flowcache.go). Held
+// datagrams the cache forwards are in ToTransceiverPackets too, and those
+// it drops in Drops.
+type FlowCacheStats struct {
+	Up bool // the last call to the cache worked (or none failed yet)
+	// Held counts datagrams held for a lookup.
+	Held uint64
+	// Forwarded counts held datagrams sent to a transceiver.
+	Forwarded uint64
+	// Lookups are clients looked up, by result.
+	Hits, Misses, Stale, Errors uint64
+	// Writes are flows written (OK), in a failed write (Failed), or not
+	// written because the cache was backing off or the queue was full (Skipped).
+	WritesOK, WritesFailed, WritesSkipped uint64
 }
 
 // Dropped returns the total of all drops.
@@ -670,16 +735,36 @@ func (r *Relay) Stats() Stats {
 	s.PendingFlows = int(r.flows.pending.Load())
 	s.FlowsCreated = r.flows.created.Load()
 	s.FlowsRelearned = r.flows.relearned.Load()
+	s.FlowsRestored = r.flows.restored.Load()
 	s.FlowsExpiredPending = r.flows.expired[0].Load()
 	s.FlowsExpiredConfirmed = r.flows.expired[1].Load()
+	cs := make([]*counters, 0, len(r.workers)+1)
 	for _, w := range r.workers {
-		for i := range s.Drops {
-			s.Drops[i] += w.c.drops[i].Load()
+		cs = append(cs, &w.c)
+	}
+	if fc := r.fc; fc != nil {
+		cs = append(cs, &fc.c)
+		s.FlowCache = FlowCacheStats{
+			Up:            fc.up.Load(),
+			Held:          fc.held.Load(),
+			Forwarded:     fc.c.packets[toTransceiver].Load(),
+			Hits:          fc.lookedUp[lookupHit].Load(),
+			Misses:        fc.lookedUp[lookupMiss].Load(),
+			Stale:         fc.lookedUp[lookupStale].Load(),
+			Errors:        fc.lookedUp[lookupError].Load(),
+			WritesOK:      fc.writes[writeOK].Load(),
+			WritesFailed:  fc.writes[writeError].Load(),
+			WritesSkipped: fc.writes[writeSkipped].Load(),
 		}
-		s.ToTransceiverPackets += w.c.packets[toTransceiver].Load()
-		s.ToTransceiverBytes += w.c.bytes[toTransceiver].Load()
-		s.ToClientPackets += w.c.packets[toClient].Load()
-		s.ToClientBytes += w.c.bytes[toClient].Load()
+	}
+	for _, c := range cs {
+		for i := range s.Drops {
+			s.Drops[i] += c.drops[i].Load()
+		}
+		s.ToTransceiverPackets += c.packets[toTransceiver].Load()
+		s.ToTransceiverBytes += c.bytes[toTransceiver].Load()
+		s.ToClientPackets += c.packets[toClient].Load()
+		s.ToClientBytes += c.bytes[toClient].Load()
 	}
 	return s
 }
@@ -755,7 +840,7 @@ func (r *Relay) forwardBatches(w *worker, in, out *Batch, slots [][]byte, headro
 			}
 			to, pkt, drop := handle(in.Addr(i), slots[i][:headroom+in.Len(i)], now)
 			if drop != dropNone {
-				w.c.drops[drop].Add(1)
+				w.c.drop(drop)
 				continue
 			}
 			if !out.Queue(pkt, to) {

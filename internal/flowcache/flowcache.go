@@ -1,0 +1,179 @@
+// Package flowcache is the relay's shared flow cache in Redis (DESIGN §2.2:
+// "a Redis cache of <client ip:port → transceiver ip:port> lets a relay
+// recover a flow before that next STUN arrives"; docs/relay.md, "Flow
+// cache").
+//
+// It is a thin byte store: the relay (internal/relay, flowcache.go there)
+// encodes and decodes the values and decides what to write and when; this
+// package only names the keys and batches the round trips. A Redis
+// satisfies relay.FlowCache, so internal/relay never imports go-redis and
+// its tests can run against a real Redis through this package.
+//
+// Keys, one per client address, namespaced by cluster:
+//
+//	sb:flow:<cluster>:<client ip:port>
+//
+// e.g. "sb:flow:3:198.51.100.1:50000" or "sb:flow:3:[2001:db8::2]:50001"
+// (netip.AddrPort.String of the canonical, unmapped address). Put writes
+// a batch with one pipeline of SET key value PX ttl; Get reads a batch with
+// one MGET. Nothing here runs per packet.
+package flowcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// KeyPrefix starts every key; the cluster id and the client address follow.
+const KeyPrefix = "sb:flow:"
+
+// Timeouts of the Redis client: the relay bounds every call with a context
+// too, so these only cap what a context does not (dials).
+const (
+	dialTimeout = 250 * time.Millisecond
+	ioTimeout   = 250 * time.Millisecond
+	poolSize    = 4
+)
+
+// ErrBadBatch is returned when the argument slices of Put or Get differ in length.
+var ErrBadBatch = errors.New("flowcache: clients and values differ in length")
+
+// Redis is a flow cache in one Redis server (or anything speaking its
+// protocol). It is safe for concurrent use.
+type Redis struct {
+	// Set once by New, never mutated.
+	client *redis.Client
+	prefix string // KeyPrefix + cluster + ":"
+	owned  bool   // Close closes client
+}
+
+// New returns a cache in the Redis at addr (host:port) for cluster's keys.
+// It does not connect: the first Put or Get does, and a Redis that is down
+// shows as errors from them (the relay counts, logs and backs off).
+func New(addr string, cluster uint16) (*Redis, error) {
+	if addr == "" {
+		return nil, errors.New("flowcache: empty Redis address")
+	}
+	c := redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		DialTimeout:           dialTimeout,
+		ReadTimeout:           ioTimeout,
+		WriteTimeout:          ioTimeout,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            -1, // the relay retries on its own schedule
+		DialerRetries:         1,  // idem: one dial per call, failing fast
+		PoolSize:              poolSize,
+		DisableIdentity:       true, // no CLIENT SETINFO round trip per dial
+	})
+	r := NewWithClient(c, cluster)
+	r.owned = true
+	return r, nil
+}
+
+// NewWithClient is New over an existing client, which Close leaves open.
+func NewWithClient(c *redis.Client, cluster uint16) *Redis {
+	return &Redis{client: c, prefix: KeyPrefix + strconv.Itoa(int(cluster)) + ":"}
+}
+
+// Key returns the Redis key of client's flow.
+func (r *Redis) Key(client netip.AddrPort) string {
+	return r.prefix + netip.AddrPortFrom(client.Addr().Unmap(), client.Port()).String()
+}
+
+// Put stores values[i] under clients[i]'s key, each expiring after ttl,
+// in one pipelined round trip. An error means some may not be written.
+func (r *Redis) Put(ctx context.Context, clients []netip.AddrPort, values [][]byte, ttl time.Duration) error {
+	if len(clients) != len(values) {
+		return ErrBadBatch
+	}
+	if len(clients) == 0 {
+		return nil
+	}
+	pipe := r.client.Pipeline()
+	for i, c := range clients {
+		pipe.Set(ctx, r.Key(c), values[i], ttl)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("flowcache: put %d: %w", len(clients), err)
+	}
+	return nil
+}
+
+// Get reads clients' values with one MGET into values, which must have
+// the same length: values[i] is nil when clients[i] has no entry.
+func (r *Redis) Get(ctx context.Context, clients []netip.AddrPort, values [][]byte) error {
+	if len(clients) != len(values) {
+		return ErrBadBatch
+	}
+	if len(clients) == 0 {
+		return nil
+	}
+	keys := make([]string, len(clients))
+	for i, c := range clients {
+		keys[i] = r.Key(c)
+	}
+	res, err := r.client.MGet(ctx, keys...).Result()
+	if err != nil {
+		return fmt.Errorf("flowcache: get %d: %w", len(clients), err)
+	}
+	if len(res) != len(clients) {
+		return fmt.Errorf("flowcache: get %d: %d replies", len(clients), len(res))
+	}
+	for i, v := range res {
+		values[i] = nil
+		if s, ok := v.(string); ok {
+			values[i] = []byte(s)
+		}
+	}
+	return nil
+}
+
+// Delete removes clients' entries (one DEL).
+func (r *Redis) Delete(ctx context.Context, clients ...netip.AddrPort) error {
+	if len(clients) == 0 {
+		return nil
+	}
+	keys := make([]string, len(clients))
+	for i, c := range clients {
+		keys[i] = r.Key(c)
+	}
+	if err := r.client.Del(ctx, keys...).Err(); err != nil {
+		return fmt.Errorf("flowcache: delete %d: %w", len(clients), err)
+	}
+	return nil
+}
+
+// LogRedisTo sends go-redis's own log lines (one per failed dial, among
+// others) to log at Debug level. It is process-wide (go-redis has one
+// logger): the relay command calls it so that a Redis that is down shows
+// as the relay's one warning per interval, not a line per dial.
+func LogRedisTo(log *slog.Logger) {
+	redis.SetLogger(slogLogger{log})
+}
+
+type slogLogger struct{ log *slog.Logger }
+
+func (l slogLogger) Printf(ctx context.Context, format string, v ...any) {
+	if l.log.Enabled(ctx, slog.LevelDebug) {
+		l.log.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
+	}
+}
+
+// Close closes the Redis client if New made it. It is idempotent.
+func (r *Redis) Close() error {
+	if !r.owned {
+		return nil
+	}
+	err := r.client.Close()
+	if errors.Is(err, redis.ErrClosed) {
+		return nil
+	}
+	return err
+}

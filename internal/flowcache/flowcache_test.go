@@ -1,0 +1,105 @@
+package flowcache
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/switchboard-rtc/switchboard/internal/flowcache/redistest"
+)
+
+func TestMain(m *testing.M) {
+	LogRedisTo(slog.New(slog.DiscardHandler))
+	goleak.VerifyTestMain(m)
+}
+
+func TestKey(t *testing.T) {
+	r := NewWithClient(nil, 3)
+	for _, tt := range []struct{ name, in, want string }{
+		{"ipv4", "198.51.100.1:50000", "sb:flow:3:198.51.100.1:50000"},
+		{"ipv6", "[2001:db8::2]:50001", "sb:flow:3:[2001:db8::2]:50001"},
+		{"v4-mapped is unmapped", "[::ffff:198.51.100.1]:50000", "sb:flow:3:198.51.100.1:50000"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := r.Key(netip.MustParseAddrPort(tt.in)); got != tt.want {
+				t.Fatalf("Key(%s) = %q, want %q", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestPutGet writes a batch, reads it back with one with gaps, checks the
+// TTL and the cluster namespace, and deletes.
+func TestPutGet(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	c3, err := New(srv.Addr, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	c4, _ := New(srv.Addr, 4)
+	defer c4.Close()
+
+	var clients []netip.AddrPort
+	var values [][]byte
+	for i := range 100 {
+		clients = append(clients, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), 5000))
+		values = append(values, fmt.Appendf(nil, "1 10.1.0.1:4000 %d -", i))
+	}
+	if err := c3.Put(ctx, clients, values, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ask := []netip.AddrPort{clients[0], netip.MustParseAddrPort("192.0.2.1:1"), clients[99]}
+	got := make([][]byte, len(ask))
+	if err := c3.Get(ctx, ask, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[0], values[0]) || got[1] != nil || !bytes.Equal(got[2], values[99]) {
+		t.Fatalf("got %q", got)
+	}
+	if err := c4.Get(ctx, ask, got); err != nil || got[0] != nil || got[2] != nil {
+		t.Fatalf("another cluster sees %q (%v)", got, err)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rc.Close()
+	if ttl := rc.PTTL(ctx, c3.Key(clients[5])).Val(); ttl <= 0 || ttl > 2*time.Second {
+		t.Fatalf("TTL %v, want (0, 2s]", ttl)
+	}
+	if err := c3.Delete(ctx, clients[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := c3.Get(ctx, ask[:1], got[:1]); err != nil || got[0] != nil {
+		t.Fatalf("after Delete: %q %v", got[0], err)
+	}
+	if err := c3.Get(ctx, ask, got[:1]); err != ErrBadBatch {
+		t.Fatalf("mismatched lengths: %v", err)
+	}
+}
+
+// TestDown: against a closed port, calls fail fast with an error.
+func TestDown(t *testing.T) {
+	c, err := New(fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	got := make([][]byte, 1)
+	if err := c.Get(context.Background(), []netip.AddrPort{netip.MustParseAddrPort("192.0.2.1:1")}, got); err == nil {
+		t.Fatal("Get against a closed port worked")
+	}
+	if err := c.Put(context.Background(), []netip.AddrPort{netip.MustParseAddrPort("192.0.2.1:1")}, [][]byte{[]byte("x")}, time.Second); err == nil {
+		t.Fatal("Put against a closed port worked")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("failing took %v", d)
+	}
+}
