@@ -1,0 +1,19 @@
+// Package chaos holds the chaos suite (issue #5): tests that run the real
+// switchboard binary (relay, transceivers, echo agent) and a real
+// redis-server as separate processes on loopback, break one part on
+// purpose (kill -9 a relay, Redis or a transceiver, impair the network,
+// make clients vanish) and check the invariants of DESIGN.md §5 while
+// many Pion sessions run. Each test logs its figures on lines starting
+// with "FIGURE"; docs/reliability.md records them, with the command that
+// reproduces them.
+//
+// The tests build two binaries once per run with `go build` (no race
+// detector, whatever the test binary has): cmd/switchboard and
+// loadclient, this package's load driver, which runs the client
+// sessions in its own process and reports each as a JSON line.
+//
+// Knobs (go test flags): -chaos.full runs the lengths the docs record
+// (3 min impaired network, 500 restart rounds); -chaos.duration and
+// -chaos.rounds set them one by one; -chaos.sessions the concurrent
+// sessions of each media test.
+package chaos

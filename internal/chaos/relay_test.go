@@ -1,0 +1,106 @@
+package chaos
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestRelayKill kills the relay with SIGKILL under load and starts a new
+// one on the same ports, with an empty flow table (DESIGN §5.7: losing a
+// relay loses no session). Three ways back, one subtest each:
+//
+//   - cache: the Redis flow cache only (-flow-cache, -relearn=false): the
+//     new relay finds the flow of a client's first DTLS/RTP/RTCP datagram
+//     in Redis;
+//   - relearn: relearning only (-relearn, the default; no cache): the
+//     transceiver's next datagram for the client rebuilds the flow;
+//   - neither (-relearn=false, no cache): the flow comes back with the
+//     client's next consent check (a STUN Binding request with the token).
+//
+// Invariant: no session reaches ICE failed, and every session's audio and
+// data channel work to its end. Figure: per session, the largest gap in
+// the echoed audio the client receives, over the intervals that end
+// within 30 s after the kill (the normal cadence is 20 ms), as p50/p99/max.
+func TestRelayKill(t *testing.T) {
+	for _, v := range []struct {
+		name             string
+		cache, noRelearn bool
+	}{
+		{"cache", true, true},
+		{"relearn", false, false},
+		{"neither", false, true},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			if v.cache && !bins.flowCache {
+				t.Skip("the relay has no -flow-cache flag in this tree")
+			}
+			n := *flagSessions
+			s := startStack(t, stackConfig{redis: v.cache, flowCache: v.cache, noRelearn: v.noRelearn})
+			d := s.runDriver(t, "-urls", s.urls(), "-sessions", strconv.Itoa(n), "-duration", "16s", "-ramp", "30ms")
+			d.waitConnected(t, n, 60*time.Second)
+			time.Sleep(2 * time.Second) // steady state: every flow confirmed (and cached)
+			before := mustScrape(t, s.relayOps)
+
+			killed := d.mark(t)
+			s.relay.kill9()
+			restart := s.restartRelay(t)
+			rs, _ := d.wait(t, 2*time.Minute)
+			after := mustScrape(t, s.relayOps)
+			trx := mustScrape(t, s.trxHTTP[0])
+
+			checkSessions(t, rs, n)
+			if f := trx[`switchboard_transceiver_sessions_ended_total{reason="ice_failed"}`]; f != 0 {
+				t.Errorf("transceiver ended %v sessions with ice_failed", f)
+			}
+			gap := column(rs, func(r sessionReport) float64 { return r.GapMarkMS })
+			pre := column(rs, func(r sessionReport) float64 { return r.PreMarkGapMS })
+			var disconnected int
+			for _, r := range rs {
+				if r.DisconnectedNS > killed.UnixNano() {
+					disconnected++
+				}
+			}
+			t.Logf("FIGURE relay kill (%s): %d sessions, %d reached ICE failed, %d went ICE disconnected; audio gap around the kill: %s; normal (5 s before): %s",
+				v.name, len(rs), countFailed(rs), disconnected, dist(gap, " ms"), dist(pre, " ms"))
+			t.Logf("relay back on its ports (/ready) %v after the kill; before the kill: %v flows; new relay: flows created by STUN %v, relearned %v, restored from the cache %v; drops: %s",
+				restart.Round(time.Millisecond), before.sum("switchboard_relay_flows"), after.sum("switchboard_relay_flows_created_total"),
+				after.sum("switchboard_relay_flows_relearned_total"), after.sum("switchboard_relay_flows_restored_total"), drops(after))
+			t.Logf("CPU: %s", s.cpu())
+			if v.cache && after.sum("switchboard_relay_flows_restored_total") == 0 {
+				t.Errorf("no flow was restored from the cache")
+			}
+			if v.name == "relearn" && after.sum("switchboard_relay_flows_relearned_total") == 0 {
+				t.Errorf("no flow was relearned")
+			}
+			if mx := pct(gap, 100); mx > 20000 {
+				t.Errorf("largest audio gap %.0f ms: clients were within reach of ICE failure", mx)
+			}
+		})
+	}
+}
+
+func countFailed(rs []sessionReport) int {
+	n := 0
+	for _, r := range rs {
+		if r.ICEFailed || r.FailedNS != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// drops lists the relay's non-zero drop counters.
+func drops(m metrics) string {
+	out := ""
+	for k, v := range m {
+		if v != 0 && len(k) > len("switchboard_relay_drops_total") && k[:len("switchboard_relay_drops_total")] == "switchboard_relay_drops_total" {
+			out += fmt.Sprintf("%s=%v ", k[len("switchboard_relay_drops_total{reason=\""):len(k)-2], v)
+		}
+	}
+	if out == "" {
+		return "none"
+	}
+	return out
+}

@@ -1,0 +1,405 @@
+package chaos
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/url"
+	"os/exec"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// stackConfig shapes a stack of real processes on loopback.
+type stackConfig struct {
+	transceivers int
+	// redis starts a redis-server: transceivers register in it (-redis)
+	// and the relay reads its membership from it (-membership redis).
+	redis bool
+	// flowCache gives the relay -flow-cache (needs redis).
+	flowCache bool
+	// noRelearn runs the relay with -relearn=false.
+	noRelearn bool
+	// idleTimeout is the relay's -idle-timeout (0: its default, 60 s).
+	idleTimeout time.Duration
+	// advertise, if set, is put in answers instead of the relay's public
+	// address (an impairment proxy in front of it).
+	advertise string
+	// trxArgs are extra transceiver flags.
+	trxArgs []string
+}
+
+// stack is agent + transceivers + relay (+ redis), each its own process.
+type stack struct {
+	h   *harness
+	cfg stackConfig
+
+	agent     *proc
+	agentAddr string
+	redis     *proc
+	redisAddr string
+	trx       []*proc
+	trxHTTP   []string // signaling, /metrics
+	relay     *proc
+	relayArgs []string
+	public    string // relay public UDP address
+	relayOps  string // relay /metrics
+}
+
+func startStack(t *testing.T, cfg stackConfig) *stack {
+	t.Helper()
+	if cfg.transceivers == 0 {
+		cfg.transceivers = 1
+	}
+	s := &stack{h: newHarness(t), cfg: cfg}
+	if cfg.redis || cfg.flowCache {
+		s.startRedis(t)
+	}
+	s.agentAddr = freeTCP(t)
+	s.agent = s.h.start("agent", bins.switchboard, "agent", "-listen", s.agentAddr)
+	s.public = freeUDP(t)
+	internal := freeUDP(t)
+	s.relayOps = freeTCP(t)
+	advertise := s.public
+	if cfg.advertise != "" {
+		advertise = cfg.advertise
+	}
+	var members []string
+	for i := range cfg.transceivers {
+		hopAddr, httpAddr := freeUDP(t), freeTCP(t)
+		args := []string{"transceiver", "-id", strconv.Itoa(i + 1), "-listen", hopAddr, "-advertise", advertise,
+			"-backend", "ws://" + s.agentAddr + "/v1/bridge", "-http", httpAddr, "-pprof", "-drain-timeout", "1s"}
+		if cfg.redis {
+			args = append(args, "-redis", s.redisAddr)
+		}
+		args = append(args, cfg.trxArgs...)
+		s.trx = append(s.trx, s.h.start(fmt.Sprintf("transceiver %d", i+1), bins.switchboard, args...))
+		s.trxHTTP = append(s.trxHTTP, httpAddr)
+		members = append(members, fmt.Sprintf("%d=%s", i+1, hopAddr))
+	}
+	// Every client is 127.0.0.1 here, so the per-source caps on new flows
+	// (DESIGN §5.5, meant for one client per address) are lifted.
+	s.relayArgs = []string{"relay", "-public", s.public, "-internal", internal, "-metrics", s.relayOps,
+		"-workers", "2", "-pprof",
+		"-new-flows-per-ip", "1000000", "-max-pending-per-ip", "1000000", "-new-flows-per-second", "1000000"}
+	if cfg.redis {
+		s.relayArgs = append(s.relayArgs, "-membership", "redis", "-redis", s.redisAddr)
+	} else {
+		s.relayArgs = append(s.relayArgs, "-members", strings.Join(members, ","))
+	}
+	if cfg.flowCache {
+		s.relayArgs = append(s.relayArgs, "-flow-cache", s.redisAddr)
+	}
+	if cfg.noRelearn {
+		s.relayArgs = append(s.relayArgs, "-relearn=false")
+	}
+	if cfg.idleTimeout > 0 {
+		s.relayArgs = append(s.relayArgs, "-idle-timeout", cfg.idleTimeout.String())
+	}
+	s.relay = s.h.start("relay", bins.switchboard, s.relayArgs...)
+	for _, a := range s.trxHTTP {
+		waitHTTP(t, "http://"+a+"/ready", 20*time.Second)
+	}
+	waitHTTP(t, "http://"+s.relayOps+"/ready", 20*time.Second)
+	if cfg.redis {
+		// The relay routes only to transceivers it has read from Redis.
+		want := float64(cfg.transceivers)
+		if _, ok := waitFor(15*time.Second, func() bool {
+			m, err := scrape(s.relayOps)
+			return err == nil && m.sum("switchboard_relay_members") == want
+		}); !ok {
+			t.Fatalf("relay did not see %v transceivers in Redis", want)
+		}
+	}
+	return s
+}
+
+func (s *stack) startRedis(t *testing.T) {
+	t.Helper()
+	bin := requireRedis(t)
+	s.redisAddr = freeTCP(t)
+	_, port, _ := strings.Cut(s.redisAddr, ":")
+	s.redis = s.h.start("redis-server", bin, "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--protected-mode", "no")
+	if _, ok := waitFor(10*time.Second, func() bool {
+		out, err := exec.Command("redis-cli", "-p", port, "ping").Output()
+		return err == nil && strings.TrimSpace(string(out)) == "PONG"
+	}); !ok {
+		// redis-cli may be missing; fall back to a TCP dial.
+		waitTCP(t, s.redisAddr)
+	}
+}
+
+func waitTCP(t *testing.T, addr string) {
+	t.Helper()
+	if _, ok := waitFor(10*time.Second, func() bool {
+		c, err := dialTCP(addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}); !ok {
+		t.Fatalf("%s does not accept connections", addr)
+	}
+}
+
+// urls are the transceivers' signaling URLs.
+func (s *stack) urls() string {
+	var u []string
+	for _, a := range s.trxHTTP {
+		u = append(u, "http://"+a+"/v1/calls")
+	}
+	return strings.Join(u, ",")
+}
+
+// restartRelay starts a relay again with the same arguments (same ports)
+// and returns how long it took until it answered /ready.
+func (s *stack) restartRelay(t *testing.T) time.Duration {
+	t.Helper()
+	start := time.Now()
+	s.relay = s.h.start("relay (restarted)", bins.switchboard, s.relayArgs...)
+	waitHTTP(t, "http://"+s.relayOps+"/ready", 20*time.Second)
+	return time.Since(start)
+}
+
+// cpu reports the CPU time of each of the stack's processes.
+func (s *stack) cpu() string {
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	var parts []string
+	for _, p := range s.h.procs {
+		parts = append(parts, fmt.Sprintf("%s %.1fs", p.name, p.cpu().Seconds()))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// sessionReport is loadclient's {"ev":"session"} line (see its doc).
+type sessionReport struct {
+	I              int     `json:"i"`
+	URL            int     `json:"url"`
+	Session        string  `json:"session"`
+	PostedNS       int64   `json:"posted_ns"`
+	ConnectedNS    int64   `json:"connected_ns"`
+	DisconnectedNS int64   `json:"disconnected_ns"`
+	FailedNS       int64   `json:"failed_ns"`
+	ClosedNS       int64   `json:"closed_ns"`
+	ICEFailed      bool    `json:"ice_failed"`
+	SetupMS        float64 `json:"setup_ms"`
+	Sent           int     `json:"sent"`
+	Received       int     `json:"received"`
+	Duplicates     int     `json:"duplicates"`
+	Reordered      int     `json:"reordered"`
+	MaxGapMS       float64 `json:"max_gap_ms"`
+	GapMarkMS      float64 `json:"gap_mark_ms"`
+	PreMarkGapMS   float64 `json:"pre_mark_gap_ms"`
+	LastRxNS       int64   `json:"last_rx_ns"`
+	StreamEndNS    int64   `json:"stream_end_ns"`
+	DCOpen         bool    `json:"dc_open"`
+	DCEchoEnd      bool    `json:"dc_echo_end"`
+	Error          string  `json:"error"`
+}
+
+// id is the session id, the last element of its URL.
+func (r sessionReport) id() string { return sessionID(r.Session) }
+
+func sessionID(session string) string {
+	u, err := url.Parse(session)
+	if err != nil {
+		return ""
+	}
+	return path.Base(u.Path)
+}
+
+// vanishReport is loadclient's {"ev":"vanish"} line.
+type vanishReport struct {
+	I           int    `json:"i"`
+	Session     string `json:"session"`
+	ConnectedNS int64  `json:"connected_ns"`
+	VanishNS    int64  `json:"vanish_ns"`
+	DTLSUp      bool   `json:"dtls_up"`
+	DCOpen      bool   `json:"dc_open"`
+	Error       string `json:"error"`
+}
+
+type proxyStats struct {
+	Forwarded, Dropped, Duplicated, Reordered uint64
+}
+
+// driver is a running loadclient.
+type driver struct {
+	p     *proc
+	stdin io.WriteCloser
+
+	mu        sync.Mutex
+	connected int
+	sessions  []sessionReport
+	vanishes  []vanishReport
+	proxy     *proxyStats
+	finished  chan struct{} // closed after the "done" line or EOF
+}
+
+// runDriver starts loadclient with args.
+func (s *stack) runDriver(t *testing.T, args ...string) *driver {
+	t.Helper()
+	d := &driver{p: &proc{name: "loadclient", args: args, log: &lockedBuffer{}, done: make(chan struct{})}, finished: make(chan struct{})}
+	d.p.cmd = exec.Command(bins.loadclient, args...)
+	d.p.cmd.Stderr = d.p.log
+	d.p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdout, err := d.p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.stdin, err = d.p.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Read all of stdout before Wait (StdoutPipe's rule): the reader
+	// closes finished at EOF, and track's Wait runs after it.
+	go func() {
+		defer close(d.finished)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			d.line(sc.Bytes())
+		}
+	}()
+	go func() {
+		<-d.finished
+		d.p.err = d.p.cmd.Wait()
+		close(d.p.done)
+	}()
+	s.h.mu.Lock()
+	s.h.procs = append(s.h.procs, d.p)
+	s.h.mu.Unlock()
+	return d
+}
+
+func (d *driver) line(b []byte) {
+	var ev struct {
+		Ev    string      `json:"ev"`
+		Proxy *proxyStats `json:"proxy"`
+	}
+	if json.Unmarshal(b, &ev) != nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch ev.Ev {
+	case "connected":
+		d.connected++
+	case "session":
+		var r sessionReport
+		if json.Unmarshal(b, &r) == nil {
+			d.sessions = append(d.sessions, r)
+		}
+	case "vanish":
+		var r vanishReport
+		if json.Unmarshal(b, &r) == nil {
+			d.vanishes = append(d.vanishes, r)
+		}
+	case "done":
+		d.proxy = ev.Proxy
+	}
+}
+
+// waitConnected waits until n sessions connected.
+func (d *driver) waitConnected(t *testing.T, n int, timeout time.Duration) time.Duration {
+	t.Helper()
+	took, ok := waitFor(timeout, func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.connected >= n || len(d.sessions) > 0
+	})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !ok || d.connected < n {
+		t.Fatalf("%d of %d sessions connected after %v (%d ended early)\n%s", d.connected, n, took, len(d.sessions), d.p.log.String())
+	}
+	return took
+}
+
+// mark tells the driver a fault happens now.
+func (d *driver) mark(t *testing.T) time.Time {
+	t.Helper()
+	now := time.Now()
+	if _, err := io.WriteString(d.stdin, "mark\n"); err != nil {
+		t.Fatal(err)
+	}
+	return now
+}
+
+// wait waits for the driver to finish and returns its reports.
+func (d *driver) wait(t *testing.T, timeout time.Duration) ([]sessionReport, []vanishReport) {
+	t.Helper()
+	select {
+	case <-d.p.done:
+	case <-time.After(timeout):
+		d.p.kill9()
+		t.Fatalf("loadclient did not finish within %v", timeout)
+	}
+	_ = d.stdin.Close()
+	if d.p.err != nil {
+		t.Fatalf("loadclient: %v\n%s", d.p.err, d.p.log.String())
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.sessions), slices.Clone(d.vanishes)
+}
+
+// checkSessions fails the test for each session that did not live through
+// to its end: not connected, errored, ICE failed, the peer connection
+// failed or was closed by the server, audio that did not come back until
+// the end, or a data channel ping at the end that did not come back.
+func checkSessions(t *testing.T, rs []sessionReport, want int) {
+	t.Helper()
+	if len(rs) != want {
+		t.Errorf("%d session reports, want %d", len(rs), want)
+	}
+	bad := 0
+	for _, r := range rs {
+		var why []string
+		switch {
+		case r.Error != "":
+			why = append(why, "error: "+r.Error)
+		case r.ConnectedNS == 0:
+			why = append(why, "never connected")
+		}
+		if r.ICEFailed || r.FailedNS != 0 {
+			why = append(why, "ICE/peer connection failed")
+		}
+		if r.ClosedNS != 0 && r.ClosedNS < r.StreamEndNS {
+			why = append(why, "closed by the server mid-call")
+		}
+		if r.LastRxNS < r.StreamEndNS-int64(2*time.Second) {
+			why = append(why, fmt.Sprintf("audio stopped %.1fs before the end", float64(r.StreamEndNS-r.LastRxNS)/1e9))
+		}
+		if !r.DCEchoEnd {
+			why = append(why, "final data channel ping not echoed")
+		}
+		if len(why) > 0 {
+			bad++
+			if bad <= 10 {
+				t.Errorf("session %d (%s): %s", r.I, r.Session, strings.Join(why, "; "))
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of %d sessions lost", bad, len(rs))
+	}
+}
+
+func column(rs []sessionReport, f func(sessionReport) float64) []float64 {
+	out := make([]float64, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, f(r))
+	}
+	return out
+}
