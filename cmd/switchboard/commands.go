@@ -303,6 +303,7 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&opts.Timeout, "timeout", 0, "bound on the whole call (0 = audio length + 15s)")
 	fs.StringVar(&opts.AuthToken, "token", "", "bearer token for signaling")
 	fs.BoolVar(&opts.IPv4Only, "ipv4", false, "gather IPv4 candidates only")
+	fs.DurationVar(&opts.ICERestartAfter, "ice-restart-after", 0, "restart ICE once (PATCH, RFC 9725) this long after connecting; 0 = never")
 	fs.Func("header", `extra "Name: value" header on the POST and the DELETE (repeatable), e.g. a region header a CDN would set`, func(v string) error {
 		name, value, ok := strings.Cut(v, ":")
 		if name = strings.TrimSpace(name); !ok || name == "" {

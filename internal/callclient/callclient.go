@@ -124,6 +124,10 @@ type Options struct {
 	// uses only TURN relay candidates, so all media goes through a TURN
 	// server from ICEServers.
 	RelayOnly bool
+	// ICERestartAfter, if positive, makes Run restart ICE once (RestartICE,
+	// a PATCH per RFC 9725 §4.3) this long after the connection is up,
+	// while audio streams; Report.ICERestart says how it went.
+	ICERestartAfter time.Duration
 }
 
 // SetupTimes are milliseconds from the start of the POST to each event; 0
@@ -165,10 +169,29 @@ type Report struct {
 	// measures other events (such as audio reaching a backend) against it.
 	Started time.Time `json:"-"`
 	Error   string    `json:"error,omitempty"`
+	// MaxGapMS is the longest time between two consecutive received audio
+	// packets, in milliseconds: 20 on a clean path, the outage otherwise.
+	MaxGapMS float64 `json:"max_gap_ms"`
+	// ICERestart reports the ICE restart of Options.ICERestartAfter; nil
+	// when none was asked for.
+	ICERestart *RestartReport `json:"ice_restart,omitempty"`
 
 	// SentPayloads and ReceivedPayloads are the Opus payloads in order.
 	SentPayloads     [][]byte `json:"-"`
 	ReceivedPayloads [][]byte `json:"-"`
+}
+
+// RestartReport is the outcome of an ICE restart: times are milliseconds
+// from the start of the restart (new offer created), 0 when the event did
+// not happen.
+type RestartReport struct {
+	PatchMS float64 `json:"patch_ms"` // answer fragment received and applied
+	// ResumedMS is when the first audio packet arrived after the answer
+	// was applied.
+	ResumedMS float64 `json:"resumed_ms"`
+	// ETag is the ICE session's tag after the restart.
+	ETag  string `json:"etag,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // String returns the report as indented JSON.
@@ -224,6 +247,11 @@ type call struct {
 	received    [][]byte
 	sessionURL  string
 	gatheringMS float64
+	lastAudio   time.Time // arrival of the latest audio packet
+	maxGap      time.Duration
+	restart     *RestartReport
+	restartAt   time.Time // start of the ICE restart; zero before
+	patched     bool      // the restart's answer was applied
 	dcEchoed    bool
 	stopReading bool // set before closing the peer connection
 	signals     map[chan struct{}]bool
@@ -301,7 +329,7 @@ func (c *call) run(ctx context.Context) error {
 	c.start = time.Now()
 	c.gatheringMS = float64(c.start.Sub(gatherStart).Microseconds()) / 1000
 	c.mu.Unlock()
-	answer, session, err := c.post(ctx, httpc, target, pc.LocalDescription().SDP)
+	answer, session, etag, err := c.post(ctx, httpc, target, pc.LocalDescription().SDP)
 	if err != nil {
 		return err
 	}
@@ -328,12 +356,55 @@ func (c *call) run(ctx context.Context) error {
 	}
 	c.log.Debug("connected", "session", session.String())
 
+	if c.opts.ICERestartAfter > 0 {
+		stop, restarted := make(chan struct{}), make(chan struct{})
+		defer func() { close(stop); <-restarted }()
+		go func() {
+			defer close(restarted)
+			c.restartICE(ctx, stop, httpc, pc, session.String(), etag)
+		}()
+	}
 	if err := c.stream(ctx, track); err != nil {
 		return err
 	}
 	c.drain(ctx)
 	return nil
 }
+
+// restartICE waits Options.ICERestartAfter, restarts ICE and records how
+// it went. It gives up when stop closes first (the call is over).
+func (c *call) restartICE(ctx context.Context, stop <-chan struct{}, httpc *http.Client, pc *webrtc.PeerConnection, session, etag string) {
+	t := time.NewTimer(c.opts.ICERestartAfter)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-stop:
+		return
+	case <-ctx.Done():
+		return
+	case <-c.failed:
+		return
+	}
+	rep := &RestartReport{}
+	c.mu.Lock()
+	c.restartAt = time.Now()
+	c.restart = rep
+	c.mu.Unlock()
+	tag, err := RestartICE(ctx, httpc, pc, session, etag, c.opts.Header)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		rep.Error = err.Error()
+		c.log.Warn("ICE restart", "err", err)
+		return
+	}
+	rep.ETag = tag
+	rep.PatchMS = msSince(c.restartAt)
+	c.patched = true
+}
+
+// msSince returns the milliseconds since t.
+func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
 
 // newPeerConnection builds the peer connection, its audio transceiver and
 // data channel, and wires every callback.
@@ -464,9 +535,16 @@ func (c *call) onTrack(t *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 		if err != nil {
 			return
 		}
+		now := time.Now()
 		c.mu.Lock()
 		if len(c.received) == 0 {
 			c.setup.FirstAudioMS = c.sinceStartLocked()
+		} else if gap := now.Sub(c.lastAudio); gap > c.maxGap {
+			c.maxGap = gap
+		}
+		c.lastAudio = now
+		if c.patched && c.restart.ResumedMS == 0 {
+			c.restart.ResumedMS = float64(now.Sub(c.restartAt).Microseconds()) / 1000
 		}
 		c.received = append(c.received, bytes.Clone(p.Payload))
 		back := len(c.sent) > 0 && len(c.received) >= len(c.sent) && len(c.sent) == len(c.frames)
@@ -492,6 +570,9 @@ func (c *call) stream(ctx context.Context, track *webrtc.TrackLocalStaticSample)
 			}
 		}
 		if err := track.WriteSample(media.Sample{Data: f, Duration: frameDuration}); err != nil {
+			if errors.Is(err, ice.ErrNoCandidatePairs) {
+				continue // ICE is restarting: this frame is lost, as on a real outage
+			}
 			return fmt.Errorf("write sample: %w", err)
 		}
 		c.mu.Lock()
@@ -523,40 +604,40 @@ func (c *call) drain(ctx context.Context) {
 	}
 }
 
-// post sends the offer and returns the answer SDP and the absolute session
-// URL.
-func (c *call) post(ctx context.Context, httpc *http.Client, target *url.URL, offer string) (string, *url.URL, error) {
+// post sends the offer and returns the answer SDP, the absolute session
+// URL and the ETag of its ICE session.
+func (c *call) post(ctx context.Context, httpc *http.Client, target *url.URL, offer string) (string, *url.URL, string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target.String(), strings.NewReader(offer))
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: %w", ErrSignaling, err)
+		return "", nil, "", fmt.Errorf("%w: %w", ErrSignaling, err)
 	}
 	req.Header.Set("Content-Type", "application/sdp")
 	req.Header.Set("Accept", "application/sdp")
 	c.authorize(req)
 	resp, err := httpc.Do(req)
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: POST: %w", ErrSignaling, err)
+		return "", nil, "", fmt.Errorf("%w: POST: %w", ErrSignaling, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: reading answer: %w", ErrSignaling, err)
+		return "", nil, "", fmt.Errorf("%w: reading answer: %w", ErrSignaling, err)
 	}
 	if resp.StatusCode != http.StatusCreated {
-		return "", nil, fmt.Errorf("%w: POST: %s: %s", ErrSignaling, resp.Status, errorMessage(body))
+		return "", nil, "", fmt.Errorf("%w: POST: %s: %s", ErrSignaling, resp.Status, errorMessage(body))
 	}
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/sdp") {
-		return "", nil, fmt.Errorf("%w: answer Content-Type %q, want application/sdp", ErrSignaling, ct)
+		return "", nil, "", fmt.Errorf("%w: answer Content-Type %q, want application/sdp", ErrSignaling, ct)
 	}
 	loc := resp.Header.Get("Location")
 	if loc == "" {
-		return "", nil, fmt.Errorf("%w: 201 without Location", ErrSignaling)
+		return "", nil, "", fmt.Errorf("%w: 201 without Location", ErrSignaling)
 	}
 	rel, err := url.Parse(loc)
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: bad Location %q: %w", ErrSignaling, loc, err)
+		return "", nil, "", fmt.Errorf("%w: bad Location %q: %w", ErrSignaling, loc, err)
 	}
-	return string(body), target.ResolveReference(rel), nil
+	return string(body), target.ResolveReference(rel), resp.Header.Get("ETag"), nil
 }
 
 // delete ends the session. It runs even after ctx is done.
@@ -660,6 +741,8 @@ func (c *call) report() Report {
 		DataChannelEchoed: c.dcEchoed,
 		SessionURL:        c.sessionURL,
 		GatheringMS:       c.gatheringMS,
+		MaxGapMS:          float64(c.maxGap.Microseconds()) / 1000,
+		ICERestart:        c.restart,
 		Started:           c.start,
 		SentPayloads:      c.sent,
 		ReceivedPayloads:  c.received,

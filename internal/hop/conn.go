@@ -31,6 +31,9 @@ type ConnStats struct {
 	// Latched counts clients that moved to a new address (NAT rebinding)
 	// and were followed after an authenticated Binding request.
 	Latched uint64
+	// Sessions is the number of sessions registered for latching
+	// (AddSession, less RemoveSession): one per live ICE session.
+	Sessions int
 	// Routes is the number of clients with a known relay.
 	Routes int
 }
@@ -256,7 +259,11 @@ func (c *Conn) Stats() ConnStats {
 	c.mu.RLock()
 	routes := len(c.routes)
 	c.mu.RUnlock()
+	c.lmu.Lock()
+	sessions := len(c.sessions)
+	c.lmu.Unlock()
 	return ConnStats{
+		Sessions:         sessions,
 		Received:         c.received.Load(),
 		Sent:             c.sent.Load(),
 		DroppedNotHop:    c.droppedNotHop.Load(),

@@ -9,6 +9,7 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/httpapi"
+	"github.com/switchboard-rtc/switchboard/internal/sdpfrag"
 )
 
 // RegionHeader names the client's region on an offer request. The
@@ -23,6 +24,9 @@ const maxOfferBytes = 64 << 10
 //
 //	POST   /v1/calls            application/sdp offer → 201, Location, answer
 //	POST   /v1/realtime/calls   the same, for OpenAI Realtime WebRTC clients
+//	PATCH  /v1/calls/{id}       application/trickle-ice-sdpfrag, If-Match →
+//	                            200 + answer fragment and new ETag (ICE restart),
+//	                            204 (trickle only); 412 stale ETag, 428 no If-Match
 //	DELETE /v1/calls/{id}       end the session → 204 (404 if unknown)
 //	GET    /live, /ready        probes
 //
@@ -34,6 +38,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/realtime/calls", s.handleOffer)
 	mux.HandleFunc("DELETE /v1/calls/{id}", s.handleDelete)
 	mux.HandleFunc("DELETE /v1/realtime/calls/{id}", s.handleDelete)
+	mux.HandleFunc("PATCH /v1/calls/{id}", s.handlePatch)
+	mux.HandleFunc("PATCH /v1/realtime/calls/{id}", s.handlePatch)
 	mux.HandleFunc("GET /live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("GET /ready", s.handleReady)
 	return httpapi.CORS(mux)
@@ -84,8 +90,53 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Type", "application/sdp")
 	h.Set("Location", "/v1/calls/"+id)
-	h.Set("ETag", `"`+id+`"`)
+	h.Set("ETag", etag(id, 1))
 	w.WriteHeader(http.StatusCreated)
+	_, _ = io.WriteString(w, answer)
+}
+
+// handlePatch is ICE restart and trickle (RFC 9725 §4.3; restart.go).
+func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
+	ifMatch := r.Header.Get("If-Match")
+	if ifMatch == "" {
+		httpapi.WriteError(w, http.StatusPreconditionRequired, "if_match_required",
+			`send If-Match with the session's ETag, or "*"`)
+		return
+	}
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || mt != sdpfrag.ContentType {
+		httpapi.WriteError(w, http.StatusUnsupportedMediaType, "unsupported_media_type",
+			"the body must be an SDP fragment with Content-Type: "+sdpfrag.ContentType)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, sdpfrag.MaxLen))
+	if err != nil {
+		httpapi.WriteError(w, http.StatusRequestEntityTooLarge, "fragment_too_large", "the SDP fragment is larger than 16 KiB")
+		return
+	}
+	answer, tag, restarted, err := s.Restart(r.Context(), r.PathValue("id"), ifMatch, string(body))
+	switch {
+	case errors.Is(err, ErrNoSession):
+		httpapi.WriteError(w, http.StatusNotFound, "not_found", "no session "+strings.TrimSpace(r.PathValue("id")))
+		return
+	case errors.Is(err, ErrETagMismatch):
+		httpapi.WriteError(w, http.StatusPreconditionFailed, "etag_mismatch",
+			"If-Match does not name the session's current ICE session; use the ETag of the last POST or PATCH response")
+		return
+	case errors.Is(err, ErrBadFragment):
+		httpapi.WriteError(w, http.StatusBadRequest, "bad_fragment", err.Error())
+		return
+	case err != nil:
+		httpapi.WriteError(w, http.StatusInternalServerError, "ice_restart_failed", "the ICE restart failed: "+err.Error())
+		return
+	}
+	w.Header().Set("ETag", tag)
+	if !restarted {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	w.Header().Set("Content-Type", sdpfrag.ContentType)
+	w.WriteHeader(http.StatusOK)
 	_, _ = io.WriteString(w, answer)
 }
 

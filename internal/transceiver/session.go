@@ -35,8 +35,9 @@ const MetaRegion = "region"
 type session struct {
 	// Set once.
 	id      string
-	ufrag   string
 	srv     *Server
+	api     *webrtc.API    // the session's own API: its SettingEngine holds the credentials an ICE restart uses
+	ingress netip.AddrPort // the address the answer advertises
 	log     *slog.Logger
 	pc      *webrtc.PeerConnection
 	out     *webrtc.TrackLocalStaticRTP // audio from the backend to the client
@@ -52,6 +53,14 @@ type session struct {
 	endOnce                sync.Once
 	ending                 atomic.Bool   // set when end starts: bridge errors after it are the teardown's
 	dropped                atomic.Uint64 // backend messages that could not be delivered to the client
+
+	// imu serializes ICE restarts (restart.go) and guards the ICE
+	// session's identity: its local ufrag (a routing token) and its
+	// generation, which the ETag names.
+	imu     sync.Mutex
+	ufrag   string // guarded by imu
+	iceGen  int    // guarded by imu; 1 for the offer's ICE session, +1 per restart
+	iceDone bool   // guarded by imu; set by end: no restart after it
 }
 
 // newSession builds the peer connection and opens the backend bridge in
@@ -63,7 +72,11 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 	}
 	id := newSessionID()
 	sctx, cancel := context.WithCancel(s.ctx)
-	sess := &session{id: id, ufrag: ufrag, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel}
+	sess := &session{id: id, ufrag: ufrag, iceGen: 1, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel}
+	sess.ingress = s.cfg.advertise
+	if a, ok := s.cfg.ingress[meta[MetaRegion]]; ok {
+		sess.ingress = a
+	}
 
 	// The backend dial and the WebRTC answer are independent: overlap them.
 	type dialResult struct {
@@ -100,15 +113,14 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 		return nil, "", err
 	}
 
-	api, err := s.newAPI(ufrag, pwd)
-	if err != nil {
+	if sess.api, err = s.newAPI(ufrag, pwd); err != nil {
 		return fail(err)
 	}
 	if s.conn != nil {
 		// Follow the client across NAT rebindings (hop/latch.go).
 		s.conn.AddSession(ufrag, pwd)
 	}
-	if sess.pc, err = api.NewPeerConnection(webrtc.Configuration{}); err != nil {
+	if sess.pc, err = sess.api.NewPeerConnection(webrtc.Configuration{}); err != nil {
 		return fail(err)
 	}
 	if err := sess.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: offer}); err != nil {
@@ -163,11 +175,7 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 	go sess.fromBackend()
 	go sess.watchSetup()
 	sess.log.Info("session created", "ufrag", ufrag)
-	ingress := s.cfg.advertise
-	if a, ok := s.cfg.ingress[meta[MetaRegion]]; ok {
-		ingress = a
-	}
-	return sess, finalizeAnswer(sess.pc.LocalDescription().SDP, ingress), nil
+	return sess, finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress), nil
 }
 
 // finalizeAnswer makes the answer advertise exactly one candidate, at
@@ -433,9 +441,12 @@ func (sess *session) end(reason string) {
 		sess.cancel()
 		sess.notifyClient(reason)
 		_ = sess.pc.Close() // sends DTLS close_notify
+		sess.imu.Lock()     // waits for a restart in progress
+		sess.iceDone = true
 		if s.conn != nil {
 			s.conn.RemoveSession(sess.ufrag)
 		}
+		sess.imu.Unlock()
 		s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
 		sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
 	})

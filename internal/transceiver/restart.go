@@ -1,0 +1,192 @@
+package transceiver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"github.com/pion/webrtc/v4"
+
+	"github.com/switchboard-rtc/switchboard/internal/sdpfrag"
+)
+
+// ICE restart and trickle over PATCH (RFC 9725 §4.3, docs/signaling.md).
+//
+// A PATCH carries an SDP fragment (RFC 8840). When its ice-ufrag and
+// ice-pwd differ from the client's current ones it is an ICE restart (RFC
+// 8445 §9): the session gets a fresh routing token as its ufrag and a fresh
+// pwd, the client's new credentials are applied to its last offer and
+// answered, and the answer's fragment (the new credentials and the one
+// candidate) goes back. The old ufrag's state is purged: the shared UDP
+// mux and the rebinding latch forget it, so checks that still carry it get
+// no answer. DTLS, SRTP and SCTP keep running over the new ICE session.
+// Otherwise it only trickles candidates, which an ICE-lite agent has no use
+// for (it learns the client's address from its checks): 204.
+//
+// The ETag names the ICE session: the session id and its generation, 1 for
+// the offer's, +1 per restart: "<id>/<generation>".
+
+// Errors returned by Restart.
+var (
+	// ErrNoSession: no live session has that id.
+	ErrNoSession = errors.New("transceiver: no such session")
+	// ErrETagMismatch: If-Match names another ICE session than the current
+	// one (HTTP 412).
+	ErrETagMismatch = errors.New("transceiver: If-Match does not match the session's current ICE session")
+	// ErrBadFragment wraps a fragment that does not parse (HTTP 400).
+	ErrBadFragment = errors.New("transceiver: bad SDP fragment")
+)
+
+// etag returns the entity tag of a session's ICE session of generation gen.
+func etag(id string, gen int) string { return `"` + id + "/" + strconv.Itoa(gen) + `"` }
+
+// matchETag reports whether an If-Match value (RFC 9110 §13.1.1: "*" or a
+// comma-separated list of entity tags, weak ones never matching) matches
+// the current tag.
+func matchETag(ifMatch, current string) bool {
+	for t := range strings.SplitSeq(ifMatch, ",") {
+		if t = strings.TrimSpace(t); t == "*" || t == current {
+			return true
+		}
+	}
+	return false
+}
+
+// Restart applies the SDP fragment frag to session id, whose current ICE
+// session ifMatch must name ("*" for any). For an ICE restart it returns
+// the answer fragment and the new ETag, with restarted true; for a trickle
+// fragment it returns the unchanged ETag and restarted false. Errors wrap
+// ErrNoSession, ErrETagMismatch or ErrBadFragment; any other error means the
+// restart failed and the session may not recover (the client can restart
+// again or hang up).
+func (s *Server) Restart(ctx context.Context, id, ifMatch, frag string) (answer, tag string, restarted bool, err error) {
+	f, err := sdpfrag.Parse(frag)
+	if err != nil {
+		return "", "", false, fmt.Errorf("%w: %w", ErrBadFragment, err)
+	}
+	s.mu.Lock()
+	sess := s.sessions[id]
+	s.mu.Unlock()
+	if sess == nil {
+		return "", "", false, ErrNoSession
+	}
+	sess.imu.Lock()
+	defer sess.imu.Unlock()
+	if sess.iceDone {
+		return "", "", false, ErrNoSession
+	}
+	tag = etag(id, sess.iceGen)
+	if !matchETag(ifMatch, tag) {
+		return "", "", false, ErrETagMismatch
+	}
+	remote := sess.pc.RemoteDescription()
+	if remote == nil {
+		return "", "", false, ErrNoSession
+	}
+	cur, err := sdpfrag.FromSDP(remote.SDP)
+	if err != nil {
+		return "", "", false, err
+	}
+	if f.Ufrag == "" || (f.Ufrag == cur.Ufrag && f.Pwd == cur.Pwd) {
+		return "", tag, false, nil
+	}
+	answer, err = sess.restartICE(ctx, f, remote.SDP)
+	if err != nil {
+		s.metrics.iceRestarts.WithLabelValues("failed").Inc()
+		sess.log.Warn("ICE restart failed", "err", err)
+		return "", "", false, err
+	}
+	s.metrics.iceRestarts.WithLabelValues("ok").Inc()
+	return answer, etag(id, sess.iceGen), true, nil
+}
+
+// restartICE runs an ICE restart with the client's new credentials in f,
+// applied to its last offer. The caller holds sess.imu.
+func (sess *session) restartICE(ctx context.Context, f sdpfrag.Fragment, lastOffer string) (string, error) {
+	s := sess.srv
+	ufrag, pwd, err := s.newCredentials()
+	if err != nil {
+		return "", err
+	}
+	if err := setICECredentials(sess.api, ufrag, pwd); err != nil {
+		return "", err
+	}
+	if s.conn != nil {
+		s.conn.AddSession(ufrag, pwd)
+	}
+	// Pion sees changed remote credentials in a new offer and restarts the
+	// ICE agent with the SettingEngine's (now fresh) credentials; the old
+	// ufrag leaves the UDP mux.
+	err = sess.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: f.ApplyTo(lastOffer)})
+	var ans webrtc.SessionDescription
+	if err == nil {
+		ans, err = sess.pc.CreateAnswer(nil)
+	}
+	if err == nil {
+		gathered := webrtc.GatheringCompletePromise(sess.pc)
+		if err = sess.pc.SetLocalDescription(ans); err == nil {
+			select {
+			case <-gathered:
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+	}
+	if err != nil {
+		if s.conn != nil {
+			s.conn.RemoveSession(ufrag)
+		}
+		return "", err
+	}
+	out, err := sdpfrag.FromSDP(finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress))
+	if err != nil {
+		return "", err
+	}
+	if out.Ufrag != ufrag {
+		// Pion restarted with credentials other than ours: the routing
+		// token would be lost. setICECredentials guards the layout, so
+		// this means Pion changed how it restarts.
+		return "", fmt.Errorf("transceiver: ICE restarted with ufrag %q, not the new token", out.Ufrag)
+	}
+	old := sess.ufrag
+	if s.conn != nil {
+		s.conn.RemoveSession(old)
+	}
+	sess.ufrag = ufrag
+	sess.iceGen++
+	sess.log.Info("ICE restarted", "ufrag", ufrag, "old_ufrag", old, "generation", sess.iceGen)
+	return out.String(), nil
+}
+
+// errRestartUnsupported: the linked Pion keeps its SettingEngine where
+// setICECredentials does not expect it.
+var errRestartUnsupported = errors.New("transceiver: ICE restart: this Pion version keeps its SettingEngine elsewhere; see setICECredentials")
+
+// setICECredentials sets the ICE credentials of api's SettingEngine, the
+// ones Pion's ICE restart uses.
+//
+// Pion v4.2 restarts the ICE agent (ICETransport.restart) with the
+// credentials of the SettingEngine the API was built with, which
+// WithSettingEngine copies into an unexported field: without this an ICE
+// restart would reuse the session's old ufrag and pwd, against RFC 8445
+// §9, and could never carry a fresh routing token. Each session has its own
+// API, so changing it touches no other session. The reflection checks the
+// field's type, and TestRestartCredentialsField fails on a Pion upgrade
+// that moves it. A Pion API that let an ICE restart take new credentials
+// would replace this.
+func setICECredentials(api *webrtc.API, ufrag, pwd string) error {
+	f := reflect.ValueOf(api).Elem().FieldByName("settingEngine")
+	if !f.IsValid() || f.Type() != reflect.TypeFor[*webrtc.SettingEngine]() {
+		return errRestartUnsupported
+	}
+	se := *(**webrtc.SettingEngine)(unsafe.Pointer(f.UnsafeAddr()))
+	if se == nil {
+		return errRestartUnsupported
+	}
+	se.SetICECredentials(ufrag, pwd)
+	return nil
+}

@@ -1,0 +1,104 @@
+package transceiver
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/pion/webrtc/v4"
+
+	"github.com/switchboard-rtc/switchboard/internal/httpapi"
+	"github.com/switchboard-rtc/switchboard/internal/sdpfrag"
+)
+
+// TestRestartCredentialsField: setICECredentials reaches the SettingEngine
+// Pion's ICE restart reads. It fails when a Pion upgrade moves it, before
+// any ICE restart would silently reuse old credentials.
+func TestRestartCredentialsField(t *testing.T) {
+	var se webrtc.SettingEngine
+	se.SetICECredentials("oldUfragOldUfrag", "oldpwdoldpwdoldpwdoldpwd")
+	api := webrtc.NewAPI(webrtc.WithSettingEngine(se))
+	if err := setICECredentials(api, "newUfragNewUfrag", "newpwdnewpwdnewpwdnewpwd"); err != nil {
+		t.Fatal(err)
+	}
+	// An offerer's ICE restart uses the same credentials: the new ones
+	// must show in its offer.
+	pc, err := api.NewPeerConnection(webrtc.Configuration{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	if _, err := pc.CreateDataChannel("x", nil); err != nil {
+		t.Fatal(err)
+	}
+	offer, err := pc.CreateOffer(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := sdpfrag.FromSDP(offer.SDP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Ufrag != "newUfragNewUfrag" || f.Pwd != "newpwdnewpwdnewpwdnewpwd" {
+		t.Fatalf("offer credentials %s/%s, want the ones set after NewAPI", f.Ufrag, f.Pwd)
+	}
+}
+
+// TestPatchErrors: every way a PATCH can be wrong gets a status and a JSON
+// error that says what to fix.
+func TestPatchErrors(t *testing.T) {
+	_, api, _ := newTestServer(t)
+	resp := post(t, api.URL+"/v1/calls", "application/sdp", clientOffer(t, true))
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("offer: %d", resp.StatusCode)
+	}
+	session, tag := api.URL+resp.Header.Get("Location"), resp.Header.Get("ETag")
+	if !strings.HasSuffix(tag, `/1"`) {
+		t.Fatalf("ETag %s does not name ICE generation 1", tag)
+	}
+	good := "a=ice-ufrag:abcd\r\na=ice-pwd:" + strings.Repeat("p", 22) + "\r\n"
+	for _, c := range []struct {
+		name, url, ifMatch, ctype, body string
+		want                            int
+		code                            string
+	}{
+		{"no If-Match", session, "", sdpfrag.ContentType, good, http.StatusPreconditionRequired, "if_match_required"},
+		{"stale ETag", session, `"x/1"`, sdpfrag.ContentType, good, http.StatusPreconditionFailed, "etag_mismatch"},
+		{"weak ETag", session, "W/" + tag, sdpfrag.ContentType, good, http.StatusPreconditionFailed, "etag_mismatch"},
+		{"wrong type", session, "*", "application/sdp", good, http.StatusUnsupportedMediaType, "unsupported_media_type"},
+		{"unknown session", api.URL + "/v1/calls/nope", "*", sdpfrag.ContentType, good, http.StatusNotFound, "not_found"},
+		{"bad fragment", session, "*", sdpfrag.ContentType, "a=ice-ufrag:ab\r\n", http.StatusBadRequest, "bad_fragment"},
+		{"too large", session, "*", sdpfrag.ContentType, strings.Repeat("a=x\r\n", sdpfrag.MaxLen), http.StatusRequestEntityTooLarge, "fragment_too_large"},
+		{"trickle only", session, tag, sdpfrag.ContentType, "a=mid:0\r\na=candidate:1 1 udp 1 192.0.2.1 9 typ host\r\n", http.StatusNoContent, ""},
+		{"tag in a list", api.URL + "/v1/realtime/calls/" + strings.TrimPrefix(resp.Header.Get("Location"), "/v1/calls/"), `"a/1", ` + tag, sdpfrag.ContentType, "a=end-of-candidates\r\n", http.StatusNoContent, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPatch, c.url, strings.NewReader(c.body))
+			req.Header.Set("Content-Type", c.ctype)
+			if c.ifMatch != "" {
+				req.Header.Set("If-Match", c.ifMatch)
+			}
+			r, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Body.Close()
+			body, _ := io.ReadAll(r.Body)
+			if r.StatusCode != c.want {
+				t.Fatalf("status %d (%s), want %d", r.StatusCode, body, c.want)
+			}
+			if c.code == "" {
+				if got := r.Header.Get("ETag"); got != tag {
+					t.Fatalf("ETag %q after a trickle PATCH, want the unchanged %q", got, tag)
+				}
+				return
+			}
+			var e httpapi.Error
+			if err := json.Unmarshal(body, &e); err != nil || e.Error.Code != c.code || e.Error.Message == "" {
+				t.Fatalf("error body %s, want code %s with a message", body, c.code)
+			}
+		})
+	}
+}
