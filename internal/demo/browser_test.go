@@ -119,6 +119,37 @@ func TestBrowserCall(t *testing.T) {
 		t.Errorf("transceiver has %d sessions during the call, want 1", n)
 	}
 
+	// ICE restart from the page (RFC 9725 PATCH): Chromium's own restart
+	// gets a fresh token ufrag, and audio and the data channel carry on.
+	before := s.Stats.PacketsReceived
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`window.switchboard.restartIce()`, chromedp.EvalAwaitPromise)); err != nil {
+		t.Fatalf("restartIce(): %v", err)
+	}
+	s = waitPage(t, ctx, "ICE connected again after restartIce()", 10*time.Second, func(s pageState) bool {
+		if s.Restart.Error != nil {
+			t.Fatalf("restartIce(): %s", *s.Restart.Error)
+		}
+		return s.Restart.Count == 1 && s.Restart.ConnectedMs != nil
+	})
+	t.Logf("ICE restart: PATCH answered and applied in %.1f ms, ICE connected again after %.1f ms, ETag %s",
+		deref(s.Restart.PatchMs), deref(s.Restart.ConnectedMs), deref(s.ETag))
+	if !strings.HasSuffix(deref(s.ETag), `/2"`) {
+		t.Errorf("ETag after one restart is %s, want generation 2", deref(s.ETag))
+	}
+	s = waitPage(t, ctx, "audio after the ICE restart", 10*time.Second, func(s pageState) bool {
+		return s.Stats.PacketsReceived > before+50
+	})
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`window.switchboard.dcEcho = false; window.switchboard.ping()`)); err != nil {
+		t.Fatalf("ping(): %v", err)
+	}
+	waitPage(t, ctx, "data-channel echo after the ICE restart", 5*time.Second, func(s pageState) bool { return s.DCEcho })
+	if got := metricLines(ctx, `switchboard_transceiver_ice_restarts_total{result="ok"}`); !strings.HasSuffix(got, " 1") {
+		t.Errorf("metrics: %s, want 1 ICE restart ok", got)
+	}
+	if n := d.Transceiver().HopStats().Sessions; n != 1 {
+		t.Errorf("the hop latches %d ICE sessions after the restart, want 1", n)
+	}
+
 	// hangup() DELETEs the session URL, then closes the peer connection.
 	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`window.switchboard.hangup()`, chromedp.EvalAwaitPromise)); err != nil {
 		t.Fatalf("hangup(): %v", err)
@@ -259,8 +290,15 @@ type pageState struct {
 	SetupMs   *float64 `json:"setupMs"`
 	EchoMs    *float64 `json:"echoMs"`
 	Location  *string  `json:"location"`
+	ETag      *string  `json:"etag"`
 	Error     *string  `json:"error"`
-	Stats     struct {
+	Restart   struct {
+		Count       int      `json:"count"`
+		PatchMs     *float64 `json:"patchMs"`
+		ConnectedMs *float64 `json:"connectedMs"`
+		Error       *string  `json:"error"`
+	} `json:"restart"`
+	Stats struct {
 		PacketsSent      int64    `json:"packetsSent"`
 		PacketsReceived  int64    `json:"packetsReceived"`
 		PacketsLost      int64    `json:"packetsLost"`
@@ -276,7 +314,8 @@ type pageState struct {
 const pageStateJS = `(() => {
 	const s = window.switchboard;
 	return {state: s.state, bodyState: document.body.dataset.state, dcEcho: s.dcEcho,
-		setupMs: s.setupMs, echoMs: s.echoMs, location: s.location, error: s.error, stats: s.stats};
+		setupMs: s.setupMs, echoMs: s.echoMs, location: s.location, etag: s.etag, error: s.error,
+		stats: s.stats, restart: s.restart};
 })()`
 
 // waitPage polls the page until cond holds, and fails the test when the call
