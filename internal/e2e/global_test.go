@@ -118,23 +118,36 @@ func TestGlobalRelay(t *testing.T) {
 	tests := []struct {
 		region  string
 		cluster uint16
+		restart bool // restart ICE mid-call: the PATCH goes through the director
 	}{
-		{"A", 1},
-		{"B", 2},
+		{"A", 1, false},
+		{"B", 2, false},
+		{"A", 1, true},
 	}
 	for _, tt := range tests {
-		t.Run(tt.region, func(t *testing.T) {
+		name := tt.region
+		if tt.restart {
+			name += "/ice-restart"
+		}
+		t.Run(name, func(t *testing.T) {
 			g.waitQuiet(t) // the previous call's teardown packets are counted before the snapshot
 			before := map[string]relay.Stats{"A": g.ingress["A"].Stats(), "B": g.ingress["B"].Stats()}
 			beforeCl := map[uint16]relay.Stats{1: g.relays[1].Stats(), 2: g.relays[2].Stats()}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			report, err := callclient.Run(ctx, callclient.Options{
+			opts := callclient.Options{
 				URL: g.director.URL + "/v1/calls", AudioPath: speech, Duration: time.Second, IPv4Only: true,
 				Header: http.Header{"X-Test-Region": {tt.region}},
-			})
+			}
+			if tt.restart {
+				opts.Duration, opts.ICERestartAfter = 3*time.Second, time.Second
+			}
+			report, err := callclient.Run(ctx, opts)
 			if err != nil || !report.AudioEchoed || report.PayloadMismatches != 0 || !report.DataChannelEchoed {
 				t.Fatalf("call from region %s: %v\n%s", tt.region, err, report)
+			}
+			if rr := report.ICERestart; tt.restart && (rr == nil || rr.Error != "" || rr.ResumedMS == 0) {
+				t.Fatalf("ICE restart through the director and the Global Relay: %+v", rr)
 			}
 			other := map[string]string{"A": "B", "B": "A"}[tt.region]
 			otherCl := map[uint16]uint16{1: 2, 2: 1}[tt.cluster]
