@@ -127,6 +127,7 @@ type holdEntry struct {
 	via   addrKey
 	until int64 // holdLookup: mono ns the first datagram was held; holdNegative: expiry
 	state uint8
+	why   DropReason // holdNegative: the reason its datagrams are dropped
 	n     uint8
 	bufs  [maxHeldPerClient]uint16
 	lens  [maxHeldPerClient]uint16
@@ -260,7 +261,7 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 	switch {
 	case e == nil:
 	case e.state == holdNegative && t < e.until:
-		return netip.AddrPort{}, DropFlowCacheMiss
+		return netip.AddrPort{}, e.why
 	case e.state == holdLookup:
 		if int(e.n) >= fc.p.perClient {
 			return netip.AddrPort{}, DropFlowCacheHoldFull
@@ -457,7 +458,8 @@ func (fc *flowCache) heldSince(k addrKey) (int64, bool) {
 }
 
 // finish drops k's held datagrams under reason and frees its entry, or,
-// with negUntil non-zero, makes it a negative entry until then.
+// with negUntil non-zero, makes it a negative entry until then: the
+// client's datagrams are dropped under reason without a lookup.
 func (fc *flowCache) finish(k addrKey, reason DropReason, negUntil int64) {
 	bucket, st := fc.bucket(&k)
 	st.mu.Lock()
@@ -472,7 +474,7 @@ func (fc *flowCache) finish(k addrKey, reason DropReason, negUntil int64) {
 	fc.c.drops[reason].Add(uint64(e.n))
 	e.n = 0
 	if negUntil != 0 {
-		e.state, e.until = holdNegative, negUntil
+		e.state, e.until, e.why = holdNegative, negUntil, reason
 	} else {
 		e.state = holdFree
 	}
