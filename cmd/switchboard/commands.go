@@ -21,6 +21,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/demo"
+	"github.com/switchboard-rtc/switchboard/internal/flowcache"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
@@ -102,12 +103,13 @@ func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logge
 
 func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	var cfg struct {
-		Relay   relay.Config     `yaml:",inline"`
-		Members string           `yaml:"members"`
-		Source  MembershipConfig `yaml:",inline"`
-		Metrics string           `yaml:"metrics"`
-		Keys    KeyConfig        `yaml:",inline"`
-		Log     LogConfig        `yaml:",inline"`
+		Relay     relay.Config     `yaml:",inline"`
+		FlowCache string           `yaml:"flow_cache"`
+		Members   string           `yaml:"members"`
+		Source    MembershipConfig `yaml:",inline"`
+		Metrics   string           `yaml:"metrics"`
+		Keys      KeyConfig        `yaml:",inline"`
+		Log       LogConfig        `yaml:",inline"`
 	}
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	fs.StringVar(&cfg.Relay.PublicAddr, "public", "0.0.0.0:3478", "public UDP address clients send to (the VIP:port)")
@@ -126,6 +128,7 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 		cfg.Relay.TrustedIngress = strings.Split(v, ",")
 		return nil
 	})
+	fs.StringVar(&cfg.FlowCache, "flow-cache", "", "Redis host:port of the cluster's flow cache: confirmed flows are written there, and a client's DTLS/RTP without a flow is held while it is looked up (docs/relay.md); empty: no cache")
 	fs.StringVar(&cfg.Members, "members", "", "static membership: transceiver id=internal ip:port, comma separated, e.g. 1=10.0.0.5:4000,2=10.0.0.6:4000")
 	fs.StringVar(&cfg.Metrics, "metrics", "127.0.0.1:9090", "address serving /metrics, /live and /ready (empty disables)")
 	cfg.Source.register(fs)
@@ -143,6 +146,15 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 		return err
 	}
 	defer stopMembers()
+	if cfg.FlowCache != "" {
+		fc, err := flowcache.New(cfg.FlowCache, cfg.Relay.Cluster)
+		if err != nil {
+			return err
+		}
+		defer fc.Close()
+		flowcache.LogRedisTo(log) // go-redis's per-dial lines at Debug; the relay warns once per interval
+		cfg.Relay.FlowCache = fc
+	}
 	r, err := relay.New(cfg.Relay, keys, members, reg, log)
 	if err != nil {
 		return err
