@@ -223,6 +223,7 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	fs.StringVar(&cfg.Trx.DTLSRole, "dtls-role", "client", "DTLS role in answers: client (active) or server (passive, no HelloVerify)")
 	fs.StringVar(&cfg.Redis, "redis", "", "Redis host:port to register in (relays with -membership redis find this transceiver there); empty: no registration")
 	fs.StringVar(&cfg.HopAd, "hop-advertise", "", "internal-hop ip:port registered for relays (default: -listen, which must then be a concrete IP)")
+	registerAuth(fs, &cfg.Trx.Auth)
 	cfg.Keys.register(fs)
 	cfg.Log.register(fs, "json")
 	if err := parseConfig(fs, args, &cfg); err != nil {

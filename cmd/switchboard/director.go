@@ -20,6 +20,7 @@ func runDirector(ctx context.Context, args []string, _ io.Writer) error {
 	fs.StringVar(&cfg.Director.Mode, "mode", "proxy", "proxy (forward the offer) or redirect (307 to the transceiver)")
 	fs.StringVar(&cfg.Director.RegionHeader, "region-header", "", "request header a trusted CDN sets to the client's region (empty: ignore)")
 	fs.StringVar(&cfg.Director.DefaultRegion, "default-region", "", "region used when neither header nor client IP decides (required)")
+	registerAuth(fs, &cfg.Director.Auth)
 	cfg.Log.register(fs, "json")
 	fs.Usage = func() {
 		fs.Output().Write([]byte("Usage: switchboard director -config director.yaml [flags]\n\n" +

@@ -12,6 +12,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/switchboard-rtc/switchboard/internal/auth"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
@@ -125,4 +126,22 @@ func (k *KeyConfig) keyring() (*token.Keyring, error) {
 		return nil, fmt.Errorf("-token-max-age %q: want a duration such as 24h, or 0 for no bound", k.MaxAge)
 	}
 	return kr, nil
+}
+
+// registerAuth adds the signaling authentication flags (internal/auth) to
+// fs, writing into a. Secrets are better set through the environment
+// (SWITCHBOARD_AUTH_SIGNING_KEY, SWITCHBOARD_AUTH_API_KEYS) or the YAML
+// file's auth section than on a command line.
+func registerAuth(fs *flag.FlagSet, a *auth.Config) {
+	fs.StringVar(&a.SigningKey, "auth-signing-key", "", "base64 HS256 key (>= 32 bytes) of client tokens, shared by every transceiver and director; empty with no -auth-api-keys: signaling is open")
+	fs.Func("auth-api-keys", "comma-separated server-side API keys (>= 32 bytes each) that mint client tokens at POST /v1/client_tokens", func(v string) error {
+		a.APIKeys = nil
+		for k := range strings.SplitSeq(v, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				a.APIKeys = append(a.APIKeys, k)
+			}
+		}
+		return nil
+	})
+	fs.DurationVar(&a.TokenTTL, "auth-token-ttl", auth.DefaultTokenTTL, "lifetime of a client token")
 }

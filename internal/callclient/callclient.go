@@ -109,7 +109,8 @@ type Options struct {
 	// SettingEngine is set.
 	IPv4Only bool
 	// AuthToken, if set, is sent as "Authorization: Bearer <AuthToken>" on
-	// the POST and the DELETE.
+	// the POST, the PATCH of an ICE restart and the DELETE: a client token
+	// (internal/auth) or an API key.
 	AuthToken string
 	// Header holds extra headers for the POST and the DELETE (e.g. a
 	// region header a CDN would set in front of a director).
@@ -390,7 +391,14 @@ func (c *call) restartICE(ctx context.Context, stop <-chan struct{}, httpc *http
 	c.restartAt = time.Now()
 	c.restart = rep
 	c.mu.Unlock()
-	tag, err := RestartICE(ctx, httpc, pc, session, etag, c.opts.Header)
+	header := c.opts.Header.Clone()
+	if c.opts.AuthToken != "" {
+		if header == nil {
+			header = http.Header{}
+		}
+		header.Set("Authorization", "Bearer "+c.opts.AuthToken)
+	}
+	tag, err := RestartICE(ctx, httpc, pc, session, etag, header)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {

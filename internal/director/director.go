@@ -34,6 +34,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/switchboard-rtc/switchboard/internal/auth"
 	"github.com/switchboard-rtc/switchboard/internal/httpapi"
 )
 
@@ -61,6 +62,10 @@ type Config struct {
 	// TrustedProxies are prefixes whose X-Forwarded-For is believed: the
 	// client IP is then its last entry. Empty trusts none.
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// Auth, when set, makes the director serve POST /v1/client_tokens
+	// (internal/auth) with the same keys as the transceivers, which check
+	// the tokens: the director passes Authorization through.
+	Auth auth.Config `yaml:"auth"`
 }
 
 // Region is one region's entry in Config.Regions.
@@ -92,6 +97,7 @@ type Director struct {
 	clusters  map[string][]*upstream
 	upstreams map[string]*upstream
 	next      atomic.Uint64 // round-robin cursor
+	auth      *auth.Authority
 }
 
 // ErrConfig is wrapped by every configuration error.
@@ -103,6 +109,10 @@ func New(cfg Config, log *slog.Logger) (*Director, error) {
 		log = slog.Default()
 	}
 	d := &Director{cfg: cfg, log: log, clusters: map[string][]*upstream{}, upstreams: map[string]*upstream{}}
+	var err error
+	if d.auth, err = auth.New(cfg.Auth); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	switch cfg.Mode {
 	case "":
 		d.cfg.Mode = "proxy"
@@ -216,12 +226,14 @@ func (d *Director) Region(r *http.Request) (region, source string) {
 //	POST   /v1/calls, /v1/realtime/calls   route the offer
 //	DELETE /v1/calls/{ref}                 proxied to the owning transceiver
 //	PATCH  /v1/calls/{ref}                 proxied to the owning transceiver
+//	POST   /v1/client_tokens               API key → client token (Config.Auth)
 func (d *Director) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/calls", d.handleOffer)
 	mux.HandleFunc("POST /v1/realtime/calls", d.handleOffer)
 	mux.HandleFunc("DELETE /v1/calls/{ref}", d.handleSession)
 	mux.HandleFunc("PATCH /v1/calls/{ref}", d.handleSession)
+	mux.Handle("POST "+auth.MintPath, d.auth.MintHandler())
 	mux.HandleFunc("GET /live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	return httpapi.CORS(mux)

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"net/url"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/auth"
 )
 
 // DefaultAllowRelays are the prefixes internal-hop datagrams may come from
@@ -51,6 +53,11 @@ type Config struct {
 	// moment ICE connects) or "server" (a=setup:passive; the client's
 	// ClientHello is answered without a HelloVerifyRequest round trip).
 	DTLSRole string `yaml:"dtls_role"`
+	// Auth turns on signaling authentication (internal/auth, DESIGN §6):
+	// offers need a client token minted at POST /v1/client_tokens with an
+	// API key; PATCH and DELETE need the session's token or an API key.
+	// The zero value leaves signaling open (the demo).
+	Auth auth.Config `yaml:"auth"`
 
 	advertise netip.AddrPort
 	allow     []netip.Prefix

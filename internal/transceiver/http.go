@@ -6,7 +6,9 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/auth"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/httpapi"
 	"github.com/switchboard-rtc/switchboard/internal/sdpfrag"
@@ -28,7 +30,11 @@ const maxOfferBytes = 64 << 10
 //	                            200 + answer fragment and new ETag (ICE restart),
 //	                            204 (trickle only); 412 stale ETag, 428 no If-Match
 //	DELETE /v1/calls/{id}       end the session → 204 (404 if unknown)
+//	POST   /v1/client_tokens    API key → short-lived client token (Config.Auth)
 //	GET    /live, /ready        probes
+//
+// With Config.Auth, an offer needs "Authorization: Bearer <client token>"
+// and PATCH and DELETE the same token or an API key; otherwise 401.
 //
 // Errors are JSON: {"error":{"code":"...","message":"..."}}. CORS allows
 // any origin, so a page served elsewhere can call it.
@@ -40,12 +46,18 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("DELETE /v1/realtime/calls/{id}", s.handleDelete)
 	mux.HandleFunc("PATCH /v1/calls/{id}", s.handlePatch)
 	mux.HandleFunc("PATCH /v1/realtime/calls/{id}", s.handlePatch)
+	mux.Handle("POST "+auth.MintPath, s.auth.MintHandler())
 	mux.HandleFunc("GET /live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("GET /ready", s.handleReady)
 	return httpapi.CORS(mux)
 }
 
 func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
+	owner, err := s.auth.Verify(r, time.Now())
+	if err != nil {
+		auth.Unauthorized(w, err)
+		return
+	}
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mt != "application/sdp" {
 		httpapi.WriteError(w, http.StatusUnsupportedMediaType, "unsupported_media_type",
@@ -70,7 +82,7 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 	if region != "" {
 		meta[MetaRegion] = region
 	}
-	id, answer, err := s.Offer(r.Context(), string(body), meta)
+	id, answer, err := s.offer(r.Context(), string(body), meta, owner)
 	switch {
 	case errors.Is(err, ErrBadOffer):
 		httpapi.WriteError(w, http.StatusBadRequest, "bad_offer", err.Error())
@@ -97,6 +109,9 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 
 // handlePatch is ICE restart and trickle (RFC 9725 §4.3; restart.go).
 func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
+	if !s.authorizeSession(w, r) {
+		return
+	}
 	ifMatch := r.Header.Get("If-Match")
 	if ifMatch == "" {
 		httpapi.WriteError(w, http.StatusPreconditionRequired, "if_match_required",
@@ -140,7 +155,36 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.WriteString(w, answer)
 }
 
+// authorizeSession checks the credentials of a request on session
+// {id}: with authentication on, its client token or an API key. It
+// writes the 401 (or, for a session that does not exist, the 404 a valid
+// credential would get) and returns false when the request must stop.
+func (s *Server) authorizeSession(w http.ResponseWriter, r *http.Request) bool {
+	if s.auth == nil {
+		return true
+	}
+	id := r.PathValue("id")
+	owner, ok := s.owner(id)
+	if !ok {
+		// Any valid credential learns that the session is gone.
+		if err := s.auth.VerifySession(r, "", time.Now()); err != nil && !errors.Is(err, auth.ErrNotForSession) {
+			auth.Unauthorized(w, err)
+			return false
+		}
+		httpapi.WriteError(w, http.StatusNotFound, "not_found", "no session "+strings.TrimSpace(id))
+		return false
+	}
+	if err := s.auth.VerifySession(r, owner, time.Now()); err != nil {
+		auth.Unauthorized(w, err)
+		return false
+	}
+	return true
+}
+
 func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
+	if !s.authorizeSession(w, r) {
+		return
+	}
 	if !s.End(r.PathValue("id"), bridge.ReasonClientHangup) {
 		httpapi.WriteError(w, http.StatusNotFound, "not_found", "no session "+strings.TrimSpace(r.PathValue("id")))
 		return

@@ -26,6 +26,7 @@ import (
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchboard-rtc/switchboard/internal/auth"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/token"
@@ -69,6 +70,7 @@ type Server struct {
 	conn    *hop.Conn    // the internal hop over sock; nil when Config.Direct
 	mux     *ice.UDPMuxDefault
 	metrics *metrics
+	auth    *auth.Authority // nil: signaling is open
 	ctx     context.Context
 	cancel  context.CancelFunc
 
@@ -92,6 +94,10 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 	if log == nil {
 		log = slog.Default()
 	}
+	authority, err := auth.New(cfg.Auth)
+	if err != nil {
+		return nil, fmt.Errorf("transceiver: %w", err)
+	}
 	laddr, err := net.ResolveUDPAddr("udp", cfg.ListenAddr)
 	if err != nil {
 		return nil, fmt.Errorf("transceiver: listen address %q: %w", cfg.ListenAddr, err)
@@ -105,6 +111,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		keys:     keys,
 		log:      log.With("transceiver", cfg.ID),
 		sock:     sock,
+		auth:     authority,
 		sessions: make(map[string]*session),
 	}
 	if cfg.Direct {
@@ -208,6 +215,12 @@ func newSessionID() string {
 // complete answer. Errors wrap ErrBadOffer (the offer is unusable),
 // ErrFull, ErrClosed or ErrBackend.
 func (s *Server) Offer(ctx context.Context, offer string, meta map[string]string) (id, answer string, err error) {
+	return s.offer(ctx, offer, meta, "")
+}
+
+// offer is Offer for a session owned by the client token with id owner
+// ("" when signaling is open).
+func (s *Server) offer(ctx context.Context, offer string, meta map[string]string, owner string) (id, answer string, err error) {
 	s.mu.Lock()
 	switch {
 	case s.closed:
@@ -234,7 +247,7 @@ func (s *Server) Offer(ctx context.Context, offer string, meta map[string]string
 	}
 
 	start := time.Now()
-	sess, answer, err := s.newSession(ctx, offer, meta)
+	sess, answer, err := s.newSession(ctx, offer, meta, owner)
 	if err != nil {
 		s.metrics.sessionsFailed.Inc()
 		return "", "", err
@@ -254,6 +267,18 @@ func (s *Server) End(id, reason string) bool {
 	}
 	sess.end(reason)
 	return true
+}
+
+// owner returns the client token id that created session id, and whether
+// the session exists.
+func (s *Server) owner(id string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess := s.sessions[id]
+	if sess == nil {
+		return "", false
+	}
+	return sess.owner, true
 }
 
 // Ready reports whether the transceiver takes new sessions: false once it

@@ -35,6 +35,7 @@ const MetaRegion = "region"
 type session struct {
 	// Set once.
 	id      string
+	owner   string // id of the client token that created the session; "" when signaling is open
 	srv     *Server
 	api     *webrtc.API    // the session's own API: its SettingEngine holds the credentials an ICE restart uses
 	ingress netip.AddrPort // the address the answer advertises
@@ -65,14 +66,14 @@ type session struct {
 
 // newSession builds the peer connection and opens the backend bridge in
 // parallel, then returns the complete answer.
-func (s *Server) newSession(ctx context.Context, offer string, meta map[string]string) (*session, string, error) {
+func (s *Server) newSession(ctx context.Context, offer string, meta map[string]string, owner string) (*session, string, error) {
 	ufrag, pwd, err := s.newCredentials()
 	if err != nil {
 		return nil, "", err
 	}
 	id := newSessionID()
 	sctx, cancel := context.WithCancel(s.ctx)
-	sess := &session{id: id, ufrag: ufrag, iceGen: 1, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel}
+	sess := &session{id: id, owner: owner, ufrag: ufrag, iceGen: 1, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel}
 	sess.ingress = s.cfg.advertise
 	if a, ok := s.cfg.ingress[meta[MetaRegion]]; ok {
 		sess.ingress = a

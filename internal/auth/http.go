@@ -1,0 +1,62 @@
+package auth
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/httpapi"
+)
+
+// MintPath is where MintHandler is served.
+const MintPath = "/v1/client_tokens"
+
+// MintHandler serves POST MintPath for the application's server:
+//
+//	POST /v1/client_tokens
+//	Authorization: Bearer <API key>
+//
+//	201 Created
+//	Content-Type: application/json
+//	Cache-Control: no-store
+//	{"value":"<client token>","expires_at":1700000060}
+//
+// A missing or wrong API key gets 401 with WWW-Authenticate; authentication
+// off gets 404 (there is nothing to mint).
+func (a *Authority) MintHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a == nil {
+			httpapi.WriteError(w, http.StatusNotFound, "auth_off", "authentication is off: offers need no token")
+			return
+		}
+		if !a.IsAPIKey(Bearer(r)) {
+			Challenge(w, ErrInvalid)
+			httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "minting a client token needs an API key: Authorization: Bearer <api key>")
+			return
+		}
+		tok, err := a.Mint(time.Now())
+		if err != nil {
+			httpapi.WriteError(w, http.StatusInternalServerError, "internal", "minting failed")
+			return
+		}
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(tok)
+	})
+}
+
+// Unauthorized writes the 401 for err from Verify or VerifySession.
+func Unauthorized(w http.ResponseWriter, err error) {
+	Challenge(w, err)
+	msg := "send a client token: Authorization: Bearer <token from POST " + MintPath + ">"
+	switch {
+	case errors.Is(err, ErrNotForSession):
+		msg = "this token did not create the session; use the client token of its POST, or an API key"
+	case !errors.Is(err, ErrMissing):
+		msg = "the bearer token is invalid or expired (" + err.Error() + "); mint a new one with POST " + MintPath
+	}
+	httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", msg)
+}
