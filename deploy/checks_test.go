@@ -159,6 +159,7 @@ func checkAll(t *testing.T, r *rendered, over map[string]any) {
 	t.Run("transceiver ids and membership", func(t *testing.T) { checkTransceiverIDs(t, r, v) })
 	t.Run("transceiver", func(t *testing.T) { checkTransceiver(t, r, v) })
 	t.Run("token keys", func(t *testing.T) { checkTokenKeys(t, r, v) })
+	t.Run("signaling auth", func(t *testing.T) { checkAuth(t, r, v) })
 	t.Run("rbac", func(t *testing.T) { checkRBAC(t, r) })
 }
 
@@ -645,6 +646,40 @@ func checkTokenKeys(t *testing.T, r *rendered, v map[string]any) {
 	for _, comp := range []string{"relay", "transceiver"} {
 		if r.component(t, comp).tmpl.Annotations["checksum/token-keys"] == "" {
 			t.Errorf("%s pods have no checksum/token-keys annotation", comp)
+		}
+	}
+}
+
+// checkAuth: with auth.existingSecret, transceivers and the director read
+// the signing key and API keys from it as SWITCHBOARD_AUTH_* (flags
+// -auth-…); without it no pod gets them and signaling is open.
+func checkAuth(t *testing.T, r *rendered, v map[string]any) {
+	ex := fmt.Sprint(val(t, v, "auth.existingSecret"))
+	comps := []string{"transceiver"}
+	for _, w := range r.workloads() {
+		if w.tmpl.Labels["app.kubernetes.io/component"] == "director" {
+			comps = append(comps, "director")
+		}
+	}
+	for _, comp := range comps {
+		env := envMap(r.component(t, comp).tmpl.Spec.Containers[0])
+		for _, k := range []struct{ env, key string }{
+			{"SWITCHBOARD_AUTH_SIGNING_KEY", "signing-key"},
+			{"SWITCHBOARD_AUTH_API_KEYS", "api-keys"},
+		} {
+			e, ok := env[k.env]
+			if ex == "" {
+				if ok {
+					t.Errorf("%s: %s set with auth off", comp, k.env)
+				}
+				continue
+			}
+			if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Name != ex || e.ValueFrom.SecretKeyRef.Key != k.key {
+				t.Errorf("%s: %s = %+v, want Secret %s key %s", comp, k.env, e, ex, k.key)
+			}
+		}
+		if ttl := env["SWITCHBOARD_AUTH_TOKEN_TTL"].Value; ex != "" && ttl != fmt.Sprint(val(t, v, "auth.tokenTTL")) {
+			t.Errorf("%s: SWITCHBOARD_AUTH_TOKEN_TTL %q, want auth.tokenTTL", comp, ttl)
 		}
 	}
 }

@@ -193,6 +193,7 @@ func customValues() map[string]any {
 		"fullnameOverride": "voice-edge",
 		"image":            map[string]any{"repository": "registry.example.com/switchboard", "tag": "v9.9.9"},
 		"tokenKeys":        map[string]any{"existingSecret": "fleet-keys"},
+		"auth":             map[string]any{"existingSecret": "signaling-auth", "tokenTTL": "2m"},
 		"relay": map[string]any{
 			"kind":    "DaemonSet",
 			"ports":   map[string]any{"public": 13478, "internal": 13479, "metrics": 19090},

@@ -90,6 +90,24 @@ app.kubernetes.io/component: {{ index . 1 }}
       optional: true
 {{- end -}}
 
+{{/* Signaling auth variables (transceivers, director), when auth.existingSecret is set. */}}
+{{- define "switchboard.authEnv" -}}
+{{- with .Values.auth.existingSecret }}
+- name: SWITCHBOARD_AUTH_SIGNING_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: signing-key
+- name: SWITCHBOARD_AUTH_API_KEYS
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: api-keys
+- name: SWITCHBOARD_AUTH_TOKEN_TTL
+  value: {{ $.Values.auth.tokenTTL | quote }}
+{{- end }}
+{{- end -}}
+
 {{/* Pod annotations: Prometheus scraping and a checksum that rolls pods when the chart-managed keys change. */}}
 {{- define "switchboard.podAnnotations" -}}
 {{- $ := index . 0 -}}
