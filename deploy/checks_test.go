@@ -395,6 +395,18 @@ func checkRelay(t *testing.T, r *rendered, v map[string]any) {
 	w := r.component(t, "relay")
 	c := w.tmpl.Spec.Containers[0]
 	env := envMap(c)
+	// The flow cache: relay.flowCache, else the chart's Redis Service.
+	wantCache := fmt.Sprint(val(t, v, "relay.flowCache"))
+	if wantCache == "" && val(t, v, "redis.enabled") == true {
+		for key, o := range r.byKey {
+			if s, ok := o.(*corev1.Service); ok && strings.HasSuffix(key, "-redis") {
+				wantCache = fmt.Sprintf("%s:%d", s.Name, s.Spec.Ports[0].Port)
+			}
+		}
+	}
+	if got := env["SWITCHBOARD_FLOW_CACHE"].Value; got != wantCache {
+		t.Errorf("relay SWITCHBOARD_FLOW_CACHE = %q, want %q", got, wantCache)
+	}
 	svc := relayService(t, r)
 	if svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal {
 		t.Errorf("relay Service externalTrafficPolicy = %q, want Local", svc.Spec.ExternalTrafficPolicy)
