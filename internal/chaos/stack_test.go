@@ -32,8 +32,8 @@ type stackConfig struct {
 	// advertise, if set, is put in answers instead of the relay's public
 	// address (an impairment proxy in front of it).
 	advertise string
-	// trxArgs are extra transceiver flags.
-	trxArgs []string
+	// trxArgs and relayArgs are extra flags.
+	trxArgs, relayArgs []string
 }
 
 // stack is agent + transceivers + relay (+ redis), each its own process.
@@ -103,6 +103,7 @@ func startStack(t *testing.T, cfg stackConfig) *stack {
 	if cfg.idleTimeout > 0 {
 		s.relayArgs = append(s.relayArgs, "-idle-timeout", cfg.idleTimeout.String())
 	}
+	s.relayArgs = append(s.relayArgs, cfg.relayArgs...)
 	s.relay = s.h.start("relay", bins.switchboard, s.relayArgs...)
 	for _, a := range s.trxHTTP {
 		waitHTTP(t, "http://"+a+"/ready", 20*time.Second)
