@@ -95,7 +95,7 @@ func TestTransceiverKill(t *testing.T) {
 	perSession := confirmed(mustScrape(t, s.relayOps)) / float64(n)
 	relay := sample(s.relayOps, map[string]func(metrics) bool{
 		"members": func(m metrics) bool { return m.sum("switchboard_relay_members") == 1 },
-		"flows": func(m metrics) bool { return confirmed(m) <= perSession*float64(survivors) },
+		"flows":   func(m metrics) bool { return confirmed(m) <= perSession*float64(survivors) },
 	})
 
 	killed := d.mark(t)
@@ -214,7 +214,7 @@ func TestRedisKill(t *testing.T) {
 	d.waitConnected(t, n, 60*time.Second)
 	time.Sleep(2 * time.Second)
 
-	killed := d.mark(t)
+	d.mark(t)
 	s.redis.kill9()
 	// Past the registry's TTL (6 s) without Redis, a second wave of
 	// sessions must still connect and echo.
@@ -240,6 +240,6 @@ func TestRedisKill(t *testing.T) {
 	t.Logf("FIGURE redis kill (flow cache %v): %d sessions live at the kill, %d lost; %d new sessions %v after the kill, %d lost; audio gap after the kill %s, normal (5 s before) %s; relay membership reads failed %v times, table kept at %v members",
 		bins.flowCache, len(rs), len(rs)-countOK(rs), len(ws), 8*time.Second, len(ws)-countOK(ws), dist(gap, " ms"), dist(pre, " ms"),
 		relay.sum("switchboard_relay_membership_read_failures_total"), relay.sum("switchboard_relay_members"))
-	t.Logf("relay drops: %s; CPU: %s", drops(relay), s.cpu())
-	_ = killed
+	t.Logf("relay drops: %s; flow cache up %v, cache writes %v; CPU: %s", drops(relay),
+		relay.sum("switchboard_relay_flow_cache_up"), relay.sum("switchboard_relay_flow_cache_writes_total"), s.cpu())
 }

@@ -34,7 +34,7 @@ func TestRelayKill(t *testing.T) {
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			if v.cache && !bins.flowCache {
-				t.Skip("the relay has no -flow-cache flag in this tree")
+				t.Fatal("the relay has no -flow-cache flag")
 			}
 			n := *flagSessions
 			s := startStack(t, stackConfig{redis: v.cache, flowCache: v.cache, noRelearn: v.noRelearn})
