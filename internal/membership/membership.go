@@ -8,7 +8,7 @@
 //
 // Readers never lock: the table is an atomic pointer to an immutable
 // snapshot, and Set builds a new snapshot and swaps it in (copy-on-write).
-// Lookup and Contains allocate nothing. Whatever fills the table (static
+// Lookup, Contains and ID allocate nothing. Whatever fills the table (static
 // config today; a Redis registry or Kubernetes later) calls Set with the
 // complete new membership.
 package membership
@@ -37,8 +37,10 @@ type Table struct {
 
 // snapshot is immutable once published.
 type snapshot struct {
-	byID  map[uint32]netip.AddrPort
-	addrs map[netip.AddrPort]struct{}
+	byID map[uint32]netip.AddrPort
+	// byAddr is the reverse of byID: for an address several ids share,
+	// the smallest of them.
+	byAddr map[netip.AddrPort]uint32
 }
 
 // NewTable returns a table holding entries (see Set).
@@ -56,8 +58,8 @@ func NewTable(entries map[uint32]netip.AddrPort) (*Table, error) {
 // not retain entries. Several ids may share an address.
 func (t *Table) Set(entries map[uint32]netip.AddrPort) error {
 	s := &snapshot{
-		byID:  make(map[uint32]netip.AddrPort, len(entries)),
-		addrs: make(map[netip.AddrPort]struct{}, len(entries)),
+		byID:   make(map[uint32]netip.AddrPort, len(entries)),
+		byAddr: make(map[netip.AddrPort]uint32, len(entries)),
 	}
 	for id, ap := range entries {
 		ap, err := canonical(ap)
@@ -65,7 +67,9 @@ func (t *Table) Set(entries map[uint32]netip.AddrPort) error {
 			return fmt.Errorf("%w: transceiver %d: %v", ErrInvalid, id, err)
 		}
 		s.byID[id] = ap
-		s.addrs[ap] = struct{}{}
+		if prev, ok := s.byAddr[ap]; !ok || id < prev {
+			s.byAddr[ap] = id
+		}
 	}
 	t.mu.Lock()
 	t.snap.Store(s)
@@ -104,8 +108,21 @@ func (t *Table) Contains(addr netip.AddrPort) bool {
 	if s == nil {
 		return false
 	}
-	_, ok := s.addrs[addr]
+	_, ok := s.byAddr[addr]
 	return ok
+}
+
+// ID returns the id of the member at internal address addr (canonical, as
+// for Contains): the reverse of Lookup. When several ids share addr it
+// returns the smallest, so the answer is the same for every reader of a
+// snapshot. It is one map read, like Lookup.
+func (t *Table) ID(addr netip.AddrPort) (uint32, bool) {
+	s := t.snap.Load()
+	if s == nil {
+		return 0, false
+	}
+	id, ok := s.byAddr[addr]
+	return id, ok
 }
 
 // Len returns the number of members.

@@ -119,6 +119,49 @@ func TestTable(t *testing.T) {
 	}
 }
 
+// TestTableID: ID is the reverse of Lookup (the relay's relearn path uses
+// it to record a member's real id), the smallest id for a shared address,
+// and follows Set.
+func TestTableID(t *testing.T) {
+	var tab Table
+	a := netip.MustParseAddrPort("127.0.0.1:4000")
+	b := netip.MustParseAddrPort("[fd00::1]:4000")
+	if _, ok := tab.ID(a); ok {
+		t.Fatal("zero table has an id")
+	}
+	if err := tab.Set(map[uint32]netip.AddrPort{7: a, 9: b, 4: b, 12: b}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		addr netip.AddrPort
+		id   uint32
+		ok   bool
+	}{
+		{a, 7, true},
+		{b, 4, true},
+		{netip.MustParseAddrPort("127.0.0.1:4001"), 0, false},
+	} {
+		if id, ok := tab.ID(tt.addr); id != tt.id || ok != tt.ok {
+			t.Fatalf("ID(%v) = %d, %v; want %d, %v", tt.addr, id, ok, tt.id, tt.ok)
+		}
+		if tt.ok {
+			if got, _ := tab.Lookup(tt.id); got != tt.addr {
+				t.Fatalf("Lookup(ID(%v)) = %v", tt.addr, got)
+			}
+		}
+	}
+	// A mapped address is canonicalized by Set, like for Lookup.
+	if err := tab.Set(map[uint32]netip.AddrPort{3: netip.MustParseAddrPort("[::ffff:127.0.0.1]:4000")}); err != nil {
+		t.Fatal(err)
+	}
+	if id, ok := tab.ID(a); id != 3 || !ok {
+		t.Fatalf("after Set: ID(%v) = %d, %v", a, id, ok)
+	}
+	if _, ok := tab.ID(b); ok {
+		t.Fatal("ID kept a removed member")
+	}
+}
+
 func TestConcurrentReadersAndWriters(t *testing.T) {
 	tab, err := NewTable(map[uint32]netip.AddrPort{1: netip.MustParseAddrPort("127.0.0.1:1")})
 	if err != nil {
@@ -138,6 +181,7 @@ func TestConcurrentReadersAndWriters(t *testing.T) {
 					return
 				}
 				_ = tab.Contains(ap)
+				_, _ = tab.ID(ap)
 			}
 		})
 	}
@@ -152,6 +196,7 @@ func TestAllocatesNothing(t *testing.T) {
 		_, _ = tab.Lookup(99)
 		_ = tab.Contains(hit)
 		_ = tab.Contains(netip.MustParseAddrPort("127.0.0.1:1"))
+		_, _ = tab.ID(hit)
 	})
 	if n != 0 {
 		t.Fatalf("%v allocations per run, want 0", n)
