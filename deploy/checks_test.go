@@ -678,6 +678,7 @@ func checkAuth(t *testing.T, r *rendered, v map[string]any) {
 		for _, k := range []struct{ env, key string }{
 			{"SWITCHBOARD_AUTH_SIGNING_KEY", "signing-key"},
 			{"SWITCHBOARD_AUTH_API_KEYS", "api-keys"},
+			{"SWITCHBOARD_AUTH_PREVIOUS_SIGNING_KEY", "previous-signing-key"},
 		} {
 			e, ok := env[k.env]
 			if ex == "" {

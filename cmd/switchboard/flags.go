@@ -134,6 +134,7 @@ func (k *KeyConfig) keyring() (*token.Keyring, error) {
 // file's auth section than on a command line.
 func registerAuth(fs *flag.FlagSet, a *auth.Config) {
 	fs.StringVar(&a.SigningKey, "auth-signing-key", "", "base64 HS256 key (>= 32 bytes) of client tokens, shared by every transceiver and director; empty with no -auth-api-keys: signaling is open")
+	fs.StringVar(&a.PreviousSigningKey, "auth-previous-signing-key", "", "a second HS256 key that verifies (never signs) client tokens during a signing-key rotation")
 	fs.Func("auth-api-keys", "comma-separated server-side API keys (>= 32 bytes each) that mint client tokens at POST /v1/client_tokens", func(v string) error {
 		a.APIKeys = nil
 		for k := range strings.SplitSeq(v, ",") {

@@ -12,8 +12,11 @@
 //
 // A client token is a JWT (RFC 7519) signed with HMAC-SHA256 (HS256, RFC
 // 7518 §3.2) under Config.SigningKey, which every transceiver and director
-// of a deployment shares:
+// of a deployment shares. Its header names the key ("kid": the first 8
+// bytes of the key's SHA-256, hex), so that Config.PreviousSigningKey can
+// still verify tokens during a rotation:
 //
+//	{"alg":"HS256","kid":"<16 hex>","typ":"JWT"}
 //	{"aud":"switchboard","iat":1700000000,"exp":1700000060,"jti":"<22 chars>"}
 //
 // Verification pins the algorithm to HS256, requires exp and the audience,
@@ -23,6 +26,9 @@ package auth
 import (
 	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -73,6 +79,11 @@ type Config struct {
 	// every transceiver and director of a deployment. Required when
 	// APIKeys is set.
 	SigningKey string `yaml:"signing_key"`
+	// PreviousSigningKey, when set, also verifies tokens (never signs):
+	// the old key after a rotation, so that live sessions' tokens keep
+	// working for PATCH and DELETE, or the new key before one, so that a
+	// mixed rollout accepts both. Same format as SigningKey.
+	PreviousSigningKey string `yaml:"previous_signing_key"`
 	// TokenTTL is a client token's lifetime; 0 means DefaultTokenTTL, at
 	// most MaxTokenTTL.
 	TokenTTL time.Duration `yaml:"token_ttl"`
@@ -84,9 +95,20 @@ func (c Config) Enabled() bool { return len(c.APIKeys) > 0 || c.SigningKey != ""
 // Authority mints and verifies tokens. A nil *Authority allows everything:
 // its methods succeed and Mint fails.
 type Authority struct {
-	apiKeys [][]byte
-	key     []byte
+	apiKeys [][sha256.Size]byte // digests: comparing them leaks no key length
+	keys    []signingKey        // keys[0] signs; all verify
 	ttl     time.Duration
+}
+
+// signingKey is an HS256 key and its kid.
+type signingKey struct {
+	kid string
+	key []byte
+}
+
+func newSigningKey(b []byte) signingKey {
+	sum := sha256.Sum256(b)
+	return signingKey{kid: hex.EncodeToString(sum[:8]), key: b}
 }
 
 // New checks cfg and returns its Authority, or nil (no authentication)
@@ -96,6 +118,7 @@ func New(cfg Config) (*Authority, error) {
 		return nil, nil
 	}
 	var errs []error
+	a := &Authority{ttl: cfg.TokenTTL}
 	key, err := base64.StdEncoding.DecodeString(cfg.SigningKey)
 	switch {
 	case cfg.SigningKey == "":
@@ -104,16 +127,30 @@ func New(cfg Config) (*Authority, error) {
 		errs = append(errs, fmt.Errorf("auth: signing_key is not standard base64: %v", err))
 	case len(key) < MinKeyLen:
 		errs = append(errs, fmt.Errorf("auth: signing_key decodes to %d bytes; use at least %d random bytes", len(key), MinKeyLen))
+	default:
+		a.keys = append(a.keys, newSigningKey(key))
+	}
+	if cfg.PreviousSigningKey != "" {
+		prev, err := base64.StdEncoding.DecodeString(cfg.PreviousSigningKey)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("auth: previous_signing_key is not standard base64: %v", err))
+		case len(prev) < MinKeyLen:
+			errs = append(errs, fmt.Errorf("auth: previous_signing_key decodes to %d bytes; use at least %d random bytes", len(prev), MinKeyLen))
+		case hmac.Equal(prev, key):
+			errs = append(errs, errors.New("auth: previous_signing_key equals signing_key; set it to the key being rotated out (or in)"))
+		default:
+			a.keys = append(a.keys, newSigningKey(prev))
+		}
 	}
 	if len(cfg.APIKeys) == 0 {
 		errs = append(errs, errors.New("auth: api_keys is empty; with a signing_key, list the server-side API keys that may mint client tokens"))
 	}
-	a := &Authority{key: key, ttl: cfg.TokenTTL}
 	for i, k := range cfg.APIKeys {
 		if len(k) < MinKeyLen {
 			errs = append(errs, fmt.Errorf("auth: api_keys[%d] is %d bytes; use at least %d random bytes", i, len(k), MinKeyLen))
 		}
-		a.apiKeys = append(a.apiKeys, []byte(k))
+		a.apiKeys = append(a.apiKeys, sha256.Sum256([]byte(k)))
 	}
 	switch {
 	case a.ttl < 0 || a.ttl > MaxTokenTTL:
@@ -151,7 +188,9 @@ func (a *Authority) Mint(now time.Time) (Token, error) {
 		ExpiresAt: jwt.NewNumericDate(exp),
 		ID:        base64.RawURLEncoding.EncodeToString(id[:]),
 	}
-	v, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(a.key)
+	t := jwt.NewWithClaims(jwt.SigningMethodHS256, claims)
+	t.Header["kid"] = a.keys[0].kid
+	v, err := t.SignedString(a.keys[0].key)
 	if err != nil {
 		return Token{}, err
 	}
@@ -168,17 +207,18 @@ func Bearer(r *http.Request) string {
 	return strings.TrimSpace(tok)
 }
 
-// IsAPIKey reports whether tok is one of the API keys, in constant time
-// per key.
+// IsAPIKey reports whether tok is one of the API keys. It compares SHA-256
+// digests in constant time, so timing reveals neither a key nor its length.
 func (a *Authority) IsAPIKey(tok string) bool {
 	if a == nil || tok == "" {
 		return false
 	}
-	ok := false
-	for _, k := range a.apiKeys {
-		ok = hmac.Equal(k, []byte(tok)) || ok
+	sum := sha256.Sum256([]byte(tok))
+	ok := 0
+	for i := range a.apiKeys {
+		ok |= subtle.ConstantTimeCompare(a.apiKeys[i][:], sum[:])
 	}
-	return ok
+	return ok == 1
 }
 
 // Verify checks the bearer token of a request that creates a session: a
@@ -237,7 +277,7 @@ func (a *Authority) verify(tok string, now time.Time, fresh bool) (string, error
 	} else {
 		opts = append(opts, jwt.WithoutClaimsValidation())
 	}
-	_, err := jwt.NewParser(opts...).ParseWithClaims(tok, &claims, func(*jwt.Token) (any, error) { return a.key, nil })
+	_, err := jwt.NewParser(opts...).ParseWithClaims(tok, &claims, a.keyFor)
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
@@ -250,6 +290,21 @@ func (a *Authority) verify(tok string, now time.Time, fresh bool) (string, error
 	return claims.ID, nil
 }
 
+// keyFor picks the verification key a token's kid names; a token without
+// a kid is tried with the current key.
+func (a *Authority) keyFor(t *jwt.Token) (any, error) {
+	kid, _ := t.Header["kid"].(string)
+	if kid == "" {
+		return a.keys[0].key, nil
+	}
+	for _, k := range a.keys {
+		if k.kid == kid {
+			return k.key, nil
+		}
+	}
+	return nil, fmt.Errorf("unknown kid %q (signed with a key that is neither signing_key nor previous_signing_key)", kid)
+}
+
 // audienceOK checks aud when claims validation is off.
 func audienceOK(aud jwt.ClaimStrings) bool {
 	for _, a := range aud {
@@ -260,10 +315,16 @@ func audienceOK(aud jwt.ClaimStrings) bool {
 	return false
 }
 
-// Challenge writes the WWW-Authenticate header of a 401 (RFC 6750 §3).
+// Challenge writes the WWW-Authenticate header of a 401 or 403 (RFC 6750
+// §3): no error code when no credentials came, insufficient_scope for a
+// valid token without the right, invalid_token otherwise.
 func Challenge(w http.ResponseWriter, err error) {
 	v := `Bearer realm="switchboard"`
-	if !errors.Is(err, ErrMissing) {
+	switch {
+	case errors.Is(err, ErrMissing):
+	case errors.Is(err, ErrNotForSession):
+		v += `, error="insufficient_scope"`
+	default:
 		v += `, error="invalid_token"`
 	}
 	w.Header().Set("WWW-Authenticate", v)

@@ -17,13 +17,13 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var (
-	signingKey = base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))
+	testSigningKey = base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))
 	apiKey     = "sk-test-0123456789abcdef0123456789abcdef"
 )
 
 func newAuthority(t *testing.T) *Authority {
 	t.Helper()
-	a, err := New(Config{APIKeys: []string{apiKey}, SigningKey: signingKey})
+	a, err := New(Config{APIKeys: []string{apiKey}, SigningKey: testSigningKey})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,10 +50,10 @@ func TestNewConfig(t *testing.T) {
 		"no signing key":   {Config{APIKeys: []string{apiKey}}, "signing_key is empty"},
 		"not base64":       {Config{APIKeys: []string{apiKey}, SigningKey: "%%%"}, "not standard base64"},
 		"short signing":    {Config{APIKeys: []string{apiKey}, SigningKey: short}, "decodes to 5 bytes"},
-		"no api keys":      {Config{SigningKey: signingKey}, "api_keys is empty"},
-		"short api key":    {Config{APIKeys: []string{"x"}, SigningKey: signingKey}, "api_keys[0] is 1 bytes"},
-		"negative ttl":     {Config{APIKeys: []string{apiKey}, SigningKey: signingKey, TokenTTL: -time.Second}, "token_ttl"},
-		"ttl over the max": {Config{APIKeys: []string{apiKey}, SigningKey: signingKey, TokenTTL: 2 * time.Hour}, "token_ttl"},
+		"no api keys":      {Config{SigningKey: testSigningKey}, "api_keys is empty"},
+		"short api key":    {Config{APIKeys: []string{"x"}, SigningKey: testSigningKey}, "api_keys[0] is 1 bytes"},
+		"negative ttl":     {Config{APIKeys: []string{apiKey}, SigningKey: testSigningKey, TokenTTL: -time.Second}, "token_ttl"},
+		"ttl over the max": {Config{APIKeys: []string{apiKey}, SigningKey: testSigningKey, TokenTTL: 2 * time.Hour}, "token_ttl"},
 	} {
 		if _, err := New(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: err = %v, want it to say %q", name, err, c.want)
@@ -113,7 +113,7 @@ func TestMintVerify(t *testing.T) {
 func TestVerifyRejects(t *testing.T) {
 	a := newAuthority(t)
 	now := time.Now()
-	key, _ := base64.StdEncoding.DecodeString(signingKey)
+	key, _ := base64.StdEncoding.DecodeString(testSigningKey)
 	sign := func(m jwt.SigningMethod, k any, c jwt.MapClaims) string {
 		s, err := jwt.NewWithClaims(m, c).SignedString(k)
 		if err != nil {
@@ -234,6 +234,64 @@ func TestMintHandler(t *testing.T) {
 		}
 		if _, err := a.Verify(request(tok.Value), time.Now()); err != nil {
 			t.Fatalf("minted token does not verify: %v", err)
+		}
+	}
+}
+
+// TestKeyRotation: during a rotation the previous key still verifies (its
+// tokens carry its kid); a token from neither key does not.
+func TestKeyRotation(t *testing.T) {
+	oldKey := testSigningKey
+	newKey := base64.StdEncoding.EncodeToString([]byte("fedcba9876543210fedcba9876543210"))
+	before := newAuthority(t)
+	tok, err := before.Mint(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := before.Verify(request(tok.Value), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := New(Config{APIKeys: []string{apiKey}, SigningKey: newKey, PreviousSigningKey: oldKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := after.Verify(request(tok.Value), time.Now()); err != nil {
+		t.Fatalf("a token of the previous key: %v", err)
+	}
+	if err := after.VerifySession(request(tok.Value), id, time.Now()); err != nil {
+		t.Fatalf("a live session's token after the rotation: %v", err)
+	}
+	fresh, _ := after.Mint(time.Now())
+	if _, err := before.Verify(request(fresh.Value), time.Now()); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a token of the new key at a node without it: %v, want ErrInvalid", err)
+	}
+	done, err := New(Config{APIKeys: []string{apiKey}, SigningKey: newKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := done.Verify(request(tok.Value), time.Now()); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a token of a retired key: %v, want ErrInvalid", err)
+	}
+	if _, err := New(Config{APIKeys: []string{apiKey}, SigningKey: newKey, PreviousSigningKey: newKey}); err == nil {
+		t.Fatal("previous_signing_key equal to signing_key accepted")
+	}
+}
+
+// TestChallenge: RFC 6750 §3 error codes.
+func TestChallenge(t *testing.T) {
+	for err, want := range map[error]string{
+		ErrMissing:       `Bearer realm="switchboard"`,
+		ErrInvalid:       `Bearer realm="switchboard", error="invalid_token"`,
+		ErrNotForSession: `Bearer realm="switchboard", error="insufficient_scope"`,
+	} {
+		w := httptest.NewRecorder()
+		Unauthorized(w, err)
+		if got := w.Header().Get("WWW-Authenticate"); got != want {
+			t.Errorf("%v: WWW-Authenticate %q, want %q", err, got, want)
+		}
+		if wantCode := map[bool]int{true: 403, false: 401}[err == ErrNotForSession]; w.Code != wantCode {
+			t.Errorf("%v: status %d, want %d", err, w.Code, wantCode)
 		}
 	}
 }

@@ -30,8 +30,12 @@ func (a *Authority) MintHandler() http.Handler {
 			httpapi.WriteError(w, http.StatusNotFound, "auth_off", "authentication is off: offers need no token")
 			return
 		}
-		if !a.IsAPIKey(Bearer(r)) {
-			Challenge(w, ErrInvalid)
+		if tok := Bearer(r); !a.IsAPIKey(tok) {
+			if tok == "" {
+				Challenge(w, ErrMissing)
+			} else {
+				Challenge(w, ErrInvalid)
+			}
 			httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "minting a client token needs an API key: Authorization: Bearer <api key>")
 			return
 		}
@@ -48,15 +52,16 @@ func (a *Authority) MintHandler() http.Handler {
 	})
 }
 
-// Unauthorized writes the 401 for err from Verify or VerifySession.
+// Unauthorized writes the response for err from Verify or VerifySession:
+// 403 for a valid token that did not create the session, 401 otherwise.
 func Unauthorized(w http.ResponseWriter, err error) {
 	Challenge(w, err)
-	msg := "send a client token: Authorization: Bearer <token from POST " + MintPath + ">"
 	switch {
 	case errors.Is(err, ErrNotForSession):
-		msg = "this token did not create the session; use the client token of its POST, or an API key"
-	case !errors.Is(err, ErrMissing):
-		msg = "the bearer token is invalid or expired (" + err.Error() + "); mint a new one with POST " + MintPath
+		httpapi.WriteError(w, http.StatusForbidden, "forbidden", "this token did not create the session; use the client token of its POST, or an API key")
+	case errors.Is(err, ErrMissing):
+		httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "send a client token: Authorization: Bearer <token from POST "+MintPath+">")
+	default:
+		httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "the bearer token is invalid or expired ("+err.Error()+"); mint a new one with POST "+MintPath)
 	}
-	httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", msg)
 }

@@ -58,8 +58,11 @@ func TestSignalingAuth(t *testing.T) {
 			b, _ := io.ReadAll(resp.Body)
 			t.Fatalf("%s: %d %s, want %d", what, resp.StatusCode, b, status)
 		}
-		if status == http.StatusUnauthorized && !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Bearer") {
-			t.Fatalf("%s: 401 without WWW-Authenticate: Bearer", what)
+		if (status == http.StatusUnauthorized || status == http.StatusForbidden) && !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Bearer") {
+			t.Fatalf("%s: %d without WWW-Authenticate: Bearer", what, status)
+		}
+		if status == http.StatusForbidden && !strings.Contains(resp.Header.Get("WWW-Authenticate"), `error="insufficient_scope"`) {
+			t.Fatalf("%s: 403 without error=\"insufficient_scope\"", what)
 		}
 	}
 
@@ -76,9 +79,9 @@ func TestSignalingAuth(t *testing.T) {
 
 	trickle := "a=end-of-candidates\r\n"
 	want(do(http.MethodPatch, loc, "", sdpfrag.ContentType, trickle, "If-Match", tag), http.StatusUnauthorized, "PATCH without a token")
-	want(do(http.MethodPatch, loc, theirs, sdpfrag.ContentType, trickle, "If-Match", tag), http.StatusUnauthorized, "PATCH with another client's token")
+	want(do(http.MethodPatch, loc, theirs, sdpfrag.ContentType, trickle, "If-Match", tag), http.StatusForbidden, "PATCH with another client's token")
 	want(do(http.MethodPatch, loc, mine, sdpfrag.ContentType, trickle, "If-Match", tag), http.StatusNoContent, "PATCH with the session's token")
-	want(do(http.MethodDelete, loc, theirs, "", ""), http.StatusUnauthorized, "DELETE with another client's token")
+	want(do(http.MethodDelete, loc, theirs, "", ""), http.StatusForbidden, "DELETE with another client's token")
 	want(do(http.MethodDelete, "/v1/calls/nope", theirs, "", ""), http.StatusNotFound, "DELETE of an unknown session with a valid token")
 	want(do(http.MethodDelete, "/v1/calls/nope", "garbage", "", ""), http.StatusUnauthorized, "DELETE of an unknown session with a bad token")
 	want(do(http.MethodDelete, loc, mine, "", ""), http.StatusNoContent, "DELETE with the session's token")
@@ -88,7 +91,7 @@ func TestSignalingAuth(t *testing.T) {
 	resp = do(http.MethodPost, "/v1/calls", apiKey, "application/sdp", clientOffer(t, true))
 	want(resp, http.StatusCreated, "offer with an API key")
 	loc = resp.Header.Get("Location")
-	want(do(http.MethodDelete, loc, mine, "", ""), http.StatusUnauthorized, "DELETE of an API key's session with a client token")
+	want(do(http.MethodDelete, loc, mine, "", ""), http.StatusForbidden, "DELETE of an API key's session with a client token")
 	want(do(http.MethodDelete, loc, apiKey, "", ""), http.StatusNoContent, "DELETE with an API key")
 }
 

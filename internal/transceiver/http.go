@@ -138,6 +138,10 @@ func (s *Server) handlePatch(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusPreconditionFailed, "etag_mismatch",
 			"If-Match does not name the session's current ICE session; use the ETag of the last POST or PATCH response")
 		return
+	case errors.Is(err, ErrRestartTooSoon):
+		w.Header().Set("Retry-After", "1")
+		httpapi.WriteError(w, http.StatusTooManyRequests, "restart_too_soon", "this session restarted ICE less than a second ago; retry after a second")
+		return
 	case errors.Is(err, ErrBadFragment):
 		httpapi.WriteError(w, http.StatusBadRequest, "bad_fragment", err.Error())
 		return

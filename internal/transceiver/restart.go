@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/pion/webrtc/v4"
@@ -39,7 +40,25 @@ var (
 	ErrETagMismatch = errors.New("transceiver: If-Match does not match the session's current ICE session")
 	// ErrBadFragment wraps a fragment that does not parse (HTTP 400).
 	ErrBadFragment = errors.New("transceiver: bad SDP fragment")
+	// ErrRestartTooSoon: the session restarted ICE less than
+	// MinRestartInterval ago (HTTP 429).
+	ErrRestartTooSoon = errors.New("transceiver: ICE restarted less than a second ago")
 )
+
+// MinRestartInterval is the least time between two ICE restarts of one
+// session: each mints a token and restarts Pion's agent, and a client
+// needs one per network change, not a stream of them.
+const MinRestartInterval = time.Second
+
+// lastRestart is what a repeated restart request gets back: a client
+// whose 200 was lost (likely on the network change that made it restart)
+// sends the same fragment again, with the ETag it had before.
+type lastRestart struct {
+	ufrag, pwd string    // the client's credentials it moved to
+	fromTag    string    // the ETag before the restart
+	answer     string    // the answer fragment sent
+	at         time.Time // when it completed
+}
 
 // etag returns the entity tag of a session's ICE session of generation gen.
 func etag(id string, gen int) string { return `"` + id + "/" + strconv.Itoa(gen) + `"` }
@@ -59,10 +78,12 @@ func matchETag(ifMatch, current string) bool {
 // Restart applies the SDP fragment frag to session id, whose current ICE
 // session ifMatch must name ("*" for any). For an ICE restart it returns
 // the answer fragment and the new ETag, with restarted true; for a trickle
-// fragment it returns the unchanged ETag and restarted false. Errors wrap
-// ErrNoSession, ErrETagMismatch or ErrBadFragment; any other error means the
-// restart failed and the session may not recover (the client can restart
-// again or hang up).
+// fragment it returns the unchanged ETag and restarted false. The same
+// restart sent again (same credentials, the ETag from before or after it)
+// gets the same answer: PATCH is idempotent. Errors wrap ErrNoSession,
+// ErrETagMismatch, ErrBadFragment or ErrRestartTooSoon; any other error
+// means the restart failed and the session may not recover (the client
+// can restart again or hang up).
 func (s *Server) Restart(ctx context.Context, id, ifMatch, frag string) (answer, tag string, restarted bool, err error) {
 	f, err := sdpfrag.Parse(frag)
 	if err != nil {
@@ -80,6 +101,10 @@ func (s *Server) Restart(ctx context.Context, id, ifMatch, frag string) (answer,
 		return "", "", false, ErrNoSession
 	}
 	tag = etag(id, sess.iceGen)
+	if lr := sess.restarted; lr != nil && f.Ufrag == lr.ufrag && f.Pwd == lr.pwd &&
+		(matchETag(ifMatch, tag) || matchETag(ifMatch, lr.fromTag)) {
+		return lr.answer, tag, true, nil // a repeat of the last restart
+	}
 	if !matchETag(ifMatch, tag) {
 		return "", "", false, ErrETagMismatch
 	}
@@ -94,6 +119,9 @@ func (s *Server) Restart(ctx context.Context, id, ifMatch, frag string) (answer,
 	if f.Ufrag == "" || (f.Ufrag == cur.Ufrag && f.Pwd == cur.Pwd) {
 		return "", tag, false, nil
 	}
+	if lr := sess.restarted; lr != nil && time.Since(lr.at) < MinRestartInterval {
+		return "", "", false, ErrRestartTooSoon
+	}
 	answer, err = sess.restartICE(ctx, f, remote.SDP)
 	if err != nil {
 		s.metrics.iceRestarts.WithLabelValues("failed").Inc()
@@ -101,6 +129,7 @@ func (s *Server) Restart(ctx context.Context, id, ifMatch, frag string) (answer,
 		return "", "", false, err
 	}
 	s.metrics.iceRestarts.WithLabelValues("ok").Inc()
+	sess.restarted = &lastRestart{ufrag: f.Ufrag, pwd: f.Pwd, fromTag: tag, answer: answer, at: time.Now()}
 	return answer, etag(id, sess.iceGen), true, nil
 }
 
@@ -118,6 +147,12 @@ func (sess *session) restartICE(ctx context.Context, f sdpfrag.Fragment, lastOff
 	if s.conn != nil {
 		s.conn.AddSession(ufrag, pwd)
 	}
+	ok := false
+	defer func() {
+		if !ok && s.conn != nil {
+			s.conn.RemoveSession(ufrag)
+		}
+	}()
 	// Pion sees changed remote credentials in a new offer and restarts the
 	// ICE agent with the SettingEngine's (now fresh) credentials; the old
 	// ufrag leaves the UDP mux.
@@ -137,9 +172,6 @@ func (sess *session) restartICE(ctx context.Context, f sdpfrag.Fragment, lastOff
 		}
 	}
 	if err != nil {
-		if s.conn != nil {
-			s.conn.RemoveSession(ufrag)
-		}
 		return "", err
 	}
 	out, err := sdpfrag.FromSDP(finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress))
@@ -152,6 +184,7 @@ func (sess *session) restartICE(ctx context.Context, f sdpfrag.Fragment, lastOff
 		// this means Pion changed how it restarts.
 		return "", fmt.Errorf("transceiver: ICE restarted with ufrag %q, not the new token", out.Ufrag)
 	}
+	ok = true
 	old := sess.ufrag
 	if s.conn != nil {
 		s.conn.RemoveSession(old)

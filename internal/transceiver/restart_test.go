@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pion/webrtc/v4"
 
@@ -100,5 +101,65 @@ func TestPatchErrors(t *testing.T) {
 				t.Fatalf("error body %s, want code %s with a message", body, c.code)
 			}
 		})
+	}
+}
+
+// TestRestartIdempotent: a restart sent again (its 200 was lost) gets the
+// same answer and the new ETag instead of a 204 or a 412; a different
+// restart within MinRestartInterval gets 429; each session keeps one
+// latched ICE session.
+func TestRestartIdempotent(t *testing.T) {
+	s, api, keys := newTestServer(t)
+	resp := post(t, api.URL+"/v1/calls", "application/sdp", clientOffer(t, true))
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("offer: %d", resp.StatusCode)
+	}
+	session, tag1 := api.URL+resp.Header.Get("Location"), resp.Header.Get("ETag")
+	patch := func(ifMatch, frag string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPatch, session, strings.NewReader(frag))
+		req.Header.Set("Content-Type", sdpfrag.ContentType)
+		req.Header.Set("If-Match", ifMatch)
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return r, string(b)
+	}
+	frag := func(u string) string { return "a=mid:0\r\na=ice-ufrag:" + u + "\r\na=ice-pwd:" + strings.Repeat(u, 6) + "\r\n" }
+
+	r, answer := patch(tag1, frag("rst1"))
+	if r.StatusCode != http.StatusOK {
+		t.Fatalf("restart: %d %s", r.StatusCode, answer)
+	}
+	tag2 := r.Header.Get("ETag")
+	f, err := sdpfrag.Parse(answer)
+	if err != nil || f.Ufrag == "" || len(f.Candidates) != 1 {
+		t.Fatalf("answer fragment %q: %+v, %v", answer, f, err)
+	}
+	if c, err := keys.Open([]byte(f.Ufrag), time.Now()); err != nil || c.Transceiver != 9 {
+		t.Fatalf("new ufrag is not this transceiver's token: %+v, %v", c, err)
+	}
+	for _, ifMatch := range []string{tag1, tag2, "*"} {
+		r, again := patch(ifMatch, frag("rst1"))
+		if r.StatusCode != http.StatusOK || again != answer || r.Header.Get("ETag") != tag2 {
+			t.Fatalf("repeat with If-Match %s: %d %q ETag %s; want 200, the same answer and %s", ifMatch, r.StatusCode, again, r.Header.Get("ETag"), tag2)
+		}
+	}
+	if r, body := patch(tag2, frag("rst2")); r.StatusCode != http.StatusTooManyRequests || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("second restart at once: %d %s, want 429 with Retry-After", r.StatusCode, body)
+	}
+	if r, _ := patch(tag1, frag("rst2")); r.StatusCode != http.StatusPreconditionFailed {
+		t.Fatalf("a new restart with the old ETag: %d, want 412", r.StatusCode)
+	}
+	time.Sleep(MinRestartInterval)
+	r, _ = patch(tag2, frag("rst2"))
+	if r.StatusCode != http.StatusOK || !strings.HasSuffix(r.Header.Get("ETag"), `/3"`) {
+		t.Fatalf("second restart after the interval: %d, ETag %s", r.StatusCode, r.Header.Get("ETag"))
+	}
+	if n := s.HopStats().Sessions; n != 1 {
+		t.Fatalf("%d latched ICE sessions after two restarts, want 1", n)
 	}
 }

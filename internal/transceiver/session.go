@@ -62,6 +62,8 @@ type session struct {
 	ufrag   string // guarded by imu
 	iceGen  int    // guarded by imu; 1 for the offer's ICE session, +1 per restart
 	iceDone bool   // guarded by imu; set by end: no restart after it
+	// restarted is the last ICE restart; guarded by imu.
+	restarted *lastRestart
 }
 
 // newSession builds the peer connection and opens the backend bridge in

@@ -103,6 +103,12 @@ app.kubernetes.io/component: {{ index . 1 }}
     secretKeyRef:
       name: {{ . }}
       key: api-keys
+- name: SWITCHBOARD_AUTH_PREVIOUS_SIGNING_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: previous-signing-key
+      optional: true
 - name: SWITCHBOARD_AUTH_TOKEN_TTL
   value: {{ $.Values.auth.tokenTTL | quote }}
 {{- end }}
