@@ -18,7 +18,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var (
 	testSigningKey = base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))
-	apiKey     = "sk-test-0123456789abcdef0123456789abcdef"
+	apiKey         = "sk-test-0123456789abcdef0123456789abcdef"
 )
 
 func newAuthority(t *testing.T) *Authority {

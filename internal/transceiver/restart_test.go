@@ -128,7 +128,9 @@ func TestRestartIdempotent(t *testing.T) {
 		b, _ := io.ReadAll(r.Body)
 		return r, string(b)
 	}
-	frag := func(u string) string { return "a=mid:0\r\na=ice-ufrag:" + u + "\r\na=ice-pwd:" + strings.Repeat(u, 6) + "\r\n" }
+	frag := func(u string) string {
+		return "a=mid:0\r\na=ice-ufrag:" + u + "\r\na=ice-pwd:" + strings.Repeat(u, 6) + "\r\n"
+	}
 
 	r, answer := patch(tag1, frag("rst1"))
 	if r.StatusCode != http.StatusOK {
