@@ -210,7 +210,7 @@ func countOK(rs []sessionReport) int {
 func TestRedisKill(t *testing.T) {
 	n := *flagSessions
 	s := startStack(t, stackConfig{transceivers: 2, redis: true, flowCache: bins.flowCache})
-	d := s.runDriver(t, "-urls", s.urls(), "-sessions", strconv.Itoa(n), "-duration", "18s", "-ramp", "30ms")
+	d := s.runDriver(t, "-urls", s.urls(), "-sessions", strconv.Itoa(n), "-duration", "16s", "-ramp", "30ms")
 	d.waitConnected(t, n, 60*time.Second)
 	time.Sleep(2 * time.Second)
 

@@ -289,7 +289,10 @@ func (m metrics) sum(name string) float64 {
 	return s
 }
 
-var scrapeClient = &http.Client{Timeout: 3 * time.Second}
+// scrapeClient opens a connection per request, so that no idle
+// keep-alive connection (a goroutine in the server) counts against a
+// process's goroutine baseline.
+var scrapeClient = &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
 func scrape(addr string) (metrics, error) {
 	resp, err := scrapeClient.Get("http://" + addr + "/metrics")
@@ -343,6 +346,17 @@ func gc(t *testing.T, addr string) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
+}
+
+// goroutineDump returns the process's goroutines, grouped by stack.
+func goroutineDump(addr string) string {
+	resp, err := scrapeClient.Get("http://" + addr + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
 
 // waitFor polls cond every 100 ms until it holds or timeout passes, and

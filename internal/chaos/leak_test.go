@@ -44,6 +44,9 @@ func settle(t *testing.T, addr string, base footprint, timeout time.Duration) (f
 		f = measure(t, addr)
 		return f.goroutines <= base.goroutines && f.liveMB <= base.liveMB+heapSlackMB
 	})
+	if !ok {
+		t.Logf("goroutines of %s:\n%s", addr, goroutineDump(addr))
+	}
 	return f, took, ok
 }
 

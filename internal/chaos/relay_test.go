@@ -38,7 +38,7 @@ func TestRelayKill(t *testing.T) {
 			}
 			n := *flagSessions
 			s := startStack(t, stackConfig{redis: v.cache, flowCache: v.cache, noRelearn: v.noRelearn})
-			d := s.runDriver(t, "-urls", s.urls(), "-sessions", strconv.Itoa(n), "-duration", "16s", "-ramp", "30ms")
+			d := s.runDriver(t, "-urls", s.urls(), "-sessions", strconv.Itoa(n), "-duration", "14s", "-ramp", "30ms")
 			d.waitConnected(t, n, 60*time.Second)
 			time.Sleep(2 * time.Second) // steady state: every flow confirmed (and cached)
 			before := mustScrape(t, s.relayOps)
