@@ -72,13 +72,19 @@ const (
 	// DropFlowCacheDown: the cache is unreachable or backing off after an
 	// error; the datagram was not held, or its lookup failed.
 	DropFlowCacheDown
-	// DropFlowCacheTimeout: the lookup did not answer within the hold time (200 ms).
+	// DropFlowCacheTimeout: the lookup's answer came after the hold time
+	// (200 ms), or the client had too little of it left to be looked up.
 	DropFlowCacheTimeout
 	// DropFlowCacheHoldFull: the client already has its held datagrams
-	// (8), or the relay's held-datagram pool or lookup table is full.
+	// (8), its source IP (IPv6: /64) its share of lookups (32) or held
+	// datagrams (64), or the relay's held-datagram pool or lookup table is
+	// full (a full table bucket gives way only to a new lookup, and only
+	// a remembered answer's slot).
 	DropFlowCacheHoldFull
-	// DropFlowCacheStale: the cache's entry does not decode, or names a
-	// transceiver that is not a member with that id and address.
+	// DropFlowCacheStale: the cache's entry does not decode, names a
+	// transceiver that is not a member with that id and address, or its
+	// flow came through a Global Relay and the held datagram another way
+	// (another one, or direct; or the reverse).
 	DropFlowCacheStale
 
 	// Internal socket.

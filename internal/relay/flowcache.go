@@ -43,16 +43,27 @@ import (
 // preallocated pool and parks it in the hold table under the client
 // (holdTable: set-associative, fixed size, no allocation). The first
 // datagram of a client also puts the client on the lookup channel
-// (bounded, non-blocking). The resolver goroutine drains that channel and
-// reads the batch with one Get (MGET). A hit whose transceiver is still a
-// member with the same id and address becomes a confirmed flow (the same
-// caps as any new flow apply) and the held datagrams go to the transceiver
-// with the hop header, in arrival order, from an internal socket. A miss
-// is remembered (negative entry) for a short time, so a client's stream
-// costs one lookup, not one per datagram. Nothing is held longer than
-// hold; every held datagram ends forwarded or counted under a DropReason.
+// (bounded, non-blocking). One source IP (IPv6: /64) has at most
+// perSource clients waiting for a lookup and perSourceBufs held datagrams
+// (sourceHash, as the limiter), so one source cannot fill the table or the
+// pool. The resolver goroutine drains that channel and reads the batch with
+// one Get (MGET), bounded by its own getTimeout: clients whose hold time
+// has passed are not sent (flow_cache_timeout), nor those with less time
+// left than a Get has been taking. A hit whose transceiver is still a
+// member with the same id and address, and whose held datagram arrived the
+// way the cached flow did (through the same Global Relay, or both direct),
+// becomes a confirmed flow (the same caps as any new flow apply) and the
+// held datagrams go to the transceiver with the hop header, in arrival
+// order, from an internal socket. A miss is remembered (negative entry)
+// for a short time, so a client's stream costs one lookup, not one per
+// datagram; so is a restore a cap refused, for less time. A client whose
+// bucket is full takes the slot of the negative entry expiring first.
+// Datagrams whose answer comes after hold are dropped
+// (flow_cache_timeout); every held datagram ends forwarded or counted
+// under a DropReason.
 //
-// Down: a failed Get or Put backs every lookup and write off (100 ms
+// Down: a failed Get or Put (an error from the store, or no answer within
+// getTimeout or putTimeout) backs every lookup and write off (100 ms
 // doubling to 5 s); meanwhile misses are dropped at once as
 // flow_cache_down. The state is a gauge and a log line at most once per
 // logEvery. The relay forwards everything else as without a cache.
@@ -81,9 +92,13 @@ const (
 	lookupBatch = 256
 	writeBatch  = 512
 	// maxCachedValue bounds a value the relay decodes.
-	maxCachedValue = 128
-	// cacheValueVersion is the first field of every value.
-	cacheValueVersion = "1"
+	maxCachedValue = 192
+	// cacheValueVersion is the first field of every value. Version 1 had
+	// no via field: its entries are stale (a v1 entry cannot say whether
+	// the flow came through a Global Relay).
+	cacheValueVersion = "2"
+	// holdSourceSlots is the size of the per-source hold counts (a power of two).
+	holdSourceSlots = 1 << 12
 )
 
 // cacheParams are the flow cache's tunables. Defaults: defaultCacheParams.
@@ -91,12 +106,16 @@ type cacheParams struct {
 	ttl        time.Duration // lifetime of a written entry; 0: 2×IdleTimeout
 	refresh    time.Duration // refresh pass interval; 0: IdleTimeout/2
 	hold       time.Duration // longest a datagram waits for its lookup
-	negative   time.Duration // how long a miss is remembered
+	negative   time.Duration // how long a miss (or a stale entry) is remembered
+	capped     time.Duration // how long a restore refused by a cap is remembered
 	minBackoff time.Duration // first back-off after a failure; doubles
 	maxBackoff time.Duration
 	logEvery   time.Duration // at most one "cache down" log line per interval
+	getTimeout time.Duration // one Get; past it the store counts as down
 	putTimeout time.Duration
 	perClient  int // held datagrams per client, at most maxHeldPerClient
+	perSource  int // clients of one source IP (IPv6: /64) waiting for a lookup
+	sourceBufs int // held datagrams of one source IP
 	bufs       int // held datagrams in total (buffers of batchSlot bytes)
 	buckets    int // hold table buckets (power of two), holdWays entries each
 	queue      int // confirmations waiting for the writer
@@ -105,11 +124,15 @@ type cacheParams struct {
 var defaultCacheParams = cacheParams{
 	hold:       200 * time.Millisecond,
 	negative:   time.Second,
+	capped:     150 * time.Millisecond,
 	minBackoff: 100 * time.Millisecond,
 	maxBackoff: 5 * time.Second,
 	logEvery:   30 * time.Second,
+	getTimeout: 500 * time.Millisecond,
 	putTimeout: time.Second,
 	perClient:  maxHeldPerClient,
+	perSource:  32,
+	sourceBufs: 64,
 	bufs:       1024, // 2 MiB
 	buckets:    512,  // 4096 clients
 	queue:      4096,
@@ -124,8 +147,8 @@ const (
 
 type holdEntry struct {
 	key   addrKey
-	via   addrKey
-	until int64 // holdLookup: mono ns the first datagram was held; holdNegative: expiry
+	via   addrKey // holdLookup: the first datagram's Global Relay; zero: direct
+	until int64   // holdLookup: mono ns the first datagram was held; holdNegative: expiry
 	state uint8
 	why   DropReason // holdNegative: the reason its datagrams are dropped
 	n     uint8
@@ -171,6 +194,12 @@ type flowCache struct {
 	stripes [holdStripes]holdStripe
 	entries []holdEntry
 	mask    uint64 // buckets - 1
+	// sources[sourceHash(k)&(holdSourceSlots-1)] counts the holdLookup
+	// entries (low 32 bits) and held datagrams (high 32 bits) of client k's
+	// source IP. Sources sharing a slot share its budget: collisions only
+	// make the caps stricter.
+	srcSeed [2]uint64
+	sources []atomic.Uint64
 
 	free     chan uint16  // free buffers of slab
 	lookups  chan addrKey // clients whose first datagram is held
@@ -197,6 +226,18 @@ func newFlowCache(r *Relay, store FlowCache, p cacheParams) *flowCache {
 		p.refresh = r.cfg.IdleTimeout / 2
 	}
 	p.perClient = min(max(p.perClient, 1), maxHeldPerClient)
+	d := defaultCacheParams
+	for _, v := range []struct{ p, def *time.Duration }{{&p.getTimeout, &d.getTimeout}, {&p.capped, &d.capped}} {
+		if *v.p <= 0 {
+			*v.p = *v.def
+		}
+	}
+	if p.perSource <= 0 {
+		p.perSource = d.perSource
+	}
+	if p.sourceBufs <= 0 {
+		p.sourceBufs = d.sourceBufs
+	}
 	fc := &flowCache{
 		r:        r,
 		store:    store,
@@ -204,6 +245,8 @@ func newFlowCache(r *Relay, store FlowCache, p cacheParams) *flowCache {
 		slab:     make([]byte, p.bufs*batchSlot),
 		entries:  make([]holdEntry, p.buckets*holdWays),
 		mask:     uint64(p.buckets - 1),
+		srcSeed:  newSourceSeed(),
+		sources:  make([]atomic.Uint64, holdSourceSlots),
 		free:     make(chan uint16, p.bufs),
 		lookups:  make(chan addrKey, p.buckets*holdWays),
 		confirms: make(chan addrKey, p.queue),
@@ -254,6 +297,7 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 		return netip.AddrPort{}, DropTooBig
 	}
 	k := keyOf(client)
+	src := fc.source(&k)
 	bucket, st := fc.bucket(&k)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -263,10 +307,16 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 	case e.state == holdNegative && t < e.until:
 		return netip.AddrPort{}, e.why
 	case e.state == holdLookup:
-		if int(e.n) >= fc.p.perClient {
+		if t-e.until >= int64(fc.p.hold) {
+			// Its lookup is late (a slow store): this one would only wait
+			// to be dropped, pinning a buffer.
+			return netip.AddrPort{}, DropFlowCacheTimeout
+		}
+		if int(e.n) >= fc.p.perClient || !fc.take(src, 0, 1) {
 			return netip.AddrPort{}, DropFlowCacheHoldFull
 		}
 		if !fc.park(e, pkt) {
+			fc.give(src, 0, 1)
 			return netip.AddrPort{}, DropFlowCacheHoldFull
 		}
 		return netip.AddrPort{}, heldForCache
@@ -278,31 +328,72 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 	if dst, ok := fc.r.flows.touch(client, t); ok {
 		return dst, dropNone
 	}
+	if !fc.take(src, 1, 1) {
+		return netip.AddrPort{}, DropFlowCacheHoldFull // the source's share
+	}
 	if e == nil {
-		for i := range bucket {
-			c := &bucket[i]
-			if c.state == holdFree || c.state == holdNegative && t >= c.until {
-				e = c
-				break
-			}
-		}
-		if e == nil {
+		if e = vacancy(bucket, t); e == nil {
+			fc.give(src, 1, 1)
 			return netip.AddrPort{}, DropFlowCacheHoldFull
 		}
 	}
 	*e = holdEntry{key: k, via: viaKey(via), until: t, state: holdLookup}
 	if !fc.park(e, pkt) {
 		e.state = holdFree
+		fc.give(src, 1, 1)
 		return netip.AddrPort{}, DropFlowCacheHoldFull
 	}
 	select {
 	case fc.lookups <- k:
 	default: // cannot happen: the channel holds as many clients as the table
 		fc.putBuf(e.bufs[0])
-		e.state = holdFree
+		e.state, e.n = holdFree, 0
+		fc.give(src, 1, 1)
 		return netip.AddrPort{}, DropFlowCacheHoldFull
 	}
 	return netip.AddrPort{}, heldForCache
+}
+
+// vacancy returns the entry of bucket a new lookup may take at t: a free
+// one, an expired negative one, or else the negative entry expiring first
+// (a remembered answer costs only a lookup to forget, and a bucket full
+// of them must not lock clients out). nil: every entry waits for a lookup.
+func vacancy(bucket []holdEntry, t int64) *holdEntry {
+	var oldest *holdEntry
+	for i := range bucket {
+		c := &bucket[i]
+		switch {
+		case c.state == holdFree, c.state == holdNegative && t >= c.until:
+			return c
+		case c.state == holdNegative && (oldest == nil || c.until < oldest.until):
+			oldest = c
+		}
+	}
+	return oldest
+}
+
+// source returns the hold counts of client k's source IP.
+func (fc *flowCache) source(k *addrKey) *atomic.Uint64 {
+	return &fc.sources[sourceHash(k, &fc.srcSeed)&(holdSourceSlots-1)]
+}
+
+// take adds entries lookups and bufs held datagrams to source s, unless
+// that would exceed perSource or sourceBufs.
+func (fc *flowCache) take(s *atomic.Uint64, entries, bufs uint64) bool {
+	for {
+		old := s.Load()
+		if old&(1<<32-1)+entries > uint64(fc.p.perSource) || old>>32+bufs > uint64(fc.p.sourceBufs) {
+			return false
+		}
+		if s.CompareAndSwap(old, old+entries+bufs<<32) {
+			return true
+		}
+	}
+}
+
+// give returns what take took.
+func (fc *flowCache) give(s *atomic.Uint64, entries, bufs uint64) {
+	s.Add(-(entries + bufs<<32))
 }
 
 // park copies pkt into a free buffer and appends it to e. The stripe is held.
@@ -379,6 +470,8 @@ func (fc *flowCache) resolveLoop(ctx context.Context) {
 	live := make([]addrKey, 0, lookupBatch)
 	clients := make([]netip.AddrPort, 0, lookupBatch)
 	values := make([][]byte, lookupBatch)
+	hold := int64(fc.p.hold)
+	var took int64 // smoothed duration of a Get, ns
 	for {
 		keys = keys[:0]
 		select {
@@ -396,40 +489,52 @@ func (fc *flowCache) resolveLoop(ctx context.Context) {
 				break drain
 			}
 		}
-		now := time.Now()
-		t := fc.r.mono(now)
+		start := time.Now()
+		t := fc.r.mono(start)
 		live, clients = live[:0], clients[:0]
-		oldest := t
 		down := t < fc.downUntil.Load()
+		// A client with less time left than a Get has been taking would
+		// only have its datagrams dropped when the answer comes: do not
+		// ask. Capped at half the hold time, so fresh clients are always
+		// asked (and took keeps measuring).
+		short := min(took, hold/2)
 		for _, k := range keys {
 			at, ok := fc.heldSince(k)
 			switch {
 			case !ok:
-			case t-at >= int64(fc.p.hold):
+			case hold-(t-at) <= short:
 				fc.finish(k, DropFlowCacheTimeout, 0)
 			case down:
 				fc.finish(k, DropFlowCacheDown, 0)
 			default:
 				live = append(live, k)
 				clients = append(clients, k.addrPort())
-				oldest = min(oldest, at)
 			}
 		}
 		if len(live) == 0 {
 			continue
 		}
 		fc.batches.WithLabelValues("get").Observe(float64(len(live)))
-		lctx, cancel := context.WithDeadline(ctx, fc.r.epoch.Add(time.Duration(oldest)+fc.p.hold))
+		// The Get's own timeout, not the held datagrams' deadline: a
+		// store slower than the hold time costs those datagrams
+		// (flow_cache_timeout below), but is not down.
+		lctx, cancel := context.WithTimeout(ctx, fc.p.getTimeout)
 		err := fc.store.Get(lctx, clients, values[:len(live)])
 		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		end := time.Now()
+		if d := int64(end.Sub(start)); took == 0 {
+			took = d
+		} else {
+			took += (d - took) / 8
+		}
 		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
 			fc.lookedUp[lookupError].Add(uint64(len(live)))
 			fc.failed("get", err)
 			reason := DropFlowCacheDown
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(lctx.Err(), context.DeadlineExceeded) {
+			if errors.Is(err, context.DeadlineExceeded) {
 				reason = DropFlowCacheTimeout
 			}
 			for _, k := range live {
@@ -438,7 +543,7 @@ func (fc *flowCache) resolveLoop(ctx context.Context) {
 			continue
 		}
 		fc.worked()
-		t = fc.r.mono(time.Now())
+		t = fc.r.mono(end)
 		for i, k := range live {
 			fc.resolve(k, values[i], t)
 			values[i] = nil
@@ -471,6 +576,7 @@ func (fc *flowCache) finish(k addrKey, reason DropReason, negUntil int64) {
 	for _, b := range e.bufs[:e.n] {
 		fc.putBuf(b)
 	}
+	fc.give(fc.source(&k), 1, uint64(e.n))
 	fc.c.drops[reason].Add(uint64(e.n))
 	e.n = 0
 	if negUntil != 0 {
@@ -480,27 +586,22 @@ func (fc *flowCache) finish(k addrKey, reason DropReason, negUntil int64) {
 	}
 }
 
-// resolve acts on the store's answer for k: restore the flow and send the
-// held datagrams, or drop them.
+// resolve acts on the store's answer for k at t: restore the flow and send
+// the held datagrams, or drop them and remember why.
 func (fc *flowCache) resolve(k addrKey, val []byte, t int64) {
+	why := dropNone
+	var cf cachedFlow
 	if val == nil {
-		fc.lookedUp[lookupMiss].Add(1)
-		fc.finish(k, DropFlowCacheMiss, t+int64(fc.p.negative))
-		return
-	}
-	cf, ok := parseCachedFlow(val)
-	if ok {
+		why = DropFlowCacheMiss
+	} else if c, ok := parseCachedFlow(val); !ok || c.transceiver == 0 {
+		why = DropFlowCacheStale
+	} else if m, isMember := fc.r.members.Lookup(c.transceiver); !isMember || m != c.dst {
 		// Membership, not the store, has the last word: the entry's
 		// transceiver must still be a member, with the same id and address.
-		m, isMember := fc.r.members.Lookup(cf.transceiver)
-		ok = isMember && m == cf.dst
+		why = DropFlowCacheStale
+	} else {
+		cf = c
 	}
-	if !ok {
-		fc.lookedUp[lookupStale].Add(1)
-		fc.finish(k, DropFlowCacheStale, t+int64(fc.p.negative))
-		return
-	}
-	fc.lookedUp[lookupHit].Add(1)
 	client := k.addrPort()
 	bucket, st := fc.bucket(&k)
 	var bufs, lens [maxHeldPerClient]uint16
@@ -510,24 +611,57 @@ func (fc *flowCache) resolve(k addrKey, val []byte, t int64) {
 		st.mu.Unlock()
 		return
 	}
+	if why == dropNone && viaKey(cf.via) != e.via {
+		// The held datagram did not come the way the flow did (another
+		// Global Relay, or direct for a flow through one, or the reverse):
+		// anyone can send a datagram with the client's address, and the
+		// restored flow's replies would follow it.
+		why = DropFlowCacheStale
+	}
+	switch why {
+	case DropFlowCacheMiss:
+		fc.lookedUp[lookupMiss].Add(1)
+	case DropFlowCacheStale:
+		fc.lookedUp[lookupStale].Add(1)
+	default:
+		fc.lookedUp[lookupHit].Add(1)
+	}
+	late := t-e.until >= int64(fc.p.hold)
 	n := int(e.n)
 	copy(bufs[:], e.bufs[:n])
 	copy(lens[:], e.lens[:n])
-	var via netip.AddrPort
-	if e.via != (addrKey{}) {
-		via = e.via.addrPort()
+	fc.give(fc.source(&k), 1, uint64(n))
+	e.n = 0
+	var dst netip.AddrPort
+	negUntil := t + int64(fc.p.negative)
+	if why == dropNone {
+		// Under the stripe lock: a read loop that missed the flow and now
+		// waits for the lock finds it in the table (hold looks again).
+		dst, why = fc.r.flows.restore(client, cf.dst, cf.via, cf.transceiver, cf.ufrag, t)
+		switch why {
+		case dropNone:
+			negUntil = 0
+		case DropFlowTableFull, DropSourceRateLimit, DropSourcePendingLimit, DropNewFlowRateLimit:
+			// Remembered briefly: without it every datagram of the
+			// client would cost a lookup for as long as the cap holds.
+			negUntil = t + int64(fc.p.capped)
+		}
 	}
-	// Under the stripe lock: a read loop that missed the flow and now
-	// waits for the lock finds it in the table (hold looks again).
-	dst, drop := fc.r.flows.restore(client, cf.dst, via, cf.transceiver, cf.ufrag, t)
-	e.n, e.state = 0, holdFree
+	if negUntil != 0 {
+		e.state, e.until, e.why = holdNegative, negUntil, why
+	} else {
+		e.state = holdFree
+	}
 	st.mu.Unlock()
-	if drop == dropNone && !fc.r.members.Contains(dst) {
-		drop = DropTransceiverGone
+	if why == dropNone && !fc.r.members.Contains(dst) {
+		why = DropTransceiverGone
+	}
+	if late {
+		why = DropFlowCacheTimeout // the answer, not its datagrams, is still good
 	}
 	for i := range n {
 		b := fc.buf(bufs[i])
-		if drop == dropNone {
+		if why == dropNone {
 			start := hop.MaxHeaderLen - hop.HeaderLen(client.Addr())
 			hop.PutHeader(b[start:], hop.TypeData, client)
 			if _, err := fc.sock.WriteToUDPAddrPort(b[start:hop.MaxHeaderLen+int(lens[i])], dst); err != nil {
@@ -537,7 +671,7 @@ func (fc *flowCache) resolve(k addrKey, val []byte, t int64) {
 				fc.c.bytes[toTransceiver].Add(uint64(lens[i]))
 			}
 		} else {
-			fc.c.drops[drop].Add(1)
+			fc.c.drops[why].Add(1)
 		}
 		fc.putBuf(bufs[i])
 	}
@@ -604,7 +738,12 @@ func (w *cacheWriter) add(ctx context.Context, k addrKey) {
 	}
 }
 
+// put queues client's flow f. A flow without a transceiver id (0) is
+// never written: its entry would be stale, and would overwrite a good one.
 func (w *cacheWriter) put(ctx context.Context, client netip.AddrPort, f *flowInfo) {
+	if f.tr == 0 {
+		return
+	}
 	start := len(w.arena)
 	w.arena = appendCachedFlow(w.arena, f)
 	w.clients = append(w.clients, client)
@@ -659,11 +798,12 @@ func (w *cacheWriter) refresh(ctx context.Context, since int64) int64 {
 // Cached values (docs/relay.md, "Flow cache"), ASCII, fields separated by
 // one space:
 //
-//	1 <transceiver ip:port> <transceiver id> <server ufrag or ->
+//	2 <transceiver ip:port> <transceiver id> <server ufrag or -> <via ip:port or ->
 //
-// e.g. "1 10.0.0.5:4000 7 AbCd…" (the ufrag is token.Len characters of
+// e.g. "2 10.0.0.5:4000 7 AbCd… -" (the ufrag is token.Len characters of
 // the ICE alphabet; "-" for a flow relearned from a transceiver's traffic,
-// which has none).
+// which has none; via is the Global Relay the client's traffic arrives
+// through, "-" for a client sending directly).
 
 // appendCachedFlow appends f's encoding to b.
 func appendCachedFlow(b []byte, f *flowInfo) []byte {
@@ -674,14 +814,21 @@ func appendCachedFlow(b []byte, f *flowInfo) []byte {
 	b = strconv.AppendUint(b, uint64(f.tr), 10)
 	b = append(b, ' ')
 	if f.ufrag == ([token.Len / 8]uint64{}) {
+		b = append(b, '-')
+	} else {
+		b = append(b, ufragBytes(&f.ufrag)...)
+	}
+	b = append(b, ' ')
+	if !f.via.IsValid() {
 		return append(b, '-')
 	}
-	return append(b, ufragBytes(&f.ufrag)...)
+	return f.via.AppendTo(b)
 }
 
 // cachedFlow is a decoded value.
 type cachedFlow struct {
 	dst         netip.AddrPort
+	via         netip.AddrPort // invalid: direct
 	transceiver uint32
 	ufrag       []byte // nil or token.Len bytes
 }
@@ -692,11 +839,11 @@ func parseCachedFlow(v []byte) (cf cachedFlow, ok bool) {
 		return cf, false
 	}
 	f := bytes.Split(v, []byte{' '})
-	if len(f) != 4 || string(f[0]) != cacheValueVersion {
+	if len(f) != 5 || string(f[0]) != cacheValueVersion {
 		return cf, false
 	}
-	dst, err := netip.ParseAddrPort(string(f[1]))
-	if err != nil || !dst.Addr().IsValid() || dst.Port() == 0 {
+	dst, ok := parseAddrPort(f[1])
+	if !ok {
 		return cf, false
 	}
 	tr, err := strconv.ParseUint(string(f[2]), 10, 32)
@@ -710,6 +857,20 @@ func parseCachedFlow(v []byte) (cf cachedFlow, ok bool) {
 	default:
 		return cf, false
 	}
-	cf.dst, cf.transceiver = canonical(dst), uint32(tr)
+	if string(f[4]) != "-" {
+		if cf.via, ok = parseAddrPort(f[4]); !ok {
+			return cf, false
+		}
+	}
+	cf.dst, cf.transceiver = dst, uint32(tr)
 	return cf, true
+}
+
+// parseAddrPort parses a canonical ip:port with a non-zero port.
+func parseAddrPort(b []byte) (netip.AddrPort, bool) {
+	ap, err := netip.ParseAddrPort(string(b))
+	if err != nil || !ap.Addr().IsValid() || ap.Port() == 0 {
+		return netip.AddrPort{}, false
+	}
+	return canonical(ap), true
 }

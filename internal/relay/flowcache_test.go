@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,14 +74,20 @@ func (g *gatedCache) Get(ctx context.Context, clients []netip.AddrPort, values [
 // env's transceiver 7), logging to log (nil: nowhere).
 func newCacheRelay(t *testing.T, e *env, store FlowCache, p *cacheParams, log *slog.Logger) *Relay {
 	t.Helper()
+	return newCacheRelayWith(t, e, Config{FlowCache: store}, p, log)
+}
+
+// newCacheRelayWith is newCacheRelay with more of the config (cfg.FlowCache
+// is the store).
+func newCacheRelayWith(t *testing.T, e *env, cfg Config, p *cacheParams, log *slog.Logger) *Relay {
+	t.Helper()
 	if p == nil {
 		p = &cacheParams{}
 		*p = defaultCacheParams
 	}
-	r, err := New(Config{
-		PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: testCluster, Workers: 2,
-		FlowCache: store, cacheParams: p,
-	}, e.keys, e.members, prometheus.NewRegistry(), log)
+	cfg.PublicAddr, cfg.InternalAddr, cfg.Cluster, cfg.Workers = "127.0.0.1:0", "127.0.0.1:0", testCluster, 2
+	cfg.cacheParams = p
+	r, err := New(cfg, e.keys, e.members, prometheus.NewRegistry(), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,10 +262,25 @@ func TestFlowCacheHoldBounds(t *testing.T) {
 	if len(fc.slab) != p.bufs*batchSlot || len(fc.entries) != p.buckets*holdWays {
 		t.Fatal("pool or table grew")
 	}
-	buf := make([]byte, hop.MaxHeaderLen+len(rtp))
-	copy(buf[hop.MaxHeaderLen:], rtp)
-	if n := testing.AllocsPerRun(1000, func() { f.r.handlePublic(c1, buf, f.now) }); n != 0 {
-		t.Errorf("miss path: %v allocations, want 0", n)
+	// The miss path that parks and enqueues (the table above is full, so
+	// measure on an empty one) allocates nothing. Each run frees the
+	// entry as the resolver would, so that every run takes that path.
+	{
+		g := newFixture(t, Config{FlowCache: nopCache{}})
+		buf := make([]byte, hop.MaxHeaderLen+len(rtp))
+		copy(buf[hop.MaxHeaderLen:], rtp)
+		k := keyOf(c1)
+		var other int
+		if n := testing.AllocsPerRun(1000, func() {
+			if _, _, drop := g.r.handlePublic(c1, buf, g.now); drop != heldForCache {
+				other++
+				return
+			}
+			<-g.r.fc.lookups
+			g.r.fc.finish(k, DropFlowCacheMiss, 0)
+		}); n != 0 || other != 0 {
+			t.Errorf("miss path: %v allocations, %d runs not held; want 0, 0", n, other)
+		}
 	}
 	// The lookups time out (the gate never opens): every held datagram is
 	// dropped as flow_cache_timeout and its buffer returns.
@@ -303,8 +325,9 @@ func TestFlowCacheNeverInvents(t *testing.T) {
 		{"member's address, another id", val(trAddr, 8), DropFlowCacheStale},
 		{"member's id, another address", val(netip.MustParseAddrPort("192.0.2.7:4000"), 7), DropFlowCacheStale},
 		{"unknown id", val(trAddr, 99), DropFlowCacheStale},
-		{"garbage", []byte("1 not-an-address 7 -"), DropFlowCacheStale},
-		{"other version", []byte("2 " + trAddr.String() + " 7 -"), DropFlowCacheStale},
+		{"garbage", []byte("2 not-an-address 7 - -"), DropFlowCacheStale},
+		{"version 1 (no via)", []byte("1 " + trAddr.String() + " 7 -"), DropFlowCacheStale},
+		{"id 0", val(trAddr, 0), DropFlowCacheStale},
 		{"valid", val(trAddr, 7), dropNone},
 	}
 	for _, tt := range tests {
@@ -363,17 +386,27 @@ func TestCachedFlowEncoding(t *testing.T) {
 	for _, f := range []flowInfo{
 		{dst: netip.MustParseAddrPort("10.0.0.5:4000"), tr: 7, ufrag: uf},
 		{dst: netip.MustParseAddrPort("[2001:db8::5]:4000"), tr: 1<<32 - 1},
+		{dst: netip.MustParseAddrPort("10.0.0.5:4000"), tr: 7, ufrag: uf, via: netip.MustParseAddrPort("192.0.2.10:3479")},
+		{
+			dst: netip.MustParseAddrPort("[2001:db8:ffff:ffff:ffff:ffff:ffff:ffff]:65535"), tr: 1<<32 - 1, ufrag: uf,
+			via: netip.MustParseAddrPort("[2001:db8:ffff:ffff:ffff:ffff:ffff:fffe]:65535"),
+		},
 	} {
 		v := appendCachedFlow(nil, &f)
 		cf, ok := parseCachedFlow(v)
-		if !ok || cf.dst != f.dst || cf.transceiver != f.tr || len(v) > maxCachedValue {
+		if !ok || cf.dst != f.dst || cf.via != f.via || cf.transceiver != f.tr || len(v) > maxCachedValue {
 			t.Fatalf("%q → %+v %v", v, cf, ok)
 		}
 		if got, _ := ufragWords(cf.ufrag); got != f.ufrag {
 			t.Fatalf("ufrag %q", cf.ufrag)
 		}
 	}
-	for _, v := range []string{"", "1", "1 10.0.0.5:4000 7", "1 10.0.0.5:0 7 -", "1 10.0.0.5:4000 -1 -", "1 10.0.0.5:4000 7 short", "1  10.0.0.5:4000 7 -", strings.Repeat("x", 200)} {
+	for _, v := range []string{
+		"", "2", "2 10.0.0.5:4000 7 -", "2 10.0.0.5:0 7 - -", "2 10.0.0.5:4000 -1 - -", "2 10.0.0.5:4000 7 short -",
+		"2  10.0.0.5:4000 7 - -", "2 10.0.0.5:4000 7 - 192.0.2.1:0", "2 10.0.0.5:4000 7 - x", "2 10.0.0.5:4000 7 - - -",
+		"1 10.0.0.5:4000 7 -", // version 1: no via
+		strings.Repeat("x", 200),
+	} {
 		if _, ok := parseCachedFlow([]byte(v)); ok {
 			t.Errorf("%q parsed", v)
 		}
@@ -447,4 +480,370 @@ func (nopCache) Put(context.Context, []netip.AddrPort, [][]byte, time.Duration) 
 func (nopCache) Get(_ context.Context, _ []netip.AddrPort, v [][]byte) error {
 	clear(v)
 	return nil
+}
+
+// cacheValue reads client's entry from store, decoded.
+func cacheValue(t *testing.T, store FlowCache, client netip.AddrPort) (cachedFlow, []byte) {
+	t.Helper()
+	v := make([][]byte, 1)
+	if err := store.Get(context.Background(), []netip.AddrPort{client}, v); err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := parseCachedFlow(v[0])
+	return cf, v[0]
+}
+
+// holding counts the hold table's entries waiting for a lookup.
+func holding(fc *flowCache) int {
+	n := 0
+	for b := 0; b < len(fc.entries)/holdWays; b++ {
+		st := &fc.stripes[b%holdStripes]
+		st.mu.Lock()
+		for _, e := range fc.entries[b*holdWays : (b+1)*holdWays] {
+			if e.state == holdLookup {
+				n++
+			}
+		}
+		st.mu.Unlock()
+	}
+	return n
+}
+
+// TestFlowCacheRelearnWritesRealID: a flow relearned from a transceiver's
+// datagram is written with the member's real id (never 0), so another
+// relay restores it instead of finding it stale; and a flow without an id
+// is never written.
+func TestFlowCacheRelearnWritesRealID(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newCache(t, srv.Addr)
+	e := newEnv(t, Config{}, nil)
+	e.r.Close()
+	trAddr := addrOf(e.tr)
+	client := udp(t)
+	c := addrOf(client)
+	// The cache has the good entry the client's first relay wrote.
+	uf, _ := ufragWords([]byte(mint(t, e.keys, testCluster, 7, e.now)))
+	good := appendCachedFlow(nil, &flowInfo{dst: trAddr, tr: 7, ufrag: uf})
+	if err := store.Put(context.Background(), []netip.AddrPort{c}, [][]byte{good}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// A restarted relay relearns the flow from the transceiver's reply.
+	first := newCacheRelayWith(t, e, Config{FlowCache: store, Relearn: true}, nil, nil)
+	send(t, e.tr, append(hop.AppendHeader(nil, hop.TypeData, c), mediaPkt(9)...), first.InternalAddr())
+	if got, _ := recv(t, client); !bytes.Equal(got, mediaPkt(9)) {
+		t.Fatalf("relearned reply %x", got)
+	}
+	eventually(t, "the relearned flow written", func() bool { return first.Stats().FlowCache.WritesOK >= 1 })
+	if cf, raw := cacheValue(t, store, c); cf.transceiver != 7 || cf.dst != trAddr || cf.via.IsValid() {
+		t.Fatalf("relearned flow written as %q, want transceiver 7 at %v, direct", raw, trAddr)
+	}
+	first.Close()
+	// The next relay restores it.
+	second := newCacheRelay(t, e, store, nil, nil)
+	send(t, client, mediaPkt(1), second.PublicAddr())
+	if got, _ := recv(t, e.tr); !bytes.HasSuffix(got, mediaPkt(1)) {
+		t.Fatalf("restored: %x", got)
+	}
+	if s := second.Stats(); s.FlowCache.Hits != 1 || s.FlowCache.Stale != 0 || s.FlowsRestored != 1 {
+		t.Fatalf("stats %+v", s.FlowCache)
+	}
+	// A flow without a transceiver id is never written.
+	w := &cacheWriter{fc: second.fc}
+	w.put(context.Background(), c, &flowInfo{dst: trAddr, confirmed: true})
+	if len(w.clients) != 0 {
+		t.Fatal("a flow with transceiver id 0 queued for the cache")
+	}
+}
+
+// TestFlowCacheHoldPerSource: one source IP (IPv6: one /64) gets at most
+// perSource clients waiting for lookups and sourceBufs held datagrams;
+// another source still gets held.
+func TestFlowCacheHoldPerSource(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		addr func(i int) netip.AddrPort
+	}{
+		{"IPv4 ports", func(i int) netip.AddrPort {
+			return netip.AddrPortFrom(netip.MustParseAddr("198.51.100.9"), uint16(1024+i))
+		}},
+		{"IPv6 /64", func(i int) netip.AddrPort {
+			a := netip.MustParseAddr("2001:db8:1:2::").As16()
+			a[14], a[15] = byte(i>>8), byte(i)
+			return netip.AddrPortFrom(netip.AddrFrom16(a), 5000)
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := defaultCacheParams
+			p.perSource, p.sourceBufs = 8, 12
+			f := newFixture(t, Config{FlowCache: &gatedCache{FlowCache: nopCache{}, gate: make(chan struct{})}, cacheParams: &p})
+			fc := f.r.fc
+			held := 0
+			for i := range 1000 {
+				for range 3 {
+					if _, _, drop := f.pub(tt.addr(i), mediaPkt(1)); drop == heldForCache {
+						held++
+					} else if drop != DropFlowCacheHoldFull {
+						t.Fatalf("flood: %v", drop)
+					}
+				}
+			}
+			if n := holding(fc); n > p.perSource || held > p.sourceBufs || held < p.perSource {
+				t.Fatalf("one source: %d clients waiting, %d datagrams held; caps %d, %d", n, held, p.perSource, p.sourceBufs)
+			}
+			if _, _, drop := f.pub(c1, mediaPkt(1)); drop != heldForCache {
+				t.Fatalf("another source: %v", drop)
+			}
+			// Ending the lookups gives the source its share back.
+			for range holding(fc) {
+				fc.finish(<-fc.lookups, DropFlowCacheMiss, 0)
+			}
+			if got := fc.source(ptr(keyOf(tt.addr(0)))).Load(); got != 0 {
+				t.Fatalf("source counts %#x after every lookup ended", got)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestFlowCacheSourceFlood: one IP sends 12,000 one-datagram fake DTLS
+// packets from different ports in half a second (each a miss, remembered);
+// a real client with a valid entry is still restored right after.
+func TestFlowCacheSourceFlood(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newCache(t, srv.Addr)
+	e := newEnv(t, Config{}, nil)
+	e.r.Close()
+	p := defaultCacheParams
+	p.negative = 10 * time.Second // the flood's misses stay remembered through the test
+	r := newCacheRelay(t, e, store, &p, nil)
+	dtls := []byte{22, 0xfe, 0xfd, 0, 0, 0, 1}
+	buf := make([]byte, hop.MaxHeaderLen+len(dtls))
+	flooder := netip.MustParseAddr("203.0.113.5")
+	const n = 12000
+	start := time.Now()
+	drops := map[DropReason]int{}
+	for i := range n {
+		copy(buf[hop.MaxHeaderLen:], dtls)
+		_, _, drop := r.handlePublic(netip.AddrPortFrom(flooder, uint16(1024+i)), buf, time.Now())
+		drops[drop]++
+		if i%500 == 499 {
+			time.Sleep(time.Until(start.Add(time.Duration(i+1) * 500 * time.Millisecond / n)))
+		}
+	}
+	eventually(t, "the flood's lookups answered", func() bool { return holding(r.fc) == 0 })
+	t.Logf("flood: %v in %v; lookups: %d misses; drops %v", n, time.Since(start).Round(time.Millisecond), r.Stats().FlowCache.Misses, drops)
+
+	client := udp(t)
+	uf, _ := ufragWords([]byte(mint(t, e.keys, testCluster, 7, e.now)))
+	val := appendCachedFlow(nil, &flowInfo{dst: addrOf(e.tr), tr: 7, ufrag: uf})
+	if err := store.Put(context.Background(), []netip.AddrPort{addrOf(client)}, [][]byte{val}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	send(t, client, dtls, r.PublicAddr())
+	got, _, err := tryRecv(e.tr, 2*time.Second)
+	if err != nil || !bytes.HasSuffix(got, dtls) {
+		s := r.Stats()
+		t.Fatalf("real client after the flood: %x (%v); hold_full %d, restored %d", got, err, s.Drops[DropFlowCacheHoldFull], s.FlowsRestored)
+	}
+	if s := r.Stats(); s.FlowsRestored != 1 {
+		t.Fatalf("restored %d", s.FlowsRestored)
+	}
+}
+
+// slowStore answers every Get after delay, with no entries.
+type slowStore struct {
+	delay time.Duration
+	gets  atomic.Int64
+}
+
+func (s *slowStore) Put(context.Context, []netip.AddrPort, [][]byte, time.Duration) error { return nil }
+func (s *slowStore) Get(ctx context.Context, clients []netip.AddrPort, v [][]byte) error {
+	s.gets.Add(1)
+	tm := time.NewTimer(s.delay)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		clear(v)
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestFlowCacheSlowStore: a store that answers every Get in 120 ms, under
+// steady misses, is up: no lookup errors, no back-off. Held datagrams
+// whose answer comes after the hold time are dropped as
+// flow_cache_timeout, and every one is accounted for. A store slower than
+// the Get timeout is down.
+func TestFlowCacheSlowStore(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		delay time.Duration
+		up    bool
+	}{{"120ms", 120 * time.Millisecond, true}, {"beyond the Get timeout", 400 * time.Millisecond, false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := defaultCacheParams
+			p.getTimeout = 300 * time.Millisecond
+			store := &slowStore{delay: tt.delay}
+			f := newFixture(t, Config{FlowCache: store, cacheParams: &p})
+			fc := f.r.fc
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			f.r.wg.Add(1)
+			wg.Go(func() { fc.resolveLoop(ctx) })
+			defer func() { cancel(); wg.Wait() }()
+			buf := make([]byte, hop.MaxHeaderLen+32)
+			held, other := 0, map[DropReason]int{}
+			for i := range 150 { // a new client every 10 ms for 1.5 s
+				c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}), 40000)
+				for range 2 {
+					copy(buf[hop.MaxHeaderLen:], mediaPkt(1))
+					if _, _, drop := f.r.handlePublic(c, buf, time.Now()); drop == heldForCache {
+						held++
+					} else {
+						other[drop]++
+					}
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if !tt.up {
+				eventually(t, "the store seen down", func() bool { return !f.r.Stats().FlowCache.Up })
+				if s := f.r.Stats(); s.FlowCache.Errors == 0 || s.Drops[DropFlowCacheDown]+uint64(other[DropFlowCacheDown]) == 0 {
+					t.Fatalf("stats %+v, drops %v", s.FlowCache, other)
+				}
+				return
+			}
+			eventually(t, "every lookup ended", func() bool { return holding(fc) == 0 })
+			s := f.r.Stats()
+			t.Logf("gets %d; held %d: miss %d, timeout %d; at hold %v", store.gets.Load(), held, s.Drops[DropFlowCacheMiss], s.Drops[DropFlowCacheTimeout], other)
+			if !s.FlowCache.Up || s.FlowCache.Errors != 0 || fc.backoff.Load() != 0 || s.Drops[DropFlowCacheDown] != 0 || other[DropFlowCacheDown] != 0 {
+				t.Fatalf("a store answering in %v seen as failing: %+v, backoff %v, down drops %d+%d",
+					tt.delay, s.FlowCache, time.Duration(fc.backoff.Load()), s.Drops[DropFlowCacheDown], other[DropFlowCacheDown])
+			}
+			if got := s.Drops[DropFlowCacheMiss] + s.Drops[DropFlowCacheTimeout]; got != uint64(held) {
+				t.Fatalf("%d of %d held datagrams accounted", got, held)
+			}
+			if s.FlowCache.Misses < 50 {
+				t.Fatalf("only %d answers", s.FlowCache.Misses)
+			}
+		})
+	}
+}
+
+// TestFlowCacheRestoresOnlyTheSamePath: a cached flow records whether its
+// client's traffic came through a Global Relay, and which; a held datagram
+// restores it only if it came the same way. Otherwise (a direct datagram
+// with the address of a client behind a Global Relay, anyone can send
+// one) the entry is stale and no flow is made.
+func TestFlowCacheRestoresOnlyTheSamePath(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newCache(t, srv.Addr)
+	e := newEnv(t, Config{}, nil)
+	e.r.Close()
+	trAddr := addrOf(e.tr)
+	gr, other := udp(t), udp(t) // Global Relays
+	r := newCacheRelayWith(t, e, Config{FlowCache: store, TrustedIngress: []string{"127.0.0.0/8"}}, nil, nil)
+	framed := func(client netip.AddrPort, p []byte) []byte {
+		return append(hop.AppendHeader(nil, hop.TypeData, client), p...)
+	}
+
+	// Written: a flow confirmed through a Global Relay is cached with it.
+	behind := netip.MustParseAddrPort("198.51.100.20:5000")
+	send(t, gr, framed(behind, e.binding(t, 7)), r.PublicAddr())
+	recv(t, e.tr)
+	send(t, e.tr, framed(behind, []byte{0x01, 0x01, 0, 0}), r.InternalAddr())
+	recv(t, gr)
+	eventually(t, "the flow written", func() bool { return r.Stats().FlowCache.WritesOK >= 1 })
+	if cf, raw := cacheValue(t, store, behind); cf.via != addrOf(gr) || cf.transceiver != 7 {
+		t.Fatalf("flow through %v cached as %q", addrOf(gr), raw)
+	}
+
+	uf, _ := ufragWords([]byte(mint(t, e.keys, testCluster, 7, e.now)))
+	put := func(client, via netip.AddrPort) {
+		t.Helper()
+		v := appendCachedFlow(nil, &flowInfo{dst: trAddr, tr: 7, ufrag: uf, via: via})
+		if err := store.Put(context.Background(), []netip.AddrPort{client}, [][]byte{v}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dtls := []byte{22, 0xfe, 0xfd, 0, 0, 0, 1}
+	stale := func(what string, client netip.AddrPort, sendIt func()) {
+		t.Helper()
+		before := r.Stats()
+		sendIt()
+		eventually(t, what+": stale", func() bool { return r.Stats().Drops[DropFlowCacheStale] == before.Drops[DropFlowCacheStale]+1 })
+		if _, ok := r.flows.touch(client, 0); ok || r.Stats().FlowsRestored != before.FlowsRestored {
+			t.Fatalf("%s: restored", what)
+		}
+		expectNothing(t, e.tr)
+	}
+
+	// A direct datagram with the address of a client behind a Global Relay.
+	direct := udp(t)
+	put(addrOf(direct), addrOf(gr))
+	stale("direct, cached through a Global Relay", addrOf(direct), func() { send(t, direct, dtls, r.PublicAddr()) })
+	// Through a Global Relay, cached direct.
+	c2 := netip.MustParseAddrPort("198.51.100.21:5000")
+	put(c2, netip.AddrPort{})
+	stale("through a Global Relay, cached direct", c2, func() { send(t, gr, framed(c2, dtls), r.PublicAddr()) })
+	// Through another Global Relay.
+	c3 := netip.MustParseAddrPort("198.51.100.22:5000")
+	put(c3, addrOf(gr))
+	stale("through another Global Relay", c3, func() { send(t, other, framed(c3, dtls), r.PublicAddr()) })
+
+	// The same way: restored, and replies go back through the Global Relay.
+	c4 := netip.MustParseAddrPort("198.51.100.23:5000")
+	put(c4, addrOf(gr))
+	send(t, gr, framed(c4, dtls), r.PublicAddr())
+	if got, _ := recv(t, e.tr); !bytes.Equal(got, framed(c4, dtls)) {
+		t.Fatalf("restored through the Global Relay: %x", got)
+	}
+	send(t, e.tr, framed(c4, mediaPkt(9)), r.InternalAddr())
+	if got, _ := recv(t, gr); !bytes.Equal(got, framed(c4, mediaPkt(9))) {
+		t.Fatalf("reply: %x", got)
+	}
+	// And a direct client cached direct.
+	d := udp(t)
+	put(addrOf(d), netip.AddrPort{})
+	send(t, d, dtls, r.PublicAddr())
+	if got, _ := recv(t, e.tr); !bytes.HasSuffix(got, dtls) {
+		t.Fatalf("restored direct: %x", got)
+	}
+}
+
+// TestFlowCacheCapRefusalRemembered: a restore a cap refuses (here the
+// flow table is full) is remembered briefly under that reason, so a
+// client's stream does not cost a lookup per datagram; after that short
+// while the client is looked up again.
+func TestFlowCacheCapRefusalRemembered(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newCache(t, srv.Addr)
+	e := newEnv(t, Config{}, nil)
+	e.r.Close()
+	r := newCacheRelayWith(t, e, Config{FlowCache: store, MaxFlows: 1}, nil, nil)
+	confirm(t, e, r, udp(t)) // the table's one flow
+	client := udp(t)
+	uf, _ := ufragWords([]byte(mint(t, e.keys, testCluster, 7, e.now)))
+	v := appendCachedFlow(nil, &flowInfo{dst: addrOf(e.tr), tr: 7, ufrag: uf})
+	if err := store.Put(context.Background(), []netip.AddrPort{addrOf(client)}, [][]byte{v}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	send(t, client, mediaPkt(0), r.PublicAddr())
+	eventually(t, "refused", func() bool { return r.Stats().Drops[DropFlowTableFull] == 1 })
+	start := time.Now()
+	for i := range 5 {
+		send(t, client, mediaPkt(uint32(1+i)), r.PublicAddr())
+		time.Sleep(10 * time.Millisecond)
+	}
+	eventually(t, "the stream dropped", func() bool { return r.Stats().Drops[DropFlowTableFull] == 6 })
+	if time.Since(start) < defaultCacheParams.capped {
+		if s := r.Stats(); s.FlowCache.Hits != 1 {
+			t.Fatalf("%d lookups for the stream of a client a cap refused", s.FlowCache.Hits)
+		}
+	}
+	time.Sleep(defaultCacheParams.capped)
+	send(t, client, mediaPkt(9), r.PublicAddr())
+	eventually(t, "looked up again", func() bool { return r.Stats().FlowCache.Hits >= 2 })
+	expectNothing(t, e.tr)
 }

@@ -353,11 +353,13 @@ func (t *flowTable) setVia(client, via netip.AddrPort) {
 	sl.seq.Add(1)
 }
 
-// relearn creates a confirmed flow from client to member, whose traffic
-// named a client the table does not know (a restarted relay). It is
-// subject to the same caps as any new flow.
-func (t *flowTable) relearn(client, member netip.AddrPort, now int64) DropReason {
-	if drop := t.upsert(client, member, 0, nil, now); drop != dropNone {
+// relearn creates a confirmed flow from client to member, transceiver
+// id, whose traffic named a client the table does not know (a restarted
+// relay). It is subject to the same caps as any new flow. id is the
+// member's real id (membership.Table.ID), so that the flow cache records
+// it: an entry with another id would be stale.
+func (t *flowTable) relearn(client, member netip.AddrPort, id uint32, now int64) DropReason {
+	if drop := t.upsert(client, member, id, nil, now); drop != dropNone {
 		return drop
 	}
 	k := keyOf(client)
@@ -410,6 +412,7 @@ func (t *flowTable) restore(client, to, via netip.AddrPort, transceiver uint32, 
 // flowInfo is what the flow cache writes of a flow.
 type flowInfo struct {
 	dst       netip.AddrPort
+	via       netip.AddrPort // the Global Relay the client's traffic arrives through; invalid: direct
 	tr        uint32
 	ufrag     [token.Len / 8]uint64
 	confirmed bool
@@ -437,6 +440,10 @@ func (tab *table) read(i uint64, f *flowInfo) {
 	f.confirmed = d[2]&dstConfirmed != 0
 	d[2] &^= dstConfirmed
 	f.dst = d.addrPort()
+	f.via = netip.AddrPort{}
+	if v := keyWords(&c.via); v != (addrKey{}) {
+		f.via = v.addrPort()
+	}
 	f.tr = uint32(c.tr.Load())
 	for j := range f.ufrag {
 		f.ufrag[j] = c.ufrag[j].Load()

@@ -74,21 +74,32 @@ type limiter struct {
 }
 
 func newLimiter(maxPending, perIP, total int) *limiter {
-	l := &limiter{maxPending: uint64(maxPending), perIP: uint64(perIP), total: uint64(total)}
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	l.seed[0] = binary.LittleEndian.Uint64(b[0:]) | 1
-	l.seed[1] = binary.LittleEndian.Uint64(b[8:]) | 1
-	return l
+	return &limiter{maxPending: uint64(maxPending), perIP: uint64(perIP), total: uint64(total), seed: newSourceSeed()}
 }
 
-// slotOf returns the slot of client key k's source IP (IPv4 address or IPv6 /64).
-func (l *limiter) slotOf(k *addrKey) *atomic.Uint64 {
+// sourceHash is the seeded hash of client key k's source IP: an IPv4
+// address, or an IPv6 /64. The limiter's slots and the flow cache's
+// per-source hold counts (flowcache.go) are both indexed by it.
+func sourceHash(k *addrKey, seed *[2]uint64) uint64 {
 	lo := k[1] // IPv4 sits in the low word (as IPv4-mapped); IPv6 uses the /64 only
 	if k[2]&keyIs4 == 0 {
 		lo = 0
 	}
-	return &l.slots[mum(k[0]^l.seed[0], lo^l.seed[1])&(limitSlots-1)]
+	return mum(k[0]^seed[0], lo^seed[1])
+}
+
+// newSourceSeed returns a random seed for sourceHash.
+func newSourceSeed() (seed [2]uint64) {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	seed[0] = binary.LittleEndian.Uint64(b[0:]) | 1
+	seed[1] = binary.LittleEndian.Uint64(b[8:]) | 1
+	return seed
+}
+
+// slotOf returns the slot of client key k's source IP (IPv4 address or IPv6 /64).
+func (l *limiter) slotOf(k *addrKey) *atomic.Uint64 {
+	return &l.slots[sourceHash(k, &l.seed)&(limitSlots-1)]
 }
 
 // acquire admits one new pending flow for client k at relay-monotonic time

@@ -572,7 +572,9 @@ func (r *Relay) handleInternal(from netip.AddrPort, b []byte, now time.Time) (to
 	t := r.mono(now)
 	via, drop := r.flows.reply(client, from, t)
 	if drop == DropInternalNoFlow && r.cfg.Relearn {
-		if drop = r.flows.relearn(client, from, t); drop == dropNone {
+		// The flow records from's real id (Contains above said it has one).
+		id, _ := r.members.ID(from)
+		if drop = r.flows.relearn(client, from, id, t); drop == dropNone {
 			return client, payload, dropNone
 		}
 	}
