@@ -128,7 +128,7 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 		cfg.Relay.TrustedIngress = strings.Split(v, ",")
 		return nil
 	})
-	fs.StringVar(&cfg.FlowCache, "flow-cache", "", "Redis host:port of the cluster's flow cache: confirmed flows are written there, and a client's DTLS/RTP without a flow is held while it is looked up (docs/relay.md); empty: no cache")
+	fs.StringVar(&cfg.FlowCache, "flow-cache", "", "Redis of the cluster's flow cache, as host:port, redis://[[user]:password@]host[:port][/db], or rediss://… (TLS): confirmed flows are written there, and a client's DTLS/RTP without a flow is held while it is looked up (docs/relay.md); empty: no cache")
 	fs.StringVar(&cfg.Members, "members", "", "static membership: transceiver id=internal ip:port, comma separated, e.g. 1=10.0.0.5:4000,2=10.0.0.6:4000")
 	fs.StringVar(&cfg.Metrics, "metrics", "127.0.0.1:9090", "address serving /metrics, /live and /ready (empty disables)")
 	cfg.Source.register(fs)

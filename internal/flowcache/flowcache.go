@@ -24,8 +24,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,10 +38,11 @@ import (
 const KeyPrefix = "sb:flow:"
 
 // Timeouts of the Redis client: the relay bounds every call with a context
-// too, so these only cap what a context does not (dials).
+// (a Get 500 ms, a Put 1 s), so these only cap what a context does not
+// (dials), and are no shorter than those.
 const (
 	dialTimeout = 250 * time.Millisecond
-	ioTimeout   = 250 * time.Millisecond
+	ioTimeout   = time.Second
 	poolSize    = 4
 )
 
@@ -54,27 +58,78 @@ type Redis struct {
 	owned  bool   // Close closes client
 }
 
-// New returns a cache in the Redis at addr (host:port) for cluster's keys.
-// It does not connect: the first Put or Get does, and a Redis that is down
-// shows as errors from them (the relay counts, logs and backs off).
+// New returns a cache in the Redis at addr for cluster's keys. addr is
+// either host:port (no password, no TLS), or a URL:
+//
+//	redis://[[user]:password@]host[:port][/db]    (port 6379 by default)
+//	rediss://[[user]:password@]host[:port][/db]   (TLS, verified against host)
+//
+// (redis.ParseURL; its query parameters, such as dial_timeout, are
+// overridden by this package's timeouts, pool and retries, which the relay
+// relies on). New does not connect: the first Put or Get does, and a Redis
+// that is down or refuses the password shows as errors from them (the
+// relay counts, logs and backs off). Errors never contain the password.
 func New(addr string, cluster uint16) (*Redis, error) {
-	if addr == "" {
-		return nil, errors.New("flowcache: empty Redis address")
+	opt, err := options(addr)
+	if err != nil {
+		return nil, err
 	}
-	c := redis.NewClient(&redis.Options{
-		Addr:                  addr,
-		DialTimeout:           dialTimeout,
-		ReadTimeout:           ioTimeout,
-		WriteTimeout:          ioTimeout,
-		ContextTimeoutEnabled: true,
-		MaxRetries:            -1, // the relay retries on its own schedule
-		DialerRetries:         1,  // idem: one dial per call, failing fast
-		PoolSize:              poolSize,
-		DisableIdentity:       true, // no CLIENT SETINFO round trip per dial
-	})
-	r := NewWithClient(c, cluster)
+	opt.DialTimeout = dialTimeout
+	opt.ReadTimeout = ioTimeout
+	opt.WriteTimeout = ioTimeout
+	opt.ContextTimeoutEnabled = true
+	opt.MaxRetries = -1   // the relay retries on its own schedule
+	opt.DialerRetries = 1 // idem: one dial per call, failing fast
+	opt.PoolSize = poolSize
+	opt.MinIdleConns, opt.MaxIdleConns = 0, 0
+	opt.DisableIdentity = true // no CLIENT SETINFO round trip per dial
+	r := NewWithClient(redis.NewClient(opt), cluster)
 	r.owned = true
 	return r, nil
+}
+
+// options parses New's addr.
+func options(addr string) (*redis.Options, error) {
+	const want = "want host:port, redis://[[user]:password@]host[:port][/db], or rediss://… for TLS"
+	switch {
+	case addr == "":
+		return nil, errors.New("flowcache: empty Redis address; " + want)
+	case !strings.Contains(addr, "://"):
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || host == "" || port == "" {
+			return nil, fmt.Errorf("flowcache: Redis address %q is not host:port; %s", addr, want)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return nil, fmt.Errorf("flowcache: Redis address %q: port %q is not a number from 1 to 65535; %s", addr, port, want)
+		}
+		return &redis.Options{Addr: addr}, nil
+	}
+	u, err := url.Parse(addr)
+	if err != nil {
+		// url.Error repeats the whole URL, password and all: keep its reason only.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("flowcache: Redis URL does not parse (%v); %s", err, want)
+	}
+	shown := u.Redacted()
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return nil, fmt.Errorf("flowcache: Redis URL %q: scheme %q; %s", shown, u.Scheme, want)
+	}
+	if u.Hostname() == "" {
+		return nil, fmt.Errorf("flowcache: Redis URL %q has no host; %s", shown, want)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
+			return nil, fmt.Errorf("flowcache: Redis URL %q: port %q is not a number from 1 to 65535; %s", shown, p, want)
+		}
+	}
+	opt, err := redis.ParseURL(addr)
+	if err != nil {
+		return nil, fmt.Errorf("flowcache: Redis URL %q: %v; %s", shown, err, want)
+	}
+	return opt, nil
 }
 
 // NewWithClient is New over an existing client, which Close leaves open.

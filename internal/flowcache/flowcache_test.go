@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,5 +102,83 @@ func TestDown(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("failing took %v", d)
+	}
+}
+
+// TestURL: a Redis with a password is usable through a redis:// URL (and
+// not through host:port); rediss:// turns TLS on; host:port still works;
+// bad addresses say what to write instead and never echo the password.
+func TestURL(t *testing.T) {
+	srv := redistest.StartArgs(t, "--requirepass", "s3cret")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	client := []netip.AddrPort{netip.MustParseAddrPort("198.51.100.1:50000")}
+	put := func(addr string) error {
+		t.Helper()
+		c, err := New(addr, 3)
+		if err != nil {
+			t.Fatalf("New(%q): %v", addr, err)
+		}
+		defer c.Close()
+		return c.Put(ctx, client, [][]byte{[]byte("v")}, time.Minute)
+	}
+	if err := put(srv.Addr); err == nil || !strings.Contains(err.Error(), "NOAUTH") {
+		t.Fatalf("host:port to a Redis with a password: %v, want NOAUTH", err)
+	}
+	for _, u := range []string{"redis://:s3cret@" + srv.Addr, "redis://default:s3cret@" + srv.Addr + "/0"} {
+		if err := put(u); err != nil {
+			t.Fatalf("%s: %v", u, err)
+		}
+	}
+	if err := put("redis://:wrong@" + srv.Addr); err == nil {
+		t.Fatal("a wrong password worked")
+	}
+	// host:port still works where there is no password.
+	open := redistest.Start(t)
+	if err := put(open.Addr); err != nil {
+		t.Fatal(err)
+	}
+
+	// rediss:// is TLS, verified against the host; redis:// and host:port are not.
+	for _, tt := range []struct {
+		addr, host string
+		tls        bool
+	}{
+		{"rediss://:pw@redis.example:6380/2", "redis.example:6380", true},
+		{"redis://redis.example", "redis.example:6379", false},
+		{"redis.example:6379", "redis.example:6379", false},
+		{"[2001:db8::1]:6379", "[2001:db8::1]:6379", false},
+	} {
+		c, err := New(tt.addr, 3)
+		if err != nil {
+			t.Fatalf("New(%q): %v", tt.addr, err)
+		}
+		o := c.client.Options()
+		if o.Addr != tt.host || (o.TLSConfig != nil) != tt.tls || o.MaxRetries != 0 || o.ReadTimeout != ioTimeout {
+			t.Fatalf("New(%q): addr %s, TLS %v, retries %d (want 0: none), read timeout %v", tt.addr, o.Addr, o.TLSConfig != nil, o.MaxRetries, o.ReadTimeout)
+		}
+		if tt.tls && o.TLSConfig.ServerName != "redis.example" {
+			t.Fatalf("TLS server name %q", o.TLSConfig.ServerName)
+		}
+		c.Close()
+	}
+
+	for _, tt := range []struct{ addr, says string }{
+		{"", "empty"},
+		{"redis.example", "not host:port"},
+		{"redis.example:", "not host:port"},
+		{"redis.example:http", "port"},
+		{"http://:pw-secret@redis.example:6379", `scheme "http"`},
+		{"redis://:pw-secret@redis.example:6379/x", "invalid database number"},
+		{"redis://:pw-secret@:6379", "no host"},
+		{"redis://:pw-secret@redis.example:6379/0?nope=1", "nope"},
+		{"redis://:pw-secret@redis.example:99999999", "port"},
+		{"redis://:pw-secret@redis example:6379", "does not parse"},
+		{"redis.example:0", "port"},
+	} {
+		_, err := New(tt.addr, 3)
+		if err == nil || !strings.Contains(err.Error(), tt.says) || !strings.Contains(err.Error(), "rediss://") || strings.Contains(err.Error(), "pw-secret") {
+			t.Errorf("New(%q) = %v; want an error saying %q and what to write, without the password", tt.addr, err, tt.says)
+		}
 	}
 }

@@ -25,6 +25,13 @@ type Server struct {
 // skipped, except in CI (CI set), where that fails.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	return StartArgs(tb)
+}
+
+// StartArgs is Start with more redis-server arguments, such as
+// "--requirepass", "secret".
+func StartArgs(tb testing.TB, args ...string) *Server {
+	tb.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		if os.Getenv("CI") != "" {
@@ -34,8 +41,8 @@ func Start(tb testing.TB) *Server {
 	}
 	port := FreePort(tb)
 	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port)}
-	s.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", tb.TempDir())
+	s.cmd = exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", tb.TempDir()}, args...)...)
 	if err := s.cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}
