@@ -404,7 +404,12 @@ func checkRelay(t *testing.T, r *rendered, v map[string]any) {
 			}
 		}
 	}
-	if got := env["SWITCHBOARD_FLOW_CACHE"].Value; got != wantCache {
+	if sec := fmt.Sprint(val(t, v, "relay.flowCacheSecret")); sec != "" {
+		e := env["SWITCHBOARD_FLOW_CACHE"]
+		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Name != sec || e.ValueFrom.SecretKeyRef.Key != "flow-cache" {
+			t.Errorf("relay SWITCHBOARD_FLOW_CACHE = %+v, want Secret %s key flow-cache", e, sec)
+		}
+	} else if got := env["SWITCHBOARD_FLOW_CACHE"].Value; got != wantCache {
 		t.Errorf("relay SWITCHBOARD_FLOW_CACHE = %q, want %q", got, wantCache)
 	}
 	svc := relayService(t, r)

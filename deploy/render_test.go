@@ -361,6 +361,20 @@ func TestRenderRelayHPA(t *testing.T) {
 	checkAll(t, r, vals)
 }
 
+// TestRenderFlowCacheSecret: a flow cache URL with a password comes from
+// a Secret, never the pod spec, even with the chart's Redis on.
+func TestRenderFlowCacheSecret(t *testing.T) {
+	vals := withPublicIP(map[string]any{
+		"relay": map[string]any{"flowCache": "redis://plain:6379", "flowCacheSecret": "relay-redis"},
+		"redis": map[string]any{"enabled": true},
+	})
+	r, err := render(t, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkAll(t, r, vals)
+}
+
 func TestRenderErrors(t *testing.T) {
 	tests := []struct {
 		name    string
