@@ -177,8 +177,8 @@ func TestRestartLoop(t *testing.T) {
 	// ICE consent (disconnected after 5 s, failed 25 s later) or the setup
 	// timeout (30 s), plus the consent checks' period (2 s) and the
 	// teardown (the backend's session.end, up to 2 s; closing the peer
-	// connection), plus slack for a loaded machine.
-	const bound = 40 * time.Second
+	// connection), plus slack for a loaded machine. Observed: 36.4 s.
+	const bound = 45 * time.Second
 	waitIdle(t, s, bound+idle+10*time.Second)
 	liveTrace := peak.series(func(m metrics) float64 { return m["switchboard_transceiver_sessions"] })
 
