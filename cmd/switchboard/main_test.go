@@ -12,11 +12,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/switchboard-rtc/switchboard/internal/logbuf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -187,11 +188,11 @@ func separateProcesses(t *testing.T, bin, redisAddr string) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var logs []*syncBuffer
+	var logs []*logbuf.Buffer
 	start := func(env []string, args ...string) {
 		cmd := exec.CommandContext(ctx, bin, args...)
 		cmd.Env = append(os.Environ(), env...)
-		buf := &syncBuffer{}
+		buf := &logbuf.Buffer{}
 		cmd.Stdout, cmd.Stderr = buf, buf
 		logs = append(logs, buf)
 		cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
@@ -242,22 +243,4 @@ func separateProcesses(t *testing.T, bin, redisAddr string) {
 	if !strings.Contains(metrics.String(), `switchboard_relay_packets_total{direction="to_client"}`) {
 		t.Fatalf("relay metrics lack packet counters:\n%s", metrics.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a child's output and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

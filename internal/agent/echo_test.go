@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,33 +15,16 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/logbuf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startEcho serves the echo agent at /v1/bridge. done receives once per
 // finished ServeHTTP call.
-func startEcho(t *testing.T) (url string, done <-chan struct{}, logs *syncBuffer) {
+func startEcho(t *testing.T) (url string, done <-chan struct{}, logs *logbuf.Buffer) {
 	t.Helper()
-	logs = &syncBuffer{}
+	logs = &logbuf.Buffer{}
 	h := agent.NewEcho(slog.New(slog.NewTextHandler(logs, nil)))
 	ch := make(chan struct{}, 16)
 	mux := http.NewServeMux()

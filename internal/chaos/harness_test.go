@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/switchboard-rtc/switchboard/internal/logbuf"
 )
 
 var (
@@ -94,30 +96,12 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// lockedBuffer collects a process's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // proc is one child process.
 type proc struct {
 	name string
 	args []string
 	cmd  *exec.Cmd
-	log  *lockedBuffer
+	log  *logbuf.Buffer
 	done chan struct{}
 	err  error // after done
 }
@@ -159,7 +143,7 @@ func newHarness(t *testing.T) *harness {
 // start runs bin with args until the test ends.
 func (h *harness) start(name, bin string, args ...string) *proc {
 	h.t.Helper()
-	p := &proc{name: name, args: args, log: &lockedBuffer{}, done: make(chan struct{})}
+	p := &proc{name: name, args: args, log: &logbuf.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = h.env
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log

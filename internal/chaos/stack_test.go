@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/logbuf"
 )
 
 // stackConfig shapes a stack of real processes on loopback.
@@ -248,7 +250,7 @@ type driver struct {
 // runDriver starts loadclient with args.
 func (s *stack) runDriver(t *testing.T, args ...string) *driver {
 	t.Helper()
-	d := &driver{p: &proc{name: "loadclient", args: args, log: &lockedBuffer{}, done: make(chan struct{})}, finished: make(chan struct{})}
+	d := &driver{p: &proc{name: "loadclient", args: args, log: &logbuf.Buffer{}, done: make(chan struct{})}, finished: make(chan struct{})}
 	d.p.cmd = exec.Command(bins.loadclient, args...)
 	d.p.cmd.Stderr = d.p.log
 	d.p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/switchboard-rtc/switchboard/internal/chromium"
+	"github.com/switchboard-rtc/switchboard/internal/logbuf"
 )
 
 // The browser test drives a real Chromium through the whole demo: the page
@@ -42,7 +42,7 @@ func TestBrowserCall(t *testing.T) {
 
 	// The demo's log goes to a buffer, shown only on failure: its goroutines
 	// must not call t.Log once the test has returned.
-	var serverLog lockedBuffer
+	var serverLog logbuf.Buffer
 	d, err := Start(Config{
 		HTTPAddr:  "127.0.0.1:0",
 		RelayAddr: "127.0.0.1:0",
@@ -219,7 +219,7 @@ func chromiumPath(t *testing.T) string {
 func startBrowser(t *testing.T, chromiumBin, wav string) context.Context {
 	t.Helper()
 	var (
-		output   lockedBuffer // Chromium's stdout and stderr
+		output   logbuf.Buffer // Chromium's stdout and stderr
 		mu       sync.Mutex
 		messages []string // console messages, exceptions, browser log entries, chromedp errors
 	)
@@ -276,7 +276,7 @@ func startBrowser(t *testing.T, chromiumBin, wav string) context.Context {
 			mu.Lock()
 			t.Logf("browser console and errors (%d):\n%s", len(messages), strings.Join(messages, "\n"))
 			mu.Unlock()
-			t.Logf("chromium output (tail):\n%s", tail(output.String(), 8<<10))
+			t.Logf("chromium output (tail):\n%s", output.Tail(8<<10))
 		}
 	})
 	return ctx
@@ -389,29 +389,4 @@ func deref[T any](p *T) T {
 		return zero
 	}
 	return *p
-}
-
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "…" + s[len(s)-n:]
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writers and readers.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -14,27 +13,10 @@ import (
 
 	"github.com/pion/webrtc/v4"
 
+	"github.com/switchboard-rtc/switchboard/internal/logbuf"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 	"github.com/switchboard-rtc/switchboard/internal/webrtctest"
 )
-
-// lockedBuffer collects log output from several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // dial connects a bare Pion client with audio and an oai-events channel
 // through the stack and returns it once the channel is open, with a
@@ -85,7 +67,7 @@ func dial(t *testing.T, s *stack) (*webrtc.PeerConnection, <-chan string, <-chan
 // ends them cleanly: session.end event and DTLS close to the client,
 // session.end to the backend.
 func TestDrain(t *testing.T) {
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	s := startStackWithLog(t, 3, slog.New(slog.NewJSONHandler(&logs, nil)))
 	_, msgs, dtlsClosed := dial(t, s)
 

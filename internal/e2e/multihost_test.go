@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/logbuf"
 )
 
 // TestMultiHost runs the Global Relay topology of TestGlobalRelay as real
@@ -241,7 +243,7 @@ type multiHost struct {
 
 type mhProc struct {
 	name string
-	log  *lockedBuffer
+	log  *logbuf.Buffer
 	done chan struct{}
 	err  error // after done
 }
@@ -378,7 +380,7 @@ func (m *multiHost) deleteNamespaces(prefix string) {
 func (m *multiHost) start(host, name string, args ...string) {
 	cmd := exec.CommandContext(m.ctx, "ip", append([]string{"netns", "exec", m.ns + host, m.bin}, args...)...)
 	cmd.Env = m.env
-	p := &mhProc{name: name + " on " + host, log: &lockedBuffer{}, done: make(chan struct{})}
+	p := &mhProc{name: name + " on " + host, log: &logbuf.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	// ip netns exec execs the binary in place, so these reach it.
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }

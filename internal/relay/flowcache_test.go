@@ -18,28 +18,11 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/flowcache"
 	"github.com/switchboard-rtc/switchboard/internal/flowcache/redistest"
 	"github.com/switchboard-rtc/switchboard/internal/hop"
+	"github.com/switchboard-rtc/switchboard/internal/logbuf"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
 func init() { flowcache.LogRedisTo(slog.New(slog.DiscardHandler)) }
-
-// lockedBuffer is a log sink safe for the relay's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), s)
-}
 
 // newCache returns a flow cache for testCluster in the Redis at addr.
 func newCache(t *testing.T, addr string) *flowcache.Redis {
@@ -185,7 +168,7 @@ func TestFlowCacheDown(t *testing.T) {
 			}
 			e := newEnv(t, Config{}, nil)
 			e.r.Close()
-			logs := &lockedBuffer{}
+			logs := &logbuf.Buffer{}
 			r := newCacheRelay(t, e, newCache(t, addr), nil, slog.New(slog.NewTextHandler(logs, nil)))
 			if tt.killed {
 				eventually(t, "a working probe", func() bool { return r.Stats().FlowCache.Up })
@@ -215,8 +198,8 @@ func TestFlowCacheDown(t *testing.T) {
 				t.Fatalf("stats %+v", s)
 			}
 			expectNothing(t, e.tr)
-			if got := logs.count("flow cache unreachable"); got != 1 {
-				t.Fatalf("%d 'unreachable' log lines in a second of failures, want 1:\n%s", got, logs.b.String())
+			if got := logs.Count("flow cache unreachable"); got != 1 {
+				t.Fatalf("%d 'unreachable' log lines in a second of failures, want 1:\n%s", got, logs.String())
 			}
 		})
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/chromium"
+	"github.com/switchboard-rtc/switchboard/internal/logbuf"
 )
 
 // Clients.
@@ -38,7 +39,7 @@ type browser struct {
 	allocCancel context.CancelFunc
 	dir         string // the fake microphone's WAV
 	version     string
-	output      *lockedBuffer
+	output      *logbuf.Buffer
 	log         *slog.Logger
 }
 
@@ -69,7 +70,7 @@ func startBrowser(log *slog.Logger, audio *callclient.WAV) (*browser, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	b := &browser{dir: dir, output: &lockedBuffer{}, log: log}
+	b := &browser{dir: dir, output: &logbuf.Buffer{Max: 1 << 20}, log: log}
 	opts := chromium.Options(bin, wav, b.output)
 	allocCtx, allocCancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(allocCtx,
@@ -84,7 +85,7 @@ func startBrowser(log *slog.Logger, audio *callclient.WAV) (*browser, error) {
 	timer.Stop()
 	if err != nil {
 		b.close()
-		return nil, fmt.Errorf("setupbench: starting chromium: %w (output: %s)", err, b.output.tail(2000))
+		return nil, fmt.Errorf("setupbench: starting chromium: %w (output: %s)", err, b.output.Tail(2000))
 	}
 	// The user agent says 156.0.0.0 (reduced); --version has the build.
 	b.version = "Chromium"

@@ -1,7 +1,6 @@
 package setupbench
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -13,11 +12,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/pion/stun/v4"
+
+	"github.com/switchboard-rtc/switchboard/internal/logbuf"
 )
 
 // errNoTurnserver: the turnserver binary is not on PATH.
@@ -32,7 +32,7 @@ type coturn struct {
 	user, password string
 	version        string
 	exited         chan struct{}
-	out            *lockedBuffer
+	out            *logbuf.Buffer
 }
 
 // startCoturn writes a temporary config and starts turnserver with it,
@@ -48,7 +48,7 @@ func startCoturn(log *slog.Logger) (*coturn, error) {
 	}
 	var pw [12]byte
 	_, _ = rand.Read(pw[:])
-	t := &coturn{dir: dir, user: "bench", password: hex.EncodeToString(pw[:]), exited: make(chan struct{}), out: &lockedBuffer{}}
+	t := &coturn{dir: dir, user: "bench", password: hex.EncodeToString(pw[:]), exited: make(chan struct{}), out: &logbuf.Buffer{Max: 1 << 20}}
 	var lastErr error
 	for range 3 { // the port is picked free, then bound by coturn: retry a lost race
 		port, err := freeUDPPort()
@@ -96,7 +96,7 @@ func (t *coturn) start(bin string) error {
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		return err
 	}
-	t.out.reset()
+	t.out.Reset()
 	t.exited = make(chan struct{})
 	cmd := exec.Command(bin, "-c", path)
 	cmd.Stdout, cmd.Stderr = t.out, t.out
@@ -110,7 +110,7 @@ func (t *coturn) start(bin string) error {
 	for time.Now().Before(deadline) {
 		select {
 		case <-t.exited:
-			return fmt.Errorf("setupbench: turnserver exited: %s", t.out.tail(2000))
+			return fmt.Errorf("setupbench: turnserver exited: %s", t.out.Tail(2000))
 		default:
 		}
 		if stunPing(t.addr, 100*time.Millisecond) {
@@ -118,7 +118,7 @@ func (t *coturn) start(bin string) error {
 		}
 	}
 	t.kill()
-	return fmt.Errorf("setupbench: turnserver did not answer STUN on %s within 5s: %s", t.addr, t.out.tail(2000))
+	return fmt.Errorf("setupbench: turnserver did not answer STUN on %s within 5s: %s", t.addr, t.out.Tail(2000))
 }
 
 // kill stops the process this coturn started and waits for it.
@@ -168,35 +168,4 @@ func versionOf(bin string) string {
 		return "?"
 	}
 	return string(out)
-}
-
-// lockedBuffer collects a process's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.b.Len() > 1<<20 {
-		return len(p), nil
-	}
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) reset() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.b.Reset()
-}
-
-func (l *lockedBuffer) tail(n int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	s := l.b.String()
-	if len(s) > n {
-		s = "…" + s[len(s)-n:]
-	}
-	return s
 }
