@@ -241,7 +241,8 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 		return err
 	}
 	defer t.Close()
-	log.Info("transceiver running", "id", cfg.Trx.ID, "hop", t.HopAddr().String(), "advertise", cfg.Trx.Advertise)
+	log.Info("transceiver running", "id", cfg.Trx.ID, "hop", t.HopAddr().String(), "advertise", cfg.Trx.Advertise,
+		"auth", cfg.Trx.Auth.Enabled())
 	if cfg.Redis != "" {
 		hopAddr := t.HopAddr().(*net.UDPAddr).AddrPort()
 		if cfg.HopAd != "" {
@@ -328,15 +329,25 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 		opts.Header.Add(name, strings.TrimSpace(value))
 		return nil
 	})
-	// Accept the URL before or after the flags.
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		opts.URL, args = args[0], args[1:]
+	// Accept the URL anywhere among the flags: the flag package stops at
+	// the first non-flag argument, so parse on after it.
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
 	}
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if opts.URL == "" && fs.NArg() > 0 {
-		opts.URL = fs.Arg(0)
+	switch len(positional) {
+	case 0:
+	case 1:
+		opts.URL = positional[0]
+	default:
+		return fmt.Errorf("one signaling URL, got %d arguments: %q", len(positional), positional)
 	}
 	if opts.URL == "" || opts.AudioPath == "" {
 		fs.Usage()

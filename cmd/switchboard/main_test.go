@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -242,5 +243,26 @@ func separateProcesses(t *testing.T, bin, redisAddr string) {
 	_, _ = metrics.ReadFrom(resp.Body)
 	if !strings.Contains(metrics.String(), `switchboard_relay_packets_total{direction="to_client"}`) {
 		t.Fatalf("relay metrics lack packet counters:\n%s", metrics.String())
+	}
+}
+
+// TestCallArgs: the call subcommand takes its URL before, between or after
+// the flags, and exactly one.
+func TestCallArgs(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.wav")
+	for _, args := range [][]string{
+		{"http://127.0.0.1:1/v1/calls", "-audio", missing},
+		{"-audio", missing, "http://127.0.0.1:1/v1/calls"},
+		{"-ice-restart-after", "2s", "http://127.0.0.1:1/v1/calls", "-audio", missing},
+	} {
+		err := runCall(context.Background(), args, io.Discard)
+		// Parsing succeeded when the call gets as far as reading the WAV.
+		if err == nil || !strings.Contains(err.Error(), "none.wav") {
+			t.Errorf("call %q: %v, want the missing WAV reported (flags and URL parsed)", args, err)
+		}
+	}
+	err := runCall(context.Background(), []string{"http://a/v1/calls", "http://b/v1/calls", "-audio", missing}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "one signaling URL") {
+		t.Errorf("two URLs: %v", err)
 	}
 }

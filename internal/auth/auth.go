@@ -1,4 +1,4 @@
-// Package auth is signaling authentication (DESIGN §6): server-side API
+// Package auth is signaling authentication (docs/design.md §6): server-side API
 // keys mint short-lived client tokens, and clients present a client token
 // as a Bearer token (RFC 6750) when they POST an offer.
 //
@@ -122,11 +122,11 @@ func New(cfg Config) (*Authority, error) {
 	key, err := base64.StdEncoding.DecodeString(cfg.SigningKey)
 	switch {
 	case cfg.SigningKey == "":
-		errs = append(errs, errors.New("auth: signing_key is empty; set the base64 of 32 random bytes (openssl rand -base64 32), the same on every transceiver and director"))
+		errs = append(errs, errors.New("auth: signing_key (-auth-signing-key) is empty; set the base64 of 32 random bytes (openssl rand -base64 32), the same on every transceiver and director"))
 	case err != nil:
-		errs = append(errs, fmt.Errorf("auth: signing_key is not standard base64: %v", err))
+		errs = append(errs, fmt.Errorf("auth: signing_key (-auth-signing-key) is not standard base64: %v", err))
 	case len(key) < MinKeyLen:
-		errs = append(errs, fmt.Errorf("auth: signing_key decodes to %d bytes; use at least %d random bytes", len(key), MinKeyLen))
+		errs = append(errs, fmt.Errorf("auth: signing_key (-auth-signing-key) decodes to %d bytes; use at least %d random bytes", len(key), MinKeyLen))
 	default:
 		a.keys = append(a.keys, newSigningKey(key))
 	}
@@ -134,9 +134,9 @@ func New(cfg Config) (*Authority, error) {
 		prev, err := base64.StdEncoding.DecodeString(cfg.PreviousSigningKey)
 		switch {
 		case err != nil:
-			errs = append(errs, fmt.Errorf("auth: previous_signing_key is not standard base64: %v", err))
+			errs = append(errs, fmt.Errorf("auth: previous_signing_key (-auth-previous-signing-key) is not standard base64: %v", err))
 		case len(prev) < MinKeyLen:
-			errs = append(errs, fmt.Errorf("auth: previous_signing_key decodes to %d bytes; use at least %d random bytes", len(prev), MinKeyLen))
+			errs = append(errs, fmt.Errorf("auth: previous_signing_key (-auth-previous-signing-key) decodes to %d bytes; use at least %d random bytes", len(prev), MinKeyLen))
 		case hmac.Equal(prev, key):
 			errs = append(errs, errors.New("auth: previous_signing_key equals signing_key; set it to the key being rotated out (or in)"))
 		default:
@@ -144,17 +144,17 @@ func New(cfg Config) (*Authority, error) {
 		}
 	}
 	if len(cfg.APIKeys) == 0 {
-		errs = append(errs, errors.New("auth: api_keys is empty; with a signing_key, list the server-side API keys that may mint client tokens"))
+		errs = append(errs, errors.New("auth: api_keys (-auth-api-keys) is empty; with a signing_key, list the server-side API keys that may mint client tokens"))
 	}
 	for i, k := range cfg.APIKeys {
 		if len(k) < MinKeyLen {
-			errs = append(errs, fmt.Errorf("auth: api_keys[%d] is %d bytes; use at least %d random bytes", i, len(k), MinKeyLen))
+			errs = append(errs, fmt.Errorf("auth: api_keys[%d] (-auth-api-keys) is %d bytes; use at least %d random bytes", i, len(k), MinKeyLen))
 		}
 		a.apiKeys = append(a.apiKeys, sha256.Sum256([]byte(k)))
 	}
 	switch {
 	case a.ttl < 0 || a.ttl > MaxTokenTTL:
-		errs = append(errs, fmt.Errorf("auth: token_ttl is %v; use 0 for the default %v, or up to %v", a.ttl, DefaultTokenTTL, MaxTokenTTL))
+		errs = append(errs, fmt.Errorf("auth: token_ttl (-auth-token-ttl) is %v; use 0 for the default %v, or up to %v", a.ttl, DefaultTokenTTL, MaxTokenTTL))
 	case a.ttl == 0:
 		a.ttl = DefaultTokenTTL
 	}

@@ -47,11 +47,11 @@ func TestNewConfig(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		"no signing key":   {Config{APIKeys: []string{apiKey}}, "signing_key is empty"},
+		"no signing key":   {Config{APIKeys: []string{apiKey}}, "signing_key (-auth-signing-key) is empty"},
 		"not base64":       {Config{APIKeys: []string{apiKey}, SigningKey: "%%%"}, "not standard base64"},
 		"short signing":    {Config{APIKeys: []string{apiKey}, SigningKey: short}, "decodes to 5 bytes"},
-		"no api keys":      {Config{SigningKey: testSigningKey}, "api_keys is empty"},
-		"short api key":    {Config{APIKeys: []string{"x"}, SigningKey: testSigningKey}, "api_keys[0] is 1 bytes"},
+		"no api keys":      {Config{SigningKey: testSigningKey}, "api_keys (-auth-api-keys) is empty"},
+		"short api key":    {Config{APIKeys: []string{"x"}, SigningKey: testSigningKey}, "api_keys[0] (-auth-api-keys) is 1 bytes"},
 		"negative ttl":     {Config{APIKeys: []string{apiKey}, SigningKey: testSigningKey, TokenTTL: -time.Second}, "token_ttl"},
 		"ttl over the max": {Config{APIKeys: []string{apiKey}, SigningKey: testSigningKey, TokenTTL: 2 * time.Hour}, "token_ttl"},
 	} {

@@ -3,7 +3,7 @@
 // the scripted counterpart of the demo page: smoke tests, load tests and
 // latency measurements use it.
 //
-// # Signaling (DESIGN.md §6)
+// # Signaling (docs/design.md §6)
 //
 //	POST <URL>
 //	Content-Type: application/sdp
@@ -190,6 +190,10 @@ type RestartReport struct {
 	// ResumedMS is when the first audio packet arrived after the answer
 	// was applied.
 	ResumedMS float64 `json:"resumed_ms"`
+	// GapMS is the longest time between two consecutive received audio
+	// packets where the later one arrived after the restart began: the
+	// outage the restart caused, in milliseconds.
+	GapMS float64 `json:"gap_ms"`
 	// ETag is the ICE session's tag after the restart.
 	ETag  string `json:"etag,omitempty"`
 	Error string `json:"error,omitempty"`
@@ -547,8 +551,12 @@ func (c *call) onTrack(t *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 		c.mu.Lock()
 		if len(c.received) == 0 {
 			c.setup.FirstAudioMS = c.sinceStartLocked()
-		} else if gap := now.Sub(c.lastAudio); gap > c.maxGap {
-			c.maxGap = gap
+		} else {
+			gap := now.Sub(c.lastAudio)
+			c.maxGap = max(c.maxGap, gap)
+			if c.restart != nil {
+				c.restart.GapMS = max(c.restart.GapMS, float64(gap.Microseconds())/1000)
+			}
 		}
 		c.lastAudio = now
 		if c.patched && c.restart.ResumedMS == 0 {

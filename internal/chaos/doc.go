@@ -2,7 +2,7 @@
 // switchboard binary (relay, transceivers, echo agent) and a real
 // redis-server as separate processes on loopback, break one part on
 // purpose (kill -9 a relay, Redis or a transceiver, impair the network,
-// make clients vanish) and check the invariants of DESIGN.md §5 while
+// make clients vanish) and check the invariants of docs/design.md §5 while
 // many Pion sessions run. Each test logs its figures on lines starting
 // with "FIGURE"; docs/reliability.md records them, with the command that
 // reproduces them.

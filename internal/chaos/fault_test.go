@@ -79,7 +79,7 @@ func (s *sampler) series(f func(metrics) float64) []float64 {
 const normalGapBoundMS = 1500
 
 // TestTransceiverKill runs sessions on two transceivers registered in
-// Redis and kills one with SIGKILL (DESIGN §5.8: losing a transceiver ends
+// Redis and kills one with SIGKILL (docs/design.md §5.8: losing a transceiver ends
 // only its own sessions, with the backend told). Its clients must see
 // their peer connection fail within ICE's consent bound; the agent must
 // see each of their bridge connections end; the other transceiver's

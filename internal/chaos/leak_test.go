@@ -104,7 +104,7 @@ func waitIdle(t *testing.T, s *stack, timeout time.Duration) (sessionsGone, flow
 }
 
 // TestLeaks runs a full load of sessions to their end, twice, and checks
-// that everything they held is given back (DESIGN §5.9): the relay's
+// that everything they held is given back (docs/design.md §5.9): the relay's
 // flows expire within its idle timeout, the transceiver's and the relay's
 // goroutines return to their baseline from before the load, their live
 // heap to the baseline plus the goroutine descriptors the runtime keeps

@@ -8,7 +8,7 @@ import (
 )
 
 // TestRelayKill kills the relay with SIGKILL under load and starts a new
-// one on the same ports, with an empty flow table (DESIGN §5.7: losing a
+// one on the same ports, with an empty flow table (docs/design.md §5.7: losing a
 // relay loses no session). Three ways back, one subtest each:
 //
 //   - cache: the Redis flow cache only (-flow-cache, -relearn=false): the

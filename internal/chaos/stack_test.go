@@ -87,7 +87,7 @@ func startStack(t *testing.T, cfg stackConfig) *stack {
 		members = append(members, fmt.Sprintf("%d=%s", i+1, hopAddr))
 	}
 	// Every client is 127.0.0.1 here, so the per-source caps on new flows
-	// (DESIGN §5.5, meant for one client per address) are lifted.
+	// (docs/design.md §5.5, meant for one client per address) are lifted.
 	s.relayArgs = []string{"relay", "-public", s.public, "-internal", internal, "-metrics", s.relayOps,
 		"-workers", "2", "-pprof",
 		"-new-flows-per-ip", "1000000", "-max-pending-per-ip", "1000000", "-new-flows-per-second", "1000000"}

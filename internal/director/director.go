@@ -2,7 +2,7 @@
 // offer, which region the client is in and so which cluster the session
 // lives in, then hands the offer to a transceiver of that cluster, telling
 // it the region so that its answer advertises the region's nearest ingress
-// (DESIGN §2.3).
+// (docs/design.md §2.3).
 //
 // The region comes, in order, from:
 //

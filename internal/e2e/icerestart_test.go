@@ -254,8 +254,11 @@ func TestICERestartAudio(t *testing.T) {
 	if rr == nil || rr.Error != "" || rr.ResumedMS == 0 {
 		t.Fatalf("ICE restart did not complete with audio after it: %+v", rr)
 	}
-	t.Logf("ICE restart: answer applied after %.1f ms, audio back after %.1f ms; longest audio gap %.1f ms; %d/%d packets back",
-		rr.PatchMS, rr.ResumedMS, r.MaxGapMS, r.PacketsReceived, r.PacketsSent)
+	t.Logf("ICE restart: answer applied after %.1f ms, audio back after %.1f ms; audio gap across the restart %.1f ms (longest in the call %.1f ms); %d/%d packets back",
+		rr.PatchMS, rr.ResumedMS, rr.GapMS, r.MaxGapMS, r.PacketsReceived, r.PacketsSent)
+	if rr.GapMS == 0 || rr.GapMS > r.MaxGapMS {
+		t.Fatalf("restart gap %.1f ms is not within the call's longest gap %.1f ms", rr.GapMS, r.MaxGapMS)
+	}
 	if r.PayloadMismatches != 0 || !r.DataChannelEchoed {
 		t.Fatalf("echo broken across the restart: %s", r)
 	}

@@ -1,4 +1,4 @@
-// Package flowcache is the relay's shared flow cache in Redis (DESIGN §2.2:
+// Package flowcache is the relay's shared flow cache in Redis (docs/design.md §2.2:
 // "a Redis cache of <client ip:port → transceiver ip:port> lets a relay
 // recover a flow before that next STUN arrives"; docs/relay.md, "Flow
 // cache").

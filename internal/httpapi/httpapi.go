@@ -41,5 +41,7 @@ func WriteError(w http.ResponseWriter, status int, code, msg string) {
 	e.Error.Code, e.Error.Message = code, msg
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(e)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // messages such as "Bearer <token>" read as written
+	_ = enc.Encode(e)
 }

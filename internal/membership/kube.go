@@ -25,7 +25,7 @@ package membership
 // ready and not terminating (starting, or failing their readiness probe)
 // are left out. The source never resolves names and never takes an address
 // from anywhere but the watched EndpointSlices of one Service in one
-// namespace, so DESIGN §3 holds: a relay sends only to those pods.
+// namespace, so docs/design.md §3 holds: a relay sends only to those pods.
 
 import (
 	"context"

@@ -1,7 +1,7 @@
 // Package membership holds a relay's membership table: the transceivers it
 // may forward to, as transceiver id → internal-hop address.
 //
-// The table is the relay's only source of internal destinations (DESIGN §3:
+// The table is the relay's only source of internal destinations (docs/design.md §3:
 // "Nothing a client sends can make a relay send packets to an address outside
 // the membership table"): a routing token names a transceiver id, Lookup
 // resolves it, and Contains gates datagrams arriving on the internal socket.

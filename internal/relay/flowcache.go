@@ -17,7 +17,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
-// The flow cache (DESIGN §2.2, §5.7; docs/relay.md, "Flow cache").
+// The flow cache (docs/design.md §2.2, §5.7; docs/relay.md, "Flow cache").
 //
 // A relay with Config.FlowCache writes every confirmed flow (client →
 // transceiver address, transceiver id, server ufrag) to a store shared by
@@ -439,7 +439,7 @@ func (fc *flowCache) failed(op string, err error) {
 	fc.up.Store(false)
 	if fc.mayLog(t) {
 		fc.r.log.Warn("relay: flow cache unreachable; forwarding without it (misses are dropped as flow_cache_down) until it answers",
-			"op", op, "err", err, "retry_in", time.Duration(b), "next_log_within", fc.p.logEvery)
+			"op", op, "err", err, "retry_in", time.Duration(b).String(), "next_log_within", fc.p.logEvery.String())
 	}
 }
 

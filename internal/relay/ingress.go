@@ -7,7 +7,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/hop"
 )
 
-// Global Relays (DESIGN §2.3) and the cluster relays behind them.
+// Global Relays (docs/design.md §2.3) and the cluster relays behind them.
 //
 // A Global Relay is this relay with Config.Ingress set. It reads the first
 // packet's token like any relay, but routes by the token's cluster id: its

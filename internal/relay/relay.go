@@ -1,6 +1,6 @@
 // Package relay is Switchboard's relay data plane: a thin UDP forwarder
 // between clients on one public VIP:port and the transceivers that own their
-// sessions (DESIGN §2.2, §4; docs/relay.md).
+// sessions (docs/design.md §2.2, §4; docs/relay.md).
 //
 // The relay terminates no protocol and rewrites no payload. Per datagram on
 // the public socket it looks up a flow by client address; on a miss only a
@@ -98,7 +98,7 @@ type Config struct {
 	// syscall per datagram (and forwards datagrams up to 64 KiB; batched
 	// loops forward up to MaxBatchedPayload). 0 means DefaultBatch.
 	Batch int `yaml:"batch"`
-	// Ingress makes this relay a Global Relay (DESIGN §2.3): it routes a
+	// Ingress makes this relay a Global Relay (docs/design.md §2.3): it routes a
 	// token by its cluster id, and the membership table maps cluster ids
 	// to those clusters' relay public addresses, which it forwards to with
 	// the client's address in a hop header. Cluster is then ignored.
@@ -111,7 +111,7 @@ type Config struct {
 	// NoThreadLock leaves the read loops unpinned from their OS threads
 	// (runtime.LockOSThread is the default). For measurement only.
 	NoThreadLock bool `yaml:"no_thread_lock"`
-	// Relearn rebuilds a lost flow from the transceiver's side (DESIGN
+	// Relearn rebuilds a lost flow from the transceiver's side (docs/design.md
 	// §5.7): a datagram from a member naming a client with no flow creates
 	// a confirmed flow from that client to that member, so a restarted
 	// relay forwards replies, and the client's media that follows, at once

@@ -108,7 +108,7 @@ func TestAuthConfigErrors(t *testing.T) {
 		_ = s.Close()
 		t.Fatal("New accepted auth without a signing key and with a short API key")
 	}
-	for _, want := range []string{"signing_key is empty", "api_keys[0]"} {
+	for _, want := range []string{"signing_key (-auth-signing-key) is empty", "api_keys[0]"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}

@@ -53,7 +53,7 @@ type Config struct {
 	// moment ICE connects) or "server" (a=setup:passive; the client's
 	// ClientHello is answered without a HelloVerifyRequest round trip).
 	DTLSRole string `yaml:"dtls_role"`
-	// Auth turns on signaling authentication (internal/auth, DESIGN §6):
+	// Auth turns on signaling authentication (internal/auth, docs/design.md §6):
 	// offers need a client token minted at POST /v1/client_tokens with an
 	// API key; PATCH and DELETE need the session's token or an API key.
 	// The zero value leaves signaling open (the demo).

@@ -22,7 +22,7 @@ const RegionHeader = "X-Switchboard-Region"
 // maxOfferBytes bounds an offer body; real offers are a few KiB.
 const maxOfferBytes = 64 << 10
 
-// Handler returns the signaling API (DESIGN §6):
+// Handler returns the signaling API (docs/design.md §6):
 //
 //	POST   /v1/calls            application/sdp offer → 201, Location, answer
 //	POST   /v1/realtime/calls   the same, for OpenAI Realtime WebRTC clients

@@ -3,7 +3,7 @@
 // clicks "Call", grants the microphone and hears themselves through the
 // echo agent.
 //
-// The page speaks the signaling contract of DESIGN.md §6: it POSTs a
+// The page speaks the signaling contract of docs/design.md §6: it POSTs a
 // complete offer (ICE gathering finished) as application/sdp to
 // /v1/calls (or the URL typed in the page), applies the 201 answer, opens
 // the data channel "oai-events", and DELETEs the Location on hang-up.
