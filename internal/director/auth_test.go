@@ -90,3 +90,39 @@ func TestDirectorAuthConfig(t *testing.T) {
 		t.Fatalf("New with a bad auth config: %v", err)
 	}
 }
+
+// TestDirectorRefusesAtTheEdge: with auth on, the director itself refuses
+// an offer without a valid token, even in front of a transceiver that
+// would take it.
+func TestDirectorRefusesAtTheEdge(t *testing.T) {
+	const apiKey = "sk-0123456789abcdef0123456789abcdef"
+	ac := auth.Config{APIKeys: []string{apiKey}, SigningKey: base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))}
+	hits := 0
+	open := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { hits++; w.WriteHeader(http.StatusCreated) }))
+	defer open.Close()
+	d, err := New(Config{Regions: map[string]Region{"us": {Cluster: "c1"}}, DefaultRegion: "us",
+		Clusters: map[string][]string{"c1": {open.URL}}, Auth: ac}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(d.Handler())
+	defer front.Close()
+	for _, bearer := range []string{"", "garbage"} {
+		req, _ := http.NewRequest(http.MethodPost, front.URL+"/v1/calls", strings.NewReader("v=0"))
+		req.Header.Set("Content-Type", "application/sdp")
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("offer with bearer %q: %d, want 401 from the director", bearer, resp.StatusCode)
+		}
+	}
+	if hits != 0 {
+		t.Fatalf("%d unauthenticated offers reached the transceiver", hits)
+	}
+}

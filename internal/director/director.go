@@ -33,6 +33,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/auth"
 	"github.com/switchboard-rtc/switchboard/internal/httpapi"
@@ -63,8 +64,9 @@ type Config struct {
 	// client IP is then its last entry. Empty trusts none.
 	TrustedProxies []string `yaml:"trusted_proxies"`
 	// Auth, when set, makes the director serve POST /v1/client_tokens
-	// (internal/auth) with the same keys as the transceivers, which check
-	// the tokens: the director passes Authorization through.
+	// (internal/auth) with the same keys as the transceivers and refuse
+	// offers without a valid token (401) before routing them; it passes
+	// Authorization through, and the transceivers check it again.
 	Auth auth.Config `yaml:"auth"`
 }
 
@@ -240,6 +242,13 @@ func (d *Director) Handler() http.Handler {
 }
 
 func (d *Director) handleOffer(w http.ResponseWriter, r *http.Request) {
+	// With auth on, an offer without a valid token stops here instead of
+	// costing a transceiver a request (which checks it again, and binds the
+	// session to it).
+	if _, err := d.auth.Verify(r, time.Now()); err != nil {
+		auth.Unauthorized(w, err)
+		return
+	}
 	region, source := d.Region(r)
 	cluster := d.cfg.Regions[region].Cluster
 	ups := d.clusters[cluster]
