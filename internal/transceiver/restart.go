@@ -50,6 +50,10 @@ var (
 // needs one per network change, not a stream of them.
 const MinRestartInterval = time.Second
 
+// restartTimeout bounds one ICE restart (new answer and gathering, which
+// on the shared mux is immediate).
+const restartTimeout = 5 * time.Second
+
 // lastRestart is what a repeated restart request gets back: a client
 // whose 200 was lost (likely on the network change that made it restart)
 // sends the same fragment again, with the ETag it had before.
@@ -137,6 +141,10 @@ func (s *Server) Restart(ctx context.Context, id, ifMatch, frag string) (answer,
 // applied to its last offer. The caller holds sess.imu.
 func (sess *session) restartICE(ctx context.Context, f sdpfrag.Fragment, lastOffer string) (string, error) {
 	s := sess.srv
+	// The caller holds sess.imu, which end waits for: bound the restart
+	// even if the request's context never ends.
+	ctx, cancel := context.WithTimeout(ctx, restartTimeout)
+	defer cancel()
 	ufrag, pwd, err := s.newCredentials()
 	if err != nil {
 		return "", err
