@@ -88,13 +88,20 @@ func New(addr string, cluster uint16) (*Redis, error) {
 	return r, nil
 }
 
-// options parses New's addr.
+// options parses New's addr. Its errors never repeat a password: an addr
+// with an '@' (where a password would be) is shown only once it parses as
+// a URL whose userinfo holds every '@', and then redacted.
 func options(addr string) (*redis.Options, error) {
 	const want = "want host:port, redis://[[user]:password@]host[:port][/db], or rediss://… for TLS"
+	const unparsed = "flowcache: Redis address has an '@' but does not parse as a redis:// or rediss:// URL (not shown: it may hold a password); percent-encode / # ? @ %% in the password; %s"
+	hasAt := strings.Contains(addr, "@")
 	switch {
 	case addr == "":
 		return nil, errors.New("flowcache: empty Redis address; " + want)
 	case !strings.Contains(addr, "://"):
+		if hasAt {
+			return nil, fmt.Errorf(unparsed, want)
+		}
 		host, port, err := net.SplitHostPort(addr)
 		if err != nil || host == "" || port == "" {
 			return nil, fmt.Errorf("flowcache: Redis address %q is not host:port; %s", addr, want)
@@ -105,15 +112,28 @@ func options(addr string) (*redis.Options, error) {
 		return &redis.Options{Addr: addr}, nil
 	}
 	u, err := url.Parse(addr)
+	if hasAt && (err != nil || u.User == nil || strings.Contains(u.Opaque+u.Host+u.Path+u.RawPath+u.RawQuery+u.Fragment, "@")) {
+		// The password did not end up (whole) in the userinfo, or the
+		// parser's reason may quote a piece of it ("invalid port
+		// \":pw\"", "invalid URL escape \"%zz\""): say nothing of addr.
+		return nil, fmt.Errorf(unparsed, want)
+	}
 	if err != nil {
-		// url.Error repeats the whole URL, password and all: keep its reason only.
+		// No '@', so no password. url.Error repeats the URL; its reason suffices.
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
 		return nil, fmt.Errorf("flowcache: Redis URL does not parse (%v); %s", err, want)
 	}
-	shown := u.Redacted()
+	// The whole userinfo is hidden: a password given as the user name
+	// ("redis://pw@host") is no less a secret.
+	shown := addr
+	if u.User != nil {
+		c := *u
+		c.User = url.User("xxxxx")
+		shown = c.String()
+	}
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
 		return nil, fmt.Errorf("flowcache: Redis URL %q: scheme %q; %s", shown, u.Scheme, want)
 	}

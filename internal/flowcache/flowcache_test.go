@@ -175,9 +175,24 @@ func TestURL(t *testing.T) {
 		{"redis://:pw-secret@redis.example:99999999", "port"},
 		{"redis://:pw-secret@redis example:6379", "does not parse"},
 		{"redis.example:0", "port"},
+		// Not URLs, or URLs whose password is not where it belongs:
+		// nothing of the address is echoed (the parser's reasons quote
+		// pieces of it).
+		{"redis:/:pw-secret@redis.example:6379", "percent-encode"},
+		{"redis//:pw-secret@redis.example:6379", "percent-encode"},
+		{":pw-secret@redis.example:6379", "percent-encode"},
+		{"pw-secret@redis.example:6379", "percent-encode"},
+		{"redis://:pw-secret/x@redis.example:6379", "percent-encode"},
+		{"redis://user:pw-secret#x@redis.example:6379", "percent-encode"},
+		{"redis://user:pw-secret?x@redis.example:6379", "percent-encode"},
+		{"redis://:pw-secret%zz@redis.example:6379", "percent-encode"},
+		{"redis://:%zzpw-secret@redis.example:6379", "percent-encode"},
+		{"redis://u:6379/pw-secret@redis.example:6379", "percent-encode"},
+		{"redis://pw-secret@redis.example:6379/x", "invalid database number"},
+		{"http://pw-secret@redis.example:6379", `scheme "http"`},
 	} {
 		_, err := New(tt.addr, 3)
-		if err == nil || !strings.Contains(err.Error(), tt.says) || !strings.Contains(err.Error(), "rediss://") || strings.Contains(err.Error(), "pw-secret") {
+		if err == nil || !strings.Contains(err.Error(), tt.says) || !strings.Contains(err.Error(), "rediss://") || strings.Contains(err.Error(), "pw-secret") || strings.Contains(err.Error(), "%zz") {
 			t.Errorf("New(%q) = %v; want an error saying %q and what to write, without the password", tt.addr, err, tt.says)
 		}
 	}
