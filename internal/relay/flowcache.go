@@ -56,7 +56,12 @@ import (
 // held datagrams go to the transceiver with the hop header, in arrival
 // order, from an internal socket. A miss is remembered (negative entry)
 // for a short time, so a client's stream costs one lookup, not one per
-// datagram; so is a restore a cap refused, for less time. A client whose
+// datagram; so is a restore a cap refused, for less time. Both apply
+// only to datagrams that come the way the looked-up one did (the same
+// Global Relay, or direct): anyone can send one with the client's
+// address, and one sent another way must not keep the client's own from
+// a lookup; while a lookup is out, datagrams that come another way than
+// the first are dropped (stale), not held. A client whose
 // bucket is full takes the slot of the negative entry expiring first.
 // Datagrams whose answer comes after hold are dropped
 // (flow_cache_timeout); every held datagram ends forwarded or counted
@@ -147,7 +152,7 @@ const (
 
 type holdEntry struct {
 	key   addrKey
-	via   addrKey // holdLookup: the first datagram's Global Relay; zero: direct
+	via   addrKey // the first held datagram's Global Relay (zero: direct); a negative entry applies only to datagrams that came the same way
 	until int64   // holdLookup: mono ns the first datagram was held; holdNegative: expiry
 	state uint8
 	why   DropReason // holdNegative: the reason its datagrams are dropped
@@ -297,6 +302,7 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 		return netip.AddrPort{}, DropTooBig
 	}
 	k := keyOf(client)
+	vk := viaKey(via)
 	src := fc.source(&k)
 	bucket, st := fc.bucket(&k)
 	st.mu.Lock()
@@ -304,9 +310,19 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 	e := find(bucket, k)
 	switch {
 	case e == nil:
-	case e.state == holdNegative && t < e.until:
+	case e.state == holdNegative && t < e.until && e.via == vk:
+		// Only for datagrams that came the way the remembered one did:
+		// anyone can send one with the client's address, and one sent
+		// another way (direct for a client behind a Global Relay, say)
+		// must not keep the real client's datagrams from a lookup.
 		return netip.AddrPort{}, e.why
 	case e.state == holdLookup:
+		if e.via != vk {
+			// Not the way the first held datagram came: the restored
+			// flow (if any) could not be this one's (resolve checks the
+			// first one's way against the entry's).
+			return netip.AddrPort{}, DropFlowCacheStale
+		}
 		if t-e.until >= int64(fc.p.hold) {
 			// Its lookup is late (a slow store): this one would only wait
 			// to be dropped, pinning a buffer.
@@ -320,7 +336,7 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 			return netip.AddrPort{}, DropFlowCacheHoldFull
 		}
 		return netip.AddrPort{}, heldForCache
-	default: // an expired negative entry: reuse it
+	default: // a negative entry expired, or for another way: reuse it
 		e.state = holdFree
 	}
 	// No lookup under way. The resolver restores a flow and removes its
@@ -337,7 +353,7 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 			return netip.AddrPort{}, DropFlowCacheHoldFull
 		}
 	}
-	*e = holdEntry{key: k, via: viaKey(via), until: t, state: holdLookup}
+	*e = holdEntry{key: k, via: vk, until: t, state: holdLookup}
 	if !fc.park(e, pkt) {
 		e.state = holdFree
 		fc.give(src, 1, 1)

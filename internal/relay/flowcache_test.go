@@ -830,3 +830,49 @@ func TestFlowCacheCapRefusalRemembered(t *testing.T) {
 	eventually(t, "looked up again", func() bool { return r.Stats().FlowCache.Hits >= 2 })
 	expectNothing(t, e.tr)
 }
+
+// TestFlowCacheSpoofedPathDoesNotBlock: one datagram with the address of
+// a client behind a Global Relay, sent another way (here directly), must
+// not keep the client's own datagrams, through its Global Relay, from
+// restoring its flow: the stale answer it gets is remembered only for
+// datagrams that come its way. And a datagram arriving another way than
+// the first held one while its lookup is out is dropped, not held: the
+// restored flow could not be its.
+func TestFlowCacheSpoofedPathDoesNotBlock(t *testing.T) {
+	f := newFixture(t, Config{FlowCache: nopCache{}, TrustedIngress: []string{"127.0.0.0/8"}})
+	fc := f.r.fc
+	fc.sock = udp(t) // restored datagrams go out from it (to t7, nobody)
+	gr := netip.MustParseAddrPort("127.0.0.1:9999")
+	c := netip.MustParseAddrPort("198.51.100.20:5000")
+	uf, _ := ufragWords([]byte(mint(t, f.keys, testCluster, 7, f.now)))
+	val := appendCachedFlow(nil, &flowInfo{dst: t7, tr: 7, ufrag: uf, via: gr})
+	dtls := []byte{22, 0xfe, 0xfd, 0, 0, 0, 1}
+	framed := append(hop.AppendHeader(nil, hop.TypeData, c), dtls...)
+	tm := f.r.mono(f.now)
+
+	// The spoofed direct datagram: held, looked up, stale.
+	if _, _, drop := f.pub(c, dtls); drop != heldForCache {
+		t.Fatalf("spoof: %v", drop)
+	}
+	fc.resolve(<-fc.lookups, val, tm)
+	// More of the same are dropped without a lookup.
+	if _, _, drop := f.pub(c, dtls); drop != DropFlowCacheStale || len(fc.lookups) != 0 {
+		t.Fatalf("spoof again: %v, %d lookups", drop, len(fc.lookups))
+	}
+	// The real client, through its Global Relay: looked up, restored.
+	if _, _, drop := f.pub(gr, framed); drop != heldForCache || len(fc.lookups) != 1 {
+		t.Fatalf("the real client's datagram through its Global Relay: %v, %d lookups", drop, len(fc.lookups))
+	}
+	// Meanwhile, a direct datagram with its address is not held with it.
+	before := fc.held.Load()
+	if _, _, drop := f.pub(c, dtls); drop != DropFlowCacheStale || fc.held.Load() != before {
+		t.Fatalf("another way during the lookup: %v, held %d → %d", drop, before, fc.held.Load())
+	}
+	fc.resolve(<-fc.lookups, val, tm)
+	if fl, ok := f.r.flows.get(keyOf(c)); !ok || fl.via != gr || fl.dst != t7 || !fl.confirmed {
+		t.Fatalf("not restored through the Global Relay: %+v %v", fl, ok)
+	}
+	if s := f.r.Stats(); s.FlowsRestored != 1 {
+		t.Fatalf("%d flows restored", s.FlowsRestored)
+	}
+}
