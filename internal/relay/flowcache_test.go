@@ -876,3 +876,32 @@ func TestFlowCacheSpoofedPathDoesNotBlock(t *testing.T) {
 		t.Fatalf("%d flows restored", s.FlowsRestored)
 	}
 }
+
+// TestFlowCacheRestoreKeepsNewFlow: a pending flow admitted (the client's
+// Binding request, forwarded to its transceiver) after restore's lookup
+// found none and before it inserts is kept: not overwritten with the
+// cached destination and confirmed, so the transceiver's answer to the
+// request still gets through.
+func TestFlowCacheRestoreKeepsNewFlow(t *testing.T) {
+	f := newFixture(t, Config{FlowCache: nopCache{}})
+	f.r.flows.restoreGap = func() {
+		if to, _, drop := f.pub(c1, f.good(8)); drop != dropNone || to != t8 {
+			t.Fatalf("admit: %v %v", to, drop)
+		}
+	}
+	uf := []byte(mint(t, f.keys, testCluster, 7, f.now))
+	dst, drop := f.r.flows.restore(c1, t7, netip.AddrPort{}, 7, uf, f.r.mono(f.now))
+	if drop != dropNone || dst != t8 {
+		t.Fatalf("restore: %v %v, want the admitted flow's %v", dst, drop, t8)
+	}
+	fl, _ := f.r.flows.get(keyOf(c1))
+	if fl.dst != t8 || fl.tr != 8 || fl.confirmed {
+		t.Fatalf("flow after restore: %+v, want admit's pending flow to %v", fl, t8)
+	}
+	if s := f.r.Stats(); s.FlowsRestored != 0 {
+		t.Fatalf("%d flows restored", s.FlowsRestored)
+	}
+	if _, _, drop := f.internal(t8, c1, []byte{0x01, 0x01, 0, 0}); drop != dropNone {
+		t.Fatalf("transceiver 8's answer to the Binding request admit forwarded: %v", drop)
+	}
+}

@@ -153,6 +153,9 @@ type flowTable struct {
 	// becomes confirmed or is re-pointed confirmed (the flow cache's
 	// writer queue, flowcache.go). It must not block. Set before use.
 	onConfirm func(addrKey)
+	// restoreGap, if set (tests), runs in restore between its lock-free
+	// lookup and its insert: where admit's pending flow may land.
+	restoreGap func()
 }
 
 func newFlowTable(max int) *flowTable {
@@ -401,8 +404,18 @@ func (t *flowTable) restore(client, to, via netip.AddrPort, transceiver uint32, 
 	if v, ok := t.lookup(k, h, now); ok {
 		return v.dst.addrPort(), dropNone
 	}
-	if drop := t.upsertVia(client, to, via, transceiver, ufrag, now); drop != dropNone {
+	if t.restoreGap != nil {
+		t.restoreGap()
+	}
+	// Insert only: a flow made since the lookup above (admit's pending
+	// one, whose Binding request went to its transceiver) is kept, not
+	// overwritten and confirmed to the cached destination.
+	cur, existed, drop := t.put(client, to, via, transceiver, ufrag, now, true)
+	if drop != dropNone {
 		return dst, drop
+	}
+	if existed {
+		return cur.addrPort(), dropNone
 	}
 	t.confirm(k, h, keyOf(to))
 	t.restored.Add(1)
@@ -526,6 +539,14 @@ func viaKey(via netip.AddrPort) addrKey {
 // ingress relay via (a Global Relay), where replies must go back; an
 // invalid via means the client is directly attached.
 func (t *flowTable) upsertVia(client, dst, via netip.AddrPort, transceiver uint32, ufrag []byte, now int64) DropReason {
+	_, _, drop := t.put(client, dst, via, transceiver, ufrag, now, false)
+	return drop
+}
+
+// put is upsertVia; with insertOnly, a flow client has already is left
+// as it is (but for its last-seen time, as a lookup) and its destination
+// returned with existed true.
+func (t *flowTable) put(client, dst, via netip.AddrPort, transceiver uint32, ufrag []byte, now int64, insertOnly bool) (cur addrKey, existed bool, drop DropReason) {
 	k, dk, vk := keyOf(client), keyOf(dst), viaKey(via)
 	uw, _ := ufragWords(ufrag)
 	h := t.hash(&k)
@@ -540,27 +561,35 @@ func (t *flowTable) upsertVia(client, dst, via netip.AddrPort, transceiver uint3
 	for ; ; i = (i + 1) & tab.mask {
 		got := keyWords(&tab.slots[i].key) // the mutex excludes other writers
 		if got == want {
+			if insertOnly {
+				if tab.slots[i].last.Load() < now {
+					tab.slots[i].last.Store(now)
+				}
+				cur = keyWords(&tab.slots[i].dst)
+				cur[2] &^= dstConfirmed
+				return cur, true, dropNone
+			}
 			c := &tab.cold[i]
-			var cur [token.Len / 8]uint64
-			for j := range cur {
-				cur[j] = c.ufrag[j].Load()
+			var had [token.Len / 8]uint64
+			for j := range had {
+				had[j] = c.ufrag[j].Load()
 			}
 			d := keyWords(&tab.slots[i].dst)
 			d[2] &^= dstConfirmed
-			if d == dk && cur == uw && keyWords(&c.via) == vk {
+			if d == dk && had == uw && keyWords(&c.via) == vk {
 				tab.slots[i].last.Store(now)
-				return dropNone
+				return cur, false, dropNone
 			}
 			// A new token: route to its transceiver, pending until it answers.
 			if tab.slots[i].dst[2].Load()&dstConfirmed != 0 {
 				if drop := t.lim.acquire(&k, now); drop != dropNone {
-					return drop
+					return cur, false, drop
 				}
 				t.pending.Add(1)
 			}
 			tab.write(i, want, dk, vk, uint64(transceiver), now, now, uw)
 			t.created.Add(1)
-			return dropNone
+			return cur, false, dropNone
 		}
 		st := state(got)
 		if st == stateTomb && free < 0 {
@@ -572,11 +601,11 @@ func (t *flowTable) upsertVia(client, dst, via netip.AddrPort, transceiver uint3
 	}
 	if t.n.Add(1) > t.max {
 		t.n.Add(-1)
-		return DropFlowTableFull
+		return cur, false, DropFlowTableFull
 	}
 	if drop := t.lim.acquire(&k, now); drop != dropNone {
 		t.n.Add(-1)
-		return drop
+		return cur, false, drop
 	}
 	if free >= 0 {
 		i = uint64(free)
@@ -590,7 +619,7 @@ func (t *flowTable) upsertVia(client, dst, via netip.AddrPort, transceiver uint3
 	tab.live++
 	t.pending.Add(1)
 	t.created.Add(1)
-	return dropNone
+	return cur, false, dropNone
 }
 
 // rehash copies the live flows of old into a new table sized for need
