@@ -536,6 +536,12 @@ func (fc *flowCache) resolveLoop(ctx context.Context) {
 		// (flow_cache_timeout below), but is not down.
 		lctx, cancel := context.WithTimeout(ctx, fc.p.getTimeout)
 		err := fc.store.Get(lctx, clients, values[:len(live)])
+		// Before cancel, which would make lctx's error Canceled. A store
+		// need not return the context's error on a timeout: go-redis
+		// returns the socket's "i/o timeout" (its read deadline is lctx's).
+		// (Its deadline, too: the socket's timer may fire before lctx's.)
+		dl, _ := lctx.Deadline()
+		timedOut := lctx.Err() == context.DeadlineExceeded || !time.Now().Before(dl)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -550,7 +556,7 @@ func (fc *flowCache) resolveLoop(ctx context.Context) {
 			fc.lookedUp[lookupError].Add(uint64(len(live)))
 			fc.failed("get", err)
 			reason := DropFlowCacheDown
-			if errors.Is(err, context.DeadlineExceeded) {
+			if timedOut || errors.Is(err, context.DeadlineExceeded) {
 				reason = DropFlowCacheTimeout
 			}
 			for _, k := range live {

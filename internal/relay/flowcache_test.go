@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -903,5 +904,48 @@ func TestFlowCacheRestoreKeepsNewFlow(t *testing.T) {
 	}
 	if _, _, drop := f.internal(t8, c1, []byte{0x01, 0x01, 0, 0}); drop != dropNone {
 		t.Fatalf("transceiver 8's answer to the Binding request admit forwarded: %v", drop)
+	}
+}
+
+// TestFlowCacheRedisTimeout: a real Redis that does not answer within the
+// Get timeout (paused with CLIENT PAUSE) costs the held datagrams as
+// flow_cache_timeout, not flow_cache_down, though go-redis reports the
+// timeout as its socket's "i/o timeout", not the context's error. (It
+// still backs off: no answer within the Get timeout is a failure.)
+func TestFlowCacheRedisTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	store := newCache(t, srv.Addr)
+	p := defaultCacheParams
+	p.getTimeout = 100 * time.Millisecond
+	f := newFixture(t, Config{FlowCache: store, cacheParams: &p})
+	fc := f.r.fc
+	// Connected before the pause.
+	if err := store.Get(context.Background(), []netip.AddrPort{c1}, make([][]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("CLIENT PAUSE 1000 ALL\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(conn).ReadString('\n'); err != nil || line != "+OK\r\n" {
+		t.Fatalf("CLIENT PAUSE: %q %v", line, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	f.r.wg.Add(1)
+	wg.Go(func() { fc.resolveLoop(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	buf := make([]byte, hop.MaxHeaderLen+32)
+	copy(buf[hop.MaxHeaderLen:], mediaPkt(1))
+	if _, _, drop := f.r.handlePublic(c1, buf, time.Now()); drop != heldForCache {
+		t.Fatalf("held: %v", drop)
+	}
+	eventually(t, "the lookup failed", func() bool { return f.r.Stats().FlowCache.Errors == 1 })
+	if s := f.r.Stats(); s.Drops[DropFlowCacheTimeout] != 1 || s.Drops[DropFlowCacheDown] != 0 || s.FlowCache.Up {
+		t.Fatalf("a Get timing out: timeout %d, down %d drops, up %v", s.Drops[DropFlowCacheTimeout], s.Drops[DropFlowCacheDown], s.FlowCache.Up)
 	}
 }
