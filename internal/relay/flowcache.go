@@ -172,10 +172,11 @@ const (
 	lookupMiss         // no entry
 	lookupStale        // an entry that does not decode or names a non-member
 	lookupError        // the Get failed or timed out
+	lookupRefused      // a good entry whose restore a cap refused (flow_table_full, source_rate_limit, …)
 	numLookupResults
 )
 
-var lookupNames = [numLookupResults]string{"hit", "miss", "stale", "error"}
+var lookupNames = [numLookupResults]string{"hit", "miss", "stale", "error", "refused"}
 
 // Write results, indexing flowCache.writes.
 const (
@@ -640,14 +641,6 @@ func (fc *flowCache) resolve(k addrKey, val []byte, t int64) {
 		// restored flow's replies would follow it.
 		why = DropFlowCacheStale
 	}
-	switch why {
-	case DropFlowCacheMiss:
-		fc.lookedUp[lookupMiss].Add(1)
-	case DropFlowCacheStale:
-		fc.lookedUp[lookupStale].Add(1)
-	default:
-		fc.lookedUp[lookupHit].Add(1)
-	}
 	late := t-e.until >= int64(fc.p.hold)
 	n := int(e.n)
 	copy(bufs[:], e.bufs[:n])
@@ -668,6 +661,17 @@ func (fc *flowCache) resolve(k addrKey, val []byte, t int64) {
 			// client would cost a lookup for as long as the cap holds.
 			negUntil = t + int64(fc.p.capped)
 		}
+	}
+	// Counted once restore has said: a restore a cap refused is no hit.
+	switch why {
+	case dropNone:
+		fc.lookedUp[lookupHit].Add(1)
+	case DropFlowCacheMiss:
+		fc.lookedUp[lookupMiss].Add(1)
+	case DropFlowCacheStale:
+		fc.lookedUp[lookupStale].Add(1)
+	default:
+		fc.lookedUp[lookupRefused].Add(1)
 	}
 	if negUntil != 0 {
 		e.state, e.until, e.why = holdNegative, negUntil, why

@@ -41,7 +41,7 @@ func newCollector(r *Relay) *collector {
 		c.cacheHeld = prometheus.NewDesc("switchboard_relay_flow_cache_held_total",
 			"Datagrams from clients without a flow held while the flow cache was asked; each is then forwarded (packets_total) or dropped under a flow_cache_* or cap reason.", nil, nil)
 		c.cacheLookups = prometheus.NewDesc("switchboard_relay_flow_cache_lookups_total",
-			"Clients looked up in the flow cache, by result (hit, miss, stale: undecodable or not a member, error).", []string{"result"}, nil)
+			"Clients looked up in the flow cache, by result (hit: restored, or the client had a flow meanwhile; miss; stale: undecodable, not a member or another way; error; refused: restore refused by a cap).", []string{"result"}, nil)
 		c.cacheWrites = prometheus.NewDesc("switchboard_relay_flow_cache_writes_total",
 			"Confirmed flows written to the flow cache, by result (ok, error, skipped: cache backing off or write queue full; the next refresh pass writes them).", []string{"result"}, nil)
 	}
@@ -86,7 +86,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.restored, prometheus.CounterValue, float64(s.FlowsRestored))
 	ch <- prometheus.MustNewConstMetric(c.cacheUp, prometheus.GaugeValue, up)
 	ch <- prometheus.MustNewConstMetric(c.cacheHeld, prometheus.CounterValue, float64(fs.Held))
-	for i, v := range [numLookupResults]uint64{fs.Hits, fs.Misses, fs.Stale, fs.Errors} {
+	for i, v := range [numLookupResults]uint64{fs.Hits, fs.Misses, fs.Stale, fs.Errors, fs.Refused} {
 		ch <- prometheus.MustNewConstMetric(c.cacheLookups, prometheus.CounterValue, float64(v), lookupNames[i])
 	}
 	for i, v := range [numWriteResults]uint64{fs.WritesOK, fs.WritesFailed, fs.WritesSkipped} {

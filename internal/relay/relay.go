@@ -714,7 +714,7 @@ type FlowCacheStats struct {
 	// Forwarded counts held datagrams sent to a transceiver.
 	Forwarded uint64
 	// Lookups are clients looked up, by result.
-	Hits, Misses, Stale, Errors uint64
+	Hits, Misses, Stale, Errors, Refused uint64
 	// Writes are flows written (OK), in a failed write (Failed), or not
 	// written because the cache was backing off or the queue was full (Skipped).
 	WritesOK, WritesFailed, WritesSkipped uint64
@@ -754,6 +754,7 @@ func (r *Relay) Stats() Stats {
 			Misses:        fc.lookedUp[lookupMiss].Load(),
 			Stale:         fc.lookedUp[lookupStale].Load(),
 			Errors:        fc.lookedUp[lookupError].Load(),
+			Refused:       fc.lookedUp[lookupRefused].Load(),
 			WritesOK:      fc.writes[writeOK].Load(),
 			WritesFailed:  fc.writes[writeError].Load(),
 			WritesSkipped: fc.writes[writeSkipped].Load(),
