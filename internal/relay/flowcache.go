@@ -168,11 +168,11 @@ type holdStripe struct {
 
 // Lookup results, indexing flowCache.lookedUp.
 const (
-	lookupHit   = iota // restored, or the client had a flow meanwhile
-	lookupMiss         // no entry
-	lookupStale        // an entry that does not decode or names a non-member
-	lookupError        // the Get failed or timed out
-	lookupRefused      // a good entry whose restore a cap refused (flow_table_full, source_rate_limit, …)
+	lookupHit     = iota // restored, or the client had a flow meanwhile
+	lookupMiss           // no entry
+	lookupStale          // an entry that does not decode or names a non-member
+	lookupError          // the Get failed or timed out
+	lookupRefused        // a good entry whose restore a cap refused (flow_table_full, source_rate_limit, …)
 	numLookupResults
 )
 
