@@ -110,7 +110,7 @@ const (
 type cacheParams struct {
 	ttl        time.Duration // lifetime of a written entry; 0: 2×IdleTimeout
 	refresh    time.Duration // refresh pass interval; 0: IdleTimeout/2
-	hold       time.Duration // longest a datagram waits for its lookup
+	hold       time.Duration // a datagram is dropped past it; one whose Get is out waits for it: at most hold+getTimeout
 	negative   time.Duration // how long a miss (or a stale entry) is remembered
 	capped     time.Duration // how long a restore refused by a cap is remembered
 	minBackoff time.Duration // first back-off after a failure; doubles
