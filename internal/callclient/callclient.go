@@ -395,14 +395,7 @@ func (c *call) restartICE(ctx context.Context, stop <-chan struct{}, httpc *http
 	c.restartAt = time.Now()
 	c.restart = rep
 	c.mu.Unlock()
-	header := c.opts.Header.Clone()
-	if c.opts.AuthToken != "" {
-		if header == nil {
-			header = http.Header{}
-		}
-		header.Set("Authorization", "Bearer "+c.opts.AuthToken)
-	}
-	tag, err := RestartICE(ctx, httpc, pc, session, etag, header)
+	tag, err := RestartICE(ctx, httpc, pc, session, etag, c.header())
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
@@ -678,14 +671,24 @@ func (c *call) delete(ctx context.Context, httpc *http.Client, session *url.URL)
 }
 
 func (c *call) authorize(req *http.Request) {
-	for k, vs := range c.opts.Header {
+	for k, vs := range c.header() {
 		for _, v := range vs {
 			req.Header.Add(k, v)
 		}
 	}
+}
+
+// header returns the headers every signaling request carries:
+// Options.Header, and the bearer token when set.
+func (c *call) header() http.Header {
+	h := c.opts.Header.Clone()
 	if c.opts.AuthToken != "" {
-		req.Header.Set("Authorization", "Bearer "+c.opts.AuthToken)
+		if h == nil {
+			h = http.Header{}
+		}
+		h.Set("Authorization", "Bearer "+c.opts.AuthToken)
 	}
+	return h
 }
 
 // closePeerConnection closes pc and waits for the read loops.

@@ -18,10 +18,19 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/webrtctest"
 )
 
+// dialed is a bare Pion client connected through a stack.
+type dialed struct {
+	pc         *webrtc.PeerConnection
+	dc         *webrtc.DataChannel // oai-events, open
+	msgs       <-chan string       // messages received on dc
+	dtlsClosed <-chan struct{}     // closed when DTLS closes
+	session    string              // absolute session URL (Location)
+	etag       string              // the POST's ETag
+}
+
 // dial connects a bare Pion client with audio and an oai-events channel
-// through the stack and returns it once the channel is open, with a
-// channel of the messages it receives and one closed when DTLS closes.
-func dial(t *testing.T, s *stack) (*webrtc.PeerConnection, <-chan string, <-chan struct{}) {
+// through the stack and returns it once the channel is open.
+func dial(t *testing.T, s *stack) dialed {
 	t.Helper()
 	pc := webrtctest.PeerConnection(t)
 	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
@@ -59,7 +68,8 @@ func dial(t *testing.T, s *stack) (*webrtc.PeerConnection, <-chan string, <-chan
 	case <-time.After(10 * time.Second):
 		t.Fatal("data channel did not open")
 	}
-	return pc, msgs, dtlsClosed
+	return dialed{pc: pc, dc: dc, msgs: msgs, dtlsClosed: dtlsClosed,
+		session: s.signaling.URL + resp.Header.Get("Location"), etag: resp.Header.Get("ETag")}
 }
 
 // TestDrain: a draining transceiver refuses new sessions with 503 and
@@ -69,7 +79,8 @@ func dial(t *testing.T, s *stack) (*webrtc.PeerConnection, <-chan string, <-chan
 func TestDrain(t *testing.T) {
 	var logs logbuf.Buffer
 	s := startStackWithLog(t, 3, slog.New(slog.NewJSONHandler(&logs, nil)))
-	_, msgs, dtlsClosed := dial(t, s)
+	c := dial(t, s)
+	msgs, dtlsClosed := c.msgs, c.dtlsClosed
 
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()

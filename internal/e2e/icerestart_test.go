@@ -15,8 +15,6 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/sdpfrag"
-	"github.com/switchboard-rtc/switchboard/internal/transceiver"
-	"github.com/switchboard-rtc/switchboard/internal/webrtctest"
 )
 
 // TestICERestart: a PATCH with the client's new credentials (RFC 9725
@@ -26,19 +24,9 @@ import (
 // one with the new does); a stale ETag gets 412 and none gets 428.
 func TestICERestart(t *testing.T) {
 	s := startStack(t, 21)
-	pc := webrtctest.PeerConnection(t)
-	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
-		t.Fatal(err)
-	}
-	dc, err := pc.CreateDataChannel(transceiver.EventsLabel, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	open := make(chan struct{})
-	echoes := make(chan string, 16)
-	dc.OnOpen(func() { close(open) })
-	dc.OnMessage(func(m webrtc.DataChannelMessage) { echoes <- string(m.Data) })
-	var failed = make(chan struct{}, 1)
+	c := dial(t, s)
+	pc, dc, echoes, session, etag := c.pc, c.dc, c.msgs, c.session, c.etag
+	failed := make(chan struct{}, 1)
 	pc.OnConnectionStateChange(func(st webrtc.PeerConnectionState) {
 		if st == webrtc.PeerConnectionStateFailed || st == webrtc.PeerConnectionStateClosed {
 			select {
@@ -47,26 +35,6 @@ func TestICERestart(t *testing.T) {
 			}
 		}
 	})
-
-	resp, err := http.Post(s.signaling.URL+"/v1/calls", "application/sdp", strings.NewReader(webrtctest.Offer(t, pc)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("offer: %d %s", resp.StatusCode, answer)
-	}
-	session := s.signaling.URL + resp.Header.Get("Location")
-	etag := resp.Header.Get("ETag")
-	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-open:
-	case <-time.After(10 * time.Second):
-		t.Fatal("data channel did not open")
-	}
 	before, err := sdpfrag.FromSDP(pc.RemoteDescription().SDP)
 	if err != nil {
 		t.Fatal(err)
