@@ -40,7 +40,6 @@ var commands = []struct {
 	{"agent", "run the echo agent (a bridge backend)", runAgent},
 	{"director", "run the signaling director (routes offers to a region's cluster)", runDirector},
 	{"call", "run one call against a signaling URL and print a JSON report", runCall},
-	{"bench", "benchmark the relay against a raw loop, a naive proxy and coturn (bench relay [-quick])", runBench},
 }
 
 func usage(w io.Writer) {

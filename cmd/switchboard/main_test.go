@@ -18,7 +18,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/switchboard-rtc/switchboard/internal/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

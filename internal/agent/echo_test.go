@@ -15,7 +15,7 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
-	"github.com/switchboard-rtc/switchboard/internal/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

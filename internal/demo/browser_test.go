@@ -15,8 +15,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/switchboard-rtc/switchboard/internal/chromium"
-	"github.com/switchboard-rtc/switchboard/internal/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/chromium"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
 // The browser test drives a real Chromium through the whole demo: the page

@@ -15,9 +15,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
-	"github.com/switchboard-rtc/switchboard/internal/webrtctest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/switchboard-rtc/switchboard/internal/flowcache/redistest"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/redistest"
 )
 
 func TestMain(m *testing.M) {

@@ -17,9 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-rtc/switchboard/internal/flowcache"
-	"github.com/switchboard-rtc/switchboard/internal/flowcache/redistest"
 	"github.com/switchboard-rtc/switchboard/internal/hop"
-	"github.com/switchboard-rtc/switchboard/internal/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/redistest"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 

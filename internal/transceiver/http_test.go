@@ -16,8 +16,8 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/httpapi"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
 	"github.com/switchboard-rtc/switchboard/internal/token"
-	"github.com/switchboard-rtc/switchboard/internal/webrtctest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -12,25 +12,25 @@ import (
 	"strings"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/bench"
-	"github.com/switchboard-rtc/switchboard/internal/setupbench"
+	relaybench "github.com/switchboard-rtc/switchboard/bench/relay"
+	"github.com/switchboard-rtc/switchboard/bench/setup"
 )
 
-// runBench is `switchboard bench relay` (the benchmark, docs/benchmarks.md)
-// and `switchboard bench serve` (one system under test, started by the
-// benchmark as a pinned child process).
+// runBench is `switchboard-bench relay` (the benchmark, docs/benchmarks.md),
+// `switchboard-bench setup` and `switchboard-bench serve` (one system under
+// test, started by the relay benchmark as a pinned child process).
 func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 || (args[0] != "relay" && args[0] != "serve" && args[0] != "setup") {
-		fmt.Fprintln(os.Stderr, "usage: switchboard bench relay [-quick] [-runs N] [-systems list]\n       switchboard bench setup [-rtt 50ms] [-runs N] [-paths list] [-client pion|chromium]\n       switchboard bench serve ... (internal: a system under test)")
-		return flag.ErrHelp
+		usage()
+		return fmt.Errorf("unknown benchmark %q", args[0])
 	}
 	if args[0] == "setup" {
 		return runBenchSetup(ctx, args[1:], stdout)
 	}
 	if args[0] == "serve" {
-		return bench.Serve(ctx, args[1:], stdout)
+		return relaybench.Serve(ctx, args[1:], stdout)
 	}
-	fs := flag.NewFlagSet("bench relay", flag.ContinueOnError)
+	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	quick := fs.Bool("quick", false, "smoke run: one run, short steps (about a minute)")
 	runs := fs.Int("runs", 0, "runs per system (median); 0 means 3, or 1 with -quick")
 	systems := fs.String("systems", "", "comma-separated systems: raw, relay, relay-nobatch, relay-nolock, naive, coturn (default all)")
@@ -40,7 +40,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
-	opt := bench.Defaults(*quick)
+	opt := relaybench.Defaults(*quick)
 	if *runs > 0 {
 		opt.Runs = *runs
 	}
@@ -55,16 +55,16 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	opt.Serve = func(a []string) *exec.Cmd { return exec.Command(exe, append([]string{"bench", "serve"}, a...)...) }
+	opt.Serve = func(a []string) *exec.Cmd { return exec.Command(exe, append([]string{"serve"}, a...)...) }
 	opt.Log = os.Stderr
-	return bench.Run(ctx, opt, stdout)
+	return relaybench.Run(ctx, opt, stdout)
 }
 
-// runBenchSetup is `switchboard bench setup`: call setup time, POST to first
+// runBenchSetup is `switchboard-bench setup`: call setup time, POST to first
 // audio at the backend, over direct, relay, Global Relay and TURN paths
-// with an added round-trip time (internal/setupbench).
+// with an added round-trip time (bench/setup).
 func runBenchSetup(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("bench setup", flag.ContinueOnError)
+	fs := flag.NewFlagSet("setup", flag.ContinueOnError)
 	rtt := fs.Duration("rtt", 50*time.Millisecond, "round-trip time added between client and server (half each way)")
 	runs := fs.Int("runs", 10, "calls per path and DTLS role (median)")
 	paths := fs.String("paths", "", "comma-separated paths: direct, relay, global, turn (default all)")

@@ -18,8 +18,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
-	"github.com/switchboard-rtc/switchboard/internal/chromium"
-	"github.com/switchboard-rtc/switchboard/internal/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/chromium"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
 // Clients.

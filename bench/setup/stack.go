@@ -21,9 +21,9 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
-	"github.com/switchboard-rtc/switchboard/internal/impair"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/impair"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 	"github.com/switchboard-rtc/switchboard/internal/web"

@@ -1,4 +1,4 @@
-// Package bench is `switchboard bench relay`: it measures Switchboard's
+// Package relaybench is `switchboard bench relay`: it measures Switchboard's
 // relay against a raw UDP ceiling, a naive Go proxy and coturn, on one
 // machine in one run, and prints a markdown table (docs/benchmarks.md).
 //
@@ -15,7 +15,7 @@
 // saturation (from 20k pps, ×1.3 per step; capacity is the best step with
 // at most 1% loss), then latency steps at 10%, 50% and 80% of that system's own
 // capacity. Each number in the table is the median over Runs runs.
-package bench
+package relaybench
 
 import (
 	"bufio"

@@ -13,9 +13,9 @@ import (
 
 	"github.com/pion/webrtc/v4"
 
-	"github.com/switchboard-rtc/switchboard/internal/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
-	"github.com/switchboard-rtc/switchboard/internal/webrtctest"
 )
 
 // dialed is a bare Pion client connected through a stack.

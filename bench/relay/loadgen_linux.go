@@ -1,4 +1,4 @@
-package bench
+package relaybench
 
 import (
 	"encoding/binary"

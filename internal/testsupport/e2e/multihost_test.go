@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/internal/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
 // TestMultiHost runs the Global Relay topology of TestGlobalRelay as real

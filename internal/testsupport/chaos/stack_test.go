@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/internal/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
 // stackConfig shapes a stack of real processes on loopback.

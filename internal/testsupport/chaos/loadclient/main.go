@@ -60,7 +60,7 @@ import (
 	"github.com/pion/transport/v5/stdnet"
 	"github.com/pion/webrtc/v4"
 
-	"github.com/switchboard-rtc/switchboard/internal/impair"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/impair"
 )
 
 const (

@@ -17,7 +17,7 @@ import (
 
 	"github.com/pion/stun/v4"
 
-	"github.com/switchboard-rtc/switchboard/internal/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
 // errNoTurnserver: the turnserver binary is not on PATH.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/internal/impair"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/impair"
 )
 
 // TestNATRebinding: mid-call the client's NAT gives it a new source port.

@@ -25,7 +25,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/switchboard-rtc/switchboard/internal/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
 var (
@@ -84,7 +84,7 @@ func run(m *testing.M) int {
 	bins.loadclient = filepath.Join(dir, "loadclient")
 	for bin, pkg := range map[string]string{
 		bins.switchboard: "github.com/switchboard-rtc/switchboard/cmd/switchboard",
-		bins.loadclient:  "github.com/switchboard-rtc/switchboard/internal/chaos/loadclient",
+		bins.loadclient:  "github.com/switchboard-rtc/switchboard/internal/testsupport/chaos/loadclient",
 	} {
 		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", pkg, err, out)
