@@ -30,7 +30,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -39,6 +38,7 @@ import (
 
 	"github.com/pion/stun/v4"
 
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/coturn"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
@@ -158,28 +158,12 @@ var errSkip = errors.New("not available")
 
 // sut is a running system under test.
 type sut struct {
-	cmd       *exec.Cmd
-	stdin     io.Closer
-	pub, int_ netip.AddrPort
-	tmp       string
+	pid       int            // its process (pinned to Options.SUTCPU)
+	pub, int_ netip.AddrPort // its public and internal-hop addresses
+	close     func()         // stops it and waits for it
 }
 
-func (s *sut) stop() {
-	if s.stdin != nil {
-		s.stdin.Close()
-	}
-	done := make(chan struct{})
-	go func() { _ = s.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(3 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-done
-	}
-	if s.tmp != "" {
-		os.RemoveAll(s.tmp)
-	}
-}
+func (s *sut) stop() { s.close() }
 
 func pinned(cpu int, cmd *exec.Cmd) *exec.Cmd {
 	c := exec.Command("taskset", append([]string{"-c", strconv.Itoa(cpu), cmd.Path}, cmd.Args[1:]...)...)
@@ -201,7 +185,17 @@ func startGo(opt Options, args []string) (*sut, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	s := &sut{cmd: cmd, stdin: stdin}
+	s := &sut{pid: cmd.Process.Pid, close: func() {
+		stdin.Close() // the system under test exits at EOF on stdin
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}}
 	line := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -231,59 +225,21 @@ func startGo(opt Options, args []string) (*sut, error) {
 	return nil, err
 }
 
-func freeUDPPort() (int, error) {
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).Port, nil
-}
-
+// startCoturn starts coturn without authentication, one relay thread,
+// pinned like the other systems under test.
 func startCoturn(opt Options) (*sut, error) {
-	bin, err := exec.LookPath("turnserver")
-	if err != nil {
-		return nil, fmt.Errorf("%w: turnserver (apt-get install coturn)", errSkip)
+	t, err := coturn.Start(coturn.Config{RelayThreads: 1, Wrap: func(c *exec.Cmd) *exec.Cmd {
+		p := pinned(opt.SUTCPU, c)
+		p.Stderr = nil
+		return p
+	}})
+	if errors.Is(err, coturn.ErrNotInstalled) {
+		return nil, fmt.Errorf("%w: %v", errSkip, err)
 	}
-	port, err := freeUDPPort()
 	if err != nil {
 		return nil, err
 	}
-	tmp, err := os.MkdirTemp("", "switchboard-bench-coturn-")
-	if err != nil {
-		return nil, err
-	}
-	cmd := pinned(opt.SUTCPU, exec.Command(bin, "-n", "--no-auth",
-		"--listening-ip", "127.0.0.1", "--listening-port", strconv.Itoa(port), "--relay-ip", "127.0.0.1",
-		"--min-port", "40000", "--max-port", "59999", "--relay-threads", "1",
-		"--allow-loopback-peers", "--no-cli", "--no-tls", "--no-dtls", "--no-rfc5780",
-		"--no-software-attribute", "--no-stdout-log", "--simple-log",
-		"--log-file", filepath.Join(tmp, "turn.log"), "--pidfile", filepath.Join(tmp, "turn.pid"),
-		"--userdb", filepath.Join(tmp, "turndb")))
-	cmd.Stderr = nil
-	if err := cmd.Start(); err != nil {
-		os.RemoveAll(tmp)
-		return nil, err
-	}
-	s := &sut{cmd: cmd, tmp: tmp, pub: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(port))}
-	// Wait until it answers a Binding request.
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		s.stop()
-		return nil, err
-	}
-	defer c.Close()
-	req := stun.MustBuild(stun.TransactionID, stun.BindingRequest)
-	buf := make([]byte, 1500)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		_, _ = c.WriteToUDPAddrPort(req.Raw, s.pub)
-		_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-		if _, _, err := c.ReadFromUDPAddrPort(buf); err == nil {
-			return s, nil
-		}
-	}
-	s.stop()
-	return nil, errors.New("coturn did not answer a Binding request within 10s")
+	return &sut{pid: t.PID(), pub: t.Addr, close: t.Stop}, nil
 }
 
 // txID encodes session i and a phase in a STUN transaction id.
@@ -411,7 +367,7 @@ func measure(ctx context.Context, opt Options, g *gen, sys string, sink netip.Ad
 		return res, err
 	}
 	defer s.stop()
-	pid := s.cmd.Process.Pid
+	pid := s.pid
 	if err := pinProcess(pid, opt.SUTCPU); err != nil { // taskset pinned it; this adds the priority
 		return res, err
 	}

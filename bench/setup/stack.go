@@ -3,6 +3,7 @@ package setupbench
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/coturn"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/impair"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
@@ -42,7 +44,8 @@ type env struct {
 	backend   *backend
 	backendHS *httptest.Server
 	audio     *callclient.WAV
-	turn      *coturn // started on first use
+	turn      *coturn.Server // started on first use
+	turnPass  string         // the TURN user's password, random per run
 	turnErr   error
 	browser   *browser // Options.Client "chromium"
 	nextID    uint32
@@ -134,18 +137,22 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 
 	case PathTURN:
 		if e.turn == nil && e.turnErr == nil {
-			e.turn, e.turnErr = startCoturn(e.log)
+			var pw [12]byte
+			_, _ = rand.Read(pw[:])
+			e.turnPass = hex.EncodeToString(pw[:])
+			e.turn, e.turnErr = coturn.Start(coturn.Config{User: turnUser, Password: e.turnPass, Realm: "switchboard.bench"})
 			if e.turn != nil {
-				e.defer_(e.turn.stop)
+				e.log.Debug("coturn started", "addr", e.turn.Addr, "pid", e.turn.PID())
+				e.defer_(e.turn.Stop)
 			}
 		}
 		if e.turnErr != nil {
-			if errors.Is(e.turnErr, errNoTurnserver) && os.Getenv("CI") == "" {
+			if errors.Is(e.turnErr, coturn.ErrNotInstalled) && os.Getenv("CI") == "" {
 				return nil, "skipped: turnserver (Debian package coturn) is not installed; scripts/deps.sh test installs it", nil
 			}
 			return nil, "", e.turnErr
 		}
-		px, err := impair.NewUDP("127.0.0.1:0", e.turn.addr, delay, 1)
+		px, err := impair.NewUDP("127.0.0.1:0", e.turn.Addr, delay, 1)
 		if err != nil {
 			return nil, "", err
 		}
@@ -154,11 +161,11 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 		cfg.ListenAddr = "127.0.0.1:0" // advertised as is; only coturn sends to it
 		st.iceServers = []webrtc.ICEServer{{
 			URLs:       []string{fmt.Sprintf("turn:%s?transport=udp", px.Addr())},
-			Username:   e.turn.user,
-			Credential: e.turn.password,
+			Username:   turnUser,
+			Credential: e.turnPass,
 		}}
 		st.relayOnly = true
-		note = "coturn " + e.turn.version + " next to the transceiver; client relay-only"
+		note = "coturn " + e.turn.Version + " next to the transceiver; client relay-only"
 	}
 	trx, err := e.newTransceiver(cfg)
 	if err != nil {
@@ -267,6 +274,9 @@ func (e *env) clientEngine() *webrtc.SettingEngine {
 	}
 	return se
 }
+
+// turnUser is the one long-term-credential user of the TURN path's coturn.
+const turnUser = "bench"
 
 // freeUDPPort returns a loopback UDP port that was free a moment ago.
 func freeUDPPort() (uint16, error) {
