@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/redistest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -145,28 +146,7 @@ func TestSeparateProcesses(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	t.Run("static membership", func(t *testing.T) { separateProcesses(t, bin, "") })
-	t.Run("redis membership", func(t *testing.T) { separateProcesses(t, bin, startRedis(t)) })
-}
-
-// startRedis runs redis-server on a free loopback port; it is skipped
-// without redis-server, except in CI.
-func startRedis(t *testing.T) string {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("redis-server is not installed; in CI it must be (scripts/deps.sh)")
-		}
-		t.Skip("redis-server not installed")
-	}
-	addr := freeTCP(t)
-	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	return addr
+	t.Run("redis membership", func(t *testing.T) { separateProcesses(t, bin, redistest.Start(t).Addr) })
 }
 
 // separateProcesses runs the parts as processes; with redisAddr the relay

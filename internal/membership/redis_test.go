@@ -2,60 +2,23 @@ package membership
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
-	"os"
-	"os/exec"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/redistest"
 )
 
-// startRedis runs a real redis-server on a free loopback port for the test.
-// Without redis-server the test is skipped, except in CI, where that fails.
+// startRedis runs a real redis-server on a free loopback port for the test
+// (skipped without one, except in CI) and returns its address and a stop
+// that kills it, as a crash would.
 func startRedis(t *testing.T) (addr string, stop func()) {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("redis-server is not installed; in CI it must be (scripts/deps.sh)")
-		}
-		t.Skip("redis-server not installed (apt-get install redis-server)")
-	}
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	stop = func() {
-		if !stopped {
-			stopped = true
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	}
-	t.Cleanup(stop)
-	addr = fmt.Sprintf("127.0.0.1:%d", port)
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			_ = c.Close()
-			return addr, stop
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatal("redis-server did not start")
-	return "", nil
+	s := redistest.Start(t)
+	return s.Addr, s.Stop
 }
 
 func newClient(t *testing.T, addr string) *redis.Client {

@@ -1,6 +1,7 @@
-// Package redistest runs a real redis-server on loopback for tests (the
-// pattern of internal/membership's tests, shared by internal/flowcache and
-// internal/relay).
+// Package redistest runs a real redis-server on loopback for tests: the
+// one launcher shared by the flow cache, relay, membership and command
+// tests. (The chaos suite runs redis-server as one of its own processes,
+// since it kills and restarts it.)
 package redistest
 
 import (
