@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 #
 # One small image with the static switchboard binary and every subcommand
-# (demo, relay, transceiver, agent, director, call, bench):
+# (demo, relay, transceiver, agent, director, call); the benchmarks are a
+# separate tool (cmd/switchboard-bench) and are not in the image:
 #
 #   docker build -t switchboard .
 #   docker run --rm switchboard relay -h

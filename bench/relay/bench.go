@@ -1,4 +1,4 @@
-// Package relaybench is `switchboard bench relay`: it measures Switchboard's
+// Package relaybench is `switchboard-bench relay`: it measures Switchboard's
 // relay against a raw UDP ceiling, a naive Go proxy and coturn, on one
 // machine in one run, and prints a markdown table (docs/benchmarks.md).
 //

@@ -14,7 +14,7 @@ import (
 
 const serveEnv = "SWITCHBOARD_BENCH_SERVE"
 
-// TestMain lets the test binary double as `switchboard bench serve`: the
+// TestMain lets the test binary double as `switchboard-bench serve`: the
 // harness re-executes it with serveEnv set to run a system under test.
 func TestMain(m *testing.M) {
 	if os.Getenv(serveEnv) == "1" {

@@ -102,7 +102,7 @@ func Markdown(results []Result, opts Options) string {
 		}
 	}
 
-	b.WriteString("\n\nExpected round trips, from the start of the POST (the package comment of `internal/setupbench` has the detail):\n\n")
+	b.WriteString("\n\nExpected round trips, from the start of the POST (the package comment of `bench/setup` has the detail):\n\n")
 	b.WriteString("| Phase | RTT | Why |\n|---|---|---|\n")
 	b.WriteString("| Answer | 1 | POST → 201 with the complete answer (warm connection: the proxies do not delay the TCP handshake) |\n")
 	if chromium {

@@ -7,7 +7,7 @@ import (
 )
 
 // Impairment between the clients and the relay, applied to each direction
-// by the load driver's internal/impair proxy.
+// by the load driver's internal/testsupport/impair proxy.
 const (
 	impairLoss    = 0.05
 	impairDup     = 0.01

@@ -45,7 +45,7 @@ import (
 //
 // The links have no added delay: the issue asks for tc netem, but kernels
 // without the sch_netem module (like the development VM's) cannot add it,
-// and this test checks correctness, not timing. internal/impair has
+// and this test checks correctness, not timing. internal/testsupport/impair has
 // userspace delay proxies for measurements.
 //
 // The test process stays in the root namespace, which it does not touch

@@ -1,6 +1,6 @@
 // Command loadclient is the chaos suite's load driver: many concurrent
 // Pion WebRTC sessions in one process, built without the race detector
-// by the tests in internal/chaos, which run it beside the switchboard
+// by the tests in internal/testsupport/chaos, which run it beside the switchboard
 // processes and read its JSON lines from stdout. It is not a product
 // command: `switchboard call` is the one-session client.
 //
@@ -24,7 +24,7 @@
 // then close the client's UDP sockets without a DELETE, a DTLS
 // close_notify or an SCTP ABORT, as a phone that loses its network does.
 //
-// With -impair-listen, the process also runs an internal/impair UDP proxy
+// With -impair-listen, the process also runs an internal/testsupport/impair UDP proxy
 // from that address to -impair-target (the relay), with -loss, -dup,
 // -reorder and -delay; the transceiver advertises the proxy's address, so
 // every client datagram crosses it both ways.
