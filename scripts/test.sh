@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Sets up and runs every test, with the race detector, including the
-# headless Chromium test and a short run of each fuzz target.
+# headless Chromium test and a short run of each fuzz target, after go vet
+# and the staticcheck linter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh test
 go vet ./...
+# staticcheck, pinned (the module proxy serves it; nothing to install).
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 go test -race -count=1 -timeout 20m ./...
 # Each fuzz target briefly (longer runs: see docs/security.md).
 fuzztime=${FUZZTIME:-5s}

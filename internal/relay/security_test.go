@@ -1140,8 +1140,10 @@ func TestRestartAllocatesNothing(t *testing.T) {
 	pub(bind7)
 	answer(t7)
 	if n := testing.AllocsPerRun(500, func() {
-		if pub(bind8) != t8 || pub(bind8) != t8 {
-			t.Fatal("candidate request not sent to 8")
+		for range 2 { // the request and its retransmission
+			if pub(bind8) != t8 {
+				t.Fatal("candidate request not sent to 8")
+			}
 		}
 		answer(t8)
 		if pub(bind7) != t7 {
