@@ -208,7 +208,7 @@ func TestDecoderLoss(t *testing.T) {
 		}
 	}
 	st := d.Stats()
-	want := DecoderStats{Packets: 7, Late: 2, FECFrames: 2, PLCSamples: 960, Discontinuity: 2}
+	want := DecoderStats{Packets: 7, Late: 2, FECSamples: 960, PLCSamples: 960, Discontinuity: 2}
 	if st != want {
 		t.Fatalf("stats %+v, want %+v", st, want)
 	}

@@ -36,7 +36,7 @@ type DecoderStats struct {
 	Packets       uint64 // packets decoded
 	Invalid       uint64 // packets dropped: not valid Opus (RFC 6716 §3.4) or refused by libopus
 	Late          uint64 // packets dropped: older than or equal to the last one decoded (reordered, duplicated)
-	FECFrames     uint64 // lost packets recovered from the next packet's in-band FEC (or PLC when it had none)
+	FECSamples    uint64 // samples of lost packets recovered from the next packet's in-band FEC (or PLC when it had none)
 	PLCSamples    uint64 // samples made by packet loss concealment
 	Discontinuity uint64 // jumps in the timestamp: DTX, or a hole longer than MaxConceal
 }
@@ -168,7 +168,7 @@ func (d *Decoder) conceal(gap, dur int, payload []byte) {
 		if d.dec.DecodeFEC(payload, pcm) != nil {
 			clear(pcm)
 		}
-		d.stats.FECFrames++
+		d.stats.FECSamples += uint64(fec)
 		d.add(pcm, true)
 	}
 }

@@ -184,6 +184,14 @@ func (q *Queue) Queued() time.Duration {
 	return time.Duration(q.queued) * time.Second / 48000
 }
 
+// Fits reports whether dur more samples (48 kHz) of audio fit under the
+// cap now.
+func (q *Queue) Fits(dur int) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.queued+int64(dur) <= q.maxQueued
+}
+
 // Notify returns a channel that receives (without blocking the sender,
 // capacity 1) after new events were queued: call Events then.
 func (q *Queue) Notify() <-chan struct{} { return q.notify }
