@@ -25,8 +25,8 @@ type Clock struct {
 
 // ClockStats are a clock's counters.
 type ClockStats struct {
-	// LateTicks counts ticks a worker skipped because it was still busy
-	// with an earlier one (its queues' timelines jump over them).
+	// LateTicks counts ticks a worker played late, together with a later
+	// one, because it was busy or not scheduled in time.
 	LateTicks uint64
 }
 
@@ -111,17 +111,25 @@ func (w *worker) run() {
 			return
 		case <-w.wake:
 		}
-		n := w.c.tick.Load()
-		if w.last != 0 && n > w.last+1 {
-			w.c.late.Add(uint64(n - w.last - 1))
-		}
-		w.last = n
-		w.runTick(n)
+		w.runTick(w.c.tick.Load())
 	}
 }
 
-// runTick plays tick n for every active queue.
+// runTick plays tick n for every active queue. When the worker was too
+// busy to play the ticks since the last one, it plays them now: the
+// packets due in them leave at once, without a timestamp jump.
 func (w *worker) runTick(n int64) {
+	if n <= w.last {
+		return
+	}
+	from := n
+	if w.last != 0 {
+		from = w.last + 1
+		if from < n {
+			w.c.late.Add(uint64(n - from))
+		}
+	}
+	w.last = n
 	w.mu.Lock()
 	w.active = append(w.active, w.pending...)
 	clear(w.pending)
@@ -129,7 +137,7 @@ func (w *worker) runTick(n int64) {
 	w.mu.Unlock()
 	keep := w.active[:0]
 	for _, q := range w.active {
-		if q.tick(n, w) {
+		if q.tick(n, from, w) {
 			keep = append(keep, q)
 		}
 	}

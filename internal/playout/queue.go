@@ -276,15 +276,16 @@ func (q *Queue) compact() {
 	}
 }
 
-// tick plays tick n: it sends what is due, processes marks and tags whose
-// audio has played, and ends the run when the queue stayed empty. It
-// reports whether the queue stays on the worker's active list.
-func (q *Queue) tick(n int64, w *worker) (keep bool) {
-	now := n * TickSamples
-	sent := q.take(now, w)
+// tick plays ticks from to n (more than one when the worker ran late):
+// it sends what is due, processes marks and tags whose audio has played,
+// and ends the run when the queue stayed empty. It reports whether the
+// queue stays on the worker's active list.
+func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
+	now, first := n*TickSamples, from*TickSamples
+	sent := q.take(now, first, w)
 	if len(w.batch) == 0 && q.onUnderrun != nil && q.wantsTail() {
 		q.onUnderrun()
-		sent = q.take(now, w) || sent
+		sent = q.take(now, first, w) || sent
 	}
 	for i := range w.batch {
 		q.sink.SendPacket(&w.batch[i])
@@ -315,8 +316,9 @@ func (q *Queue) wantsTail() bool {
 
 // take moves the packets due by the end of the tick starting at now into
 // w.batch (payloads copied into w.buf), and queues the events that come
-// due. It reports whether it queued events.
-func (q *Queue) take(now int64, w *worker) (events bool) {
+// due. first is the start of the earliest tick being played (now, unless
+// the worker ran late). It reports whether it queued events.
+func (q *Queue) take(now, first int64, w *worker) (events bool) {
 	w.batch, w.buf = w.batch[:0], w.buf[:0]
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -339,7 +341,7 @@ func (q *Queue) take(now int64, w *worker) (events bool) {
 		if q.tl >= now+TickSamples {
 			break // not due in this tick
 		}
-		if q.tl < now { // nothing was due for a while: follow real time
+		if q.tl < first { // nothing was due for a while: follow real time
 			q.ts += uint32(now - q.tl)
 			q.tl = now
 		}

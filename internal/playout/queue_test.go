@@ -252,6 +252,32 @@ func TestUnderrunTail(t *testing.T) {
 	}
 }
 
+// TestLateWorker: ticks the worker could not play in time are played
+// with the next one: their packets leave together, timestamps contiguous.
+func TestLateWorker(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	for i := range 6 {
+		h.push(fmt.Sprint(i), 960)
+	}
+	h.run(1)
+	h.n += 3 // three ticks missed
+	h.run(1)
+	h.run(1)
+	var ticks []int64
+	for i, p := range h.rec.pkts {
+		ticks = append(ticks, p.tick-1000)
+		if p.ts != h.rec.pkts[0].ts+uint32(960*i) || p.seq != h.rec.pkts[0].seq+uint16(i) {
+			t.Fatalf("packet %d: %+v", i, p)
+		}
+	}
+	if want := []int64{0, 4, 4, 4, 4, 5}; !slices.Equal(ticks, want) {
+		t.Fatalf("sent at ticks %v, want %v", ticks, want)
+	}
+	if got := h.c.Stats().LateTicks; got != 3 {
+		t.Fatalf("LateTicks %d, want 3", got)
+	}
+}
+
 func TestCaps(t *testing.T) {
 	h := newHarness(t, QueueConfig{MaxQueued: time.Second, MaxItems: 60})
 	for i := range 50 {
