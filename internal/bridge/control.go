@@ -41,7 +41,7 @@ const (
 // accepts.
 const MaxMarkName = 256
 
-// Error codes of TypeError messages (docs/bridge.md §7.1).
+// Error codes of TypeError messages (docs/bridge.md §8.1).
 const (
 	// ErrCodeQueueFull: audio refused because the output queue holds its
 	// cap; audio is refused until the queue has room again.

@@ -115,7 +115,7 @@ type Message struct {
 	// JSON event). It is a fresh copy the caller owns; it is non-nil
 	// (possibly empty) when the message is an event.
 	Event []byte
-	// Control is an output.* or error message (docs/bridge.md §6). It is
+	// Control is an output.* or error message (docs/bridge.md §4.5). It is
 	// a fresh value the caller owns.
 	Control *Control
 	// End reports that the peer ended the session. The peer then closes

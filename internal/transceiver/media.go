@@ -26,7 +26,7 @@ import (
 //	                                   output_audio_buffer.* to the client
 
 // Reasons of switchboard_transceiver_backend_input_refused_total: backend
-// input the transceiver refused or answered specially (docs/bridge.md §7.1).
+// input the transceiver refused or answered specially (docs/bridge.md §8.1).
 const (
 	refusedOddLength   = "pcm_odd_length"    // PCM frame with an odd byte count
 	refusedInvalidOpus = "invalid_opus"      // Opus frame that is not an Opus packet

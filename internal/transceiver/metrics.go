@@ -90,7 +90,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_ice_restarts_total", Help: "ICE restarts requested with PATCH (RFC 9725 4.3), by result: ok, failed.",
 		}, []string{"result"}),
 		backendRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_backend_input_refused_total", Help: "Backend input refused or ignored, by reason (docs/bridge.md 7.1): pcm_odd_length, invalid_opus, output_queue_full, invalid_mark_name, unexpected_type, unknown_type, clear_idle.",
+			Name: "switchboard_transceiver_backend_input_refused_total", Help: "Backend input refused or ignored, by reason (docs/bridge.md 8.1): pcm_odd_length, invalid_opus, output_queue_full, invalid_mark_name, unexpected_type, unknown_type, clear_idle.",
 		}, []string{"reason"}),
 		clears: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_output_clears_total", Help: "Output queue clears, by source: backend (output.clear), client (output_audio_buffer.clear).",
