@@ -44,6 +44,8 @@ type pcmStack struct {
 	calls string // signaling URL
 }
 
+// startPCMStack serves backend (unless nil: mutate then sets BackendURL)
+// behind a relay and a transceiver.
 func startPCMStack(t *testing.T, backend http.Handler, mutate func(*transceiver.Config)) *pcmStack {
 	t.Helper()
 	secret := make([]byte, 32)
@@ -52,8 +54,12 @@ func startPCMStack(t *testing.T, backend http.Handler, mutate func(*transceiver.
 	if err != nil {
 		t.Fatal(err)
 	}
-	be := httptest.NewServer(backend)
-	t.Cleanup(be.Close)
+	backendURL := ""
+	if backend != nil {
+		be := httptest.NewServer(backend)
+		t.Cleanup(be.Close)
+		backendURL = "ws" + strings.TrimPrefix(be.URL, "http") + "/v1/bridge"
+	}
 	log := slog.New(slog.DiscardHandler)
 	members := &membership.Table{}
 	rly, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: 5, Workers: 1}, keys, members, nil, log)
@@ -65,7 +71,7 @@ func startPCMStack(t *testing.T, backend http.Handler, mutate func(*transceiver.
 		ID: 11, Cluster: 5, ListenAddr: "127.0.0.1:0",
 		Advertise:   rly.PublicAddr().String(),
 		AllowRelays: []string{netip.PrefixFrom(rly.InternalAddr().Addr(), 32).String()},
-		BackendURL:  "ws" + strings.TrimPrefix(be.URL, "http") + "/v1/bridge",
+		BackendURL:  backendURL,
 	}
 	if mutate != nil {
 		mutate(&cfg)
