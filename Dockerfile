@@ -7,9 +7,10 @@
 #   docker build -t switchboard .
 #   docker run --rm switchboard relay -h
 #
-# `switchboard call` encodes Opus through libopus (cgo), so the binary is
-# built with cgo and linked statically against Debian's libopus.a (and
-# libm, which it needs); the
+# The transceiver (PCM bridge formats: internal/audio) and `switchboard
+# call` code Opus through libopus (cgo), so the binary is built with cgo
+# and linked statically against Debian's libopus.a (and libm, which it
+# needs); the
 # nolibopusfile tag leaves out the Ogg-file reader, which nothing uses.
 # netgo and osusergo keep glibc's resolver and user lookup (which cannot be
 # linked statically) out of the binary.

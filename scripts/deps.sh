@@ -2,10 +2,11 @@
 # Installs the Debian packages Switchboard needs, only those missing.
 #   scripts/deps.sh build   libopus for the Opus encoder in `switchboard call`
 #   scripts/deps.sh test    build + chromium (browser tests) + coturn (relay bench)
+#                           + python3-websockets (runs the Python backend of docs/bridge.md)
 set -euo pipefail
 want=(gcc pkg-config libopus-dev libopusfile-dev)
 if [[ "${1:-build}" == test ]]; then
-  want+=(chromium coturn iproute2 redis-server)
+  want+=(chromium coturn iproute2 redis-server python3-websockets)
 fi
 missing=()
 for p in "${want[@]}"; do

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/demo"
 	"github.com/switchboard-rtc/switchboard/internal/flowcache"
@@ -222,6 +223,8 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	fs.BoolVar(&cfg.Trx.Direct, "direct", false, "clients send straight to -listen (no relay, no internal hop); -advertise defaults to -listen")
 	fs.StringVar(&cfg.Trx.DTLSRole, "dtls-role", "client", "DTLS role in answers: client (active) or server (passive, no HelloVerify)")
 	fs.StringVar(&cfg.Redis, "redis", "", "Redis host:port to register in (relays with -membership redis find this transceiver there); empty: no registration")
+	fs.IntVar(&cfg.Trx.OutputBitrate, "output-bitrate", 32000, "Opus bitrate (bit/s) of audio encoded from PCM backends")
+	fs.DurationVar(&cfg.Trx.OutputQueueMax, "output-queue-max", 60*time.Second, "cap on a session's queued output audio; past it backend audio is refused (error output_queue_full)")
 	fs.StringVar(&cfg.HopAd, "hop-advertise", "", "internal-hop ip:port registered for relays (default: -listen, which must then be a concrete IP)")
 	registerAuth(fs, &cfg.Trx.Auth)
 	cfg.Keys.register(fs)
@@ -287,10 +290,12 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	var cfg struct {
 		Listen string    `yaml:"listen"`
+		Format string    `yaml:"format"`
 		Log    LogConfig `yaml:",inline"`
 	}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8081", "address serving the bridge at /v1/bridge")
+	fs.StringVar(&cfg.Format, "format", bridge.FormatOpus, "audio format to echo in: opus/48000/2, pcm16/24000/1 or pcm16/16000/1")
 	cfg.Log.register(fs, "json")
 	if err := parseConfig(fs, args, &cfg); err != nil {
 		return err
@@ -299,8 +304,12 @@ func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
+	echo, err := agent.NewEchoConfig(agent.EchoConfig{Logger: log, Format: cfg.Format})
+	if err != nil {
+		return err
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/bridge", agent.NewEcho(log))
+	mux.Handle("/v1/bridge", echo)
 	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	return serveHTTP(ctx, cfg.Listen, mux, log)
 }

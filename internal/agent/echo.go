@@ -5,6 +5,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 
@@ -14,6 +15,35 @@ import (
 // echo is the handler returned by NewEcho.
 type echo struct {
 	logger *slog.Logger
+	format string
+}
+
+// EchoConfig configures NewEchoConfig.
+type EchoConfig struct {
+	// Logger receives session start and end; nil means slog.Default().
+	Logger *slog.Logger
+	// Format is the one audio format the agent accepts and echoes in:
+	// bridge.FormatOpus (the default: Opus packets back unchanged),
+	// bridge.FormatPCM24k or bridge.FormatPCM16k (PCM frames back
+	// unchanged, so the transceiver's decode, encode and paced playout run
+	// end to end).
+	Format string
+}
+
+// NewEchoConfig is NewEcho with a choice of format. It returns an error
+// naming the formats when cfg.Format is not one of them.
+func NewEchoConfig(cfg EchoConfig) (http.Handler, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	switch cfg.Format {
+	case "":
+		cfg.Format = bridge.FormatOpus
+	case bridge.FormatOpus, bridge.FormatPCM24k, bridge.FormatPCM16k:
+	default:
+		return nil, fmt.Errorf("agent: echo format %q: want %s, %s or %s", cfg.Format, bridge.FormatOpus, bridge.FormatPCM24k, bridge.FormatPCM16k)
+	}
+	return &echo{logger: cfg.Logger, format: cfg.Format}, nil
 }
 
 // NewEcho returns an http.Handler serving the bridge (one session per
@@ -29,14 +59,12 @@ type echo struct {
 // http.Server does not end hijacked bridge connections: end sessions
 // from the transceiver side.
 func NewEcho(logger *slog.Logger) http.Handler {
-	if logger == nil {
-		logger = slog.Default()
-	}
-	return &echo{logger: logger}
+	h, _ := NewEchoConfig(EchoConfig{Logger: logger})
+	return h
 }
 
 func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	sc, err := bridge.Accept(w, r, bridge.AcceptOptions{})
+	sc, err := bridge.Accept(w, r, bridge.AcceptOptions{Formats: []string{e.format}})
 	if err != nil {
 		e.logger.Warn("bridge handshake failed", "remote", r.RemoteAddr, "err", err)
 		return
@@ -70,8 +98,11 @@ func (e *echo) run(sc *bridge.ServerConn) (frames, events int, reason string, er
 		}
 		switch {
 		case m.Audio != nil:
-			// SendAudio copies the payload before Recv reuses it.
-			if err := sc.SendAudio(ctx, *m.Audio); err != nil {
+			// SendAudio copies the payload before Recv reuses it. The
+			// concealed flag is the transceiver's to set, not ours.
+			f := *m.Audio
+			f.Concealed = false
+			if err := sc.SendAudio(ctx, f); err != nil {
 				return frames, events, "", err
 			}
 			frames++

@@ -128,3 +128,37 @@ func TestEchoHandshakeFailure(t *testing.T) {
 		t.Errorf("logs lack the handshake failure:\n%s", out)
 	}
 }
+
+// TestEchoPCM: with a PCM format the agent picks it and sends frames back
+// unchanged but for the concealed flag, which is the transceiver's.
+func TestEchoPCM(t *testing.T) {
+	if _, err := agent.NewEchoConfig(agent.EchoConfig{Format: "pcm16/44100/1"}); err == nil {
+		t.Fatal("NewEchoConfig accepted pcm16/44100/1")
+	}
+	h, err := agent.NewEchoConfig(agent.EchoConfig{Logger: slog.New(slog.DiscardHandler), Format: bridge.FormatPCM16k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := bridge.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"), bridge.SessionStart{SessionID: "pcm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Format() != bridge.FormatPCM16k {
+		t.Fatalf("format %q, want %q", c.Format(), bridge.FormatPCM16k)
+	}
+	f := bridge.AudioFrame{Seq: 7, Timestamp: 320, Payload: make([]byte, 640), Concealed: true}
+	f.Payload[0] = 0x7f
+	if err := c.SendAudio(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.Recv(ctx)
+	if err != nil || m.Audio == nil || m.Audio.Seq != 7 || m.Audio.Timestamp != 320 || !bytes.Equal(m.Audio.Payload, f.Payload) || m.Audio.Concealed {
+		t.Fatalf("echo = %+v, %v", m.Audio, err)
+	}
+	_ = c.End(ctx, bridge.ReasonClientHangup)
+}

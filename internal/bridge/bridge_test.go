@@ -72,7 +72,7 @@ func TestHandshake(t *testing.T) {
 	}
 	got := make(chan result, 1)
 	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sc, err := bridge.Accept(w, r, bridge.AcceptOptions{Formats: []string{bridge.FormatPCM16, bridge.FormatOpus}})
+		sc, err := bridge.Accept(w, r, bridge.AcceptOptions{Formats: []string{"l16/8000/1", bridge.FormatOpus}})
 		if err != nil {
 			got <- result{err: err}
 			return
@@ -362,7 +362,7 @@ func TestConnectionDrop(t *testing.T) {
 func TestFormatMismatch(t *testing.T) {
 	acceptErr := make(chan error, 1)
 	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, err := bridge.Accept(w, r, bridge.AcceptOptions{Formats: []string{bridge.FormatPCM16}})
+		_, err := bridge.Accept(w, r, bridge.AcceptOptions{Formats: []string{"l16/8000/1"}})
 		acceptErr <- err
 	}))
 	_, err := bridge.Dial(testCtx(t), url, bridge.SessionStart{SessionID: "s1"})
@@ -448,7 +448,7 @@ func TestDialBadAnswer(t *testing.T) {
 		wantErr   error
 		wantClose websocket.StatusCode
 	}{
-		{name: "format not offered", answer: `{"type":"hello","version":1,"audio_format":"pcm16/24000/1"}`, wantErr: bridge.ErrFormat, wantClose: bridge.CloseFormat},
+		{name: "format not offered", answer: `{"type":"hello","version":1,"audio_format":"pcm16/8000/1"}`, wantErr: bridge.ErrFormat, wantClose: bridge.CloseFormat},
 		{name: "not json", answer: `hello`, wantErr: bridge.ErrProtocol, wantClose: websocket.StatusProtocolError},
 		{name: "event before hello", answer: `{"type":"event","data":"x"}`, wantErr: bridge.ErrProtocol, wantClose: websocket.StatusProtocolError},
 	}
@@ -638,7 +638,7 @@ func TestWireExamples(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		`{"type":"hello","version":1,"audio_formats":["opus/48000/2"]}`,
+		`{"type":"hello","version":1,"audio_formats":["opus/48000/2","pcm16/24000/1","pcm16/16000/1"]}`,
 		`{"type":"session.start","session_id":"sess-1","metadata":{"k":"v"}}`,
 		`{"type":"event","data":"{\"type\":\"x\"}"}`,
 		`{"type":"session.end","reason":"shutdown"}`,

@@ -30,7 +30,7 @@ type Conn struct {
 }
 
 // offeredFormats is what Dial offers, in order of preference.
-var offeredFormats = []string{FormatOpus}
+var offeredFormats = []string{FormatOpus, FormatPCM24k, FormatPCM16k}
 
 // Dial opens a bridge session to the backend at url (ws://, wss://,
 // http:// or https://): it offers Subprotocol, does the hello exchange
@@ -81,5 +81,6 @@ func (c *core) dialHandshake(ctx context.Context, start SessionStart) error {
 		return c.fail(CloseFormat, fmt.Errorf("%w: backend chose audio format %q, offered %q", ErrFormat, m.AudioFormat, offeredFormats))
 	}
 	c.format = m.AudioFormat
+	c.noClientEvents = m.OutputAudioBufferEvents != nil && !*m.OutputAudioBufferEvents
 	return c.sendJSON(ctx, sessionStartMsg{Type: typeSessionStart, SessionID: start.SessionID, Metadata: start.Metadata})
 }

@@ -19,6 +19,9 @@ type core struct {
 	// Set once before the core is shared, never mutated.
 	ws     *websocket.Conn
 	format string
+	// noClientEvents: the backend's hello had
+	// "output_audio_buffer_events": false.
+	noClientEvents bool
 
 	// wmu guards wbuf, the reused encode buffer for outgoing messages.
 	// Holding it across ws.Write also keeps messages in call order.
@@ -45,6 +48,12 @@ func newCore(ws *websocket.Conn) *core {
 // Format returns the audio format agreed in the hello exchange, e.g.
 // FormatOpus.
 func (c *core) Format() string { return c.format }
+
+// OutputAudioBufferEvents reports whether the backend lets the
+// transceiver send the client OpenAI's output_audio_buffer.started,
+// .stopped and .cleared events (true unless its hello said
+// "output_audio_buffer_events": false).
+func (c *core) OutputAudioBufferEvents() bool { return !c.noClientEvents }
 
 // Ignored returns how many messages from the peer were ignored because
 // their "type" (text) or kind byte (binary) is unknown to v1.
@@ -97,7 +106,7 @@ func (c *core) write(ctx context.Context, typ websocket.MessageType, b []byte) e
 }
 
 // Message is one message received from the peer: exactly one of Audio,
-// Event and End is set.
+// Event, Control and End is set.
 type Message struct {
 	// Audio is an audio frame. Its Payload is valid only until the next
 	// Recv.
@@ -106,6 +115,9 @@ type Message struct {
 	// JSON event). It is a fresh copy the caller owns; it is non-nil
 	// (possibly empty) when the message is an event.
 	Event []byte
+	// Control is an output.* or error message (docs/bridge.md §4.5). It is
+	// a fresh value the caller owns.
+	Control *Control
 	// End reports that the peer ended the session. The peer then closes
 	// the WebSocket; call Close (or End) to release the connection.
 	End *SessionEnd
@@ -164,6 +176,12 @@ func (c *core) Recv(ctx context.Context) (Message, error) {
 		case typeSessionEnd:
 			c.peerEnded.Store(true)
 			return Message{End: &SessionEnd{Reason: m.Reason}}, nil
+		case TypeOutputClear, TypeOutputCleared, TypeOutputMark, TypeOutputStarted, TypeOutputStopped, TypeOutputResponse, TypeError:
+			ctl, err := parseControl(m)
+			if err != nil {
+				return Message{}, c.protocolError(err)
+			}
+			return Message{Control: ctl}, nil
 		case typeHello, typeSessionStart:
 			return Message{}, c.protocolError(fmt.Errorf("%w: %q after the handshake", ErrProtocol, m.Type))
 		default:

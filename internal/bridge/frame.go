@@ -9,7 +9,7 @@ import (
 //
 //	offset  size  field
 //	0       1     kind      0x01 = audio; other values are reserved
-//	1       1     flags     reserved: senders write 0, receivers ignore
+//	1       1     flags     bit 0 (0x01): concealed; other bits reserved (write 0, ignore)
 //	2       2     seq       RTP sequence number, big endian (RFC 3550 §5.1)
 //	4       4     timestamp RTP timestamp, big endian (RFC 3550 §5.1)
 //	8       n     payload   codec payload (one Opus packet for FormatOpus)
@@ -19,6 +19,11 @@ const (
 	// AudioHeaderLen is the size in bytes of the audio frame header that
 	// precedes the codec payload.
 	AudioHeaderLen = 8
+	// FlagConcealed (flags bit 0) marks a PCM frame the transceiver
+	// synthesized, in whole or in part, to conceal lost packets (Opus
+	// in-band FEC or PLC, RFC 6716 §4.4) rather than decoded from a packet
+	// that arrived. Backends may ignore it.
+	FlagConcealed byte = 0x01
 )
 
 // AudioFrame is one audio packet carried on the bridge.
@@ -39,13 +44,20 @@ type AudioFrame struct {
 	// caller reuses the buffer given to ParseAudioFrame). Copy it to keep
 	// it.
 	Payload []byte
+	// Concealed is flags bit 0 (FlagConcealed). The transceiver sets it
+	// on PCM frames made by loss concealment; backends leave it false.
+	Concealed bool
 }
 
 // AppendAudioFrame appends the wire encoding of f (header then payload)
 // to dst and returns the extended slice. It does not allocate when dst
 // has room for AudioHeaderLen+len(f.Payload) more bytes.
 func AppendAudioFrame(dst []byte, f AudioFrame) []byte {
-	dst = append(dst, FrameKindAudio, 0)
+	var flags byte
+	if f.Concealed {
+		flags = FlagConcealed
+	}
+	dst = append(dst, FrameKindAudio, flags)
 	dst = binary.BigEndian.AppendUint16(dst, f.Seq)
 	dst = binary.BigEndian.AppendUint32(dst, f.Timestamp)
 	return append(dst, f.Payload...)
@@ -57,7 +69,8 @@ func AppendAudioFrame(dst []byte, f AudioFrame) []byte {
 // It returns an error wrapping ErrProtocol when b is shorter than the
 // header, and an error wrapping ErrFrameKind when the kind byte is not
 // FrameKindAudio (receivers ignore such frames for forward
-// compatibility). The flags byte is ignored. An empty payload is valid.
+// compatibility). Of the flags byte only FlagConcealed is read; other
+// bits are ignored. An empty payload is valid.
 // It never panics.
 func ParseAudioFrame(b []byte) (AudioFrame, error) {
 	if len(b) == 0 {
@@ -73,5 +86,6 @@ func ParseAudioFrame(b []byte) (AudioFrame, error) {
 		Seq:       binary.BigEndian.Uint16(b[2:4]),
 		Timestamp: binary.BigEndian.Uint32(b[4:8]),
 		Payload:   b[AudioHeaderLen:],
+		Concealed: b[1]&FlagConcealed != 0,
 	}, nil
 }

@@ -28,6 +28,11 @@ func TestParseAudioFrame(t *testing.T) {
 			in:   []byte{0x01, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x07},
 			want: AudioFrame{Seq: 0xffff, Timestamp: 0xffffffff, Payload: []byte{0x07}},
 		},
+		{
+			name: "concealed",
+			in:   []byte{0x01, 0x01, 0x00, 0x05, 0x00, 0x00, 0x01, 0xe0, 0x00, 0x00},
+			want: AudioFrame{Seq: 5, Timestamp: 480, Payload: []byte{0, 0}, Concealed: true},
+		},
 		{name: "empty", in: nil, wantErr: ErrProtocol},
 		{name: "short header", in: []byte{0x01, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00}, wantErr: ErrProtocol},
 		{name: "kind only", in: []byte{0x01}, wantErr: ErrProtocol},
@@ -43,7 +48,8 @@ func TestParseAudioFrame(t *testing.T) {
 			if tt.wantErr != nil {
 				return
 			}
-			if got.Seq != tt.want.Seq || got.Timestamp != tt.want.Timestamp || !bytes.Equal(got.Payload, tt.want.Payload) {
+			if got.Seq != tt.want.Seq || got.Timestamp != tt.want.Timestamp || !bytes.Equal(got.Payload, tt.want.Payload) ||
+				(tt.name != "flags ignored" && got.Concealed != tt.want.Concealed) {
 				t.Fatalf("got %+v, want %+v", got, tt.want)
 			}
 		})

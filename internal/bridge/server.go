@@ -20,6 +20,12 @@ type AcceptOptions struct {
 	// HandshakeTimeout bounds the hello exchange and the wait for
 	// session.start. Default: 10 s.
 	HandshakeTimeout time.Duration
+	// NoOutputAudioBufferEvents asks the transceiver, in the backend's
+	// hello ("output_audio_buffer_events": false), not to send the client
+	// OpenAI's output_audio_buffer.started, .stopped and .cleared events:
+	// for a backend that sends its own. Default: the transceiver sends
+	// them.
+	NoOutputAudioBufferEvents bool
 }
 
 // ServerConn is the backend side of one bridge session, returned by
@@ -65,7 +71,7 @@ func Accept(w http.ResponseWriter, r *http.Request, opts AcceptOptions) (*Server
 	c := newCore(ws)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	start, err := c.acceptHandshake(ctx, formats)
+	start, err := c.acceptHandshake(ctx, formats, opts.NoOutputAudioBufferEvents)
 	if err != nil {
 		_ = c.Close()
 		return nil, err
@@ -73,7 +79,7 @@ func Accept(w http.ResponseWriter, r *http.Request, opts AcceptOptions) (*Server
 	return &ServerConn{core: c, session: start}, nil
 }
 
-func (c *core) acceptHandshake(ctx context.Context, formats []string) (SessionStart, error) {
+func (c *core) acceptHandshake(ctx context.Context, formats []string, noClientEvents bool) (SessionStart, error) {
 	m, err := c.readText(ctx)
 	if err != nil {
 		return SessionStart{}, err
@@ -89,7 +95,12 @@ func (c *core) acceptHandshake(ctx context.Context, formats []string) (SessionSt
 		return SessionStart{}, c.fail(CloseFormat, fmt.Errorf("%w: backend accepts %q, transceiver offered %q", ErrFormat, formats, m.AudioFormats))
 	}
 	c.format = formats[i]
-	if err := c.sendJSON(ctx, helloAnswer{Type: typeHello, Version: Version, AudioFormat: c.format}); err != nil {
+	c.noClientEvents = noClientEvents
+	answer := helloAnswer{Type: typeHello, Version: Version, AudioFormat: c.format}
+	if noClientEvents {
+		answer.OutputAudioBufferEvents = new(bool)
+	}
+	if err := c.sendJSON(ctx, answer); err != nil {
 		return SessionStart{}, err
 	}
 	m, err = c.readText(ctx)

@@ -19,11 +19,28 @@ const (
 	// one Opus packet exactly as received over RTP, 48 kHz RTP clock, two
 	// channels signalled as in SDP (the stream may be mono).
 	FormatOpus = "opus/48000/2"
-	// FormatPCM16 is 16-bit signed little-endian PCM, 24 kHz, mono. It is
-	// reserved for a later version of the transceiver: Dial does not
-	// offer it yet.
-	FormatPCM16 = "pcm16/24000/1"
+	// FormatPCM24k is 16-bit signed little-endian PCM, 24 kHz, mono: the
+	// transceiver decodes the client's Opus and encodes the backend's
+	// audio. Frames carry 20 ms (480 samples, 960 bytes) towards the
+	// backend; the backend may send any whole number of samples per frame.
+	// Timestamps count samples at 24 kHz.
+	FormatPCM24k = "pcm16/24000/1"
+	// FormatPCM16k is FormatPCM24k at 16 kHz (320 samples, 640 bytes per
+	// 20 ms frame).
+	FormatPCM16k = "pcm16/16000/1"
 )
+
+// SampleRate returns the sample rate in Hz of a PCM format (24000 for
+// FormatPCM24k, 16000 for FormatPCM16k), or 0 for any other format.
+func SampleRate(format string) int {
+	switch format {
+	case FormatPCM24k:
+		return 24000
+	case FormatPCM16k:
+		return 16000
+	}
+	return 0
+}
 
 // WebSocket close codes used by the bridge besides the RFC 6455 ones
 // (1000 normal closure after session.end, 1001 going away, 1002 protocol
@@ -83,6 +100,10 @@ type (
 		Type        string `json:"type"`
 		Version     int    `json:"version"`
 		AudioFormat string `json:"audio_format"`
+		// OutputAudioBufferEvents is false when the backend asks the
+		// transceiver not to send the client output_audio_buffer.* events;
+		// omitted (true) otherwise.
+		OutputAudioBufferEvents *bool `json:"output_audio_buffer_events,omitempty"`
 	}
 	sessionStartMsg struct {
 		Type      string            `json:"type"`
@@ -110,6 +131,15 @@ type inMsg struct {
 	Metadata     map[string]string `json:"metadata"`
 	Data         *string           `json:"data"`
 	Reason       string            `json:"reason"`
+	// output_audio_buffer_events in the backend's hello; nil means true.
+	OutputAudioBufferEvents *bool `json:"output_audio_buffer_events"`
+	// Members of the output.* and error messages (control.go).
+	Name     *string `json:"name"`
+	ID       *string `json:"id"`
+	PlayedMs *int64  `json:"played_ms"`
+	Cleared  bool    `json:"cleared"`
+	Code     string  `json:"code"`
+	Message  string  `json:"message"`
 }
 
 // parseText decodes a text message. A message that is not a JSON object

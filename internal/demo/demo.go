@@ -36,6 +36,9 @@ type Config struct {
 	RelayAddr string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Backend, if set, serves the bridge at /v1/bridge instead of the echo
+	// agent (tests plug in their own backends).
+	Backend http.Handler
 }
 
 // Demo is a running demo.
@@ -110,7 +113,11 @@ func Start(cfg Config) (*Demo, error) {
 	mux.Handle("/v1/", signaling)
 	mux.Handle("/live", signaling)
 	mux.Handle("/ready", signaling)
-	mux.Handle("/v1/bridge", agent.NewEcho(log.With("component", "agent")))
+	backend := cfg.Backend
+	if backend == nil {
+		backend = agent.NewEcho(log.With("component", "agent"))
+	}
+	mux.Handle("/v1/bridge", backend)
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", web.Handler())
 

@@ -6,7 +6,9 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/audio"
 	"github.com/switchboard-rtc/switchboard/internal/auth"
+	"github.com/switchboard-rtc/switchboard/internal/playout"
 )
 
 // DefaultAllowRelays are the prefixes internal-hop datagrams may come from
@@ -58,6 +60,14 @@ type Config struct {
 	// API key; PATCH and DELETE need the session's token or an API key.
 	// The zero value leaves signaling open (the demo).
 	Auth auth.Config `yaml:"auth"`
+	// OutputBitrate is the Opus bitrate, in bits per second, of audio the
+	// transceiver encodes from a PCM backend (docs/bridge.md §5.1).
+	// Default 32000 (audio.DefaultBitrate); 6000 to 128000.
+	OutputBitrate int `yaml:"output_bitrate"`
+	// OutputQueueMax caps the audio waiting in a session's output queue
+	// for paced playout (docs/bridge.md §6.1); audio past it is refused
+	// with an output_queue_full error. Default 60s (playout.DefaultMaxQueued).
+	OutputQueueMax time.Duration `yaml:"output_queue_max"`
 
 	advertise netip.AddrPort
 	allow     []netip.Prefix
@@ -123,6 +133,18 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = 10000
+	}
+	switch {
+	case c.OutputBitrate == 0:
+		c.OutputBitrate = audio.DefaultBitrate
+	case c.OutputBitrate < 6000 || c.OutputBitrate > 128000:
+		return fmt.Errorf("transceiver: output_bitrate %d must be 6000 to 128000 bits per second (32000 suits speech)", c.OutputBitrate)
+	}
+	switch {
+	case c.OutputQueueMax == 0:
+		c.OutputQueueMax = playout.DefaultMaxQueued
+	case c.OutputQueueMax < playout.Tick || c.OutputQueueMax > 10*time.Minute:
+		return fmt.Errorf("transceiver: output_queue_max %v must be 20ms to 10m (a whole reply should fit: 60s is the default)", c.OutputQueueMax)
 	}
 	return nil
 }

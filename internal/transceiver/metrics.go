@@ -25,6 +25,11 @@ type metrics struct {
 	bridgeErrors *prometheus.CounterVec
 	// iceRestarts counts PATCH ICE restarts by result: ok, failed.
 	iceRestarts *prometheus.CounterVec
+	// Media path (media.go).
+	backendRefused     *prometheus.CounterVec // by reason: bad backend input
+	clears             *prometheus.CounterVec // by source: backend, client
+	clientAudioDropped *prometheus.CounterVec // by reason: invalid_opus, late
+	concealed          *prometheus.CounterVec // seconds, by method: fec, plc
 }
 
 // Setup phases, the values of the phase label.
@@ -84,9 +89,33 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		iceRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_ice_restarts_total", Help: "ICE restarts requested with PATCH (RFC 9725 4.3), by result: ok, failed.",
 		}, []string{"result"}),
+		backendRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_backend_input_refused_total", Help: "Backend input refused or ignored, by reason (docs/bridge.md 8.1): pcm_odd_length, invalid_opus, output_queue_full, invalid_mark_name, unexpected_type, unknown_type, clear_idle.",
+		}, []string{"reason"}),
+		clears: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_output_clears_total", Help: "Output queue clears, by source: backend (output.clear), client (output_audio_buffer.clear).",
+		}, []string{"source"}),
+		clientAudioDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_client_audio_dropped_total", Help: "Client audio packets not decoded for a PCM backend, by reason: invalid_opus, late (reordered or duplicated).",
+		}, []string{"reason"}),
+		concealed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_client_audio_concealed_seconds_total", Help: "Client audio lost and concealed for PCM backends, by method: fec (Opus in-band FEC from the next packet), plc.",
+		}, []string{"method"}),
 	}
 	for _, r := range []string{"ok", "failed"} {
 		m.iceRestarts.WithLabelValues(r)
+	}
+	for _, r := range refusedReasons {
+		m.backendRefused.WithLabelValues(r)
+	}
+	for _, src := range []string{"backend", "client"} {
+		m.clears.WithLabelValues(src)
+	}
+	for _, r := range []string{"invalid_opus", "late"} {
+		m.clientAudioDropped.WithLabelValues(r)
+	}
+	for _, r := range []string{"fec", "plc"} {
+		m.concealed.WithLabelValues(r)
 	}
 	for _, ph := range []string{phaseICE, phaseDTLS, phaseFirstAudio} {
 		m.setup.WithLabelValues(ph)
@@ -106,6 +135,10 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	hopDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_hop_dropped_total", Help: "Datagrams on the internal-hop socket that were not valid hop datagrams from an allowed relay.",
 	}, func() float64 { st := s.HopStats(); return float64(st.DroppedNotHop + st.DroppedUntrusted) })
+	lateTicks := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "switchboard_transceiver_playout_late_ticks_total", Help: "Playout clock ticks a worker missed because it was still busy with the previous one (sessions' audio jumps 20 ms).",
+	}, func() float64 { return float64(s.clock.Stats().LateTicks) })
+	reg.MustRegister(m.backendRefused, m.clears, m.clientAudioDropped, m.concealed, lateTicks)
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
 		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, active, hopDropped)
 	return m

@@ -29,6 +29,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/auth"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/hop"
+	"github.com/switchboard-rtc/switchboard/internal/playout"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
@@ -71,6 +72,7 @@ type Server struct {
 	mux     *ice.UDPMuxDefault
 	metrics *metrics
 	auth    *auth.Authority // nil: signaling is open
+	clock   *playout.Clock  // paces every session's output (media.go)
 	ctx     context.Context
 	cancel  context.CancelFunc
 
@@ -128,6 +130,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: s.conn})
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.clock = playout.NewClock(0)
 	s.metrics = newMetrics(s, reg)
 	return s, nil
 }
@@ -336,6 +339,7 @@ func (s *Server) Close() error {
 	}
 	ending.Wait()
 	s.wg.Wait()
+	s.clock.Close()
 	s.cancel()
 	err := s.mux.Close()
 	if cerr := s.sock.Close(); err == nil && !errors.Is(cerr, net.ErrClosed) {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/pion/rtcp"
-	"github.com/pion/rtp"
 	"github.com/pion/webrtc/v4"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
@@ -43,6 +42,7 @@ type session struct {
 	pc      *webrtc.PeerConnection
 	out     *webrtc.TrackLocalStaticRTP // audio from the backend to the client
 	be      *bridge.Conn
+	media   *media // codecs and paced playout (media.go)
 	created time.Time
 	ctx     context.Context // cancelled when the session ends
 	cancel  context.CancelFunc
@@ -156,6 +156,11 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 		return fail(fmt.Errorf("%w: %v", ErrBackend, r.err))
 	}
 	sess.be = r.be
+	if err := sess.newMedia(); err != nil {
+		_ = sess.be.End(context.Background(), bridge.ReasonError)
+		sess.be = nil
+		return fail(err)
+	}
 
 	s.mu.Lock()
 	if s.closed {
@@ -165,7 +170,7 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 		return fail(ErrClosed)
 	}
 	s.sessions[id] = sess
-	s.wg.Add(3)
+	s.wg.Add(4)
 	s.mu.Unlock()
 	s.metrics.sessionsStarted.Inc()
 
@@ -176,6 +181,7 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 	sess.pc.SCTP().Transport().OnStateChange(sess.onDTLSState)
 	go sess.readRTCP(sender)
 	go sess.fromBackend()
+	go sess.playoutEvents()
 	go sess.watchSetup()
 	sess.log.Info("session created", "ufrag", ufrag)
 	return sess, finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress), nil
@@ -211,8 +217,8 @@ func finalizeAnswer(sdp string, ingress netip.AddrPort) string {
 	return b.String()
 }
 
-// onTrack forwards the client's Opus packets to the backend as they come,
-// payloads untouched.
+// onTrack forwards the client's Opus packets to the backend as they come:
+// payloads untouched for Opus, decoded for the PCM formats (media.go).
 func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 	if tr.Kind() != webrtc.RTPCodecTypeAudio {
 		return
@@ -225,8 +231,7 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 		if len(pkt.Payload) == 0 {
 			continue // padding-only packet
 		}
-		f := bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}
-		if err := sess.be.SendAudio(sess.ctx, f); err != nil {
+		if err := sess.toBackend(pkt); err != nil {
 			if sess.ctx.Err() == nil && !sess.ending.Load() {
 				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
 			}
@@ -249,6 +254,10 @@ func (sess *session) onDataChannel(dc *webrtc.DataChannel) {
 	// could arrive before the OnOpen callback ran and be dropped.
 	sess.events.Store(dc)
 	dc.OnMessage(func(m webrtc.DataChannelMessage) {
+		if m.IsString && isClientClear(m.Data) {
+			sess.clearOutput("client")
+			return
+		}
 		if err := sess.be.SendEvent(sess.ctx, m.Data); err != nil {
 			if sess.ctx.Err() == nil && !sess.ending.Load() {
 				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
@@ -353,13 +362,17 @@ func ntpMiddle(t time.Time) uint32 {
 	return uint32((secs<<32 | frac) >> 16)
 }
 
-// fromBackend sends backend audio to the client's track and backend
-// events to the client's data channel.
+// fromBackend queues backend audio for paced playout to the client's
+// track (media.go) and sends backend events to the client's data channel.
 func (sess *session) fromBackend() {
 	defer sess.srv.wg.Done()
-	pkt := &rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: uint8(opusCodec.PayloadType)}}
+	ignored := uint64(0)
 	for {
 		m, err := sess.be.Recv(sess.ctx)
+		if n := sess.be.Ignored(); n != ignored {
+			sess.srv.metrics.backendRefused.WithLabelValues(refusedUnknown).Add(float64(n - ignored))
+			ignored = n
+		}
 		if err != nil {
 			if sess.ctx.Err() == nil && !sess.ending.Load() {
 				sess.log.Info("backend bridge closed", "err", err)
@@ -370,10 +383,9 @@ func (sess *session) fromBackend() {
 		}
 		switch {
 		case m.Audio != nil:
-			pkt.SequenceNumber, pkt.Timestamp, pkt.Payload = m.Audio.Seq, m.Audio.Timestamp, m.Audio.Payload
-			if err := sess.out.WriteRTP(pkt); err != nil {
-				sess.dropped.Add(1)
-			}
+			sess.playAudio(m.Audio)
+		case m.Control != nil:
+			sess.onControl(m.Control)
 		case m.Event != nil:
 			dc := sess.events.Load()
 			if dc == nil || dc.SendText(string(m.Event)) != nil {
@@ -442,6 +454,7 @@ func (sess *session) end(reason string) {
 		_ = sess.be.End(ctx, reason)
 		cancel()
 		sess.cancel()
+		sess.media.q.Close()
 		sess.notifyClient(reason)
 		_ = sess.pc.Close() // sends DTLS close_notify
 		sess.imu.Lock()     // waits for a restart in progress

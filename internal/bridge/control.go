@@ -1,0 +1,142 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+)
+
+// Output control message types (docs/bridge.md §6): the backend steers the
+// transceiver's paced playout of its audio, and the transceiver reports
+// playout progress.
+const (
+	// TypeOutputClear (backend → transceiver) drops all queued audio at
+	// once; the transceiver answers TypeOutputCleared.
+	TypeOutputClear = "output.clear"
+	// TypeOutputCleared (transceiver → backend) answers a clear (the
+	// backend's, or the client's output_audio_buffer.clear) with
+	// PlayedMs: the milliseconds of the current playout run sent to the
+	// client before the clear.
+	TypeOutputCleared = "output.cleared"
+	// TypeOutputMark (both ways) is placed in the playout queue by the
+	// backend and sent back with the same Name when the audio queued
+	// before it has been played; marks dropped by a clear come back at
+	// once with Cleared set.
+	TypeOutputMark = "output.mark"
+	// TypeOutputStarted (transceiver → backend): playout started from
+	// idle.
+	TypeOutputStarted = "output.started"
+	// TypeOutputStopped (transceiver → backend): the queue drained;
+	// PlayedMs is the length of the whole run.
+	TypeOutputStopped = "output.stopped"
+	// TypeOutputResponse (backend → transceiver) tags the audio that
+	// follows with the backend's response id (ID), reported to the client
+	// as response_id.
+	TypeOutputResponse = "output.response"
+	// TypeError (transceiver → backend) reports backend input the
+	// transceiver refused (Code, Message); the session goes on.
+	TypeError = "error"
+)
+
+// MaxMarkName is the longest output.mark name, in bytes, the transceiver
+// accepts.
+const MaxMarkName = 256
+
+// Error codes of TypeError messages (docs/bridge.md §8.1).
+const (
+	// ErrCodeQueueFull: audio refused because the output queue holds its
+	// cap; audio is refused until the queue has room again.
+	ErrCodeQueueFull = "output_queue_full"
+	// ErrCodeOddLength: a PCM frame's payload has an odd number of bytes
+	// (not whole 16-bit samples); the frame is dropped.
+	ErrCodeOddLength = "pcm_odd_length"
+	// ErrCodeInvalidOpus: an Opus frame's payload is not a well-formed
+	// Opus packet (RFC 6716 §3.4); the frame is dropped.
+	ErrCodeInvalidOpus = "invalid_opus"
+	// ErrCodeMarkName: an output.mark's name is empty or longer than
+	// MaxMarkName bytes; the mark is dropped.
+	ErrCodeMarkName = "invalid_mark_name"
+	// ErrCodeUnexpected: a control message the transceiver does not take
+	// from a backend (such as output.started); it is ignored.
+	ErrCodeUnexpected = "unexpected_message"
+)
+
+// Control is one output.* or error message. Which members are meaningful
+// depends on Type (see the Type… constants); the others are zero.
+type Control struct {
+	// Type is one of the Type… constants above.
+	Type string
+	// Name is the mark name (TypeOutputMark).
+	Name string
+	// ID is the response id (TypeOutputResponse).
+	ID string
+	// PlayedMs is milliseconds of audio sent to the client
+	// (TypeOutputCleared, TypeOutputStopped).
+	PlayedMs int64
+	// Cleared marks a TypeOutputMark returned because a clear dropped it
+	// before its audio was played.
+	Cleared bool
+	// Code and Message describe a TypeError: Code is one of the ErrCode…
+	// constants, Message is for people.
+	Code, Message string
+}
+
+// controlMsg is the wire form of Control; members a type does not use are
+// omitted, the ones it requires are always written.
+type controlMsg struct {
+	Type     string  `json:"type"`
+	Name     *string `json:"name,omitempty"`
+	ID       *string `json:"id,omitempty"`
+	PlayedMs *int64  `json:"played_ms,omitempty"`
+	Cleared  bool    `json:"cleared,omitempty"`
+	Code     string  `json:"code,omitempty"`
+	Message  string  `json:"message,omitempty"`
+}
+
+// SendControl sends c. It returns an error without sending when c.Type is
+// not one of the Type… constants. Safe for concurrent use.
+func (c *core) SendControl(ctx context.Context, ctl Control) error {
+	m := controlMsg{Type: ctl.Type}
+	switch ctl.Type {
+	case TypeOutputClear, TypeOutputStarted:
+	case TypeOutputCleared, TypeOutputStopped:
+		m.PlayedMs = &ctl.PlayedMs
+	case TypeOutputMark:
+		m.Name, m.Cleared = &ctl.Name, ctl.Cleared
+	case TypeOutputResponse:
+		m.ID = &ctl.ID
+	case TypeError:
+		m.Code, m.Message = ctl.Code, ctl.Message
+	default:
+		return fmt.Errorf("bridge: SendControl: unknown type %q", ctl.Type)
+	}
+	return c.sendJSON(ctx, m)
+}
+
+// parseControl checks the members a control type requires.
+func parseControl(m inMsg) (*Control, error) {
+	ctl := &Control{Type: m.Type, Cleared: m.Cleared, Code: m.Code, Message: m.Message}
+	need := func(p *string, member string) error {
+		if p == nil {
+			return fmt.Errorf("%w: %s without a string %q", ErrProtocol, m.Type, member)
+		}
+		return nil
+	}
+	switch m.Type {
+	case TypeOutputMark:
+		if err := need(m.Name, "name"); err != nil {
+			return nil, err
+		}
+		ctl.Name = *m.Name
+	case TypeOutputResponse:
+		if err := need(m.ID, "id"); err != nil {
+			return nil, err
+		}
+		ctl.ID = *m.ID
+	case TypeOutputCleared, TypeOutputStopped:
+		if m.PlayedMs == nil {
+			return nil, fmt.Errorf("%w: %s without an integer \"played_ms\"", ErrProtocol, m.Type)
+		}
+		ctl.PlayedMs = *m.PlayedMs
+	}
+	return ctl, nil
+}

@@ -1,0 +1,16 @@
+package playout
+
+// NewManualClock returns a clock whose ticks are played only by RunTick:
+// no goroutine, no timer. For tests and benchmarks that need a
+// deterministic timeline.
+func NewManualClock(workers int) *Clock { return newClock(workers) }
+
+// RunTick plays tick n (n×Tick after the clock's start) on every worker
+// of a manual clock, in the caller's goroutine. Do not call it on a clock
+// made by NewClock.
+func (c *Clock) RunTick(n int64) {
+	c.tick.Store(n)
+	for _, w := range c.workers {
+		w.runTick(n)
+	}
+}

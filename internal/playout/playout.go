@@ -1,0 +1,129 @@
+// Package playout paces backend audio to clients: each session has a
+// bounded output Queue of encoded packets, marks and response tags, and one
+// shared Clock drains every session's queue at one 20 ms packet per tick,
+// however fast the backend filled it (docs/bridge.md §6).
+//
+// # Clock
+//
+// A Clock is one ticking goroutine (time.Ticker, Tick) and a few worker
+// goroutines (one per CPU by default), each owning a share of the queues.
+// A queue is on its worker's active list only while it holds something or
+// a playout run is in progress: an idle session costs no timer and no
+// wake-up. Each tick, a worker walks its active list and sends what is due
+// through each queue's Sink, so the sends of many sessions happen together
+// on one goroutine: the place to batch them (sendmmsg) later.
+//
+// # Timeline
+//
+// Tick number n starts at n×Tick after the clock's start; on the RTP clock
+// of Opus (48 kHz, RFC 7587 §4.1) that is n×960 samples. A queue keeps the
+// timeline position where its next packet starts. A packet is due when it
+// starts before the end of the current tick, so packets of 10, 20 or 60 ms
+// all leave at their real-time pace. When nothing was due for a while (the
+// queue ran dry, or was idle), the position jumps to the current tick and
+// the RTP timestamp jumps with it: sequence numbers stay continuous (+1 per
+// packet, across replies and clears), timestamps follow real time (RFC 3550
+// §5.1), and the first packet of each run has the marker bit set (RFC 3551
+// §4.1: the first packet of a talkspurt).
+//
+// # Runs, clear, marks
+//
+// A run starts when the first packet is sent from idle (EventStarted) and
+// ends when the queue stayed empty for one tick after its last audio ended
+// (EventStopped, with the run's played milliseconds), or at a Clear
+// (EventCleared, no EventStopped). Played time counts the durations of the
+// packets sent to the Sink, exactly; a packet is counted when the worker
+// takes it, and at most one taken packet per queue is still being sent
+// when Clear returns. A mark comes back (EventMark) when the audio queued
+// before it has played out: at the first tick at or after the end of that
+// audio; on an idle, empty queue at once. Clear returns the marks it
+// dropped with Cleared set, before its EventCleared.
+package playout
+
+import (
+	"errors"
+	"time"
+)
+
+// Tick is the clock period: one 20 ms packet per session per tick.
+const Tick = 20 * time.Millisecond
+
+// TickSamples is Tick on the Opus RTP clock (48 kHz, RFC 7587 §4.1).
+const TickSamples = 960
+
+// Errors returned by Queue methods.
+var (
+	// ErrFull: the item would take the queue past its cap
+	// (QueueConfig.MaxQueued or MaxItems); it was not queued.
+	ErrFull = errors.New("playout: output queue full")
+	// ErrClosed: the queue was closed.
+	ErrClosed = errors.New("playout: queue closed")
+)
+
+// Packet is one RTP packet's worth of audio handed to a Sink.
+type Packet struct {
+	// Seq is the RTP sequence number: +1 per packet of the queue, from a
+	// random start.
+	Seq uint16
+	// Timestamp is the RTP timestamp at 48 kHz (RFC 7587 §4.1).
+	Timestamp uint32
+	// Marker is set on the first packet of a run (RFC 3551 §4.1).
+	Marker bool
+	// Payload is the encoded packet. It aliases the worker's buffer: valid
+	// only during the SendPacket call.
+	Payload []byte
+}
+
+// Sink receives a queue's packets on a clock worker goroutine. SendPacket
+// should not block: every queue of the worker waits for it.
+type Sink interface {
+	SendPacket(p *Packet)
+}
+
+// EventType says what an Event reports.
+type EventType uint8
+
+// Event types.
+const (
+	// EventStarted: a run started (its first packet was sent).
+	EventStarted EventType = iota + 1
+	// EventStopped: the run ended because the queue drained; PlayedMs is
+	// the whole run.
+	EventStopped
+	// EventCleared: Clear emptied the queue; PlayedMs is what the current
+	// run had sent (0 when there was no run).
+	EventCleared
+	// EventMark: a mark's audio has played (Cleared false), or a clear
+	// dropped it (Cleared true).
+	EventMark
+)
+
+func (t EventType) String() string {
+	switch t {
+	case EventStarted:
+		return "started"
+	case EventStopped:
+		return "stopped"
+	case EventCleared:
+		return "cleared"
+	case EventMark:
+		return "mark"
+	}
+	return "unknown"
+}
+
+// Event is one playout event, delivered in order by Queue.Events.
+type Event struct {
+	Type EventType
+	// PlayedMs is milliseconds of audio sent in the run (EventStopped,
+	// EventCleared).
+	PlayedMs int64
+	// Name is the mark's name (EventMark).
+	Name string
+	// Cleared is set on an EventMark dropped by a clear.
+	Cleared bool
+	// ResponseID is the response id in force (set by PushResponse): for
+	// EventStarted that of the run's first audio, for EventStopped and
+	// EventCleared that of the last audio sent. "" when none was set.
+	ResponseID string
+}

@@ -1,0 +1,379 @@
+package playout
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// DefaultMaxQueued is the default cap on the audio a queue holds.
+const DefaultMaxQueued = 60 * time.Second
+
+// DefaultMaxItems is the default cap on the items (packets, marks,
+// response tags) a queue holds.
+const DefaultMaxItems = 8192
+
+// QueueConfig configures a Queue. The zero value takes the defaults.
+type QueueConfig struct {
+	// MaxQueued caps the audio waiting in the queue (not yet sent).
+	// Default DefaultMaxQueued.
+	MaxQueued time.Duration
+	// MaxItems caps the packets, marks and response tags waiting in the
+	// queue. Default DefaultMaxItems.
+	MaxItems int
+	// OnUnderrun, if set, is called on the clock's worker goroutine, with
+	// no lock held, when the queue runs empty during a run: the owner may
+	// push the last, partial frame of a reply now (padded), and it is sent
+	// in the same tick. Called at most once per underrun.
+	OnUnderrun func()
+}
+
+type itemKind uint8
+
+const (
+	itemAudio itemKind = iota
+	itemMark
+	itemResponse
+)
+
+// item is one queue entry. Audio payloads live in the queue's arena at
+// [off, off+n).
+type item struct {
+	kind itemKind
+	off  int
+	n    int
+	dur  int    // audio: duration at 48 kHz
+	text string // mark name or response id
+}
+
+// Queue is one session's output queue, drained by a Clock. All methods
+// are safe for concurrent use.
+type Queue struct {
+	// Set once.
+	w          *worker
+	sink       Sink
+	onUnderrun func()
+	maxQueued  int64 // 48 kHz samples
+	maxItems   int
+	notify     chan struct{}
+
+	mu        sync.Mutex
+	items     []item // guarded by mu; items[head:] are waiting
+	head      int
+	arena     []byte // guarded by mu
+	queued    int64  // guarded by mu: audio waiting, 48 kHz samples
+	scheduled bool   // guarded by mu: on its worker's active list
+	closed    bool
+	running   bool   // a run is in progress
+	tl        int64  // timeline position (48 kHz samples) where the next packet starts
+	seq       uint16 // next packet's RTP fields
+	ts        uint32
+	played    int64 // samples sent in the current run
+	respID    string
+	underrun  bool // OnUnderrun was called for the current underrun
+	events    []Event
+}
+
+// NewQueue returns an empty queue drained by c that sends to sink.
+func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
+	if cfg.MaxQueued <= 0 {
+		cfg.MaxQueued = DefaultMaxQueued
+	}
+	if cfg.MaxItems <= 0 {
+		cfg.MaxItems = DefaultMaxItems
+	}
+	w := c.workers[int(c.next.Add(1))%len(c.workers)]
+	return &Queue{
+		w:          w,
+		sink:       sink,
+		onUnderrun: cfg.OnUnderrun,
+		maxQueued:  int64(cfg.MaxQueued / Tick * TickSamples),
+		maxItems:   cfg.MaxItems,
+		notify:     make(chan struct{}, 1),
+		seq:        uint16(rand.Uint32()),
+		ts:         rand.Uint32(),
+	}
+}
+
+// PushAudio queues one encoded packet of dur samples at 48 kHz (960 for
+// 20 ms). The payload is copied. It returns ErrFull, queueing nothing,
+// when the queue is at its cap, and ErrClosed after Close.
+func (q *Queue) PushAudio(payload []byte, dur int) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.admit(int64(dur)); err != nil {
+		return err
+	}
+	q.items = append(q.items, item{kind: itemAudio, off: len(q.arena), n: len(payload), dur: dur})
+	q.arena = append(q.arena, payload...)
+	q.queued += int64(dur)
+	q.schedule()
+	return nil
+}
+
+// PushMark queues a mark. On an idle, empty queue it comes back at once
+// (an EventMark); otherwise when the audio queued before it has played.
+func (q *Queue) PushMark(name string) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.admit(0); err != nil {
+		return err
+	}
+	if !q.running && q.head == len(q.items) {
+		q.events = append(q.events, Event{Type: EventMark, Name: name})
+		q.signal()
+		return nil
+	}
+	q.items = append(q.items, item{kind: itemMark, text: name})
+	q.schedule()
+	return nil
+}
+
+// PushResponse tags the audio queued after it with a response id, which
+// the events report (Event.ResponseID).
+func (q *Queue) PushResponse(id string) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.admit(0); err != nil {
+		return err
+	}
+	if !q.running && q.head == len(q.items) {
+		q.respID = id
+		return nil
+	}
+	q.items = append(q.items, item{kind: itemResponse, text: id})
+	q.schedule()
+	return nil
+}
+
+// Clear drops everything queued, at once, and ends the current run. It
+// returns the milliseconds of the run sent to the Sink before the clear
+// (0 when there was no run), and queues the dropped marks (Cleared set)
+// then an EventCleared. This is the one way to interrupt playout: the
+// backend's output.clear, the client's output_audio_buffer.clear and,
+// later, barge-in on detected speech all call it.
+func (q *Queue) Clear() (playedMs int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.running {
+		playedMs = q.played * 1000 / 48000
+	}
+	for _, it := range q.items[q.head:] {
+		if it.kind == itemMark {
+			q.events = append(q.events, Event{Type: EventMark, Name: it.text, Cleared: true})
+		}
+	}
+	q.events = append(q.events, Event{Type: EventCleared, PlayedMs: playedMs, ResponseID: q.respID})
+	q.reset()
+	q.running, q.played, q.respID, q.underrun = false, 0, "", false
+	q.signal()
+	return playedMs
+}
+
+// Idle reports whether nothing is queued and no run is in progress.
+func (q *Queue) Idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return !q.running && q.head == len(q.items)
+}
+
+// Queued returns the audio waiting in the queue.
+func (q *Queue) Queued() time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return time.Duration(q.queued) * time.Second / 48000
+}
+
+// Fits reports whether dur more samples (48 kHz) of audio fit under the
+// cap now.
+func (q *Queue) Fits(dur int) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.queued+int64(dur) <= q.maxQueued
+}
+
+// Notify returns a channel that receives (without blocking the sender,
+// capacity 1) after new events were queued: call Events then.
+func (q *Queue) Notify() <-chan struct{} { return q.notify }
+
+// Events appends the events queued since the last call to dst, in order,
+// and returns it.
+func (q *Queue) Events(dst []Event) []Event {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	dst = append(dst, q.events...)
+	clear(q.events)
+	q.events = q.events[:0]
+	return dst
+}
+
+// Close drops everything queued and takes the queue off the clock; later
+// pushes return ErrClosed. Idempotent.
+func (q *Queue) Close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
+	q.reset()
+}
+
+// admit checks the caps for an item of dur samples. mu held.
+func (q *Queue) admit(dur int64) error {
+	switch {
+	case q.closed:
+		return ErrClosed
+	case q.queued+dur > q.maxQueued || len(q.items)-q.head >= q.maxItems:
+		return ErrFull
+	}
+	return nil
+}
+
+// schedule puts the queue on its worker's active list. mu held.
+func (q *Queue) schedule() {
+	if !q.scheduled {
+		q.scheduled = true
+		q.w.add(q)
+	}
+}
+
+func (q *Queue) signal() {
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+// reset empties the items and the arena. mu held.
+func (q *Queue) reset() {
+	clear(q.items[q.head:]) // drop the strings
+	q.items, q.head, q.arena, q.queued = q.items[:0], 0, q.arena[:0], 0
+}
+
+// compact moves the waiting items to the front once at least half of
+// the item slice has been consumed, so a queue a backend keeps topped up
+// does not grow. mu held.
+func (q *Queue) compact() {
+	if q.head < 64 || q.head < len(q.items)/2 {
+		return
+	}
+	n := copy(q.items, q.items[q.head:])
+	clear(q.items[n:])
+	q.items, q.head = q.items[:n], 0
+	// Audio offsets increase along the queue; marks and tags carry no
+	// bytes. Move the bytes from the first waiting payload on.
+	shift := len(q.arena)
+	for _, it := range q.items {
+		if it.kind == itemAudio {
+			shift = it.off
+			break
+		}
+	}
+	m := copy(q.arena, q.arena[shift:])
+	q.arena = q.arena[:m]
+	for i := range q.items {
+		if q.items[i].kind == itemAudio {
+			q.items[i].off -= shift
+		}
+	}
+}
+
+// tick plays ticks from to n (more than one when the worker ran late):
+// it sends what is due, processes marks and tags whose audio has played,
+// and ends the run when the queue stayed empty. It reports whether the
+// queue stays on the worker's active list.
+func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
+	now, first := n*TickSamples, from*TickSamples
+	sent := q.take(now, first, w)
+	if len(w.batch) == 0 && q.onUnderrun != nil && q.wantsTail() {
+		q.onUnderrun()
+		sent = q.take(now, first, w) || sent
+	}
+	for i := range w.batch {
+		q.sink.SendPacket(&w.batch[i])
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if sent {
+		q.signal()
+	}
+	if q.closed || (!q.running && q.head == len(q.items)) {
+		q.scheduled = false
+		return false
+	}
+	return true
+}
+
+// wantsTail reports, and records, that the run has just run dry: the
+// owner's OnUnderrun is due.
+func (q *Queue) wantsTail() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.running || q.head != len(q.items) || q.underrun {
+		return false
+	}
+	q.underrun = true
+	return true
+}
+
+// take moves the packets due by the end of the tick starting at now into
+// w.batch (payloads copied into w.buf), and queues the events that come
+// due. first is the start of the earliest tick being played (now, unless
+// the worker ran late). It reports whether it queued events.
+func (q *Queue) take(now, first int64, w *worker) (events bool) {
+	w.batch, w.buf = w.batch[:0], w.buf[:0]
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	nev := len(q.events)
+	for q.head < len(q.items) && !q.closed {
+		it := &q.items[q.head]
+		if it.kind != itemAudio {
+			if q.tl > now {
+				break // the audio before it is still playing
+			}
+			if it.kind == itemMark {
+				q.events = append(q.events, Event{Type: EventMark, Name: it.text})
+			} else {
+				q.respID = it.text
+			}
+			it.text = ""
+			q.head++
+			continue
+		}
+		if q.tl >= now+TickSamples {
+			break // not due in this tick
+		}
+		if q.tl < first { // nothing was due for a while: follow real time
+			q.ts += uint32(now - q.tl)
+			q.tl = now
+		}
+		marker := false
+		if !q.running {
+			q.running, q.played, marker = true, 0, true
+			q.events = append(q.events, Event{Type: EventStarted, ResponseID: q.respID})
+		}
+		start := len(w.buf)
+		w.buf = append(w.buf, q.arena[it.off:it.off+it.n]...)
+		w.batch = append(w.batch, Packet{Seq: q.seq, Timestamp: q.ts, Marker: marker})
+		w.batch[len(w.batch)-1].Payload = w.buf[start:len(w.buf):len(w.buf)]
+		q.seq++
+		q.ts += uint32(it.dur)
+		q.tl += int64(it.dur)
+		q.played += int64(it.dur)
+		q.queued -= int64(it.dur)
+		q.underrun = false
+		q.head++
+	}
+	if q.head == len(q.items) {
+		q.reset()
+		// One tick of grace after the last audio ended before the run
+		// stops, so a backend streaming in real time a little late does
+		// not split its playout.
+		if q.running && len(w.batch) == 0 && now >= q.tl+TickSamples {
+			q.running = false
+			q.events = append(q.events, Event{Type: EventStopped, PlayedMs: q.played * 1000 / 48000, ResponseID: q.respID})
+			q.played, q.underrun = 0, false
+		}
+	} else {
+		q.compact()
+	}
+	return len(q.events) > nev
+}

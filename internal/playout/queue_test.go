@@ -1,0 +1,384 @@
+package playout
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// recorder is a Sink that keeps copies of what it was sent, with the tick
+// it was sent in.
+type recorder struct {
+	tick int64
+	pkts []sent
+}
+
+type sent struct {
+	tick   int64
+	seq    uint16
+	ts     uint32
+	marker bool
+	data   string
+}
+
+func (r *recorder) SendPacket(p *Packet) {
+	r.pkts = append(r.pkts, sent{r.tick, p.Seq, p.Timestamp, p.Marker, string(p.Payload)})
+}
+
+// harness drives one queue on a clock with one worker, tick by tick.
+type harness struct {
+	t   *testing.T
+	c   *Clock
+	q   *Queue
+	rec *recorder
+	n   int64
+}
+
+func newHarness(t *testing.T, cfg QueueConfig) *harness {
+	c := newClock(1)
+	h := &harness{t: t, c: c, rec: &recorder{}, n: 1000}
+	h.q = c.NewQueue(h.rec, cfg)
+	return h
+}
+
+// run plays k ticks.
+func (h *harness) run(k int) {
+	for range k {
+		h.rec.tick = h.n
+		h.c.workers[0].runTick(h.n)
+		h.n++
+	}
+}
+
+func (h *harness) push(data string, dur int) {
+	h.t.Helper()
+	if err := h.q.PushAudio([]byte(data), dur); err != nil {
+		h.t.Fatalf("PushAudio(%s): %v", data, err)
+	}
+}
+
+func (h *harness) events() []Event { return h.q.Events(nil) }
+
+func TestBurstPacedOnePerTick(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	const n = 500 // 10 s in one burst
+	for i := range n {
+		h.push(fmt.Sprint(i), 960)
+	}
+	if q := h.q.Queued(); q != 10*time.Second {
+		t.Fatalf("Queued = %v, want 10s", q)
+	}
+	h.run(n)
+	if len(h.rec.pkts) != n {
+		t.Fatalf("%d packets after %d ticks, want one per tick", len(h.rec.pkts), n)
+	}
+	first := h.rec.pkts[0]
+	for i, p := range h.rec.pkts {
+		want := sent{first.tick + int64(i), first.seq + uint16(i), first.ts + uint32(i*960), i == 0, fmt.Sprint(i)}
+		if p != want {
+			t.Fatalf("packet %d = %+v, want %+v", i, p, want)
+		}
+	}
+	if ev := h.events(); !reflect.DeepEqual(ev, []Event{{Type: EventStarted}}) {
+		t.Fatalf("events during playout %+v", ev)
+	}
+	h.run(1) // the last packet's audio ends: one tick of grace
+	if ev := h.events(); len(ev) != 0 {
+		t.Fatalf("events at the end of the audio %+v, want none yet", ev)
+	}
+	h.run(1)
+	if ev := h.events(); !reflect.DeepEqual(ev, []Event{{Type: EventStopped, PlayedMs: 10000}}) {
+		t.Fatalf("events after the grace tick %+v, want stopped 10000 ms", ev)
+	}
+	if !h.q.Idle() || len(h.c.workers[0].active) != 0 {
+		t.Fatalf("queue idle %v, worker active list %d after the run", h.q.Idle(), len(h.c.workers[0].active))
+	}
+	// A later reply: the sequence goes on, the timestamp follows real time,
+	// a new talkspurt.
+	h.run(10)
+	h.push("later", 960)
+	h.run(1)
+	last, p := h.rec.pkts[n-1], h.rec.pkts[n]
+	if p.seq != last.seq+1 || !p.marker || p.ts != last.ts+uint32((p.tick-last.tick)*960) {
+		t.Fatalf("next reply's first packet %+v after %+v: want seq+1, marker, timestamp by elapsed ticks", p, last)
+	}
+}
+
+func TestClear(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	if err := h.q.PushResponse("resp_1"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 500 {
+		h.push(fmt.Sprint(i), 960)
+		if i == 100 {
+			_ = h.q.PushMark("m100")
+		}
+	}
+	_ = h.q.PushMark("end")
+	h.run(50)
+	if played := h.q.Clear(); played != 1000 {
+		t.Fatalf("Clear = %d ms, want 1000 (50 packets sent)", played)
+	}
+	want := []Event{
+		{Type: EventStarted, ResponseID: "resp_1"},
+		{Type: EventMark, Name: "m100", Cleared: true},
+		{Type: EventMark, Name: "end", Cleared: true},
+		{Type: EventCleared, PlayedMs: 1000, ResponseID: "resp_1"},
+	}
+	if ev := h.events(); !reflect.DeepEqual(ev, want) {
+		t.Fatalf("events %+v, want %+v", ev, want)
+	}
+	h.run(20)
+	if len(h.rec.pkts) != 50 || h.q.Queued() != 0 {
+		t.Fatalf("%d packets sent, %v queued after the clear; want 50, 0", len(h.rec.pkts), h.q.Queued())
+	}
+	if ev := h.events(); len(ev) != 0 {
+		t.Fatalf("events after a clear %+v, want none (no stopped)", ev)
+	}
+	// Nothing queued: a clear reports 0 and still answers.
+	if played := h.q.Clear(); played != 0 {
+		t.Fatalf("second Clear = %d", played)
+	}
+	if ev := h.events(); !reflect.DeepEqual(ev, []Event{{Type: EventCleared}}) {
+		t.Fatalf("events of an idle clear %+v", ev)
+	}
+	// The next reply continues the sequence, starts a talkspurt.
+	h.push("next", 960)
+	h.run(1)
+	last, p := h.rec.pkts[49], h.rec.pkts[50]
+	if p.seq != last.seq+1 || !p.marker || p.data != "next" {
+		t.Fatalf("first packet after the clear %+v, last before %+v", p, last)
+	}
+}
+
+func TestMarksAfterTheirAudio(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	_ = h.q.PushMark("idle") // empty idle queue: back at once
+	if ev := h.events(); !reflect.DeepEqual(ev, []Event{{Type: EventMark, Name: "idle"}}) {
+		t.Fatalf("mark on an idle queue: %+v", ev)
+	}
+	for _, s := range []string{"a0", "a1", "a2", "M1", "a3", "R", "a4", "M2"} {
+		switch s[0] {
+		case 'M':
+			_ = h.q.PushMark(s)
+		case 'R':
+			_ = h.q.PushResponse("r2")
+		default:
+			h.push(s, 960)
+		}
+	}
+	var got []string
+	for range 8 {
+		h.run(1)
+		for _, e := range h.events() {
+			got = append(got, fmt.Sprintf("%d:%s:%s:%s", h.n-1-1000, e.Type, e.Name, e.ResponseID))
+		}
+	}
+	want := []string{"0:started::", "3:mark:M1:", "5:mark:M2:", "6:stopped::r2"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events (tick:type:name:response) %q, want %q", got, want)
+	}
+	for i, p := range h.rec.pkts {
+		if p.tick-1000 != int64(i) {
+			t.Fatalf("packet %d sent at tick %d", i, p.tick-1000)
+		}
+	}
+}
+
+func TestPacketDurations(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	// 60 ms, 10 ms, 10 ms, 20 ms, 40 ms, 20 ms
+	for i, d := range []int{2880, 480, 480, 960, 1920, 960} {
+		h.push(fmt.Sprint(i), d)
+	}
+	h.run(10)
+	var ticks []int64
+	var tss []uint32
+	for _, p := range h.rec.pkts {
+		ticks = append(ticks, p.tick-1000)
+		tss = append(tss, p.ts-h.rec.pkts[0].ts)
+	}
+	if want := []int64{0, 3, 3, 4, 5, 7}; !slices.Equal(ticks, want) {
+		t.Fatalf("sent at ticks %v, want %v", ticks, want)
+	}
+	if want := []uint32{0, 2880, 3360, 3840, 4800, 6720}; !slices.Equal(tss, want) {
+		t.Fatalf("timestamps %v, want %v", tss, want)
+	}
+}
+
+func TestLateAudioWithinARun(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	h.push("a", 960)
+	h.run(2) // sent, then one empty tick (grace)
+	h.push("b", 960)
+	h.run(3)
+	if len(h.rec.pkts) != 2 {
+		t.Fatalf("%d packets", len(h.rec.pkts))
+	}
+	a, b := h.rec.pkts[0], h.rec.pkts[1]
+	if b.marker || b.seq != a.seq+1 || b.ts != a.ts+1920 {
+		t.Fatalf("late packet %+v after %+v: want no marker, seq+1, timestamp +1920 (a 20 ms gap)", b, a)
+	}
+	want := []Event{{Type: EventStarted}, {Type: EventStopped, PlayedMs: 40}}
+	if ev := h.events(); !reflect.DeepEqual(ev, want) {
+		t.Fatalf("events %+v, want one run %+v", ev, want)
+	}
+}
+
+func TestUnderrunTail(t *testing.T) {
+	var h *harness
+	calls := 0
+	h = newHarness(t, QueueConfig{OnUnderrun: func() {
+		calls++
+		if calls == 1 {
+			h.push("tail", 960)
+		}
+	}})
+	h.push("a", 960)
+	h.run(5)
+	if calls != 2 || len(h.rec.pkts) != 2 {
+		t.Fatalf("OnUnderrun called %d times, %d packets sent; want 2, 2", calls, len(h.rec.pkts))
+	}
+	if a, b := h.rec.pkts[0], h.rec.pkts[1]; b.tick != a.tick+1 || b.ts != a.ts+960 || b.data != "tail" {
+		t.Fatalf("tail %+v after %+v: want it in the next tick, contiguous", b, a)
+	}
+}
+
+// TestLateWorker: ticks the worker could not play in time are played
+// with the next one: their packets leave together, timestamps contiguous.
+func TestLateWorker(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	for i := range 6 {
+		h.push(fmt.Sprint(i), 960)
+	}
+	h.run(1)
+	h.n += 3 // three ticks missed
+	h.run(1)
+	h.run(1)
+	var ticks []int64
+	for i, p := range h.rec.pkts {
+		ticks = append(ticks, p.tick-1000)
+		if p.ts != h.rec.pkts[0].ts+uint32(960*i) || p.seq != h.rec.pkts[0].seq+uint16(i) {
+			t.Fatalf("packet %d: %+v", i, p)
+		}
+	}
+	if want := []int64{0, 4, 4, 4, 4, 5}; !slices.Equal(ticks, want) {
+		t.Fatalf("sent at ticks %v, want %v", ticks, want)
+	}
+	if got := h.c.Stats().LateTicks; got != 3 {
+		t.Fatalf("LateTicks %d, want 3", got)
+	}
+}
+
+func TestCaps(t *testing.T) {
+	h := newHarness(t, QueueConfig{MaxQueued: time.Second, MaxItems: 60})
+	for i := range 50 {
+		h.push(fmt.Sprint(i), 960)
+	}
+	if err := h.q.PushAudio([]byte("x"), 960); !errors.Is(err, ErrFull) {
+		t.Fatalf("51st packet: %v, want ErrFull", err)
+	}
+	for range 10 {
+		_ = h.q.PushMark("m")
+	}
+	if err := h.q.PushMark("m"); !errors.Is(err, ErrFull) {
+		t.Fatalf("61st item: %v, want ErrFull", err)
+	}
+	h.run(1)
+	if err := h.q.PushAudio([]byte("x"), 960); err != nil {
+		t.Fatalf("after a packet left: %v", err)
+	}
+	h.q.Close()
+	if err := h.q.PushAudio([]byte("x"), 960); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+	h.run(1)
+	if len(h.c.workers[0].active) != 0 {
+		t.Fatal("a closed queue stays on the worker's list")
+	}
+}
+
+// TestCompaction keeps a queue topped up for a long time: memory stays
+// bounded and the bytes stay right.
+func TestCompaction(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	next := 0
+	for range 10 {
+		h.push(fmt.Sprintf("p%06d", next), 960)
+		next++
+	}
+	for range 5000 {
+		h.push(fmt.Sprintf("p%06d", next), 960)
+		next++
+		if next%7 == 0 {
+			_ = h.q.PushMark("m")
+		}
+		h.run(1)
+	}
+	for i, p := range h.rec.pkts {
+		if p.data != fmt.Sprintf("p%06d", i) {
+			t.Fatalf("packet %d = %q", i, p.data)
+		}
+	}
+	if c := cap(h.q.arena); c > 4096 {
+		t.Fatalf("arena grew to %d bytes for ~10 packets waiting", c)
+	}
+}
+
+func TestTickAllocs(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	h.q.sink = sinkFunc(func(*Packet) {}) // the recorder allocates
+	payload := make([]byte, 120)
+	var evs []Event
+	step := func() {
+		_ = h.q.PushAudio(payload, 960)
+		h.run(1)
+		evs = h.q.Events(evs[:0])
+	}
+	for range 200 {
+		step()
+	}
+	if n := testing.AllocsPerRun(1000, step); n != 0 {
+		t.Fatalf("push + tick: %v allocations, want 0", n)
+	}
+}
+
+// TestClockRuns drives a real clock: a short reply plays and stops, and
+// Close leaves no goroutine (goleak in TestMain).
+func TestClockRuns(t *testing.T) {
+	c := NewClock(2)
+	defer c.Close()
+	rec := make(chan struct{}, 100)
+	q := c.NewQueue(sinkFunc(func(*Packet) { rec <- struct{}{} }), QueueConfig{})
+	for range 5 {
+		if err := q.PushAudio([]byte{1}, 960); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = q.PushMark("done")
+	var got []Event
+	for len(got) < 3 {
+		select {
+		case <-q.Notify():
+			got = q.Events(got)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("events so far %+v", got)
+		}
+	}
+	want := []Event{{Type: EventStarted}, {Type: EventMark, Name: "done"}, {Type: EventStopped, PlayedMs: 100}}
+	if !reflect.DeepEqual(got, want) || len(rec) != 5 {
+		t.Fatalf("events %+v, %d packets; want %+v, 5", got, len(rec), want)
+	}
+}
+
+type sinkFunc func(*Packet)
+
+func (f sinkFunc) SendPacket(p *Packet) { f(p) }

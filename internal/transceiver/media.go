@@ -1,0 +1,338 @@
+package transceiver
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/pion/rtp"
+
+	"github.com/switchboard-rtc/switchboard/internal/audio"
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/playout"
+)
+
+// This file is a session's media path between the client's Opus track and
+// the backend bridge (docs/bridge.md §5, §6):
+//
+//	client RTP ─▶ toBackend ─▶ (PCM formats: audio.Decoder) ─▶ bridge
+//	bridge ─▶ playAudio ─▶ (PCM formats: audio.Encoder) ─▶ playout.Queue
+//	shared playout.Clock ─▶ SendPacket ─▶ client RTP
+//	playout events ─▶ playoutEvents ─▶ output.* to the backend,
+//	                                   output_audio_buffer.* to the client
+
+// Reasons of switchboard_transceiver_backend_input_refused_total: backend
+// input the transceiver refused or answered specially (docs/bridge.md §8.1).
+const (
+	refusedOddLength   = "pcm_odd_length"    // PCM frame with an odd byte count
+	refusedInvalidOpus = "invalid_opus"      // Opus frame that is not an Opus packet
+	refusedQueueFull   = "output_queue_full" // audio or mark past the queue's cap
+	refusedMarkName    = "invalid_mark_name" // empty or overlong mark name
+	refusedUnexpected  = "unexpected_type"   // a control type backends do not send
+	refusedUnknown     = "unknown_type"      // a message type v1 does not know (ignored)
+	refusedClearIdle   = "clear_idle"        // output.clear with nothing queued (answered played_ms 0)
+)
+
+var refusedReasons = []string{refusedOddLength, refusedInvalidOpus, refusedQueueFull, refusedMarkName, refusedUnexpected, refusedUnknown, refusedClearIdle}
+
+// clientClearType is the OpenAI Realtime client event that clears the
+// output audio buffer, accepted on oai-events.
+const clientClearType = "output_audio_buffer.clear"
+
+// OpenAI Realtime server events the transceiver sends the client on
+// oai-events about playout, unless the backend's hello opted out.
+const (
+	clientStartedType = "output_audio_buffer.started"
+	clientStoppedType = "output_audio_buffer.stopped"
+	clientClearedType = "output_audio_buffer.cleared"
+)
+
+// media is a session's codec and playout state.
+type media struct {
+	// Set once.
+	q        *playout.Queue
+	dec      *audio.Decoder // nil for Opus passthrough; only onTrack uses it
+	frameDur int            // PCM: one frame at 48 kHz (960)
+	frameLen int            // PCM: samples per frame at the format's rate
+
+	// encMu guards enc: the bridge reader encodes, the clock's worker
+	// flushes a reply's last partial frame (OnUnderrun).
+	encMu sync.Mutex
+	enc   *audio.Encoder // nil for Opus passthrough
+
+	full    atomic.Bool   // audio is being refused for the cap; one error per episode
+	eventID atomic.Uint64 // client event ids
+	rtpPkt  rtp.Packet    // SendPacket's packet; only the clock worker touches it
+	decLast audio.DecoderStats
+}
+
+// newMedia sets up the media path for the bridge's agreed format.
+func (sess *session) newMedia() error {
+	cfg := sess.srv.cfg
+	m := &media{}
+	if rate := bridge.SampleRate(sess.be.Format()); rate != 0 {
+		var err error
+		if m.dec, err = audio.NewDecoder(rate); err != nil {
+			return err
+		}
+		if m.enc, err = audio.NewEncoder(rate, cfg.OutputBitrate); err != nil {
+			return err
+		}
+		m.frameDur, m.frameLen = playout.TickSamples, audio.FrameSamples(rate)
+	}
+	m.rtpPkt.Header = rtp.Header{Version: 2, PayloadType: uint8(opusCodec.PayloadType)}
+	qcfg := playout.QueueConfig{MaxQueued: cfg.OutputQueueMax}
+	if m.enc != nil {
+		qcfg.OnUnderrun = sess.flushTail
+	}
+	m.q = sess.srv.clock.NewQueue(sess, qcfg)
+	sess.media = m
+	return nil
+}
+
+// toBackend forwards one client RTP packet: as it came for Opus, decoded
+// into 20 ms PCM frames (losses concealed) for the PCM formats.
+func (sess *session) toBackend(pkt *rtp.Packet) error {
+	m := sess.media
+	if m.dec == nil {
+		return sess.be.SendAudio(sess.ctx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload})
+	}
+	for _, f := range m.dec.Push(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload) {
+		if err := sess.be.SendAudio(sess.ctx, bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM, Concealed: f.Concealed}); err != nil {
+			return err
+		}
+	}
+	st := m.dec.Stats()
+	if st != m.decLast {
+		mt := sess.srv.metrics
+		mt.clientAudioDropped.WithLabelValues("invalid_opus").Add(float64(st.Invalid - m.decLast.Invalid))
+		mt.clientAudioDropped.WithLabelValues("late").Add(float64(st.Late - m.decLast.Late))
+		rate := float64(m.dec.Rate())
+		mt.concealed.WithLabelValues("fec").Add(float64(st.FECSamples-m.decLast.FECSamples) / rate)
+		mt.concealed.WithLabelValues("plc").Add(float64(st.PLCSamples-m.decLast.PLCSamples) / rate)
+		m.decLast = st
+	}
+	return nil
+}
+
+// playAudio queues one backend audio frame for paced playout.
+func (sess *session) playAudio(f *bridge.AudioFrame) {
+	m := sess.media
+	if m.enc == nil {
+		dur, err := audio.PacketDuration(f.Payload)
+		if err != nil {
+			sess.refuse(refusedInvalidOpus, bridge.ErrCodeInvalidOpus, fmt.Sprintf("frame seq %d timestamp %d: %v", f.Seq, f.Timestamp, err))
+			return
+		}
+		sess.queued(m.q.PushAudio(f.Payload, dur), f)
+		return
+	}
+	if len(f.Payload)%2 != 0 {
+		sess.refuse(refusedOddLength, bridge.ErrCodeOddLength, fmt.Sprintf("frame seq %d timestamp %d has %d bytes, not whole 16-bit samples; dropped", f.Seq, f.Timestamp, len(f.Payload)))
+		return
+	}
+	m.encMu.Lock()
+	defer m.encMu.Unlock()
+	frames := (m.enc.Pending() + len(f.Payload)/2) / m.frameLen
+	if !m.q.Fits(frames * m.frameDur) {
+		sess.queued(playout.ErrFull, f) // refused whole, before encoding
+		return
+	}
+	pkts, err := m.enc.Write(f.Payload)
+	for _, p := range pkts {
+		if qerr := m.q.PushAudio(p.Payload, m.frameDur); qerr != nil {
+			sess.queued(qerr, f)
+			return
+		}
+	}
+	if err != nil {
+		sess.log.Warn("opus encode failed", "err", err)
+		return
+	}
+	sess.queued(nil, f)
+}
+
+// queued accounts for the result of queueing f: past the cap the backend
+// gets one output_queue_full error per episode (until audio fits again).
+func (sess *session) queued(err error, f *bridge.AudioFrame) {
+	m := sess.media
+	switch {
+	case err == nil:
+		m.full.Store(false)
+	case errors.Is(err, playout.ErrFull):
+		sess.srv.metrics.backendRefused.WithLabelValues(refusedQueueFull).Inc()
+		if !m.full.Swap(true) {
+			sess.sendControl(bridge.Control{Type: bridge.TypeError, Code: bridge.ErrCodeQueueFull,
+				Message: fmt.Sprintf("output queue holds its cap of %v; frame seq %d timestamp %d and the audio after it are refused until it has room", sess.srv.cfg.OutputQueueMax, f.Seq, f.Timestamp)})
+		}
+	}
+}
+
+// flushTail pads and queues the last partial PCM frame when the queue runs
+// dry: the end of a reply. It runs on the clock's worker; if the bridge
+// reader holds the encoder, more audio is arriving anyway.
+func (sess *session) flushTail() {
+	m := sess.media
+	if !m.encMu.TryLock() {
+		return
+	}
+	defer m.encMu.Unlock()
+	sess.flushLocked()
+}
+
+// flushLocked queues the partial PCM frame, padded. encMu held.
+func (sess *session) flushLocked() {
+	m := sess.media
+	if m.enc == nil || m.enc.Pending() == 0 {
+		return
+	}
+	pkts, _ := m.enc.Flush()
+	for _, p := range pkts {
+		_ = m.q.PushAudio(p.Payload, m.frameDur)
+	}
+}
+
+// onControl handles an output.* message from the backend.
+func (sess *session) onControl(c *bridge.Control) {
+	m := sess.media
+	switch c.Type {
+	case bridge.TypeOutputClear:
+		sess.clearOutput("backend")
+	case bridge.TypeOutputMark:
+		if c.Name == "" || len(c.Name) > bridge.MaxMarkName {
+			sess.refuse(refusedMarkName, bridge.ErrCodeMarkName, fmt.Sprintf("mark names are 1 to %d bytes; this one has %d; dropped", bridge.MaxMarkName, len(c.Name)))
+			return
+		}
+		m.encMu.Lock()
+		sess.flushLocked() // the mark follows all the audio before it
+		err := m.q.PushMark(c.Name)
+		m.encMu.Unlock()
+		if err != nil {
+			sess.refuse(refusedQueueFull, bridge.ErrCodeQueueFull, fmt.Sprintf("mark %q refused: the output queue holds its cap", c.Name))
+		}
+	case bridge.TypeOutputResponse:
+		m.encMu.Lock()
+		sess.flushLocked() // the previous response's audio ends here
+		err := m.q.PushResponse(c.ID)
+		m.encMu.Unlock()
+		if err != nil {
+			sess.refuse(refusedQueueFull, bridge.ErrCodeQueueFull, fmt.Sprintf("response tag %q refused: the output queue holds its cap", c.ID))
+		}
+	default:
+		sess.refuse(refusedUnexpected, bridge.ErrCodeUnexpected, fmt.Sprintf("%s is sent by the transceiver, not to it; ignored", c.Type))
+	}
+}
+
+// clearOutput drops all queued audio at once and returns how many
+// milliseconds of the current playout run had been sent to the client.
+// The backend is told with output.cleared and the client with
+// output_audio_buffer.cleared, in order with the other playout events.
+// source labels the metric: "backend" (output.clear), "client"
+// (output_audio_buffer.clear); turn detection's barge-in calls it too.
+func (sess *session) clearOutput(source string) int64 {
+	m := sess.media
+	m.encMu.Lock()
+	defer m.encMu.Unlock()
+	if m.enc != nil {
+		// The encoder ran ahead of playout: start the next reply from a
+		// clean state, not predicting from audio that was never sent.
+		if err := m.enc.Reset(); err != nil {
+			sess.log.Warn("opus encoder reset failed", "err", err)
+		}
+	}
+	if m.q.Idle() && source == "backend" {
+		sess.srv.metrics.backendRefused.WithLabelValues(refusedClearIdle).Inc()
+	}
+	sess.srv.metrics.clears.WithLabelValues(source).Inc()
+	return m.q.Clear()
+}
+
+// refuse counts bad backend input and tells the backend.
+func (sess *session) refuse(reason, code, msg string) {
+	sess.srv.metrics.backendRefused.WithLabelValues(reason).Inc()
+	sess.sendControl(bridge.Control{Type: bridge.TypeError, Code: code, Message: msg})
+}
+
+func (sess *session) sendControl(c bridge.Control) {
+	if err := sess.be.SendControl(sess.ctx, c); err != nil && sess.ctx.Err() == nil && !sess.ending.Load() {
+		sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
+	}
+}
+
+// SendPacket sends one paced packet to the client (playout.Sink). It runs
+// on the clock's worker goroutine.
+func (sess *session) SendPacket(p *playout.Packet) {
+	pkt := &sess.media.rtpPkt
+	pkt.SequenceNumber, pkt.Timestamp, pkt.Marker, pkt.Payload = p.Seq, p.Timestamp, p.Marker, p.Payload
+	if err := sess.out.WriteRTP(pkt); err != nil {
+		sess.dropped.Add(1)
+	}
+}
+
+// playoutEvents reports playout events, in order: output.* to the backend
+// and, unless it opted out, output_audio_buffer.* to the client.
+func (sess *session) playoutEvents() {
+	defer sess.srv.wg.Done()
+	q := sess.media.q
+	var evs []playout.Event
+	for {
+		select {
+		case <-sess.ctx.Done():
+			return
+		case <-q.Notify():
+		}
+		evs = q.Events(evs[:0])
+		for _, e := range evs {
+			sess.reportPlayout(e)
+		}
+	}
+}
+
+func (sess *session) reportPlayout(e playout.Event) {
+	var client string
+	switch e.Type {
+	case playout.EventStarted:
+		sess.sendControl(bridge.Control{Type: bridge.TypeOutputStarted})
+		client = clientStartedType
+	case playout.EventStopped:
+		sess.sendControl(bridge.Control{Type: bridge.TypeOutputStopped, PlayedMs: e.PlayedMs})
+		client = clientStoppedType
+	case playout.EventCleared:
+		sess.sendControl(bridge.Control{Type: bridge.TypeOutputCleared, PlayedMs: e.PlayedMs})
+		client = clientClearedType
+	case playout.EventMark:
+		sess.sendControl(bridge.Control{Type: bridge.TypeOutputMark, Name: e.Name, Cleared: e.Cleared})
+		return
+	}
+	if !sess.be.OutputAudioBufferEvents() {
+		return
+	}
+	dc := sess.events.Load()
+	if dc == nil {
+		return
+	}
+	msg, _ := json.Marshal(struct {
+		Type       string `json:"type"`
+		EventID    string `json:"event_id"`
+		ResponseID string `json:"response_id,omitempty"`
+	}{client, "event_sb_" + sess.id + "_" + strconv.FormatUint(sess.media.eventID.Add(1), 10), e.ResponseID})
+	if dc.SendText(string(msg)) != nil {
+		sess.srv.metrics.eventsDropped.Inc()
+	}
+}
+
+// isClientClear reports whether a data-channel message is the client's
+// {"type":"output_audio_buffer.clear"}.
+func isClientClear(data []byte) bool {
+	if !bytes.Contains(data, []byte(clientClearType)) {
+		return false
+	}
+	var m struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(data, &m) == nil && m.Type == clientClearType
+}
