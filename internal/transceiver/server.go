@@ -153,8 +153,9 @@ func (s *Server) Sessions() int {
 }
 
 // newAPI builds the Pion API for one session: ICE-lite on the shared mux,
-// the session's credentials, Opus only.
-func (s *Server) newAPI(ufrag, pwd string) (*webrtc.API, error) {
+// the session's credentials, Opus only. role is the DTLS role the offer
+// asked of the answer (offerInfo.dtlsRole); zero means Config.DTLSRole.
+func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole) (*webrtc.API, error) {
 	var se webrtc.SettingEngine
 	se.SetLite(true)
 	se.SetICEUDPMux(s.mux)
@@ -165,9 +166,11 @@ func (s *Server) newAPI(ufrag, pwd string) (*webrtc.API, error) {
 	// ICE has already proved the path when DTLS starts: no cookie round
 	// trip when we are the DTLS server (RFC 6347 §4.2.1 makes it optional).
 	se.SetDTLSInsecureSkipHelloVerify(true)
-	role := webrtc.DTLSRoleClient
-	if s.cfg.DTLSRole == "server" {
-		role = webrtc.DTLSRoleServer
+	if role != webrtc.DTLSRoleClient && role != webrtc.DTLSRoleServer {
+		role = webrtc.DTLSRoleClient
+		if s.cfg.DTLSRole == "server" {
+			role = webrtc.DTLSRoleServer
+		}
 	}
 	if err := se.SetAnsweringDTLSRole(role); err != nil {
 		return nil, err
@@ -242,12 +245,13 @@ func (s *Server) offer(ctx context.Context, offer string, meta map[string]string
 		s.starting--
 		s.mu.Unlock()
 	}()
-	if err := validateOffer(offer); err != nil {
+	info, err := parseOffer(offer)
+	if err != nil {
 		return "", "", err
 	}
 
 	start := time.Now()
-	sess, answer, err := s.newSession(ctx, offer, meta, owner)
+	sess, answer, err := s.newSession(ctx, offer, info, meta, owner)
 	if err != nil {
 		s.metrics.sessionsFailed.Inc()
 		return "", "", err

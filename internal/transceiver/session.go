@@ -68,7 +68,7 @@ type session struct {
 
 // newSession builds the peer connection and opens the backend bridge in
 // parallel, then returns the complete answer.
-func (s *Server) newSession(ctx context.Context, offer string, meta map[string]string, owner string) (*session, string, error) {
+func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, meta map[string]string, owner string) (*session, string, error) {
 	ufrag, pwd, err := s.newCredentials()
 	if err != nil {
 		return nil, "", err
@@ -116,7 +116,7 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 		return nil, "", err
 	}
 
-	if sess.api, err = s.newAPI(ufrag, pwd); err != nil {
+	if sess.api, err = s.newAPI(ufrag, pwd, info.dtlsRole); err != nil {
 		return fail(err)
 	}
 	if s.conn != nil {
