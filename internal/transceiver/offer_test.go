@@ -60,7 +60,9 @@ func TestOfferRefused(t *testing.T) {
 	}{
 		{"holdconn", func(o string) string { return setupLine.ReplaceAllString(o, "a=setup:holdconn\r") }, "holdconn"},
 		{"unknown setup", func(o string) string { return setupLine.ReplaceAllString(o, "a=setup:sideways\r") }, "sideways"},
-		{"fingerprint not hex", func(o string) string { return fp.ReplaceAllString(o, "a=fingerprint:sha-256 "+strings.Repeat("ZZ:", 31)+"ZZ\r") }, "hex"},
+		{"fingerprint not hex", func(o string) string {
+			return fp.ReplaceAllString(o, "a=fingerprint:sha-256 "+strings.Repeat("ZZ:", 31)+"ZZ\r")
+		}, "hex"},
 		{"fingerprint short", func(o string) string { return fp.ReplaceAllString(o, "a=fingerprint:sha-256 AB:CD\r") }, "32"},
 		{"fingerprint one field", func(o string) string { return fp.ReplaceAllString(o, "a=fingerprint:sha-256\r") }, "hash function"},
 		{"fingerprint unknown hash", func(o string) string {
