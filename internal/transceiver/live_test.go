@@ -3,12 +3,14 @@ package transceiver
 import (
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pion/webrtc/v4"
 
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/webrtctest"
 )
 
@@ -96,4 +98,19 @@ func waitFor(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
 	case <-time.After(d):
 		t.Fatalf("%s did not happen within %v", what, d)
 	}
+}
+
+// backendFunc runs a bridge backend that hands each accepted session to
+// serve, on the handler's goroutine, and returns its URL. serve owns sc.
+func backendFunc(t *testing.T, serve func(sc *bridge.ServerConn)) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sc, err := bridge.Accept(w, r, bridge.AcceptOptions{})
+		if err != nil {
+			return
+		}
+		serve(sc)
+	}))
+	t.Cleanup(srv.Close)
+	return "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/bridge"
 }

@@ -80,6 +80,8 @@ type Server struct {
 	draining bool                // guarded by mu
 	starting int                 // offers being answered, counted against MaxSessions; guarded by mu
 	wg       sync.WaitGroup      // session goroutines
+	ends     sync.WaitGroup      // session teardowns in flight (lifecycle.go); Add under mu
+	left     chan struct{}       // a session left the table (capacity 1; Drain waits on it)
 }
 
 // New binds the internal-hop socket and returns a running transceiver. reg
@@ -113,6 +115,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		sock:     sock,
 		auth:     authority,
 		sessions: make(map[string]*session),
+		left:     make(chan struct{}, 1),
 	}
 	if cfg.Direct {
 		if s.cfg.advertise.Port() == 0 {
@@ -260,8 +263,10 @@ func (s *Server) offer(ctx context.Context, offer string, meta map[string]string
 	return sess.id, answer, nil
 }
 
-// End ends the session with the given id, telling the backend reason. It
-// reports whether the session existed.
+// End ends the session with the given id, telling the backend reason, and
+// reports whether the session existed. It returns once the session has
+// left the table; the backend and the client are told on a goroutine that
+// Close waits for (lifecycle.go).
 func (s *Server) End(id, reason string) bool {
 	s.mu.Lock()
 	sess := s.sessions[id]
@@ -303,23 +308,17 @@ func (s *Server) Drain(ctx context.Context) int {
 	s.mu.Lock()
 	s.draining = true
 	s.mu.Unlock()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for s.Sessions() > 0 {
-		select {
-		case <-ctx.Done():
-			n := s.Sessions()
-			_ = s.Close()
-			return n
-		case <-t.C:
-		}
+	n := 0
+	if !s.waitEmpty(ctx) {
+		n = s.Sessions()
 	}
 	_ = s.Close()
-	return 0
+	return n
 }
 
-// Close ends every session (the backend is told "shutdown"), closes the
-// socket and waits for all goroutines. It is idempotent.
+// Close ends every session (the backend is told "shutdown"), waits for
+// every session's end in flight, whoever started it (lifecycle.go),
+// closes the socket and waits for all goroutines. It is idempotent.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -332,13 +331,13 @@ func (s *Server) Close() error {
 		live = append(live, sess)
 	}
 	s.mu.Unlock()
-	// In parallel: each end waits on its backend and its client (up to a
-	// few seconds), and all must finish within the pod's grace period.
-	var ending sync.WaitGroup
+	// The ends run in parallel: each waits on its backend and its client
+	// (up to a few seconds), and all must finish within the pod's grace
+	// period.
 	for _, sess := range live {
-		ending.Go(func() { sess.end(bridge.ReasonShutdown) })
+		sess.end(bridge.ReasonShutdown)
 	}
-	ending.Wait()
+	s.ends.Wait()
 	s.wg.Wait()
 	s.cancel()
 	err := s.mux.Close()

@@ -51,7 +51,7 @@ type session struct {
 	connected atomic.Bool
 	// Setup phases reached, each observed once.
 	iceUp, dtlsUp, audioUp atomic.Bool
-	endOnce                sync.Once
+	endOnce                sync.Once     // end (lifecycle.go)
 	ending                 atomic.Bool   // set when end starts: bridge errors after it are the teardown's
 	dropped                atomic.Uint64 // backend messages that could not be delivered to the client
 
@@ -266,9 +266,9 @@ func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
 			sess.srv.metrics.connect.Observe(time.Since(sess.created).Seconds())
 		}
 	case webrtc.PeerConnectionStateFailed:
-		go sess.end(bridge.ReasonICEFailed)
+		sess.end(bridge.ReasonICEFailed)
 	case webrtc.PeerConnectionStateClosed:
-		go sess.end(bridge.ReasonClientHangup)
+		sess.end(bridge.ReasonClientHangup)
 	}
 }
 
@@ -365,7 +365,7 @@ func (sess *session) fromBackend() {
 				sess.log.Info("backend bridge closed", "err", err)
 				sess.srv.metrics.bridgeErrors.WithLabelValues("recv").Inc()
 			}
-			go sess.end(ReasonBackendGone)
+			sess.end(ReasonBackendGone)
 			return
 		}
 		switch {
@@ -382,7 +382,7 @@ func (sess *session) fromBackend() {
 			}
 		case m.End != nil:
 			sess.log.Info("backend ended the session", "reason", m.End.Reason)
-			go sess.end(bridge.ReasonDone)
+			sess.end(bridge.ReasonDone)
 			return
 		}
 	}
@@ -429,28 +429,24 @@ func (sess *session) watchSetup() {
 	}
 }
 
-// end tears the session down once: the backend is told why, the peer
-// connection is closed, and the session leaves the table.
-func (sess *session) end(reason string) {
-	sess.endOnce.Do(func() {
-		sess.ending.Store(true)
-		s := sess.srv
-		s.mu.Lock()
-		delete(s.sessions, sess.id)
-		s.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = sess.be.End(ctx, reason)
-		cancel()
-		sess.cancel()
-		sess.notifyClient(reason)
-		_ = sess.pc.Close() // sends DTLS close_notify
-		sess.imu.Lock()     // waits for a restart in progress
-		sess.iceDone = true
-		if s.conn != nil {
-			s.conn.RemoveSession(sess.ufrag)
-		}
-		sess.imu.Unlock()
-		s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
-		sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
-	})
+// teardown ends the session: the backend is told why, the client gets
+// the goodbye event, and the peer connection is closed. It runs once, on
+// the tracked goroutine end starts (lifecycle.go), after the session left
+// the table.
+func (sess *session) teardown(reason string) {
+	s := sess.srv
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = sess.be.End(ctx, reason)
+	cancel()
+	sess.cancel()
+	sess.notifyClient(reason)
+	_ = sess.pc.Close() // sends DTLS close_notify
+	sess.imu.Lock()     // waits for a restart in progress
+	sess.iceDone = true
+	if s.conn != nil {
+		s.conn.RemoveSession(sess.ufrag)
+	}
+	sess.imu.Unlock()
+	s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
+	sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
 }
