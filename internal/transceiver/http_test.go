@@ -25,14 +25,19 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // newTestServer runs a transceiver whose backend is the echo agent.
 func newTestServer(t *testing.T, mutate ...func(*Config)) (*Server, *httptest.Server, *token.Keyring) {
 	t.Helper()
+	return newTestServerLog(t, slog.New(slog.DiscardHandler), mutate...)
+}
+
+// newTestServerLog is newTestServer with the transceiver logging to log.
+func newTestServerLog(t *testing.T, log *slog.Logger, mutate ...func(*Config)) (*Server, *httptest.Server, *token.Keyring) {
+	t.Helper()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	keys, err := token.NewKeyring(token.Key{ID: 3, Secret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.DiscardHandler)
-	backend := httptest.NewServer(agent.NewEcho(log))
+	backend := httptest.NewServer(agent.NewEcho(slog.New(slog.DiscardHandler)))
 	t.Cleanup(backend.Close)
 	cfg := Config{
 		ID: 9, Cluster: 2, ListenAddr: "127.0.0.1:0", Advertise: "127.0.0.1:3478",

@@ -2,6 +2,7 @@ package transceiver
 
 import (
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -29,7 +30,13 @@ type liveCall struct {
 // its socket.
 func directServer(t *testing.T, mutate ...func(*Config)) (*Server, string) {
 	t.Helper()
-	s, api, _ := newTestServer(t, append([]func(*Config){func(c *Config) { c.Direct, c.Advertise = true, "" }}, mutate...)...)
+	return directServerLog(t, slog.New(slog.DiscardHandler), mutate...)
+}
+
+// directServerLog is directServer with the transceiver logging to log.
+func directServerLog(t *testing.T, log *slog.Logger, mutate ...func(*Config)) (*Server, string) {
+	t.Helper()
+	s, api, _ := newTestServerLog(t, log, append([]func(*Config){func(c *Config) { c.Direct, c.Advertise = true, "" }}, mutate...)...)
 	return s, api.URL
 }
 

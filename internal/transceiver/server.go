@@ -70,6 +70,7 @@ type Server struct {
 	conn    *hop.Conn    // the internal hop over sock; nil when Config.Direct
 	mux     *ice.UDPMuxDefault
 	metrics *metrics
+	pion    *pionLogs       // Pion's log lines, through log (pionlog.go)
 	auth    *auth.Authority // nil: signaling is open
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -117,18 +118,19 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		sessions: make(map[string]*session),
 		left:     make(chan struct{}, 1),
 	}
+	s.pion = newPionLogs(s.log)
 	if cfg.Direct {
 		if s.cfg.advertise.Port() == 0 {
 			s.cfg.advertise = sock.LocalAddr().(*net.UDPAddr).AddrPort()
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: sock})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: sock, Logger: s.pion.NewLogger("ice")})
 	} else {
 		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow})
 		if err != nil {
 			_ = sock.Close()
 			return nil, err
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: s.conn})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: s.conn, Logger: s.pion.NewLogger("ice")})
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s, reg)
@@ -160,6 +162,7 @@ func (s *Server) Sessions() int {
 // asked of the answer (offerInfo.dtlsRole); zero means Config.DTLSRole.
 func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole) (*webrtc.API, error) {
 	var se webrtc.SettingEngine
+	se.LoggerFactory = s.pion
 	se.SetLite(true)
 	se.SetICEUDPMux(s.mux)
 	se.SetICECredentials(ufrag, pwd)
