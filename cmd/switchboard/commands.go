@@ -45,7 +45,7 @@ func runDemo(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, Logger: log})
+	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, Logger: log, Pprof: cfg.Log.Pprof})
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"time"
 
@@ -36,6 +37,9 @@ type Config struct {
 	RelayAddr string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Pprof serves Go's profiles (net/http/pprof) at /debug/pprof/ on
+	// HTTPAddr. Off by default: keep it off public networks.
+	Pprof bool
 }
 
 // Demo is a running demo.
@@ -113,6 +117,13 @@ func Start(cfg Config) (*Demo, error) {
 	mux.Handle("/v1/bridge", agent.NewEcho(log.With("component", "agent")))
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", web.Handler())
+	if cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 
 	d := &Demo{
 		relay:   rly,
