@@ -88,6 +88,7 @@ type (
 		Type      string            `json:"type"`
 		SessionID string            `json:"session_id"`
 		Metadata  map[string]string `json:"metadata,omitempty"`
+		Session   json.RawMessage   `json:"session,omitempty"`
 	}
 	eventMsg struct {
 		Type string `json:"type"`
@@ -108,6 +109,7 @@ type inMsg struct {
 	AudioFormat  string            `json:"audio_format"`
 	SessionID    string            `json:"session_id"`
 	Metadata     map[string]string `json:"metadata"`
+	Session      json.RawMessage   `json:"session"`
 	Data         *string           `json:"data"`
 	Reason       string            `json:"reason"`
 }

@@ -1,6 +1,7 @@
 package transceiver
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -22,6 +23,10 @@ type offerInfo struct {
 	// (a=setup:active). Zero when the offer leaves the choice to the
 	// answerer (actpass, or no a=setup): the configured Config.DTLSRole.
 	dtlsRole webrtc.DTLSRole
+	// session is the session configuration sent beside the offer (a
+	// multipart call's "session" part, multipart.go), passed to the
+	// backend in session.start; nil when none.
+	session json.RawMessage
 }
 
 // fingerprintLen is the digest length in bytes of each hash function an

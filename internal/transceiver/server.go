@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -224,12 +225,13 @@ func newSessionID() string {
 // complete answer. Errors wrap ErrBadOffer (the offer is unusable),
 // ErrFull, ErrClosed or ErrBackend.
 func (s *Server) Offer(ctx context.Context, offer string, meta map[string]string) (id, answer string, err error) {
-	return s.offer(ctx, offer, meta, "")
+	return s.offer(ctx, offer, nil, meta, "")
 }
 
 // offer is Offer for a session owned by the client token with id owner
-// ("" when signaling is open).
-func (s *Server) offer(ctx context.Context, offer string, meta map[string]string, owner string) (id, answer string, err error) {
+// ("" when signaling is open), with the session configuration to pass to
+// the backend (nil for none; else a JSON object).
+func (s *Server) offer(ctx context.Context, offer string, session json.RawMessage, meta map[string]string, owner string) (id, answer string, err error) {
 	s.mu.Lock()
 	switch {
 	case s.closed:
@@ -255,6 +257,7 @@ func (s *Server) offer(ctx context.Context, offer string, meta map[string]string
 	if err != nil {
 		return "", "", err
 	}
+	info.session = session
 
 	start := time.Now()
 	sess, answer, err := s.newSession(ctx, offer, info, meta, owner)
