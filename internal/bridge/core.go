@@ -97,7 +97,7 @@ func (c *core) write(ctx context.Context, typ websocket.MessageType, b []byte) e
 }
 
 // Message is one message received from the peer: exactly one of Audio,
-// Event and End is set.
+// Event, End and Connection is set.
 type Message struct {
 	// Audio is an audio frame. Its Payload is valid only until the next
 	// Recv.
@@ -109,6 +109,9 @@ type Message struct {
 	// End reports that the peer ended the session. The peer then closes
 	// the WebSocket; call Close (or End) to release the connection.
 	End *SessionEnd
+	// Connection reports the client's connection state (transceiver →
+	// backend only; state.go).
+	Connection *ConnectionState
 }
 
 // SessionEnd is the content of a session.end message.
@@ -164,6 +167,8 @@ func (c *core) Recv(ctx context.Context) (Message, error) {
 		case typeSessionEnd:
 			c.peerEnded.Store(true)
 			return Message{End: &SessionEnd{Reason: m.Reason}}, nil
+		case typeConnection:
+			return Message{Connection: &ConnectionState{State: m.State}}, nil
 		case typeHello, typeSessionStart:
 			return Message{}, c.protocolError(fmt.Errorf("%w: %q after the handshake", ErrProtocol, m.Type))
 		default:

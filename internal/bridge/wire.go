@@ -112,6 +112,7 @@ type inMsg struct {
 	Session      json.RawMessage   `json:"session"`
 	Data         *string           `json:"data"`
 	Reason       string            `json:"reason"`
+	State        string            `json:"state"`
 }
 
 // parseText decodes a text message. A message that is not a JSON object

@@ -14,6 +14,15 @@ import (
 // address space (some Kubernetes networks), and IPv6 unique-local.
 var DefaultAllowRelays = []string{"127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "::1/128", "fc00::/7"}
 
+// Defaults for a client that goes silent (consent.go).
+const (
+	// DefaultDisconnectedTimeout is Config.DisconnectedTimeout's default.
+	DefaultDisconnectedTimeout = 5 * time.Second
+	// DefaultConsentTimeout is Config.ConsentTimeout's default: RFC 7675
+	// §5.1's consent expiry.
+	DefaultConsentTimeout = 30 * time.Second
+)
+
 // Config configures a transceiver. Validate fills defaults.
 type Config struct {
 	// ID is this transceiver's id, carried in every token it mints; relays
@@ -39,6 +48,20 @@ type Config struct {
 	SetupTimeout time.Duration `yaml:"setup_timeout"`
 	// MaxSessions caps concurrent sessions; beyond it offers get 503. Default 10000.
 	MaxSessions int `yaml:"max_sessions"`
+	// DisconnectedTimeout is how long a connected client may send nothing
+	// (no media, RTCP or consent check) before the backend is told it is
+	// disconnected (bridge message "connection", docs/bridge.md §4.6), so
+	// that a model can stop generating for a client that vanished. Traffic
+	// that resumes is reported too. Default 5s; the report comes within
+	// about a second after it (consent.go).
+	DisconnectedTimeout time.Duration `yaml:"disconnected_timeout"`
+	// ConsentTimeout ends a session whose client has sent nothing for this
+	// long (reason ice_failed). Default 30s: the consent expiry of RFC 7675
+	// §5.1, after which a client must stop sending, so a session is never
+	// ended while its client may still rightly use it. Shorter values end
+	// silent sessions sooner at the risk of cutting a client that is
+	// switching networks. Must exceed DisconnectedTimeout.
+	ConsentTimeout time.Duration `yaml:"consent_timeout"`
 	// IngressByRegion maps a region name to the ingress (a Global Relay's
 	// public ip:port) advertised to clients of that region instead of
 	// Advertise. The region comes from the RegionHeader of the offer
@@ -123,6 +146,15 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = 10000
+	}
+	if c.DisconnectedTimeout <= 0 {
+		c.DisconnectedTimeout = DefaultDisconnectedTimeout
+	}
+	if c.ConsentTimeout <= 0 {
+		c.ConsentTimeout = DefaultConsentTimeout
+	}
+	if c.ConsentTimeout <= c.DisconnectedTimeout {
+		return fmt.Errorf("transceiver: consent_timeout %v must exceed disconnected_timeout %v (defaults 30s and 5s)", c.ConsentTimeout, c.DisconnectedTimeout)
 	}
 	return nil
 }

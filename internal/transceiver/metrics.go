@@ -25,6 +25,8 @@ type metrics struct {
 	bridgeErrors *prometheus.CounterVec
 	// iceRestarts counts PATCH ICE restarts by result: ok, failed.
 	iceRestarts *prometheus.CounterVec
+	// clientConnection counts clients going silent and coming back (consent.go).
+	clientConnection *prometheus.CounterVec
 }
 
 // Setup phases, the values of the phase label.
@@ -84,6 +86,13 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		iceRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_ice_restarts_total", Help: "ICE restarts requested with PATCH (RFC 9725 4.3), by result: ok, failed.",
 		}, []string{"result"}),
+		clientConnection: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_client_connection_total",
+			Help: "Connected clients that went silent for the disconnected timeout (state=disconnected) and that came back (state=connected); each is told to the backend.",
+		}, []string{"state"}),
+	}
+	for _, st := range []string{"disconnected", "connected"} {
+		m.clientConnection.WithLabelValues(st)
 	}
 	for _, r := range []string{"ok", "failed"} {
 		m.iceRestarts.WithLabelValues(r)
@@ -110,6 +119,6 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		Name: "switchboard_transceiver_pion_log_suppressed_total", Help: "Pion log lines dropped over the per-scope limit (20 at once, then 5 a second).",
 	}, func() float64 { return float64(s.pion.Suppressed()) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
-		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, active, hopDropped, pionSuppressed)
+		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.clientConnection, active, hopDropped, pionSuppressed)
 	return m
 }

@@ -165,6 +165,7 @@ func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole) (*webrtc.API, e
 	var se webrtc.SettingEngine
 	se.LoggerFactory = s.pion
 	se.SetLite(true)
+	s.setICETimeouts(&se)
 	se.SetICEUDPMux(s.mux)
 	se.SetICECredentials(ufrag, pwd)
 	se.SetIncludeLoopbackCandidate(true)

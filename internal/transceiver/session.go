@@ -49,6 +49,7 @@ type session struct {
 
 	events    atomic.Pointer[webrtc.DataChannel] // the oai-events channel, once the client opened it
 	connected atomic.Bool
+	silent    atomic.Bool // the client went silent (consent.go)
 	// Setup phases reached, each observed once.
 	iceUp, dtlsUp, audioUp atomic.Bool
 	endOnce                sync.Once     // end (lifecycle.go)
@@ -273,6 +274,7 @@ func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
 }
 
 func (sess *session) onICEState(st webrtc.ICEConnectionState) {
+	sess.reportConnection(st)
 	switch st {
 	case webrtc.ICEConnectionStateConnected:
 		if !sess.iceUp.Swap(true) {
