@@ -23,6 +23,13 @@ const (
 	DefaultConsentTimeout = 30 * time.Second
 )
 
+// Defaults for sessions not yet connected (pending.go).
+const (
+	DefaultMaxPendingPerClient = 64
+	DefaultMaxPending          = 1000
+	DefaultCheckTimeout        = 10 * time.Second
+)
+
 // Config configures a transceiver. Validate fills defaults.
 type Config struct {
 	// ID is this transceiver's id, carried in every token it mints; relays
@@ -62,6 +69,23 @@ type Config struct {
 	// silent sessions sooner at the risk of cutting a client that is
 	// switching networks. Must exceed DisconnectedTimeout.
 	ConsentTimeout time.Duration `yaml:"consent_timeout"`
+	// MaxPendingPerClient caps the sessions answered but not yet connected
+	// (ICE and DTLS) per client address (an IPv4 address or an IPv6 /64);
+	// beyond it offers get 429 (pending.go). Default 64: an office or a
+	// carrier-grade NAT starting many calls at once stays under it, since a
+	// session is pending for well under a second.
+	MaxPendingPerClient int `yaml:"max_pending_per_client"`
+	// MaxPending caps the sessions not yet connected in total; beyond it
+	// offers get 503. Default 1000.
+	MaxPending int `yaml:"max_pending"`
+	// CheckTimeout ends a session whose client has sent no authenticated
+	// connectivity check this long after the answer (reason no_check),
+	// releasing its backend session. Default 10s; at most SetupTimeout.
+	CheckTimeout time.Duration `yaml:"check_timeout"`
+	// TrustedProxies are CIDR prefixes of proxies (a director, a load
+	// balancer) whose X-Forwarded-For names the client: the client address
+	// of a request from them is that header's last entry. Empty trusts none.
+	TrustedProxies []string `yaml:"trusted_proxies"`
 	// IngressByRegion maps a region name to the ingress (a Global Relay's
 	// public ip:port) advertised to clients of that region instead of
 	// Advertise. The region comes from the RegionHeader of the offer
@@ -84,6 +108,7 @@ type Config struct {
 
 	advertise netip.AddrPort
 	allow     []netip.Prefix
+	trusted   []netip.Prefix
 	ingress   map[string]netip.AddrPort
 }
 
@@ -152,6 +177,26 @@ func (c *Config) Validate() error {
 	}
 	if c.ConsentTimeout <= 0 {
 		c.ConsentTimeout = DefaultConsentTimeout
+	}
+	if c.MaxPendingPerClient <= 0 {
+		c.MaxPendingPerClient = DefaultMaxPendingPerClient
+	}
+	if c.MaxPending <= 0 {
+		c.MaxPending = DefaultMaxPending
+	}
+	if c.CheckTimeout <= 0 {
+		c.CheckTimeout = min(DefaultCheckTimeout, c.SetupTimeout)
+	}
+	if c.CheckTimeout > c.SetupTimeout {
+		return fmt.Errorf("transceiver: check_timeout %v must not exceed setup_timeout %v", c.CheckTimeout, c.SetupTimeout)
+	}
+	c.trusted = c.trusted[:0]
+	for _, p := range c.TrustedProxies {
+		pfx, err := netip.ParsePrefix(p)
+		if err != nil {
+			return fmt.Errorf("transceiver: trusted_proxies entry %q is not a CIDR prefix such as 10.0.0.0/8: %w", p, err)
+		}
+		c.trusted = append(c.trusted, pfx.Masked())
 	}
 	if c.ConsentTimeout <= c.DisconnectedTimeout {
 		return fmt.Errorf("transceiver: consent_timeout %v must exceed disconnected_timeout %v (defaults 30s and 5s)", c.ConsentTimeout, c.DisconnectedTimeout)

@@ -95,12 +95,18 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 	if region != "" {
 		meta[MetaRegion] = region
 	}
-	id, answer, err := s.offer(r.Context(), offer, session, meta, owner)
+	id, answer, err := s.offer(r.Context(), offerRequest{
+		sdp: offer, session: session, meta: meta, owner: owner, client: clientAddr(r, s.cfg.trusted),
+	})
 	switch {
 	case errors.Is(err, ErrBadOffer):
 		httpapi.WriteError(w, http.StatusBadRequest, "bad_offer", err.Error())
 		return
-	case errors.Is(err, ErrFull), errors.Is(err, ErrClosed), errors.Is(err, ErrDraining):
+	case errors.Is(err, ErrClientPending):
+		w.Header().Set("Retry-After", "1")
+		httpapi.WriteError(w, http.StatusTooManyRequests, "too_many_pending", err.Error()+"; connect the calls already answered, or retry after a second")
+		return
+	case errors.Is(err, ErrFull), errors.Is(err, ErrClosed), errors.Is(err, ErrDraining), errors.Is(err, ErrPending):
 		w.Header().Set("Retry-After", "1")
 		httpapi.WriteError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 		return

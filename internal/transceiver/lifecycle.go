@@ -36,6 +36,9 @@ func (sess *session) end(reason string) {
 		s.mu.Lock()
 		delete(s.sessions, sess.id)
 		s.ends.Add(1)
+		if sess.pendingHeld.CompareAndSwap(true, false) {
+			s.releasePending(sess.pendingKey)
+		}
 		s.mu.Unlock()
 		select {
 		case s.left <- struct{}{}:

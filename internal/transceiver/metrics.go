@@ -27,6 +27,8 @@ type metrics struct {
 	iceRestarts *prometheus.CounterVec
 	// clientConnection counts clients going silent and coming back (consent.go).
 	clientConnection *prometheus.CounterVec
+	// offersRefused counts offers refused before any work, by reason (pending.go).
+	offersRefused *prometheus.CounterVec
 }
 
 // Setup phases, the values of the phase label.
@@ -63,7 +65,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_setup_seconds", Help: "Time from offer received to each setup phase: ice, dtls, first_audio (at the backend).", Buckets: setupBuckets,
 		}, []string{"phase"}),
 		setupFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_setup_failures_total", Help: "Sessions that failed during setup, by phase (ice, dtls) and reason (failed, timeout).",
+			Name: "switchboard_transceiver_setup_failures_total", Help: "Sessions that failed during setup, by phase (ice, dtls, connect) and reason (failed, timeout, no_check).",
 		}, []string{"phase", "reason"}),
 		rtt: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_rtt_seconds", Help: "Round-trip time to clients, from RTCP receiver reports (LSR/DLSR, RFC 3550 6.4.1).",
@@ -91,6 +93,14 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Help: "Connected clients that went silent for the disconnected timeout (state=disconnected) and that came back (state=connected); each is told to the backend.",
 		}, []string{"state"}),
 	}
+	m.offersRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "switchboard_transceiver_offers_refused_total",
+		Help: "Offers refused before any work, by reason: pending_per_client (429), pending_total, capacity, draining (503).",
+	}, []string{"reason"})
+	for _, r := range []string{refusedPendingClient, refusedPendingTotal, refusedCapacity, refusedDraining} {
+		m.offersRefused.WithLabelValues(r)
+	}
+	m.setupFailures.WithLabelValues(phaseICE, "no_check")
 	for _, st := range []string{"disconnected", "connected"} {
 		m.clientConnection.WithLabelValues(st)
 	}
@@ -119,6 +129,6 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		Name: "switchboard_transceiver_pion_log_suppressed_total", Help: "Pion log lines dropped over the per-scope limit (20 at once, then 5 a second).",
 	}, func() float64 { return float64(s.pion.Suppressed()) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
-		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.clientConnection, active, hopDropped, pionSuppressed)
+		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.clientConnection, m.offersRefused, active, hopDropped, pionSuppressed)
 	return m
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/pion/sdp/v3"
@@ -27,6 +28,9 @@ type offerInfo struct {
 	// multipart call's "session" part, multipart.go), passed to the
 	// backend in session.start; nil when none.
 	session json.RawMessage
+	// client is the client's address as the pending bounds count it
+	// (clientKey); invalid when unknown.
+	client netip.Prefix
 }
 
 // fingerprintLen is the digest length in bytes of each hash function an

@@ -19,11 +19,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/pion/ice/v4"
 	"github.com/pion/interceptor"
+	"github.com/pion/stun/v4"
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -81,6 +83,7 @@ type Server struct {
 	closed   bool                // guarded by mu
 	draining bool                // guarded by mu
 	starting int                 // offers being answered, counted against MaxSessions; guarded by mu
+	pending  pending             // sessions not yet connected (pending.go); guarded by mu
 	wg       sync.WaitGroup      // session goroutines
 	ends     sync.WaitGroup      // session teardowns in flight (lifecycle.go); Add under mu
 	left     chan struct{}       // a session left the table (capacity 1; Drain waits on it)
@@ -118,6 +121,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		auth:     authority,
 		sessions: make(map[string]*session),
 		left:     make(chan struct{}, 1),
+		pending:  pending{byClient: make(map[netip.Prefix]int)},
 	}
 	s.pion = newPionLogs(s.log)
 	if cfg.Direct {
@@ -161,11 +165,13 @@ func (s *Server) Sessions() int {
 // newAPI builds the Pion API for one session: ICE-lite on the shared mux,
 // the session's credentials, Opus only. role is the DTLS role the offer
 // asked of the answer (offerInfo.dtlsRole); zero means Config.DTLSRole.
-func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole) (*webrtc.API, error) {
+// onCheck sees every authenticated Binding request (pending.go).
+func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole, onCheck func(*stun.Message, ice.Candidate, ice.Candidate, *ice.CandidatePair) bool) (*webrtc.API, error) {
 	var se webrtc.SettingEngine
 	se.LoggerFactory = s.pion
 	se.SetLite(true)
 	s.setICETimeouts(&se)
+	se.SetICEBindingRequestHandler(onCheck)
 	se.SetICEUDPMux(s.mux)
 	se.SetICECredentials(ufrag, pwd)
 	se.SetIncludeLoopbackCandidate(true)
@@ -226,13 +232,22 @@ func newSessionID() string {
 // complete answer. Errors wrap ErrBadOffer (the offer is unusable),
 // ErrFull, ErrClosed or ErrBackend.
 func (s *Server) Offer(ctx context.Context, offer string, meta map[string]string) (id, answer string, err error) {
-	return s.offer(ctx, offer, nil, meta, "")
+	return s.offer(ctx, offerRequest{sdp: offer, meta: meta})
 }
 
-// offer is Offer for a session owned by the client token with id owner
-// ("" when signaling is open), with the session configuration to pass to
-// the backend (nil for none; else a JSON object).
-func (s *Server) offer(ctx context.Context, offer string, session json.RawMessage, meta map[string]string, owner string) (id, answer string, err error) {
+// offerRequest is an offer and what came with it.
+type offerRequest struct {
+	sdp     string
+	session json.RawMessage   // session configuration for the backend; nil for none, else a JSON object
+	meta    map[string]string // session.start metadata
+	owner   string            // id of the client token that sent it; "" when signaling is open
+	client  netip.Addr        // the client's address; invalid when unknown
+}
+
+// offer is Offer with everything an HTTP request brings. Errors also wrap
+// ErrClientPending and ErrPending (pending.go).
+func (s *Server) offer(ctx context.Context, req offerRequest) (id, answer string, err error) {
+	key := clientKey(req.client)
 	s.mu.Lock()
 	switch {
 	case s.closed:
@@ -240,32 +255,43 @@ func (s *Server) offer(ctx context.Context, offer string, session json.RawMessag
 		return "", "", ErrClosed
 	case s.draining:
 		s.mu.Unlock()
+		s.metrics.offersRefused.WithLabelValues(refusedDraining).Inc()
 		return "", "", ErrDraining
 	case len(s.sessions)+s.starting >= s.cfg.MaxSessions:
 		s.mu.Unlock()
+		s.metrics.offersRefused.WithLabelValues(refusedCapacity).Inc()
 		return "", "", ErrFull
+	}
+	if err := s.reservePending(key); err != nil {
+		s.mu.Unlock()
+		return "", "", err
 	}
 	// Reserve the slot while the offer is answered, so that concurrent
 	// offers cannot overshoot MaxSessions.
 	s.starting++
 	s.mu.Unlock()
+	held := true // the pending slot, until a session holds it
 	defer func() {
 		s.mu.Lock()
 		s.starting--
+		if held {
+			s.releasePending(key)
+		}
 		s.mu.Unlock()
 	}()
-	info, err := parseOffer(offer)
+	info, err := parseOffer(req.sdp)
 	if err != nil {
 		return "", "", err
 	}
-	info.session = session
+	info.session, info.client = req.session, key
 
 	start := time.Now()
-	sess, answer, err := s.newSession(ctx, offer, info, meta, owner)
+	sess, answer, err := s.newSession(ctx, req.sdp, info, req.meta, req.owner)
 	if err != nil {
 		s.metrics.sessionsFailed.Inc()
 		return "", "", err
 	}
+	held = false // the session holds it now, until it connects or ends
 	s.metrics.signaling.Observe(time.Since(start).Seconds())
 	return sess.id, answer, nil
 }

@@ -50,6 +50,11 @@ type session struct {
 	events    atomic.Pointer[webrtc.DataChannel] // the oai-events channel, once the client opened it
 	connected atomic.Bool
 	silent    atomic.Bool // the client went silent (consent.go)
+	checked   atomic.Bool // an authenticated connectivity check came (pending.go)
+	// The pending slot (pending.go): the key it counts under, and whether
+	// the session still holds it.
+	pendingKey  netip.Prefix
+	pendingHeld atomic.Bool
 	// Setup phases reached, each observed once.
 	iceUp, dtlsUp, audioUp atomic.Bool
 	endOnce                sync.Once     // end (lifecycle.go)
@@ -77,6 +82,8 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	id := newSessionID()
 	sctx, cancel := context.WithCancel(s.ctx)
 	sess := &session{id: id, owner: owner, ufrag: ufrag, iceGen: 1, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel}
+	sess.pendingKey = info.client
+	sess.pendingHeld.Store(true)
 	sess.ingress = s.cfg.advertise
 	if a, ok := s.cfg.ingress[meta[MetaRegion]]; ok {
 		sess.ingress = a
@@ -117,7 +124,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		return nil, "", err
 	}
 
-	if sess.api, err = s.newAPI(ufrag, pwd, info.dtlsRole); err != nil {
+	if sess.api, err = s.newAPI(ufrag, pwd, info.dtlsRole, sess.onCheck); err != nil {
 		return fail(err)
 	}
 	if s.conn != nil {
@@ -178,6 +185,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	go sess.readRTCP(sender)
 	go sess.fromBackend()
 	go sess.watchSetup()
+	sess.watchChecks()
 	sess.log.Info("session created", "ufrag", ufrag)
 	return sess, finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress), nil
 }
@@ -266,6 +274,7 @@ func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
 		if !sess.connected.Swap(true) {
 			sess.srv.metrics.connect.Observe(time.Since(sess.created).Seconds())
 		}
+		sess.leavePending()
 	case webrtc.PeerConnectionStateFailed:
 		sess.end(bridge.ReasonICEFailed)
 	case webrtc.PeerConnectionStateClosed:
