@@ -2,6 +2,8 @@ package transceiver
 
 import (
 	"net/http"
+	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -65,4 +67,37 @@ func TestDeleteDoesNotWaitForEnd(t *testing.T) {
 	if n := testutil.ToFloat64(ended); n != 1 {
 		t.Fatalf("%v sessions ended client_hangup after Close, want 1", n)
 	}
+}
+
+// TestDeleteLatency measures, for connected calls with an open data
+// channel and the echo backend, how long DELETE takes to answer and how
+// long the session's end takes (what DELETE waited for before it answered
+// early: the backend's close handshake and the goodbye event's SCTP
+// acknowledgement). Medians of 10. Run with SWITCHBOARD_MEASURE=1.
+func TestDeleteLatency(t *testing.T) {
+	if os.Getenv("SWITCHBOARD_MEASURE") == "" {
+		t.Skip("set SWITCHBOARD_MEASURE=1 to measure")
+	}
+	s, api := directServer(t)
+	var answered, ended []time.Duration
+	for range 10 {
+		c := dialLive(t, api, nil)
+		waitFor(t, c.dcOpen, 10*time.Second, "the client's data channel")
+		time.Sleep(100 * time.Millisecond)
+		req, _ := http.NewRequest(http.MethodDelete, c.session, nil)
+		start := time.Now()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		answered = append(answered, time.Since(start))
+		s.ends.Wait()
+		ended = append(ended, time.Since(start))
+		_ = c.pc.Close()
+	}
+	slices.Sort(answered)
+	slices.Sort(ended)
+	t.Logf("DELETE answered in %v (median of 10; max %v); the session's end took %v (median; max %v)",
+		answered[5].Round(10*time.Microsecond), answered[9].Round(10*time.Microsecond), ended[5].Round(time.Millisecond), ended[9].Round(time.Millisecond))
 }
