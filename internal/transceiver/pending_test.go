@@ -154,7 +154,7 @@ func TestUnconnectedOfferFlood(t *testing.T) {
 		mutate func(*Config)
 	}{
 		{"defaults", func(*Config) {}},
-		{"unbounded", func(c *Config) { c.MaxPendingPerClient, c.CheckTimeout = 1000, 30 * time.Second }},
+		{"unbounded", func(c *Config) { c.MaxPendingPerClient, c.CheckTimeout = 1000, 30*time.Second }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			b, backend := newCountingBackend(t)
