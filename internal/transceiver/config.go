@@ -95,10 +95,13 @@ type Config struct {
 	// no internal hop: for a single host, and as the latency baseline the
 	// relay path is measured against. Advertise then defaults to ListenAddr.
 	Direct bool `yaml:"direct"`
-	// DTLSRole is the DTLS role the transceiver takes in answers: "client"
+	// DTLSRole is the DTLS role the transceiver takes in answers to offers
+	// that leave it to the answerer (a=setup:actpass, or none): "client"
 	// (default; a=setup:active, the transceiver sends the ClientHello the
 	// moment ICE connects) or "server" (a=setup:passive; the client's
-	// ClientHello is answered without a HelloVerifyRequest round trip).
+	// ClientHello is answered without a HelloVerifyRequest round trip). An
+	// offer with a=setup:active or passive gets the complementary role
+	// (offer.go).
 	DTLSRole string `yaml:"dtls_role"`
 	// Auth turns on signaling authentication (internal/auth, docs/design.md §6):
 	// offers need a client token minted at POST /v1/client_tokens with an

@@ -43,12 +43,13 @@ var fingerprintLen = map[string]int{
 // parseOffer checks that an SDP offer can start a voice session and
 // returns what the answer needs from it. The offer must parse (RFC 8866),
 // have an audio m-section that is not rejected and offers Opus, and, in
-// the m-sections it bundles (RFC 8843; all of them when it has no BUNDLE
-// group):
+// the m-sections it bundles (RFC 8843; all that are not rejected when it
+// has no BUNDLE group):
 //
-//   - one set of ICE credentials: a BUNDLE group is one ICE session, so
-//     different a=ice-ufrag/a=ice-pwd across it cannot be answered
-//     (RFC 8843 §7.1; checks for the other credentials would be dropped);
+//   - one set of ICE credentials across a BUNDLE group: it is one ICE
+//     session, so different a=ice-ufrag/a=ice-pwd across it cannot be
+//     answered (RFC 8843 §7.1; checks for the other credentials would be
+//     dropped);
 //   - at least one well-formed a=fingerprint (RFC 8122 §5: a hash function
 //     DTLS can check, then its digest as colon-separated hex bytes of the
 //     function's length), or the DTLS handshake could only fail later;
@@ -86,7 +87,7 @@ func parseOffer(offer string) (offerInfo, error) {
 		return offerInfo{}, fmt.Errorf("%w: the offer's audio does not include Opus (opus/48000/2), the one codec served", ErrBadOffer)
 	}
 
-	bundled := bundledSections(&sd)
+	bundled, grouped := bundledSections(&sd)
 	var info offerInfo
 	var ufrag, pwd, setup string
 	for i, m := range bundled {
@@ -95,7 +96,7 @@ func parseOffer(offer string) (offerInfo, error) {
 		u, p := attr(&sd, m, "ice-ufrag"), attr(&sd, m, "ice-pwd")
 		if i == 0 {
 			ufrag, pwd = u, p
-		} else if u != ufrag || p != pwd {
+		} else if grouped && (u != ufrag || p != pwd) {
 			return offerInfo{}, fmt.Errorf("%w: %s has ICE credentials %q/… other than the first bundled m-section's %q/…; "+
 				"one BUNDLE group is one ICE session and must carry one a=ice-ufrag and a=ice-pwd (RFC 8843 §7.1)", ErrBadOffer, where, u, ufrag)
 		}
@@ -124,9 +125,9 @@ func parseOffer(offer string) (offerInfo, error) {
 }
 
 // bundledSections returns the m-sections that share the first BUNDLE
-// group's transport (RFC 8843), or every m-section that is not rejected
-// when the offer has no BUNDLE group.
-func bundledSections(sd *sdp.SessionDescription) []*sdp.MediaDescription {
+// group's transport (RFC 8843) and grouped true, or every m-section that
+// is not rejected and grouped false when the offer has no BUNDLE group.
+func bundledSections(sd *sdp.SessionDescription) (sections []*sdp.MediaDescription, grouped bool) {
 	var group map[string]bool
 	for _, a := range sd.Attributes {
 		if a.Key != "group" {
@@ -141,7 +142,6 @@ func bundledSections(sd *sdp.SessionDescription) []*sdp.MediaDescription {
 			break
 		}
 	}
-	var out []*sdp.MediaDescription
 	for _, m := range sd.MediaDescriptions {
 		mid, _ := m.Attribute("mid")
 		_, bundleOnly := m.Attribute("bundle-only")
@@ -151,10 +151,10 @@ func bundledSections(sd *sdp.SessionDescription) []*sdp.MediaDescription {
 		case group != nil && m.MediaName.Port.Value == 0 && !bundleOnly:
 			// Rejected, or removed from the group by the offerer.
 		default:
-			out = append(out, m)
+			sections = append(sections, m)
 		}
 	}
-	return out
+	return sections, group != nil
 }
 
 // attr returns the value of a media-level attribute, or of the

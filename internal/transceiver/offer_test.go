@@ -2,13 +2,17 @@ package transceiver
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pion/webrtc/v4"
+
 	"github.com/switchboard-rtc/switchboard/internal/httpapi"
+	"github.com/switchboard-rtc/switchboard/internal/webrtctest"
 )
 
 // setupLine matches every a=setup line of an SDP.
@@ -96,4 +100,26 @@ func TestOfferRefused(t *testing.T) {
 	if n := s.Sessions(); n != 0 {
 		t.Fatalf("%d sessions after refused offers", n)
 	}
+}
+
+// FuzzParseOffer: any body is either refused with an error wrapping
+// ErrBadOffer or accepted with a DTLS role the answer can take; never a
+// panic.
+func FuzzParseOffer(f *testing.F) {
+	f.Add(webrtctest.AudioOffer(f, true, true))
+	f.Add("v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\na=group:BUNDLE 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=mid:0\r\na=rtpmap:111 opus/48000/2\r\na=setup:active\r\na=fingerprint:sha-256 " + strings.Repeat("AB:", 31) + "AB\r\n")
+	f.Fuzz(func(t *testing.T, offer string) {
+		info, err := parseOffer(offer)
+		if err != nil {
+			if !errors.Is(err, ErrBadOffer) {
+				t.Fatalf("error %v does not wrap ErrBadOffer", err)
+			}
+			return
+		}
+		switch info.dtlsRole {
+		case webrtc.DTLSRoleUnknown, webrtc.DTLSRoleClient, webrtc.DTLSRoleServer:
+		default:
+			t.Fatalf("role %v", info.dtlsRole)
+		}
+	})
 }
