@@ -225,6 +225,9 @@ func TestConfigValidate(t *testing.T) {
 		{"unspecified advertise", func(c *Config) { c.Advertise = "0.0.0.0:3478" }, "advertise"},
 		{"bad prefix", func(c *Config) { c.AllowRelays = []string{"10.0.0.1"} }, "allow_relays"},
 		{"http backend", func(c *Config) { c.BackendURL = "http://x/y" }, "backend_url"},
+		{"consent within disconnected", func(c *Config) { c.DisconnectedTimeout, c.ConsentTimeout = 10*time.Second, 10*time.Second }, "consent_timeout"},
+		{"check beyond setup", func(c *Config) { c.SetupTimeout, c.CheckTimeout = 5*time.Second, 6*time.Second }, "check_timeout"},
+		{"bad trusted proxy", func(c *Config) { c.TrustedProxies = []string{"director"} }, "trusted_proxies"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -235,7 +238,9 @@ func TestConfigValidate(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if c.SetupTimeout == 0 || c.MaxSessions == 0 || c.Cluster == 0 {
+				if c.SetupTimeout == 0 || c.MaxSessions == 0 || c.Cluster == 0 || c.ConsentTimeout != DefaultConsentTimeout ||
+					c.DisconnectedTimeout != DefaultDisconnectedTimeout || c.CheckTimeout != DefaultCheckTimeout ||
+					c.MaxPending != DefaultMaxPending || c.MaxPendingPerClient != DefaultMaxPendingPerClient {
 					t.Fatalf("defaults not filled: %+v", c)
 				}
 				return
