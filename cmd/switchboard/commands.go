@@ -46,7 +46,7 @@ func runDemo(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, Logger: log})
+	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, Logger: log, Pprof: cfg.Log.Pprof})
 	if err != nil {
 		return err
 	}
@@ -197,6 +197,7 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 		HTTP  string             `yaml:"http"`
 		Drain time.Duration      `yaml:"drain_timeout"`
 		Allow string             `yaml:"-"`
+		Proxy string             `yaml:"-"`
 		Redis string             `yaml:"redis"`
 		HopAd string             `yaml:"hop_advertise"`
 		Keys  KeyConfig          `yaml:",inline"`
@@ -218,10 +219,16 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	fs.StringVar(&cfg.Trx.BackendURL, "backend", "ws://127.0.0.1:8081/v1/bridge", "backend bridge WebSocket URL")
 	fs.DurationVar(&cfg.Trx.SetupTimeout, "setup-timeout", 30*time.Second, "end sessions not connected this long after the offer")
 	fs.IntVar(&cfg.Trx.MaxSessions, "max-sessions", 10000, "concurrent session cap; offers beyond it get 503")
+	fs.DurationVar(&cfg.Trx.DisconnectedTimeout, "disconnected-timeout", transceiver.DefaultDisconnectedTimeout, "tell the backend a client is disconnected after it sent nothing this long")
+	fs.DurationVar(&cfg.Trx.ConsentTimeout, "consent-timeout", transceiver.DefaultConsentTimeout, "end a session whose client sent nothing this long (RFC 7675 consent expiry: 30s)")
+	fs.IntVar(&cfg.Trx.MaxPendingPerClient, "max-pending-per-client", transceiver.DefaultMaxPendingPerClient, "sessions not yet connected per client address (IPv4, IPv6 /64); offers beyond get 429")
+	fs.IntVar(&cfg.Trx.MaxPending, "max-pending", transceiver.DefaultMaxPending, "sessions not yet connected in total; offers beyond get 503")
+	fs.DurationVar(&cfg.Trx.CheckTimeout, "check-timeout", transceiver.DefaultCheckTimeout, "end a session whose client sent no authenticated connectivity check this long after the answer")
+	fs.StringVar(&cfg.Proxy, "trusted-proxies", "", "comma-separated CIDR prefixes of proxies (director, load balancer) whose X-Forwarded-For names the client")
+	fs.StringVar(&cfg.Trx.DTLSRole, "dtls-role", "client", "DTLS role in answers to actpass offers: client (active) or server (passive, no HelloVerify)")
 	fs.StringVar(&cfg.HTTP, "http", "127.0.0.1:8080", "address of the signaling API, /metrics, /live and /ready")
 	fs.DurationVar(&cfg.Drain, "drain-timeout", 30*time.Second, "on SIGTERM, how long live sessions may run on before they are ended")
 	fs.BoolVar(&cfg.Trx.Direct, "direct", false, "clients send straight to -listen (no relay, no internal hop); -advertise defaults to -listen")
-	fs.StringVar(&cfg.Trx.DTLSRole, "dtls-role", "client", "DTLS role in answers: client (active) or server (passive, no HelloVerify)")
 	fs.StringVar(&cfg.Redis, "redis", "", "Redis host:port to register in (relays with -membership redis find this transceiver there); empty: no registration")
 	fs.IntVar(&cfg.Trx.OutputBitrate, "output-bitrate", 32000, "Opus bitrate (bit/s) of audio encoded from PCM backends")
 	fs.DurationVar(&cfg.Trx.OutputQueueMax, "output-queue-max", 60*time.Second, "cap on a session's queued output audio; past it backend audio is refused (error output_queue_full)")
@@ -231,6 +238,9 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	cfg.Log.register(fs, "json")
 	if err := parseConfig(fs, args, &cfg); err != nil {
 		return err
+	}
+	if cfg.Proxy != "" {
+		cfg.Trx.TrustedProxies = strings.Split(cfg.Proxy, ",")
 	}
 	if cfg.Allow != "" {
 		cfg.Trx.AllowRelays = strings.Split(cfg.Allow, ",")

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -81,7 +82,8 @@ func TestHandshake(t *testing.T) {
 		got <- result{start: sc.Session(), format: sc.Format()}
 		_, _ = sc.Recv(context.Background()) // until the client closes
 	}))
-	start := bridge.SessionStart{SessionID: "sess-42", Metadata: map[string]string{"remote": "192.0.2.1:5000", "ua": "test"}}
+	start := bridge.SessionStart{SessionID: "sess-42", Metadata: map[string]string{"remote": "192.0.2.1:5000", "ua": "test"},
+		Session: []byte(`{"instructions":"Be brief.","voice":"marin","turn_detection":{"type":"server_vad"}}`)}
 	c, err := bridge.Dial(testCtx(t), url, start)
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
@@ -97,8 +99,19 @@ func TestHandshake(t *testing.T) {
 	if r.format != bridge.FormatOpus {
 		t.Errorf("server Format = %q, want %q", r.format, bridge.FormatOpus)
 	}
-	if r.start.SessionID != start.SessionID || fmt.Sprint(r.start.Metadata) != fmt.Sprint(start.Metadata) {
+	if r.start.SessionID != start.SessionID || fmt.Sprint(r.start.Metadata) != fmt.Sprint(start.Metadata) ||
+		string(r.start.Session) != string(start.Session) {
 		t.Errorf("Session = %+v, want %+v", r.start, start)
+	}
+}
+
+// TestDialSessionNotObject: session.start's "session" can only be a JSON
+// object; Dial refuses anything else before connecting.
+func TestDialSessionNotObject(t *testing.T) {
+	for _, s := range []string{`[1]`, `"x"`, `{"a":`, `null`, ` `} {
+		if _, err := bridge.Dial(testCtx(t), "ws://127.0.0.1:1/", bridge.SessionStart{SessionID: "s", Session: []byte(s)}); err == nil || !strings.Contains(err.Error(), "JSON object") {
+			t.Errorf("Session %q: %v, want an error naming a JSON object", s, err)
+		}
 	}
 }
 

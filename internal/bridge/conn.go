@@ -1,7 +1,9 @@
 package bridge
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -18,6 +20,12 @@ type SessionStart struct {
 	// Metadata is optional call metadata as string pairs (for example
 	// client address, user agent, model requested). It may be nil.
 	Metadata map[string]string
+	// Session is the session configuration the client's application sent
+	// with its offer (the "session" part of a multipart/form-data call,
+	// as in OpenAI's POST /v1/realtime/calls: instructions, voice, turn
+	// detection, …), a JSON object passed through untouched; nil when the
+	// call carried none. Dial sends it only if it is a JSON object.
+	Session json.RawMessage
 }
 
 // Conn is the transceiver side of one bridge session, returned by Dial.
@@ -46,6 +54,9 @@ var offeredFormats = []string{FormatOpus, FormatPCM24k, FormatPCM16k}
 func Dial(ctx context.Context, url string, start SessionStart) (*Conn, error) {
 	if start.SessionID == "" {
 		return nil, errors.New("bridge: dial: empty SessionStart.SessionID")
+	}
+	if start.Session != nil && !IsJSONObject(start.Session) {
+		return nil, errors.New("bridge: dial: SessionStart.Session is not a JSON object")
 	}
 	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{
 		Subprotocols: []string{Subprotocol},
@@ -82,5 +93,12 @@ func (c *core) dialHandshake(ctx context.Context, start SessionStart) error {
 	}
 	c.format = m.AudioFormat
 	c.noClientEvents = m.OutputAudioBufferEvents != nil && !*m.OutputAudioBufferEvents
-	return c.sendJSON(ctx, sessionStartMsg{Type: typeSessionStart, SessionID: start.SessionID, Metadata: start.Metadata})
+	return c.sendJSON(ctx, sessionStartMsg{Type: typeSessionStart, SessionID: start.SessionID, Metadata: start.Metadata, Session: start.Session})
+}
+
+// IsJSONObject reports whether b is one valid JSON object (RFC 8259 §4),
+// the only shape session.start's "session" may have.
+func IsJSONObject(b []byte) bool {
+	b = bytes.TrimSpace(b)
+	return len(b) > 0 && b[0] == '{' && json.Valid(b)
 }

@@ -106,7 +106,7 @@ func (c *core) write(ctx context.Context, typ websocket.MessageType, b []byte) e
 }
 
 // Message is one message received from the peer: exactly one of Audio,
-// Event, Control and End is set.
+// Event, Control, End and Connection is set.
 type Message struct {
 	// Audio is an audio frame. Its Payload is valid only until the next
 	// Recv.
@@ -121,6 +121,9 @@ type Message struct {
 	// End reports that the peer ended the session. The peer then closes
 	// the WebSocket; call Close (or End) to release the connection.
 	End *SessionEnd
+	// Connection reports the client's connection state (transceiver →
+	// backend only; state.go).
+	Connection *ConnectionState
 }
 
 // SessionEnd is the content of a session.end message.
@@ -182,6 +185,8 @@ func (c *core) Recv(ctx context.Context) (Message, error) {
 				return Message{}, c.protocolError(err)
 			}
 			return Message{Control: ctl}, nil
+		case typeConnection:
+			return Message{Connection: &ConnectionState{State: m.State}}, nil
 		case typeHello, typeSessionStart:
 			return Message{}, c.protocolError(fmt.Errorf("%w: %q after the handshake", ErrProtocol, m.Type))
 		default:

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -112,8 +113,14 @@ func (c *core) acceptHandshake(ctx context.Context, formats []string, noClientEv
 		return SessionStart{}, c.protocolError(fmt.Errorf("%w: got %q, want session.start", ErrProtocol, m.Type))
 	case m.SessionID == "":
 		return SessionStart{}, c.protocolError(fmt.Errorf("%w: session.start without session_id", ErrProtocol))
+	case m.Session != nil && !bytes.Equal(m.Session, []byte("null")) && !IsJSONObject(m.Session):
+		return SessionStart{}, c.protocolError(fmt.Errorf(`%w: session.start "session" is not a JSON object`, ErrProtocol))
 	}
-	return SessionStart{SessionID: m.SessionID, Metadata: m.Metadata}, nil
+	start := SessionStart{SessionID: m.SessionID, Metadata: m.Metadata}
+	if m.Session != nil && !bytes.Equal(m.Session, []byte("null")) {
+		start.Session = m.Session
+	}
+	return start, nil
 }
 
 // offersSubprotocol reports whether the Sec-WebSocket-Protocol request

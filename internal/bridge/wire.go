@@ -109,6 +109,7 @@ type (
 		Type      string            `json:"type"`
 		SessionID string            `json:"session_id"`
 		Metadata  map[string]string `json:"metadata,omitempty"`
+		Session   json.RawMessage   `json:"session,omitempty"`
 	}
 	eventMsg struct {
 		Type string `json:"type"`
@@ -129,6 +130,7 @@ type inMsg struct {
 	AudioFormat  string            `json:"audio_format"`
 	SessionID    string            `json:"session_id"`
 	Metadata     map[string]string `json:"metadata"`
+	Session      json.RawMessage   `json:"session"`
 	Data         *string           `json:"data"`
 	Reason       string            `json:"reason"`
 	// output_audio_buffer_events in the backend's hello; nil means true.
@@ -140,6 +142,7 @@ type inMsg struct {
 	Cleared  bool    `json:"cleared"`
 	Code     string  `json:"code"`
 	Message  string  `json:"message"`
+	State    string  `json:"state"`
 }
 
 // parseText decodes a text message. A message that is not a JSON object

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"time"
 
@@ -39,6 +40,9 @@ type Config struct {
 	// Backend, if set, serves the bridge at /v1/bridge instead of the echo
 	// agent (tests plug in their own backends).
 	Backend http.Handler
+	// Pprof serves Go's profiles (net/http/pprof) at /debug/pprof/ on
+	// HTTPAddr. Off by default: keep it off public networks.
+	Pprof bool
 }
 
 // Demo is a running demo.
@@ -120,6 +124,13 @@ func Start(cfg Config) (*Demo, error) {
 	mux.Handle("/v1/bridge", backend)
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", web.Handler())
+	if cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 
 	d := &Demo{
 		relay:   rly,

@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -41,5 +42,33 @@ func TestMetricsEndpoint(t *testing.T) {
 		if !strings.Contains(text, w+"\n") {
 			t.Errorf("/metrics lacks %s", w)
 		}
+	}
+}
+
+// TestPprof: with Pprof the demo serves Go's profiles at /debug/pprof/ on
+// its web address; without it, nothing there.
+func TestPprof(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		d, err := Start(Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler), Pprof: on})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for path, want := range map[string]string{
+			"/debug/pprof/":                  "Types of profiles",
+			"/debug/pprof/goroutine?debug=1": "goroutine profile:",
+			"/debug/pprof/cmdline":           os.Args[0],
+		} {
+			resp, err := http.Get(d.URL() + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			served := resp.StatusCode == http.StatusOK && strings.Contains(string(body), want)
+			if served != on {
+				t.Errorf("pprof %v: GET %s: %d, served %v", on, path, resp.StatusCode, served)
+			}
+		}
+		_ = d.Close()
 	}
 }

@@ -139,6 +139,11 @@ func New(cfg Config, log *slog.Logger) (*Director, error) {
 				Rewrite: func(pr *httputil.ProxyRequest) {
 					pr.SetURL(u)
 					pr.Out.Host = u.Host
+					// The client as the director saw it (clientIP), for a
+					// transceiver's per-client bounds (its trusted_proxies).
+					if ip := d.clientIP(pr.In); ip.IsValid() {
+						pr.Out.Header.Set("X-Forwarded-For", ip.String())
+					}
 				},
 				ModifyResponse: d.rewriteLocation(up),
 				ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

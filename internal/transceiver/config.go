@@ -16,6 +16,22 @@ import (
 // address space (some Kubernetes networks), and IPv6 unique-local.
 var DefaultAllowRelays = []string{"127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "::1/128", "fc00::/7"}
 
+// Defaults for a client that goes silent (consent.go).
+const (
+	// DefaultDisconnectedTimeout is Config.DisconnectedTimeout's default.
+	DefaultDisconnectedTimeout = 5 * time.Second
+	// DefaultConsentTimeout is Config.ConsentTimeout's default: RFC 7675
+	// §5.1's consent expiry.
+	DefaultConsentTimeout = 30 * time.Second
+)
+
+// Defaults for sessions not yet connected (pending.go).
+const (
+	DefaultMaxPendingPerClient = 64
+	DefaultMaxPending          = 1000
+	DefaultCheckTimeout        = 10 * time.Second
+)
+
 // Config configures a transceiver. Validate fills defaults.
 type Config struct {
 	// ID is this transceiver's id, carried in every token it mints; relays
@@ -41,6 +57,37 @@ type Config struct {
 	SetupTimeout time.Duration `yaml:"setup_timeout"`
 	// MaxSessions caps concurrent sessions; beyond it offers get 503. Default 10000.
 	MaxSessions int `yaml:"max_sessions"`
+	// DisconnectedTimeout is how long a connected client may send nothing
+	// (no media, RTCP or consent check) before the backend is told it is
+	// disconnected (bridge message "connection", docs/bridge.md §4.7), so
+	// that a model can stop generating for a client that vanished. Traffic
+	// that resumes is reported too. Default 5s; the report comes within
+	// about a second after it (consent.go).
+	DisconnectedTimeout time.Duration `yaml:"disconnected_timeout"`
+	// ConsentTimeout ends a session whose client has sent nothing for this
+	// long (reason ice_failed). Default 30s: the consent expiry of RFC 7675
+	// §5.1, after which a client must stop sending, so a session is never
+	// ended while its client may still rightly use it. Shorter values end
+	// silent sessions sooner at the risk of cutting a client that is
+	// switching networks. Must exceed DisconnectedTimeout.
+	ConsentTimeout time.Duration `yaml:"consent_timeout"`
+	// MaxPendingPerClient caps the sessions answered but not yet connected
+	// (ICE and DTLS) per client address (an IPv4 address or an IPv6 /64);
+	// beyond it offers get 429 (pending.go). Default 64: an office or a
+	// carrier-grade NAT starting many calls at once stays under it, since a
+	// session is pending for well under a second.
+	MaxPendingPerClient int `yaml:"max_pending_per_client"`
+	// MaxPending caps the sessions not yet connected in total; beyond it
+	// offers get 503. Default 1000.
+	MaxPending int `yaml:"max_pending"`
+	// CheckTimeout ends a session whose client has sent no authenticated
+	// connectivity check this long after the answer (reason no_check),
+	// releasing its backend session. Default 10s; at most SetupTimeout.
+	CheckTimeout time.Duration `yaml:"check_timeout"`
+	// TrustedProxies are CIDR prefixes of proxies (a director, a load
+	// balancer) whose X-Forwarded-For names the client: the client address
+	// of a request from them is that header's last entry. Empty trusts none.
+	TrustedProxies []string `yaml:"trusted_proxies"`
 	// IngressByRegion maps a region name to the ingress (a Global Relay's
 	// public ip:port) advertised to clients of that region instead of
 	// Advertise. The region comes from the RegionHeader of the offer
@@ -50,10 +97,13 @@ type Config struct {
 	// no internal hop: for a single host, and as the latency baseline the
 	// relay path is measured against. Advertise then defaults to ListenAddr.
 	Direct bool `yaml:"direct"`
-	// DTLSRole is the DTLS role the transceiver takes in answers: "client"
+	// DTLSRole is the DTLS role the transceiver takes in answers to offers
+	// that leave it to the answerer (a=setup:actpass, or none): "client"
 	// (default; a=setup:active, the transceiver sends the ClientHello the
 	// moment ICE connects) or "server" (a=setup:passive; the client's
-	// ClientHello is answered without a HelloVerifyRequest round trip).
+	// ClientHello is answered without a HelloVerifyRequest round trip). An
+	// offer with a=setup:active or passive gets the complementary role
+	// (offer.go).
 	DTLSRole string `yaml:"dtls_role"`
 	// Auth turns on signaling authentication (internal/auth, docs/design.md §6):
 	// offers need a client token minted at POST /v1/client_tokens with an
@@ -71,6 +121,7 @@ type Config struct {
 
 	advertise netip.AddrPort
 	allow     []netip.Prefix
+	trusted   []netip.Prefix
 	ingress   map[string]netip.AddrPort
 }
 
@@ -145,6 +196,35 @@ func (c *Config) Validate() error {
 		c.OutputQueueMax = playout.DefaultMaxQueued
 	case c.OutputQueueMax < playout.Tick || c.OutputQueueMax > 10*time.Minute:
 		return fmt.Errorf("transceiver: output_queue_max %v must be 20ms to 10m (a whole reply should fit: 60s is the default)", c.OutputQueueMax)
+	}
+	if c.DisconnectedTimeout <= 0 {
+		c.DisconnectedTimeout = DefaultDisconnectedTimeout
+	}
+	if c.ConsentTimeout <= 0 {
+		c.ConsentTimeout = DefaultConsentTimeout
+	}
+	if c.MaxPendingPerClient <= 0 {
+		c.MaxPendingPerClient = DefaultMaxPendingPerClient
+	}
+	if c.MaxPending <= 0 {
+		c.MaxPending = DefaultMaxPending
+	}
+	if c.CheckTimeout <= 0 {
+		c.CheckTimeout = min(DefaultCheckTimeout, c.SetupTimeout)
+	}
+	if c.CheckTimeout > c.SetupTimeout {
+		return fmt.Errorf("transceiver: check_timeout %v must not exceed setup_timeout %v", c.CheckTimeout, c.SetupTimeout)
+	}
+	c.trusted = c.trusted[:0]
+	for _, p := range c.TrustedProxies {
+		pfx, err := netip.ParsePrefix(p)
+		if err != nil {
+			return fmt.Errorf("transceiver: trusted_proxies entry %q is not a CIDR prefix such as 10.0.0.0/8: %w", p, err)
+		}
+		c.trusted = append(c.trusted, pfx.Masked())
+	}
+	if c.ConsentTimeout <= c.DisconnectedTimeout {
+		return fmt.Errorf("transceiver: consent_timeout %v must exceed disconnected_timeout %v (defaults 30s and 5s)", c.ConsentTimeout, c.DisconnectedTimeout)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package transceiver
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"mime"
@@ -25,7 +26,9 @@ const maxOfferBytes = 64 << 10
 // Handler returns the signaling API (docs/design.md §6):
 //
 //	POST   /v1/calls            application/sdp offer → 201, Location, answer
-//	POST   /v1/realtime/calls   the same, for OpenAI Realtime WebRTC clients
+//	POST   /v1/realtime/calls   the same, for OpenAI Realtime WebRTC clients;
+//	                            both also take multipart/form-data with an
+//	                            sdp part and a session JSON part (multipart.go)
 //	PATCH  /v1/calls/{id}       application/trickle-ice-sdpfrag, If-Match →
 //	                            200 + answer fragment and new ETag (ICE restart),
 //	                            204 (trickle only); 412 stale ETag, 428 no If-Match
@@ -58,20 +61,30 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 		auth.Unauthorized(w, err)
 		return
 	}
-	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if err != nil || mt != "application/sdp" {
-		httpapi.WriteError(w, http.StatusUnsupportedMediaType, "unsupported_media_type",
-			"the offer must be sent with Content-Type: application/sdp")
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxOfferBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			httpapi.WriteError(w, http.StatusRequestEntityTooLarge, "offer_too_large", "the offer is larger than 64 KiB")
+	var offer string
+	var session json.RawMessage
+	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	switch {
+	case err == nil && mt == "application/sdp":
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxOfferBytes))
+		if err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				httpapi.WriteError(w, http.StatusRequestEntityTooLarge, "offer_too_large", "the offer is larger than 64 KiB")
+				return
+			}
+			httpapi.WriteError(w, http.StatusBadRequest, "bad_request", "reading the offer: "+err.Error())
 			return
 		}
-		httpapi.WriteError(w, http.StatusBadRequest, "bad_request", "reading the offer: "+err.Error())
+		offer = string(body)
+	case err == nil && mt == "multipart/form-data":
+		var ok bool
+		if offer, session, ok = readMultipartOffer(w, r, params["boundary"]); !ok {
+			return
+		}
+	default:
+		httpapi.WriteError(w, http.StatusUnsupportedMediaType, "unsupported_media_type",
+			"the offer must be sent with Content-Type: application/sdp, or as the sdp part of multipart/form-data")
 		return
 	}
 	meta := map[string]string{"client_addr": r.RemoteAddr, "user_agent": r.UserAgent()}
@@ -82,12 +95,18 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 	if region != "" {
 		meta[MetaRegion] = region
 	}
-	id, answer, err := s.offer(r.Context(), string(body), meta, owner)
+	id, answer, err := s.offer(r.Context(), offerRequest{
+		sdp: offer, session: session, meta: meta, owner: owner, client: clientAddr(r, s.cfg.trusted),
+	})
 	switch {
 	case errors.Is(err, ErrBadOffer):
 		httpapi.WriteError(w, http.StatusBadRequest, "bad_offer", err.Error())
 		return
-	case errors.Is(err, ErrFull), errors.Is(err, ErrClosed), errors.Is(err, ErrDraining):
+	case errors.Is(err, ErrClientPending):
+		w.Header().Set("Retry-After", "1")
+		httpapi.WriteError(w, http.StatusTooManyRequests, "too_many_pending", err.Error()+"; connect the calls already answered, or retry after a second")
+		return
+	case errors.Is(err, ErrFull), errors.Is(err, ErrClosed), errors.Is(err, ErrDraining), errors.Is(err, ErrPending):
 		w.Header().Set("Retry-After", "1")
 		httpapi.WriteError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 		return

@@ -25,14 +25,19 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // newTestServer runs a transceiver whose backend is the echo agent.
 func newTestServer(t *testing.T, mutate ...func(*Config)) (*Server, *httptest.Server, *token.Keyring) {
 	t.Helper()
+	return newTestServerLog(t, slog.New(slog.DiscardHandler), mutate...)
+}
+
+// newTestServerLog is newTestServer with the transceiver logging to log.
+func newTestServerLog(t *testing.T, log *slog.Logger, mutate ...func(*Config)) (*Server, *httptest.Server, *token.Keyring) {
+	t.Helper()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	keys, err := token.NewKeyring(token.Key{ID: 3, Secret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.DiscardHandler)
-	backend := httptest.NewServer(agent.NewEcho(log))
+	backend := httptest.NewServer(agent.NewEcho(slog.New(slog.DiscardHandler)))
 	t.Cleanup(backend.Close)
 	cfg := Config{
 		ID: 9, Cluster: 2, ListenAddr: "127.0.0.1:0", Advertise: "127.0.0.1:3478",
@@ -220,6 +225,9 @@ func TestConfigValidate(t *testing.T) {
 		{"unspecified advertise", func(c *Config) { c.Advertise = "0.0.0.0:3478" }, "advertise"},
 		{"bad prefix", func(c *Config) { c.AllowRelays = []string{"10.0.0.1"} }, "allow_relays"},
 		{"http backend", func(c *Config) { c.BackendURL = "http://x/y" }, "backend_url"},
+		{"consent within disconnected", func(c *Config) { c.DisconnectedTimeout, c.ConsentTimeout = 10*time.Second, 10*time.Second }, "consent_timeout"},
+		{"check beyond setup", func(c *Config) { c.SetupTimeout, c.CheckTimeout = 5*time.Second, 6*time.Second }, "check_timeout"},
+		{"bad trusted proxy", func(c *Config) { c.TrustedProxies = []string{"director"} }, "trusted_proxies"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -230,7 +238,9 @@ func TestConfigValidate(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if c.SetupTimeout == 0 || c.MaxSessions == 0 || c.Cluster == 0 {
+				if c.SetupTimeout == 0 || c.MaxSessions == 0 || c.Cluster == 0 || c.ConsentTimeout != DefaultConsentTimeout ||
+					c.DisconnectedTimeout != DefaultDisconnectedTimeout || c.CheckTimeout != DefaultCheckTimeout ||
+					c.MaxPending != DefaultMaxPending || c.MaxPendingPerClient != DefaultMaxPendingPerClient {
 					t.Fatalf("defaults not filled: %+v", c)
 				}
 				return

@@ -30,6 +30,10 @@ type metrics struct {
 	clears             *prometheus.CounterVec // by source: backend, client
 	clientAudioDropped *prometheus.CounterVec // by reason: invalid_opus, late
 	concealed          *prometheus.CounterVec // seconds, by method: fec, plc
+	// clientConnection counts clients going silent and coming back (consent.go).
+	clientConnection *prometheus.CounterVec
+	// offersRefused counts offers refused before any work, by reason (pending.go).
+	offersRefused *prometheus.CounterVec
 }
 
 // Setup phases, the values of the phase label.
@@ -66,7 +70,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_setup_seconds", Help: "Time from offer received to each setup phase: ice, dtls, first_audio (at the backend).", Buckets: setupBuckets,
 		}, []string{"phase"}),
 		setupFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_setup_failures_total", Help: "Sessions that failed during setup, by phase (ice, dtls) and reason (failed, timeout).",
+			Name: "switchboard_transceiver_setup_failures_total", Help: "Sessions that failed during setup, by phase (ice, dtls, connect) and reason (failed, timeout, no_check).",
 		}, []string{"phase", "reason"}),
 		rtt: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_rtt_seconds", Help: "Round-trip time to clients, from RTCP receiver reports (LSR/DLSR, RFC 3550 6.4.1).",
@@ -101,6 +105,21 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		concealed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_audio_concealed_seconds_total", Help: "Client audio lost and concealed for PCM backends, by method: fec (Opus in-band FEC from the next packet), plc.",
 		}, []string{"method"}),
+		clientConnection: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_client_connection_total",
+			Help: "Connected clients that went silent for the disconnected timeout (state=disconnected) and that came back (state=connected); each is told to the backend.",
+		}, []string{"state"}),
+	}
+	m.offersRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "switchboard_transceiver_offers_refused_total",
+		Help: "Offers refused before any work, by reason: pending_per_client (429), pending_total, capacity, draining (503).",
+	}, []string{"reason"})
+	for _, r := range []string{refusedPendingClient, refusedPendingTotal, refusedCapacity, refusedDraining} {
+		m.offersRefused.WithLabelValues(r)
+	}
+	m.setupFailures.WithLabelValues(phaseICE, "no_check")
+	for _, st := range []string{"disconnected", "connected"} {
+		m.clientConnection.WithLabelValues(st)
 	}
 	for _, r := range []string{"ok", "failed"} {
 		m.iceRestarts.WithLabelValues(r)
@@ -139,7 +158,10 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		Name: "switchboard_transceiver_playout_late_ticks_total", Help: "Playout clock ticks a worker missed because it was still busy with the previous one (sessions' audio jumps 20 ms).",
 	}, func() float64 { return float64(s.clock.Stats().LateTicks) })
 	reg.MustRegister(m.backendRefused, m.clears, m.clientAudioDropped, m.concealed, lateTicks)
+	pionSuppressed := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "switchboard_transceiver_pion_log_suppressed_total", Help: "Pion log lines dropped over the per-scope limit (20 at once, then 5 a second).",
+	}, func() float64 { return float64(s.pion.Suppressed()) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
-		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, active, hopDropped)
+		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.clientConnection, m.offersRefused, active, hopDropped, pionSuppressed)
 	return m
 }

@@ -14,15 +14,18 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/pion/ice/v4"
 	"github.com/pion/interceptor"
+	"github.com/pion/stun/v4"
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -71,6 +74,7 @@ type Server struct {
 	conn    *hop.Conn    // the internal hop over sock; nil when Config.Direct
 	mux     *ice.UDPMuxDefault
 	metrics *metrics
+	pion    *pionLogs       // Pion's log lines, through log (pionlog.go)
 	auth    *auth.Authority // nil: signaling is open
 	clock   *playout.Clock  // paces every session's output (media.go)
 	ctx     context.Context
@@ -81,7 +85,10 @@ type Server struct {
 	closed   bool                // guarded by mu
 	draining bool                // guarded by mu
 	starting int                 // offers being answered, counted against MaxSessions; guarded by mu
+	pending  pending             // sessions not yet connected (pending.go); guarded by mu
 	wg       sync.WaitGroup      // session goroutines
+	ends     sync.WaitGroup      // session teardowns in flight (lifecycle.go); Add under mu
+	left     chan struct{}       // a session left the table (capacity 1; Drain waits on it)
 }
 
 // New binds the internal-hop socket and returns a running transceiver. reg
@@ -115,19 +122,22 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		sock:     sock,
 		auth:     authority,
 		sessions: make(map[string]*session),
+		left:     make(chan struct{}, 1),
+		pending:  pending{byClient: make(map[netip.Prefix]int)},
 	}
+	s.pion = newPionLogs(s.log)
 	if cfg.Direct {
 		if s.cfg.advertise.Port() == 0 {
 			s.cfg.advertise = sock.LocalAddr().(*net.UDPAddr).AddrPort()
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: sock})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: sock, Logger: s.pion.NewLogger("ice")})
 	} else {
 		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow})
 		if err != nil {
 			_ = sock.Close()
 			return nil, err
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: s.conn})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: s.conn, Logger: s.pion.NewLogger("ice")})
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.clock = playout.NewClock(0)
@@ -156,10 +166,15 @@ func (s *Server) Sessions() int {
 }
 
 // newAPI builds the Pion API for one session: ICE-lite on the shared mux,
-// the session's credentials, Opus only.
-func (s *Server) newAPI(ufrag, pwd string) (*webrtc.API, error) {
+// the session's credentials, Opus only. role is the DTLS role the offer
+// asked of the answer (offerInfo.dtlsRole); zero means Config.DTLSRole.
+// onCheck sees every authenticated Binding request (pending.go).
+func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole, onCheck func(*stun.Message, ice.Candidate, ice.Candidate, *ice.CandidatePair) bool) (*webrtc.API, error) {
 	var se webrtc.SettingEngine
+	se.LoggerFactory = s.pion
 	se.SetLite(true)
+	s.setICETimeouts(&se)
+	se.SetICEBindingRequestHandler(onCheck)
 	se.SetICEUDPMux(s.mux)
 	se.SetICECredentials(ufrag, pwd)
 	se.SetIncludeLoopbackCandidate(true)
@@ -168,9 +183,11 @@ func (s *Server) newAPI(ufrag, pwd string) (*webrtc.API, error) {
 	// ICE has already proved the path when DTLS starts: no cookie round
 	// trip when we are the DTLS server (RFC 6347 §4.2.1 makes it optional).
 	se.SetDTLSInsecureSkipHelloVerify(true)
-	role := webrtc.DTLSRoleClient
-	if s.cfg.DTLSRole == "server" {
-		role = webrtc.DTLSRoleServer
+	if role != webrtc.DTLSRoleClient && role != webrtc.DTLSRoleServer {
+		role = webrtc.DTLSRoleClient
+		if s.cfg.DTLSRole == "server" {
+			role = webrtc.DTLSRoleServer
+		}
 	}
 	if err := se.SetAnsweringDTLSRole(role); err != nil {
 		return nil, err
@@ -218,12 +235,22 @@ func newSessionID() string {
 // complete answer. Errors wrap ErrBadOffer (the offer is unusable),
 // ErrFull, ErrClosed or ErrBackend.
 func (s *Server) Offer(ctx context.Context, offer string, meta map[string]string) (id, answer string, err error) {
-	return s.offer(ctx, offer, meta, "")
+	return s.offer(ctx, offerRequest{sdp: offer, meta: meta})
 }
 
-// offer is Offer for a session owned by the client token with id owner
-// ("" when signaling is open).
-func (s *Server) offer(ctx context.Context, offer string, meta map[string]string, owner string) (id, answer string, err error) {
+// offerRequest is an offer and what came with it.
+type offerRequest struct {
+	sdp     string
+	session json.RawMessage   // session configuration for the backend; nil for none, else a JSON object
+	meta    map[string]string // session.start metadata
+	owner   string            // id of the client token that sent it; "" when signaling is open
+	client  netip.Addr        // the client's address; invalid when unknown
+}
+
+// offer is Offer with everything an HTTP request brings. Errors also wrap
+// ErrClientPending and ErrPending (pending.go).
+func (s *Server) offer(ctx context.Context, req offerRequest) (id, answer string, err error) {
+	key := clientKey(req.client)
 	s.mu.Lock()
 	switch {
 	case s.closed:
@@ -231,36 +258,51 @@ func (s *Server) offer(ctx context.Context, offer string, meta map[string]string
 		return "", "", ErrClosed
 	case s.draining:
 		s.mu.Unlock()
+		s.metrics.offersRefused.WithLabelValues(refusedDraining).Inc()
 		return "", "", ErrDraining
 	case len(s.sessions)+s.starting >= s.cfg.MaxSessions:
 		s.mu.Unlock()
+		s.metrics.offersRefused.WithLabelValues(refusedCapacity).Inc()
 		return "", "", ErrFull
+	}
+	if err := s.reservePending(key); err != nil {
+		s.mu.Unlock()
+		return "", "", err
 	}
 	// Reserve the slot while the offer is answered, so that concurrent
 	// offers cannot overshoot MaxSessions.
 	s.starting++
 	s.mu.Unlock()
+	held := true // the pending slot, until a session holds it
 	defer func() {
 		s.mu.Lock()
 		s.starting--
+		if held {
+			s.releasePending(key)
+		}
 		s.mu.Unlock()
 	}()
-	if err := validateOffer(offer); err != nil {
+	info, err := parseOffer(req.sdp)
+	if err != nil {
 		return "", "", err
 	}
+	info.session, info.client = req.session, key
 
 	start := time.Now()
-	sess, answer, err := s.newSession(ctx, offer, meta, owner)
+	sess, answer, err := s.newSession(ctx, req.sdp, info, req.meta, req.owner)
 	if err != nil {
 		s.metrics.sessionsFailed.Inc()
 		return "", "", err
 	}
+	held = false // the session holds it now, until it connects or ends
 	s.metrics.signaling.Observe(time.Since(start).Seconds())
 	return sess.id, answer, nil
 }
 
-// End ends the session with the given id, telling the backend reason. It
-// reports whether the session existed.
+// End ends the session with the given id, telling the backend reason, and
+// reports whether the session existed. It returns once the session has
+// left the table; the backend and the client are told on a goroutine that
+// Close waits for (lifecycle.go).
 func (s *Server) End(id, reason string) bool {
 	s.mu.Lock()
 	sess := s.sessions[id]
@@ -302,23 +344,17 @@ func (s *Server) Drain(ctx context.Context) int {
 	s.mu.Lock()
 	s.draining = true
 	s.mu.Unlock()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for s.Sessions() > 0 {
-		select {
-		case <-ctx.Done():
-			n := s.Sessions()
-			_ = s.Close()
-			return n
-		case <-t.C:
-		}
+	n := 0
+	if !s.waitEmpty(ctx) {
+		n = s.Sessions()
 	}
 	_ = s.Close()
-	return 0
+	return n
 }
 
-// Close ends every session (the backend is told "shutdown"), closes the
-// socket and waits for all goroutines. It is idempotent.
+// Close ends every session (the backend is told "shutdown"), waits for
+// every session's end in flight, whoever started it (lifecycle.go),
+// closes the socket and waits for all goroutines. It is idempotent.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -331,13 +367,13 @@ func (s *Server) Close() error {
 		live = append(live, sess)
 	}
 	s.mu.Unlock()
-	// In parallel: each end waits on its backend and its client (up to a
-	// few seconds), and all must finish within the pod's grace period.
-	var ending sync.WaitGroup
+	// The ends run in parallel: each waits on its backend and its client
+	// (up to a few seconds), and all must finish within the pod's grace
+	// period.
 	for _, sess := range live {
-		ending.Go(func() { sess.end(bridge.ReasonShutdown) })
+		sess.end(bridge.ReasonShutdown)
 	}
-	ending.Wait()
+	s.ends.Wait()
 	s.wg.Wait()
 	s.clock.Close()
 	s.cancel()

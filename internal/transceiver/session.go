@@ -49,9 +49,15 @@ type session struct {
 
 	events    atomic.Pointer[webrtc.DataChannel] // the oai-events channel, once the client opened it
 	connected atomic.Bool
+	silent    atomic.Bool // the client went silent (consent.go)
+	checked   atomic.Bool // an authenticated connectivity check came (pending.go)
+	// The pending slot (pending.go): the key it counts under, and whether
+	// the session still holds it.
+	pendingKey  netip.Prefix
+	pendingHeld atomic.Bool
 	// Setup phases reached, each observed once.
 	iceUp, dtlsUp, audioUp atomic.Bool
-	endOnce                sync.Once
+	endOnce                sync.Once     // end (lifecycle.go)
 	ending                 atomic.Bool   // set when end starts: bridge errors after it are the teardown's
 	dropped                atomic.Uint64 // backend messages that could not be delivered to the client
 
@@ -68,7 +74,7 @@ type session struct {
 
 // newSession builds the peer connection and opens the backend bridge in
 // parallel, then returns the complete answer.
-func (s *Server) newSession(ctx context.Context, offer string, meta map[string]string, owner string) (*session, string, error) {
+func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, meta map[string]string, owner string) (*session, string, error) {
 	ufrag, pwd, err := s.newCredentials()
 	if err != nil {
 		return nil, "", err
@@ -76,6 +82,8 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 	id := newSessionID()
 	sctx, cancel := context.WithCancel(s.ctx)
 	sess := &session{id: id, owner: owner, ufrag: ufrag, iceGen: 1, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel}
+	sess.pendingKey = info.client
+	sess.pendingHeld.Store(true)
 	sess.ingress = s.cfg.advertise
 	if a, ok := s.cfg.ingress[meta[MetaRegion]]; ok {
 		sess.ingress = a
@@ -91,7 +99,7 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
 		defer dcancel()
 		start := time.Now()
-		be, err := bridge.Dial(dctx, s.cfg.BackendURL, bridge.SessionStart{SessionID: id, Metadata: meta})
+		be, err := bridge.Dial(dctx, s.cfg.BackendURL, bridge.SessionStart{SessionID: id, Metadata: meta, Session: info.session})
 		if err != nil {
 			s.metrics.bridgeErrors.WithLabelValues("dial").Inc()
 		} else {
@@ -116,7 +124,7 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 		return nil, "", err
 	}
 
-	if sess.api, err = s.newAPI(ufrag, pwd); err != nil {
+	if sess.api, err = s.newAPI(ufrag, pwd, info.dtlsRole, sess.onCheck); err != nil {
 		return fail(err)
 	}
 	if s.conn != nil {
@@ -183,6 +191,7 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 	go sess.fromBackend()
 	go sess.playoutEvents()
 	go sess.watchSetup()
+	sess.watchChecks()
 	sess.log.Info("session created", "ufrag", ufrag)
 	return sess, finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress), nil
 }
@@ -274,14 +283,16 @@ func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
 		if !sess.connected.Swap(true) {
 			sess.srv.metrics.connect.Observe(time.Since(sess.created).Seconds())
 		}
+		sess.leavePending()
 	case webrtc.PeerConnectionStateFailed:
-		go sess.end(bridge.ReasonICEFailed)
+		sess.end(bridge.ReasonICEFailed)
 	case webrtc.PeerConnectionStateClosed:
-		go sess.end(bridge.ReasonClientHangup)
+		sess.end(bridge.ReasonClientHangup)
 	}
 }
 
 func (sess *session) onICEState(st webrtc.ICEConnectionState) {
+	sess.reportConnection(st)
 	switch st {
 	case webrtc.ICEConnectionStateConnected:
 		if !sess.iceUp.Swap(true) {
@@ -378,7 +389,7 @@ func (sess *session) fromBackend() {
 				sess.log.Info("backend bridge closed", "err", err)
 				sess.srv.metrics.bridgeErrors.WithLabelValues("recv").Inc()
 			}
-			go sess.end(ReasonBackendGone)
+			sess.end(ReasonBackendGone)
 			return
 		}
 		switch {
@@ -394,7 +405,7 @@ func (sess *session) fromBackend() {
 			}
 		case m.End != nil:
 			sess.log.Info("backend ended the session", "reason", m.End.Reason)
-			go sess.end(bridge.ReasonDone)
+			sess.end(bridge.ReasonDone)
 			return
 		}
 	}
@@ -441,29 +452,25 @@ func (sess *session) watchSetup() {
 	}
 }
 
-// end tears the session down once: the backend is told why, the peer
-// connection is closed, and the session leaves the table.
-func (sess *session) end(reason string) {
-	sess.endOnce.Do(func() {
-		sess.ending.Store(true)
-		s := sess.srv
-		s.mu.Lock()
-		delete(s.sessions, sess.id)
-		s.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = sess.be.End(ctx, reason)
-		cancel()
-		sess.cancel()
-		sess.media.q.Close()
-		sess.notifyClient(reason)
-		_ = sess.pc.Close() // sends DTLS close_notify
-		sess.imu.Lock()     // waits for a restart in progress
-		sess.iceDone = true
-		if s.conn != nil {
-			s.conn.RemoveSession(sess.ufrag)
-		}
-		sess.imu.Unlock()
-		s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
-		sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
-	})
+// teardown ends the session: the backend is told why, the client gets
+// the goodbye event, and the peer connection is closed. It runs once, on
+// the tracked goroutine end starts (lifecycle.go), after the session left
+// the table.
+func (sess *session) teardown(reason string) {
+	s := sess.srv
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = sess.be.End(ctx, reason)
+	cancel()
+	sess.cancel()
+	sess.media.q.Close()
+	sess.notifyClient(reason)
+	_ = sess.pc.Close() // sends DTLS close_notify
+	sess.imu.Lock()     // waits for a restart in progress
+	sess.iceDone = true
+	if s.conn != nil {
+		s.conn.RemoveSession(sess.ufrag)
+	}
+	sess.imu.Unlock()
+	s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
+	sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
 }

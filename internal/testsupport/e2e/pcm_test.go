@@ -29,9 +29,9 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
-	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
 )
 
 // The PCM tests run a relay and a transceiver on loopback with a backend

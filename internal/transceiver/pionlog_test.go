@@ -1,0 +1,59 @@
+package transceiver
+
+import (
+	"bufio"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
+)
+
+// TestPionLogsThroughSlog: Pion's own log lines of a real call come out
+// of the transceiver's slog logger, as JSON with the Pion scope.
+func TestPionLogsThroughSlog(t *testing.T) {
+	var buf logbuf.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: levelTrace}))
+	_, api := directServerLog(t, log)
+	c := dialLive(t, api, nil)
+	waitFor(t, c.dcOpen, 10*time.Second, "the client's data channel")
+	scopes := map[string]int{}
+	sc := bufio.NewScanner(strings.NewReader(buf.String()))
+	for sc.Scan() {
+		var line struct {
+			Pion string `json:"pion"`
+			Msg  string `json:"msg"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			t.Fatalf("a log line is not JSON: %q", sc.Text())
+		}
+		if line.Pion != "" {
+			scopes[line.Pion]++
+		}
+	}
+	if scopes["ice"] == 0 {
+		t.Fatalf("no Pion ICE line in the transceiver's log (Pion scopes seen: %v)", scopes)
+	}
+}
+
+// TestPionLogLimit: a burst of Pion lines (a flood of bad packets) logs
+// at most the burst and counts the rest.
+func TestPionLogLimit(t *testing.T) {
+	var buf logbuf.Buffer
+	f := newPionLogs(slog.New(slog.NewJSONHandler(&buf, nil)))
+	l := f.NewLogger("ice")
+	const n = 1000
+	for i := range n {
+		l.Warnf("Discard request with wrong username %d", i)
+	}
+	lines, dropped := strings.Count(buf.String(), "\n"), int(f.Suppressed())
+	if lines > pionLogBurst+1 || lines < pionLogBurst || lines+dropped != n {
+		t.Fatalf("%d lines logged, %d counted as dropped, of %d; want about %d logged and the rest counted", lines, dropped, n, pionLogBurst)
+	}
+	f.NewLogger("dtls").Error("another scope has its own budget")
+	if !strings.Contains(buf.String(), `"pion":"dtls"`) {
+		t.Fatal("a flood in one scope silenced another")
+	}
+}
