@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// The client's connection state (docs/bridge.md §4.6).
+// The client's connection state (docs/bridge.md §4.7).
 //
 // The transceiver tells the backend when a connected client goes silent:
 // it has sent nothing (no media, no RTCP, no consent check) for the
