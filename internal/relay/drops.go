@@ -107,8 +107,8 @@ const (
 	DropReadError
 	// DropWriteError: the forwarding write failed.
 	DropWriteError
-	// DropTooBig: a datagram longer than the batched loops' buffers
-	// (MaxBatchedPayload, plus the hop header on the internal side).
+	// DropTooBig: a client payload longer than hop.MaxPayload (1,500
+	// bytes), from a client or from a transceiver: the path's one limit.
 	DropTooBig
 
 	// NumDropReasons is one more than the largest DropReason; Stats.Drops has this length.

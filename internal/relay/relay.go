@@ -55,13 +55,18 @@ const (
 	// maxBatch bounds Config.Batch.
 	maxBatch = 1024
 	// batchSlot is the size of one message buffer of the batched loops:
-	// hop.MaxHeaderLen of headroom and the datagram. Larger datagrams are
-	// dropped as DropTooBig (MaxBatchedPayload).
+	// hop.MaxHeaderLen of headroom and the datagram. Datagrams the slot
+	// truncates are dropped as DropTooBig, and so are (in every loop)
+	// client payloads longer than hop.MaxPayload, the path's one limit.
 	batchSlot = 2048
-	// MaxBatchedPayload is the largest client payload the batched loops
-	// forward (either direction); WebRTC over UDP stays under path MTU.
+	// MaxBatchedPayload is the most a batched loop's slot holds of a client
+	// payload; it must stay above hop.MaxPayload, which is what the relay
+	// forwards (either direction).
 	MaxBatchedPayload = batchSlot - hop.MaxHeaderLen
 )
+
+// A batched slot holds any datagram the relay forwards (compile-time check).
+const _ = uint(MaxBatchedPayload - hop.MaxPayload)
 
 // Config configures a relay.
 type Config struct {
@@ -415,6 +420,9 @@ func (r *Relay) handlePublic(from netip.AddrPort, buf []byte, now time.Time) (to
 // for it, and out is the header plus payload.
 func (r *Relay) fromClient(client, via netip.AddrPort, buf []byte, off int, now time.Time) (to netip.AddrPort, out []byte, drop DropReason) {
 	pkt := buf[off:]
+	if len(pkt) > hop.MaxPayload {
+		return to, nil, DropTooBig
+	}
 	kind := stunpeek.Classify(pkt)
 	if kind == stunpeek.KindOther {
 		return to, nil, DropUnknownFirstByte
@@ -568,6 +576,9 @@ func (r *Relay) handleInternal(from netip.AddrPort, b []byte, now time.Time) (to
 	}
 	if len(payload) == 0 {
 		return to, nil, DropInternalEmptyPayload
+	}
+	if len(payload) > hop.MaxPayload {
+		return to, nil, DropTooBig
 	}
 	t := r.mono(now)
 	via, drop := r.flows.reply(client, from, t)

@@ -103,10 +103,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchboard_transceiver_sessions", Help: "Live sessions.",
 	}, func() float64 { return float64(s.Sessions()) })
-	hopDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "switchboard_transceiver_hop_dropped_total", Help: "Datagrams on the internal-hop socket that were not valid hop datagrams from an allowed relay.",
-	}, func() float64 { st := s.HopStats(); return float64(st.DroppedNotHop + st.DroppedUntrusted) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
-		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, active, hopDropped)
+		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, active, newHopCollector(s.HopStats))
 	return m
 }
