@@ -92,9 +92,16 @@ type Config struct {
 	// /64); at the cap its new flows are dropped (source_pending_limit).
 	// Default DefaultMaxPendingPerIP. See limits.go and docs/security.md.
 	MaxPendingPerIP int `yaml:"max_pending_per_ip"`
-	// NewFlowsPerIP caps the flows one source IP (IPv6: one /64) creates
-	// per second (source_rate_limit). Default DefaultNewFlowsPerIP.
+	// NewFlowsPerIP is the rate, per second, at which one source IP (IPv6:
+	// one /64) creates flows beyond its burst: a client over it is given a
+	// turn and delayed (source_rate_delayed), up to a second; beyond that,
+	// refused (source_rate_limit). Default DefaultNewFlowsPerIP. See
+	// limits.go.
 	NewFlowsPerIP int `yaml:"new_flows_per_ip"`
+	// NewFlowBurstPerIP is how many flows one source IP may create at once,
+	// before NewFlowsPerIP paces it (a token bucket's depth). Default
+	// NewFlowsPerIP.
+	NewFlowBurstPerIP int `yaml:"new_flow_burst_per_ip"`
 	// NewFlowsPerSecond caps the flows all sources together create per
 	// second (new_flow_rate_limit). Default DefaultNewFlowsPerSecond.
 	NewFlowsPerSecond int `yaml:"new_flows_per_second"`
@@ -191,6 +198,12 @@ func (c *Config) Validate() error {
 		case *l.v == 0:
 			*l.v = l.def
 		}
+	}
+	switch {
+	case c.NewFlowBurstPerIP < 0 || c.NewFlowBurstPerIP > maxLimit:
+		errs = append(errs, fmt.Errorf("relay: NewFlowBurstPerIP is %d; use 0 for NewFlowsPerIP, or 1 to %d", c.NewFlowBurstPerIP, maxLimit))
+	case c.NewFlowBurstPerIP == 0:
+		c.NewFlowBurstPerIP = c.NewFlowsPerIP
 	}
 	switch {
 	case c.Batch < 0 || c.Batch > maxBatch:
@@ -293,7 +306,7 @@ func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *s
 		epoch:   time.Now(),
 		flows:   newFlowTable(cfg.MaxFlows),
 	}
-	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowsPerSecond)
+	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowBurstPerIP, cfg.NewFlowsPerSecond)
 	if cfg.FlowCache != nil {
 		p := defaultCacheParams
 		if cfg.cacheParams != nil {
@@ -689,6 +702,7 @@ func (r *Relay) sweepLoop(ctx context.Context) {
 }
 
 func (r *Relay) sweep(now time.Time) {
+	r.flows.lim.expire(r.mono(now))
 	r.flows.sweep(r.mono(now), int64(r.cfg.PendingTimeout), int64(r.cfg.IdleTimeout), r.members.Contains)
 }
 
