@@ -394,3 +394,35 @@ func TestLimitDelaysRetryingClients(t *testing.T) {
 		t.Fatal("no client was delayed: the test does not exercise the rate cap")
 	}
 }
+
+// TestLimitTurnsBounded: sources over their rate hold turns in a fixed
+// table; when their bucket of it is full, further clients are refused
+// outright (source_rate_limit), and the table never holds more than
+// waitSlots turns. Expired turns leave it.
+func TestLimitTurnsBounded(t *testing.T) {
+	f := newFixture(t, Config{NewFlowsPerIP: 1, MaxPendingPerIP: maxLimit, NewFlowsPerSecond: 1 << 30}) // burst 1, a turn a second
+	counts := map[DropReason]int{}
+	const sources = 3 * waitSlots
+	for i := range sources {
+		ip := netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+		for port := range 3 { // admitted, given a turn, refused (its turn would be 2 s away)
+			_, _, drop := f.pub(netip.AddrPortFrom(ip, uint16(1000+port)), f.good(7))
+			counts[drop]++
+		}
+	}
+	n := f.r.flows.lim.waiting.Load()
+	t.Logf("%d sources: %v; %d turns outstanding", sources, counts, n)
+	if n > waitSlots || n < waitSlots/2 {
+		t.Fatalf("%d turns outstanding, want at most the table's %d (and most of it used)", n, waitSlots)
+	}
+	// Sources that share a limiter slot share its budget (limits.go), so
+	// about a tenth of the first requests are delayed or refused too.
+	if counts[dropNone] < sources*8/10 || counts[DropSourceRateDelayed] != int(n) ||
+		counts[dropNone]+counts[DropSourceRateDelayed]+counts[DropSourceRateLimit] != 3*sources {
+		t.Fatalf("drops %v with %d turns, want about %d admitted, %d delayed and the rest refused", counts, n, sources, n)
+	}
+	f.r.sweep(f.now.Add(5 * time.Second))
+	if n := f.r.flows.lim.waiting.Load(); n != 0 {
+		t.Fatalf("%d turns left after they expired", n)
+	}
+}
