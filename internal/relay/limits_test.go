@@ -204,8 +204,8 @@ func TestLimitSourceOverItsCapSpendsNoGlobalBudget(t *testing.T) {
 // forwarding both ways.
 func TestCapsNeverEvict(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		cfg   Config
+		name    string
+		cfg     Config
 		oneIP   bool // all flows from one source IP, else one IP each
 		delayed int  // requests given a turn before the refusals
 		want    DropReason
