@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Switchboard needs, only those missing.
-#   scripts/deps.sh build   libopus for the Opus encoder in `switchboard call`
-#   scripts/deps.sh test    build + chromium (browser tests) + coturn (relay bench)
-#                           + python3-websockets (runs the Python backend of docs/bridge.md)
+#   scripts/deps.sh build   libopus for the Opus codec (transceiver PCM formats, `switchboard call`),
+#                           libspeexdsp for call's resampler (WAV files at 22,050 or 44,100 Hz)
+#   scripts/deps.sh test    build + chromium (browser tests) + coturn (relay bench) + espeak-ng
+#                           and sox (speech files) + Firefox ESR and GStreamer webrtcbin with
+#                           libnice (interop tests, docs/interop.md) + python3-websockets (runs
+#                           the Python backend of docs/bridge.md)
 set -euo pipefail
-want=(gcc pkg-config libopus-dev libopusfile-dev)
+want=(gcc pkg-config libopus-dev libopusfile-dev libspeexdsp-dev)
 if [[ "${1:-build}" == test ]]; then
-  want+=(chromium coturn iproute2 redis-server python3-websockets)
+  want+=(chromium coturn iproute2 redis-server espeak-ng sox firefox-esr python3-websockets
+         gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
+         gstreamer1.0-nice python3-gi python3-gst-1.0 gir1.2-gst-plugins-base-1.0 gir1.2-gst-plugins-bad-1.0)
 fi
 missing=()
 for p in "${want[@]}"; do

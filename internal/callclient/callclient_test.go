@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -366,5 +368,48 @@ func TestPayloadMismatches(t *testing.T) {
 				t.Errorf("payloadMismatches = %d, want %d", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestRunUserSpeechRates calls with speech files as a user makes them:
+// espeak-ng's own 22,050 Hz output and the same speech at CD rate (sox),
+// which the client resamples to 48 kHz before encoding.
+func TestRunUserSpeechRates(t *testing.T) {
+	for _, tool := range []string{"espeak-ng", "sox"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not found: install it with scripts/deps.sh test", tool)
+		}
+	}
+	dir := t.TempDir()
+	espeak := filepath.Join(dir, "espeak.wav")
+	cd := filepath.Join(dir, "cd.wav")
+	if out, err := exec.Command("espeak-ng", "-w", espeak, "Hello, can you hear me? This is a test of the switchboard.").CombinedOutput(); err != nil {
+		t.Fatalf("espeak-ng: %v\n%s", err, out)
+	}
+	if out, err := exec.Command("sox", espeak, "-r", "44100", cd).CombinedOutput(); err != nil {
+		t.Fatalf("sox: %v\n%s", err, out)
+	}
+	s := newEchoServer(t)
+	for _, tc := range []struct {
+		path string
+		rate int
+	}{{espeak, 22050}, {cd, 44100}} {
+		w, err := LoadWAV(tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.SampleRate != tc.rate {
+			t.Fatalf("%s is %d Hz, want %d", tc.path, w.SampleRate, tc.rate)
+		}
+		rep, err := Run(t.Context(), Options{
+			URL: s.srv.URL + "/v1/calls", AudioPath: tc.path, Duration: time.Second, Timeout: 20 * time.Second,
+			Logger: testLogger(t), SettingEngine: loopbackEngine(),
+		})
+		if err != nil {
+			t.Fatalf("%d Hz: %v", tc.rate, err)
+		}
+		if rep.PacketsSent != 50 || !rep.AudioEchoed || rep.PayloadMismatches != 0 {
+			t.Errorf("%d Hz: sent %d, echoed %v, mismatches %d", tc.rate, rep.PacketsSent, rep.AudioEchoed, rep.PayloadMismatches)
+		}
 	}
 }

@@ -15,13 +15,21 @@ const frameDuration = 20 * time.Millisecond
 const maxOpusPacket = 1275
 
 // encodeOpus encodes w as 20 ms Opus frames (application VoIP) at the
-// file's own sample rate and channel count; libopus supports all the rates
-// ReadWAV accepts, so nothing is resampled. The RTP clock for Opus is
+// file's own sample rate and channel count if libopus takes that rate (8,
+// 12, 16, 24 or 48 kHz); other rates (22,050 or 44,100 Hz, say) are first
+// resampled to 48 kHz (resample.go). The RTP clock for Opus is
 // 48 kHz whatever the input rate (RFC 7587 §4.1), so every frame advances
 // the RTP timestamp by 960. A short last frame is padded with silence.
 // maxFrames > 0 stops after that many frames; the file is looped if it is
 // shorter.
 func encodeOpus(w *WAV, maxFrames int) ([][]byte, error) {
+	if !opusRates[w.SampleRate] {
+		samples, err := resample(w.Samples, w.Channels, w.SampleRate, 48000)
+		if err != nil {
+			return nil, err
+		}
+		w = &WAV{SampleRate: 48000, Channels: w.Channels, Samples: samples}
+	}
 	enc, err := opus.NewEncoder(w.SampleRate, w.Channels, opus.AppVoIP)
 	if err != nil {
 		return nil, fmt.Errorf("opus encoder: %w", err)

@@ -1,6 +1,8 @@
 package callclient
 
 import (
+	"fmt"
+	"math"
 	"testing"
 
 	"gopkg.in/hraban/opus.v2"
@@ -75,6 +77,52 @@ func TestEncodeOpusRatesAndLooping(t *testing.T) {
 				if err != nil || n != 960 {
 					t.Fatalf("frame %d: %d samples per channel at 48 kHz, err %v; want 960", i, n, err)
 				}
+			}
+		})
+	}
+}
+
+// TestEncodeOpusResamples: WAV files at rates libopus does not take
+// (22,050 Hz from espeak-ng, 44,100 Hz from CDs) are resampled to 48 kHz
+// before encoding: a 1 kHz tone keeps its pitch and its length.
+func TestEncodeOpusResamples(t *testing.T) {
+	for _, rate := range []int{11025, 22050, 44100, 32000, 96000} {
+		t.Run(fmt.Sprint(rate), func(t *testing.T) {
+			const seconds, tone = 2, 1000.0
+			w := &WAV{SampleRate: rate, Channels: 1, Samples: make([]int16, seconds*rate)}
+			for i := range w.Samples {
+				w.Samples[i] = int16(10000 * math.Sin(2*math.Pi*tone*float64(i)/float64(rate)))
+			}
+			frames, err := encodeOpus(w, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := seconds * 50; len(frames) < want || len(frames) > want+1 {
+				t.Fatalf("%d frames, want %d (%d s of 20 ms)", len(frames), want, seconds)
+			}
+			dec, err := opus.NewDecoder(48000, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pcm []int16
+			buf := make([]int16, 5760)
+			for i, f := range frames {
+				n, err := dec.Decode(f, buf)
+				if err != nil || n != 960 {
+					t.Fatalf("frame %d: %d samples, %v", i, n, err)
+				}
+				pcm = append(pcm, buf[:n]...)
+			}
+			// Count rising zero crossings over the middle second.
+			mid := pcm[len(pcm)/4 : len(pcm)/4+48000]
+			crossings := 0
+			for i := 1; i < len(mid); i++ {
+				if mid[i-1] < 0 && mid[i] >= 0 {
+					crossings++
+				}
+			}
+			if math.Abs(float64(crossings)-tone) > tone/100 {
+				t.Fatalf("decoded tone at %d Hz, want %.0f Hz", crossings, tone)
 			}
 		})
 	}

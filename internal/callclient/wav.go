@@ -21,9 +21,10 @@ var (
 // 16-bit stereo.
 const maxWAVSize = 64 << 20
 
-// wavSampleRates are the rates libopus encodes natively; the client encodes
-// at the file's own rate so it never resamples.
-var wavSampleRates = map[int]bool{8000: true, 12000: true, 16000: true, 24000: true, 48000: true}
+// opusRates are the rates libopus encodes natively; a WAV file at one of
+// them is encoded at its own rate, any other rate is resampled to 48 kHz
+// first (resample.go).
+var opusRates = map[int]bool{8000: true, 12000: true, 16000: true, 24000: true, 48000: true}
 
 // WAV format tags (the fmt chunk's wFormatTag).
 const (
@@ -33,7 +34,7 @@ const (
 
 // WAV is decoded 16-bit linear PCM.
 type WAV struct {
-	SampleRate int     // Hz; one of 8000, 12000, 16000, 24000, 48000
+	SampleRate int     // Hz, minWAVRate to maxWAVRate (8 to 192 kHz)
 	Channels   int     // 1 or 2
 	Samples    []int16 // interleaved by channel
 }
@@ -62,7 +63,8 @@ func LoadWAV(path string) (*WAV, error) {
 }
 
 // ReadWAV parses a RIFF/WAVE stream holding 16-bit PCM, mono or stereo, at
-// 8, 12, 16, 24 or 48 kHz. It accepts WAVE_FORMAT_PCM and
+// any rate from 8 to 192 kHz (22,050 Hz from espeak-ng, 44,100 Hz from a
+// CD: encodeOpus resamples what libopus does not take). It accepts WAVE_FORMAT_PCM and
 // WAVE_FORMAT_EXTENSIBLE with the PCM sub-format, skips chunks other than
 // "fmt " and "data" (honouring the RIFF pad byte after odd-sized chunks),
 // and rejects anything else with an error wrapping ErrNotWAV,
@@ -158,11 +160,14 @@ func parseFmt(w *WAV, b []byte) (int, error) {
 		return 0, fmt.Errorf("%w: %d bits per sample, want 16", ErrUnsupportedFormat, bits)
 	case channels != 1 && channels != 2:
 		return 0, fmt.Errorf("%w: %d channels, want 1 or 2", ErrUnsupportedFormat, channels)
-	case !wavSampleRates[rate]:
-		return 0, fmt.Errorf("%w: sample rate %d Hz, want 8000, 12000, 16000, 24000 or 48000", ErrUnsupportedFormat, rate)
+	case rate < minWAVRate || rate > maxWAVRate:
+		return 0, fmt.Errorf("%w: sample rate %d Hz, want %d to %d", ErrUnsupportedFormat, rate, minWAVRate, maxWAVRate)
 	case blockAlign != channels*2:
 		return 0, fmt.Errorf("%w: block align %d, want %d", ErrMalformedWAV, blockAlign, channels*2)
 	}
 	w.SampleRate, w.Channels = rate, channels
 	return blockAlign, nil
 }
+
+// The sample rates ReadWAV accepts, in Hz.
+const minWAVRate, maxWAVRate = 8000, 192000

@@ -3,6 +3,7 @@ package hop
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
@@ -13,6 +14,19 @@ import (
 // ErrNoRoute is returned by Conn writes to a client that no relay has
 // delivered a datagram from (or whose route expired).
 var ErrNoRoute = errors.New("hop: no relay route to client")
+
+// ErrTooBig is returned by Conn writes of a datagram longer than MaxPayload.
+var ErrTooBig = fmt.Errorf("hop: datagram longer than %d bytes", MaxPayload)
+
+// MaxPayload is the longest client datagram (UDP payload, hop header not
+// included) the whole path carries, in bytes: relays drop longer ones from
+// either side (relay drop reason too_big), Conn drops longer ones it reads
+// (ConnStats.DroppedTooBig) and refuses longer writes (ErrTooBig), and the
+// transceiver sizes Pion's receive buffers to it. It is Pion's default
+// receive MTU and the Ethernet MTU: WebRTC keeps its datagrams under the
+// path MTU (DTLS, SCTP and browsers' RTP stay near 1,200 bytes), so nothing
+// a real client sends comes near it.
+const MaxPayload = 1500
 
 // ConnStats are a Conn's counters since it was created.
 type ConnStats struct {
@@ -28,9 +42,15 @@ type ConnStats struct {
 	DroppedUntrusted uint64
 	// DroppedNoRoute counts writes to a client with no known relay.
 	DroppedNoRoute uint64
-	// Latched counts clients that moved to a new address (NAT rebinding)
-	// and were followed after an authenticated Binding request.
+	// Latched counts moves of a session's media to a new client address
+	// (NAT rebinding, a nominated path), all reasons (latch.go).
 	Latched uint64
+	// Moves counts those moves by reason.
+	Moves [NumMoveReasons]uint64
+	// DroppedTooBig counts client datagrams longer than MaxPayload: read
+	// from a relay (dropped before Pion sees them) or written by Pion
+	// (refused with ErrTooBig).
+	DroppedTooBig uint64
 	// Sessions is the number of sessions registered for latching
 	// (AddSession, less RemoveSession): one per live ICE session.
 	Sessions int
@@ -50,6 +70,14 @@ type ConnConfig struct {
 	// RouteTTL is how long a client's route to its last relay lives
 	// without traffic. Default 2 minutes, longer than ICE consent (30 s).
 	RouteTTL time.Duration
+	// LatchQuiet is how long the address a session's media goes to must
+	// have sent nothing before an authenticated Binding request without
+	// USE-CANDIDATE from another port of the client's IP moves the media
+	// there (latch.go). Default DefaultLatchQuiet.
+	LatchQuiet time.Duration
+	// Logger receives the (rare, rate-limited) lines about moves. Default
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // Conn is the transceiver's end of the internal hop: a net.PacketConn over
@@ -68,11 +96,14 @@ type Conn struct {
 	advertise *net.UDPAddr
 	allow     []netip.Prefix
 	ttl       time.Duration
-	done      chan struct{}
-	closeOnce sync.Once
-	wg        sync.WaitGroup
+	log       *slog.Logger
+	// latchQuiet is ConnConfig.LatchQuiet.
+	latchQuiet time.Duration
+	done       chan struct{}
+	closeOnce  sync.Once
+	wg         sync.WaitGroup
 
-	received, sent, droppedNotHop, droppedUntrusted, droppedNoRoute atomic.Uint64
+	received, sent, droppedNotHop, droppedUntrusted, droppedNoRoute, droppedTooBig atomic.Uint64
 
 	mu sync.RWMutex
 	// routes maps a client's wire address to the relay that last delivered
@@ -87,8 +118,9 @@ type Conn struct {
 	alias    map[netip.AddrPort]netip.AddrPort
 	wire     map[netip.AddrPort]netip.AddrPort
 	latched  atomic.Uint64
+	moves    [NumMoveReasons]atomic.Uint64
 
-	bufs sync.Pool // *[]byte of 64 KiB + MaxHeaderLen for writes
+	bufs sync.Pool // *[]byte of MaxHeaderLen + MaxPayload for writes
 }
 
 type route struct {
@@ -104,18 +136,26 @@ func NewConn(sock *net.UDPConn, cfg ConnConfig) (*Conn, error) {
 	if cfg.RouteTTL <= 0 {
 		cfg.RouteTTL = 2 * time.Minute
 	}
-	c := &Conn{
-		sock:      sock,
-		advertise: net.UDPAddrFromAddrPort(cfg.Advertise),
-		allow:     cfg.AllowRelays,
-		ttl:       cfg.RouteTTL,
-		done:      make(chan struct{}),
-		routes:    make(map[netip.AddrPort]*route),
-		sessions:  make(map[string]*latchSession),
-		alias:     make(map[netip.AddrPort]netip.AddrPort),
-		wire:      make(map[netip.AddrPort]netip.AddrPort),
+	if cfg.LatchQuiet <= 0 {
+		cfg.LatchQuiet = DefaultLatchQuiet
 	}
-	c.bufs.New = func() any { b := make([]byte, MaxHeaderLen+65536); return &b }
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c := &Conn{
+		sock:       sock,
+		log:        cfg.Logger,
+		latchQuiet: cfg.LatchQuiet,
+		advertise:  net.UDPAddrFromAddrPort(cfg.Advertise),
+		allow:      cfg.AllowRelays,
+		ttl:        cfg.RouteTTL,
+		done:       make(chan struct{}),
+		routes:     make(map[netip.AddrPort]*route),
+		sessions:   make(map[string]*latchSession),
+		alias:      make(map[netip.AddrPort]netip.AddrPort),
+		wire:       make(map[netip.AddrPort]netip.AddrPort),
+	}
+	c.bufs.New = func() any { b := make([]byte, MaxHeaderLen+MaxPayload); return &b }
 	c.wg.Add(1)
 	go c.sweep()
 	return c, nil
@@ -152,6 +192,10 @@ func (c *Conn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
 			c.droppedNotHop.Add(1)
 			continue
 		}
+		if len(payload) > MaxPayload {
+			c.droppedTooBig.Add(1)
+			continue
+		}
 		c.learn(client, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
 		c.received.Add(1)
 		addr := c.sessionAddr(client, payload) // before the copy moves the payload
@@ -180,8 +224,13 @@ func (c *Conn) learn(client, relay netip.AddrPort) {
 }
 
 // WriteToAddrPort sends b to client through the relay that last delivered
-// the client's traffic. It returns ErrNoRoute if there is none.
+// the client's traffic. It returns ErrNoRoute if there is none, ErrTooBig if
+// b is longer than MaxPayload.
 func (c *Conn) WriteToAddrPort(b []byte, client netip.AddrPort) (int, error) {
+	if len(b) > MaxPayload {
+		c.droppedTooBig.Add(1)
+		return 0, ErrTooBig
+	}
 	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
 	c.lmu.RLock()
 	if w, ok := c.wire[client]; ok {
@@ -198,9 +247,6 @@ func (c *Conn) WriteToAddrPort(b []byte, client netip.AddrPort) (int, error) {
 	bp := c.bufs.Get().(*[]byte)
 	defer c.bufs.Put(bp)
 	buf := *bp
-	if len(b) > len(buf)-MaxHeaderLen {
-		return 0, fmt.Errorf("hop: datagram of %d bytes is too large", len(b))
-	}
 	n := PutHeader(buf, TypeData, client)
 	n += copy(buf[n:], b)
 	if _, err := c.sock.WriteToUDPAddrPort(buf[:n], *r.relay.Load()); err != nil {
@@ -262,13 +308,19 @@ func (c *Conn) Stats() ConnStats {
 	c.lmu.Lock()
 	sessions := len(c.sessions)
 	c.lmu.Unlock()
+	var moves [NumMoveReasons]uint64
+	for i := range moves {
+		moves[i] = c.moves[i].Load()
+	}
 	return ConnStats{
+		Moves:            moves,
 		Sessions:         sessions,
 		Received:         c.received.Load(),
 		Sent:             c.sent.Load(),
 		DroppedNotHop:    c.droppedNotHop.Load(),
 		DroppedUntrusted: c.droppedUntrusted.Load(),
 		DroppedNoRoute:   c.droppedNoRoute.Load(),
+		DroppedTooBig:    c.droppedTooBig.Load(),
 		Latched:          c.latched.Load(),
 		Routes:           routes,
 	}

@@ -110,3 +110,47 @@ func TestNewConnRejectsBadAdvertise(t *testing.T) {
 		t.Fatal("want an error for a missing advertise address")
 	}
 }
+
+// TestConnSizeLimit: a client payload longer than MaxPayload is dropped and
+// counted on the way in (never handed to Pion, whose read buffers are
+// MaxPayload long) and refused on the way out; one of exactly MaxPayload
+// bytes passes both ways.
+func TestConnSizeLimit(t *testing.T) {
+	sock := listen(t)
+	c, err := NewConn(sock, ConnConfig{Advertise: netip.MustParseAddrPort("127.0.0.1:3478")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	relay := listen(t)
+	defer relay.Close()
+	to := net.UDPAddrFromAddrPort(c.SocketAddr())
+	client := netip.MustParseAddrPort("198.51.100.9:40000")
+	big := bytes.Repeat([]byte{0x80}, MaxPayload+1)
+	for _, p := range [][]byte{big, big[:MaxPayload]} {
+		if _, err := relay.WriteTo(append(AppendHeader(nil, TypeData, client), p...), to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 8192) // Pion's UDP mux reads with 8 KiB
+	n, _, err := c.ReadFromAddrPort(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != MaxPayload {
+		t.Fatalf("read %d bytes, want the %d-byte datagram (the %d-byte one dropped)", n, MaxPayload, MaxPayload+1)
+	}
+	if s := c.Stats(); s.DroppedTooBig != 1 || s.Received != 1 {
+		t.Fatalf("stats %+v, want 1 too big and 1 received", s)
+	}
+	if _, err := c.WriteToAddrPort(big, client); !errors.Is(err, ErrTooBig) {
+		t.Fatalf("writing %d bytes: %v, want %v", len(big), err, ErrTooBig)
+	}
+	if _, err := c.WriteToAddrPort(big[:MaxPayload], client); err != nil {
+		t.Fatalf("writing %d bytes: %v", MaxPayload, err)
+	}
+	if s := c.Stats(); s.DroppedTooBig != 2 || s.Sent != 1 {
+		t.Fatalf("stats %+v, want 2 too big and 1 sent", s)
+	}
+}

@@ -44,6 +44,10 @@ const (
 	// DropSourceRateLimit: a valid first packet from a source IP (IPv6: /64)
 	// that created Config.NewFlowsPerIP flows this second (limits.go).
 	DropSourceRateLimit
+	// DropSourceRateDelayed: a valid first packet over its source's rate,
+	// given a turn (limits.go): the client's retransmission at or after
+	// it creates the flow.
+	DropSourceRateDelayed
 	// DropSourcePendingLimit: a valid first packet from a source IP that
 	// holds Config.MaxPendingPerIP pending flows.
 	DropSourcePendingLimit
@@ -107,8 +111,8 @@ const (
 	DropReadError
 	// DropWriteError: the forwarding write failed.
 	DropWriteError
-	// DropTooBig: a datagram longer than the batched loops' buffers
-	// (MaxBatchedPayload, plus the hop header on the internal side).
+	// DropTooBig: a client payload longer than hop.MaxPayload (1,500
+	// bytes), from a client or from a transceiver: the path's one limit.
 	DropTooBig
 
 	// NumDropReasons is one more than the largest DropReason; Stats.Drops has this length.
@@ -131,6 +135,7 @@ var dropNames = [NumDropReasons]string{
 	DropUnknownTransceiver:    "unknown_transceiver",
 	DropFlowTableFull:         "flow_table_full",
 	DropSourceRateLimit:       "source_rate_limit",
+	DropSourceRateDelayed:     "source_rate_delayed",
 	DropSourcePendingLimit:    "source_pending_limit",
 	DropNewFlowRateLimit:      "new_flow_rate_limit",
 	DropTransceiverGone:       "transceiver_gone",

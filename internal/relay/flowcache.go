@@ -299,7 +299,7 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 	if t < fc.downUntil.Load() {
 		return netip.AddrPort{}, DropFlowCacheDown
 	}
-	if len(pkt) > batchSlot-hop.MaxHeaderLen {
+	if len(pkt) > hop.MaxPayload {
 		return netip.AddrPort{}, DropTooBig
 	}
 	k := keyOf(client)

@@ -1,8 +1,10 @@
 package relay
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,15 +16,28 @@ func srcN(ip byte, n int) netip.AddrPort {
 	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 51, 100, ip}), uint16(10000+n))
 }
 
+// TestLimitPerIPRate: a source creates its burst of flows at once; beyond
+// it, clients are given turns one rate interval apart, in arrival order, up
+// to a second ahead, and refused beyond that. A client's retransmission
+// before its turn is delayed again; at its turn it creates the flow.
 func TestLimitPerIPRate(t *testing.T) {
-	f := newFixture(t, Config{NewFlowsPerIP: 5, MaxPendingPerIP: 100})
+	f := newFixture(t, Config{NewFlowsPerIP: 5, MaxPendingPerIP: 100}) // burst 5, one flow per 200 ms
+	start := f.now
+	at := func(d time.Duration) { f.now = start.Add(d) }
 	for i := range 5 {
 		if _, _, drop := f.pub(srcN(1, i), f.good(7)); drop != dropNone {
 			t.Fatalf("flow %d: %v", i, drop)
 		}
 	}
-	if _, _, drop := f.pub(srcN(1, 5), f.good(7)); drop != DropSourceRateLimit {
-		t.Fatalf("6th flow in a second: %v, want %v", drop, DropSourceRateLimit)
+	// Clients 5-9 are given turns at 200, 400, ..., 1000 ms; client 10's
+	// would be 1.2 s away: refused.
+	for i := 5; i < 10; i++ {
+		if _, _, drop := f.pub(srcN(1, i), f.good(7)); drop != DropSourceRateDelayed {
+			t.Fatalf("client %d over the burst: %v, want %v", i, drop, DropSourceRateDelayed)
+		}
+	}
+	if _, _, drop := f.pub(srcN(1, 10), f.good(7)); drop != DropSourceRateLimit {
+		t.Fatalf("client 10, a turn 1.2 s away: %v, want %v", drop, DropSourceRateLimit)
 	}
 	// Another source is not affected.
 	if _, _, drop := f.pub(srcN(2, 0), f.good(7)); drop != dropNone {
@@ -36,13 +51,54 @@ func TestLimitPerIPRate(t *testing.T) {
 			}
 		}
 	}
-	// The next window admits again.
-	f.now = f.now.Add(time.Second)
-	if _, _, drop := f.pub(srcN(1, 5), f.good(7)); drop != dropNone {
-		t.Fatalf("next second: %v", drop)
+	// Retransmissions: before its turn a client waits, at its turn it
+	// gets its flow; the next client's turn is still to come.
+	at(100 * time.Millisecond)
+	if _, _, drop := f.pub(srcN(1, 5), f.good(7)); drop != DropSourceRateDelayed {
+		t.Fatalf("client 5 before its turn: %v, want %v", drop, DropSourceRateDelayed)
 	}
-	if s := f.r.Stats(); s.Flows != 7 {
-		t.Fatalf("%d flows, want 7", s.Flows)
+	at(200 * time.Millisecond)
+	if _, _, drop := f.pub(srcN(1, 5), f.good(7)); drop != dropNone {
+		t.Fatalf("client 5 at its turn: %v", drop)
+	}
+	if _, _, drop := f.pub(srcN(1, 6), f.good(7)); drop != DropSourceRateDelayed {
+		t.Fatalf("client 6 before its turn: %v, want %v", drop, DropSourceRateDelayed)
+	}
+	// A newcomer queues behind the turns already given (after client 9's
+	// at 1 s), so it waits for them rather than overtaking.
+	if _, _, drop := f.pub(srcN(1, 11), f.good(7)); drop != DropSourceRateDelayed {
+		t.Fatalf("a newcomer at 200 ms: %v, want %v", drop, DropSourceRateDelayed)
+	}
+	at(1000 * time.Millisecond)
+	for i := 6; i < 10; i++ {
+		if _, _, drop := f.pub(srcN(1, i), f.good(7)); drop != dropNone {
+			t.Fatalf("client %d after its turn: %v", i, drop)
+		}
+	}
+	if _, _, drop := f.pub(srcN(1, 11), f.good(7)); drop != DropSourceRateDelayed {
+		t.Fatalf("the newcomer before its turn (1.2 s): %v, want %v", drop, DropSourceRateDelayed)
+	}
+	at(1200 * time.Millisecond)
+	if _, _, drop := f.pub(srcN(1, 11), f.good(7)); drop != dropNone {
+		t.Fatalf("the newcomer at its turn: %v", drop)
+	}
+	if s := f.r.Stats(); s.Flows != 12 {
+		t.Fatalf("%d flows, want 12", s.Flows)
+	}
+	// A turn nobody takes expires; the table forgets it.
+	if _, _, drop := f.pub(srcN(1, 20), f.good(7)); drop != DropSourceRateDelayed {
+		t.Fatalf("client 20: %v", drop)
+	}
+	f.r.sweep(start.Add(10 * time.Second))
+	if n := f.r.flows.lim.waiting.Load(); n != 0 {
+		t.Fatalf("%d turns outstanding after they expired", n)
+	}
+	// A source idle for a while has its whole burst again.
+	at(20 * time.Second)
+	for i := range 5 {
+		if _, _, drop := f.pub(srcN(1, 30+i), f.good(7)); drop != dropNone {
+			t.Fatalf("flow %d after a pause: %v", i, drop)
+		}
 	}
 }
 
@@ -148,15 +204,16 @@ func TestLimitSourceOverItsCapSpendsNoGlobalBudget(t *testing.T) {
 // forwarding both ways.
 func TestCapsNeverEvict(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		cfg   Config
-		oneIP bool // all flows from one source IP, else one IP each
-		want  DropReason
+		name    string
+		cfg     Config
+		oneIP   bool // all flows from one source IP, else one IP each
+		delayed int  // requests given a turn before the refusals
+		want    DropReason
 	}{
-		{"max flows", Config{MaxFlows: 4}, false, DropFlowTableFull},
-		{"per-ip rate", Config{NewFlowsPerIP: 4}, true, DropSourceRateLimit},
-		{"per-ip pending", Config{MaxPendingPerIP: 2}, true, DropSourcePendingLimit},
-		{"overall rate", Config{NewFlowsPerSecond: 4}, false, DropNewFlowRateLimit},
+		{"max flows", Config{MaxFlows: 4}, false, 0, DropFlowTableFull},
+		{"per-ip rate", Config{NewFlowsPerIP: 4}, true, 4, DropSourceRateLimit},
+		{"per-ip pending", Config{MaxPendingPerIP: 2}, true, 0, DropSourcePendingLimit},
+		{"overall rate", Config{NewFlowsPerSecond: 4}, false, 0, DropNewFlowRateLimit},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, tc.cfg)
@@ -176,8 +233,12 @@ func TestCapsNeverEvict(t *testing.T) {
 				}
 			}
 			for i := 4; i < 50; i++ {
-				if _, _, drop := f.pub(src(i), f.good(7)); drop != tc.want {
-					t.Fatalf("flow %d: %v, want %v", i, drop, tc.want)
+				want := tc.want
+				if i < 4+tc.delayed {
+					want = DropSourceRateDelayed
+				}
+				if _, _, drop := f.pub(src(i), f.good(7)); drop != want {
+					t.Fatalf("flow %d: %v, want %v", i, drop, want)
 				}
 			}
 			if s := f.r.Stats(); s.Flows != 4 || s.PendingFlows != 2 {
@@ -198,7 +259,7 @@ func TestCapsNeverEvict(t *testing.T) {
 // TestLimiterConcurrent hammers one source's slot from several goroutines:
 // the counts never exceed the caps and every unit comes back.
 func TestLimiterConcurrent(t *testing.T) {
-	l := newLimiter(8, 1000, 1<<30)
+	l := newLimiter(8, 1000, 1000, 1<<30)
 	k := keyOf(srcN(1, 0))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -239,8 +300,14 @@ func TestConfigValidateLimits(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if c.MaxPendingPerIP != DefaultMaxPendingPerIP || c.NewFlowsPerIP != DefaultNewFlowsPerIP || c.NewFlowsPerSecond != DefaultNewFlowsPerSecond {
+	if c.MaxPendingPerIP != DefaultMaxPendingPerIP || c.NewFlowsPerIP != DefaultNewFlowsPerIP || c.NewFlowsPerSecond != DefaultNewFlowsPerSecond ||
+		c.NewFlowBurstPerIP != DefaultNewFlowsPerIP {
 		t.Fatalf("defaults not filled: %+v", c)
+	}
+	c = base()
+	c.NewFlowsPerIP = 7
+	if err := c.Validate(); err != nil || c.NewFlowBurstPerIP != 7 {
+		t.Fatalf("burst %d (%v), want NewFlowsPerIP's 7", c.NewFlowBurstPerIP, err)
 	}
 	for _, tc := range []struct {
 		name string
@@ -250,6 +317,7 @@ func TestConfigValidateLimits(t *testing.T) {
 		{"MaxPendingPerIP", func(c *Config) { c.MaxPendingPerIP = maxLimit + 1 }},
 		{"NewFlowsPerIP", func(c *Config) { c.NewFlowsPerIP = -1 }},
 		{"NewFlowsPerSecond", func(c *Config) { c.NewFlowsPerSecond = -5 }},
+		{"NewFlowBurstPerIP", func(c *Config) { c.NewFlowBurstPerIP = maxLimit + 1 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base()
@@ -266,4 +334,95 @@ func ExampleConfig_limits() {
 	_ = c.Validate()
 	fmt.Println(c.MaxPendingPerIP, c.NewFlowsPerIP, c.NewFlowsPerSecond)
 	// Output: 16 20 20000
+}
+
+// TestLimitDelaysRetryingClients: fifty clients behind one IP start within
+// one second, each retransmitting its first check every 200 ms and giving
+// up after eight (1.4 s, about a Pion client's patience). With the default
+// caps every one of them gets its flow before giving up: a client over its
+// source's rate is given a turn, which its retransmission then takes; it is
+// delayed, never refused.
+func TestLimitDelaysRetryingClients(t *testing.T) {
+	f := newFixture(t, Config{})
+	const clients, retries = 50, 8
+	const every = 200 * time.Millisecond
+	start := f.now
+	type attempt struct {
+		at     time.Duration
+		client int
+	}
+	var queue []attempt
+	for c := range clients {
+		for k := range retries {
+			queue = append(queue, attempt{time.Duration(c)*time.Second/clients + time.Duration(k)*every, c})
+		}
+	}
+	slices.SortStableFunc(queue, func(a, b attempt) int { return cmp.Compare(a.at, b.at) })
+	admitted := make([]time.Duration, clients)
+	for i := range admitted {
+		admitted[i] = -1
+	}
+	delayed := 0
+	for _, a := range queue {
+		if admitted[a.client] >= 0 {
+			continue
+		}
+		f.now = start.Add(a.at)
+		src := srcN(1, a.client)
+		switch _, _, drop := f.pub(src, f.good(7)); drop {
+		case dropNone:
+			admitted[a.client] = a.at - time.Duration(a.client)*time.Second/clients
+			// The transceiver answers at once: the flow is confirmed.
+			if _, _, drop := f.internal(t7, src, []byte{1}); drop != dropNone {
+				t.Fatalf("client %d: answer: %v", a.client, drop)
+			}
+		case DropSourceRateDelayed:
+			delayed++
+		default:
+			t.Fatalf("client %d at %v: refused outright (%v)", a.client, a.at, drop)
+		}
+	}
+	var worst time.Duration
+	for c, d := range admitted {
+		if d < 0 {
+			t.Errorf("client %d never got a flow", c)
+		}
+		worst = max(worst, d)
+	}
+	t.Logf("%d clients, %d checks delayed, longest wait %v", clients, delayed, worst)
+	if delayed == 0 {
+		t.Fatal("no client was delayed: the test does not exercise the rate cap")
+	}
+}
+
+// TestLimitTurnsBounded: sources over their rate hold turns in a fixed
+// table; when their bucket of it is full, further clients are refused
+// outright (source_rate_limit), and the table never holds more than
+// waitSlots turns. Expired turns leave it.
+func TestLimitTurnsBounded(t *testing.T) {
+	f := newFixture(t, Config{NewFlowsPerIP: 1, MaxPendingPerIP: maxLimit, NewFlowsPerSecond: 1 << 30}) // burst 1, a turn a second
+	counts := map[DropReason]int{}
+	const sources = 3 * waitSlots
+	for i := range sources {
+		ip := netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+		for port := range 3 { // admitted, given a turn, refused (its turn would be 2 s away)
+			_, _, drop := f.pub(netip.AddrPortFrom(ip, uint16(1000+port)), f.good(7))
+			counts[drop]++
+		}
+	}
+	n := f.r.flows.lim.waiting.Load()
+	t.Logf("%d sources: %v; %d turns outstanding", sources, counts, n)
+	if n > waitSlots || n < waitSlots/2 {
+		t.Fatalf("%d turns outstanding, want at most the table's %d (and most of it used)", n, waitSlots)
+	}
+	// Sources that share a limiter slot share its budget (limits.go), so
+	// about a tenth of the first requests are delayed or refused too.
+	if counts[dropNone] < sources*8/10 || counts[DropSourceRateDelayed] != int(n) ||
+		counts[dropNone]+counts[DropSourceRateDelayed]+counts[DropSourceRateLimit] != 3*sources {
+		t.Fatalf("drops %v with %d turns, want about %d admitted, %d delayed and the rest refused", counts, n, sources, n)
+	}
+	f.r.sweep(f.now.Add(5 * time.Second))
+	if n := f.r.flows.lim.waiting.Load(); n != 0 {
+		t.Fatalf("%d turns left after they expired", n)
+	}
 }

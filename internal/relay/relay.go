@@ -55,13 +55,18 @@ const (
 	// maxBatch bounds Config.Batch.
 	maxBatch = 1024
 	// batchSlot is the size of one message buffer of the batched loops:
-	// hop.MaxHeaderLen of headroom and the datagram. Larger datagrams are
-	// dropped as DropTooBig (MaxBatchedPayload).
+	// hop.MaxHeaderLen of headroom and the datagram. Datagrams the slot
+	// truncates are dropped as DropTooBig, and so are (in every loop)
+	// client payloads longer than hop.MaxPayload, the path's one limit.
 	batchSlot = 2048
-	// MaxBatchedPayload is the largest client payload the batched loops
-	// forward (either direction); WebRTC over UDP stays under path MTU.
+	// MaxBatchedPayload is the most a batched loop's slot holds of a client
+	// payload; it must stay above hop.MaxPayload, which is what the relay
+	// forwards (either direction).
 	MaxBatchedPayload = batchSlot - hop.MaxHeaderLen
 )
+
+// A batched slot holds any datagram the relay forwards (compile-time check).
+const _ = uint(MaxBatchedPayload - hop.MaxPayload)
 
 // Config configures a relay.
 type Config struct {
@@ -87,9 +92,16 @@ type Config struct {
 	// /64); at the cap its new flows are dropped (source_pending_limit).
 	// Default DefaultMaxPendingPerIP. See limits.go and docs/security.md.
 	MaxPendingPerIP int `yaml:"max_pending_per_ip"`
-	// NewFlowsPerIP caps the flows one source IP (IPv6: one /64) creates
-	// per second (source_rate_limit). Default DefaultNewFlowsPerIP.
+	// NewFlowsPerIP is the rate, per second, at which one source IP (IPv6:
+	// one /64) creates flows beyond its burst: a client over it is given a
+	// turn and delayed (source_rate_delayed), up to a second; beyond that,
+	// refused (source_rate_limit). Default DefaultNewFlowsPerIP. See
+	// limits.go.
 	NewFlowsPerIP int `yaml:"new_flows_per_ip"`
+	// NewFlowBurstPerIP is how many flows one source IP may create at once,
+	// before NewFlowsPerIP paces it (a token bucket's depth). Default
+	// NewFlowsPerIP.
+	NewFlowBurstPerIP int `yaml:"new_flow_burst_per_ip"`
 	// NewFlowsPerSecond caps the flows all sources together create per
 	// second (new_flow_rate_limit). Default DefaultNewFlowsPerSecond.
 	NewFlowsPerSecond int `yaml:"new_flows_per_second"`
@@ -186,6 +198,12 @@ func (c *Config) Validate() error {
 		case *l.v == 0:
 			*l.v = l.def
 		}
+	}
+	switch {
+	case c.NewFlowBurstPerIP < 0 || c.NewFlowBurstPerIP > maxLimit:
+		errs = append(errs, fmt.Errorf("relay: NewFlowBurstPerIP is %d; use 0 for NewFlowsPerIP, or 1 to %d", c.NewFlowBurstPerIP, maxLimit))
+	case c.NewFlowBurstPerIP == 0:
+		c.NewFlowBurstPerIP = c.NewFlowsPerIP
 	}
 	switch {
 	case c.Batch < 0 || c.Batch > maxBatch:
@@ -288,7 +306,7 @@ func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *s
 		epoch:   time.Now(),
 		flows:   newFlowTable(cfg.MaxFlows),
 	}
-	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowsPerSecond)
+	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowBurstPerIP, cfg.NewFlowsPerSecond)
 	if cfg.FlowCache != nil {
 		p := defaultCacheParams
 		if cfg.cacheParams != nil {
@@ -415,6 +433,9 @@ func (r *Relay) handlePublic(from netip.AddrPort, buf []byte, now time.Time) (to
 // for it, and out is the header plus payload.
 func (r *Relay) fromClient(client, via netip.AddrPort, buf []byte, off int, now time.Time) (to netip.AddrPort, out []byte, drop DropReason) {
 	pkt := buf[off:]
+	if len(pkt) > hop.MaxPayload {
+		return to, nil, DropTooBig
+	}
 	kind := stunpeek.Classify(pkt)
 	if kind == stunpeek.KindOther {
 		return to, nil, DropUnknownFirstByte
@@ -569,6 +590,9 @@ func (r *Relay) handleInternal(from netip.AddrPort, b []byte, now time.Time) (to
 	if len(payload) == 0 {
 		return to, nil, DropInternalEmptyPayload
 	}
+	if len(payload) > hop.MaxPayload {
+		return to, nil, DropTooBig
+	}
 	t := r.mono(now)
 	via, drop := r.flows.reply(client, from, t)
 	if drop == DropInternalNoFlow && r.cfg.Relearn {
@@ -678,6 +702,7 @@ func (r *Relay) sweepLoop(ctx context.Context) {
 }
 
 func (r *Relay) sweep(now time.Time) {
+	r.flows.lim.expire(r.mono(now))
 	r.flows.sweep(r.mono(now), int64(r.cfg.PendingTimeout), int64(r.cfg.IdleTimeout), r.members.Contains)
 }
 

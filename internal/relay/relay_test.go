@@ -301,24 +301,42 @@ func TestRelayWriteError(t *testing.T) {
 	}
 }
 
+// TestRelayTooBig: the relay forwards client datagrams up to hop.MaxPayload,
+// the path's one limit, and drops longer ones from either side as too_big,
+// in the batched and the unbatched loops alike (so that nothing the
+// transceiver would drop crosses the hop).
 func TestRelayTooBig(t *testing.T) {
-	e := newEnv(t, Config{Workers: 1}, nil)
-	client := udp(t)
-	send(t, client, e.binding(t, 7), e.r.PublicAddr())
-	recv(t, e.tr)
-	big := make([]byte, MaxBatchedPayload+1)
-	big[0] = 0x80
-	send(t, client, big, e.r.PublicAddr())
-	eventually(t, "too_big counted", func() bool { return e.r.Stats().Drops[DropTooBig] == 1 })
-	// The largest allowed payload goes through, both ways.
-	send(t, client, big[:MaxBatchedPayload], e.r.PublicAddr())
-	got, _ := recv(t, e.tr)
-	if _, _, payload, err := hop.ParseHeader(got); err != nil || len(payload) != MaxBatchedPayload {
-		t.Fatalf("forwarded %d bytes (%v), want %d", len(payload), err, MaxBatchedPayload)
-	}
-	send(t, e.tr, got, e.r.InternalAddr())
-	if back, _ := recv(t, client); len(back) != MaxBatchedPayload {
-		t.Fatalf("returned %d bytes", len(back))
+	for _, batch := range []int{1, DefaultBatch} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			e := newEnv(t, Config{Workers: 1, Batch: batch}, nil)
+			client := udp(t)
+			send(t, client, e.binding(t, 7), e.r.PublicAddr())
+			recv(t, e.tr)
+			for i, n := range []int{hop.MaxPayload + 1, MaxBatchedPayload, MaxBatchedPayload + 1, 4000} {
+				big := make([]byte, n)
+				big[0] = 0x80
+				send(t, client, big, e.r.PublicAddr())
+				eventually(t, "too_big counted", func() bool { return e.r.Stats().Drops[DropTooBig] == uint64(i+1) })
+			}
+			// The largest allowed payload goes through, both ways.
+			big := make([]byte, hop.MaxPayload+1)
+			big[0] = 0x80
+			send(t, client, big[:hop.MaxPayload], e.r.PublicAddr())
+			got, _ := recv(t, e.tr)
+			if _, _, payload, err := hop.ParseHeader(got); err != nil || len(payload) != hop.MaxPayload {
+				t.Fatalf("forwarded %d bytes (%v), want %d", len(payload), err, hop.MaxPayload)
+			}
+			send(t, e.tr, got, e.r.InternalAddr())
+			if back, _ := recv(t, client); len(back) != hop.MaxPayload {
+				t.Fatalf("returned %d bytes", len(back))
+			}
+			// One byte more from the transceiver is dropped too.
+			send(t, e.tr, append(hop.AppendHeader(nil, hop.TypeData, client.LocalAddr().(*net.UDPAddr).AddrPort()), big...), e.r.InternalAddr())
+			eventually(t, "too_big counted from the transceiver", func() bool { return e.r.Stats().Drops[DropTooBig] == 5 })
+			if s := e.r.Stats(); s.ToTransceiverPackets != 2 || s.ToClientPackets != 1 {
+				t.Fatalf("forwarded %d to the transceiver and %d to the client, want 2 and 1", s.ToTransceiverPackets, s.ToClientPackets)
+			}
+		})
 	}
 }
 

@@ -1019,8 +1019,8 @@ func TestFloodWithLiveSessions(t *testing.T) {
 	windows := int(time.Since(start)/time.Second) + 2
 	t.Logf("flood: %d requests from %d source ports (%d IPs; %d ports in use skipped) in %v (%.0f/s; paced at %d/s, 0: unpaced)",
 		sentFlood, ports, floodIPs, skipped, floodTime.Round(time.Millisecond), float64(sentFlood)/floodTime.Seconds(), rate)
-	t.Logf("relay: flows %d (pending %d), flood flows created %d, most pending in one source slot %d; drops: source_rate_limit %d, source_pending_limit %d, new_flow_rate_limit %d, flow_table_full %d; forwarded to the flood's transceiver %d",
-		st.Flows, st.PendingFlows, floodFlows, maxPending, st.Drops[DropSourceRateLimit], st.Drops[DropSourcePendingLimit],
+	t.Logf("relay: flows %d (pending %d), flood flows created %d, most pending in one source slot %d, turns outstanding %d; drops: source_rate_delayed %d, source_rate_limit %d, source_pending_limit %d, new_flow_rate_limit %d, flow_table_full %d; forwarded to the flood's transceiver %d",
+		st.Flows, st.PendingFlows, floodFlows, maxPending, e.r.flows.lim.waiting.Load(), st.Drops[DropSourceRateDelayed], st.Drops[DropSourceRateLimit], st.Drops[DropSourcePendingLimit],
 		st.Drops[DropNewFlowRateLimit], st.Drops[DropFlowTableFull], sinkSeen.total())
 	t.Logf("sessions: %d; echo latency p50/p99 before %v/%v, during %v/%v, after p99 %v; datagrams sent/echoed before %d/%d, during %d/%d, after %d/%d",
 		sessions, before50, before99, during50, during99, after99, sent[1], got[1], sent[2], got[2], sent[3], got[3])
@@ -1031,10 +1031,10 @@ func TestFloodWithLiveSessions(t *testing.T) {
 	if st.Flows > e.r.cfg.MaxFlows || maxPending > e.r.cfg.MaxPendingPerIP || st.PendingFlows > floodIPs*e.r.cfg.MaxPendingPerIP {
 		t.Errorf("table beyond its caps: %d flows, %d pending, %d pending in one source slot", st.Flows, st.PendingFlows, maxPending)
 	}
-	if floodFlows > floodIPs*e.r.cfg.NewFlowsPerIP*windows {
-		t.Errorf("%d flood flows created in %d windows: above %d per source IP per second", floodFlows, windows, e.r.cfg.NewFlowsPerIP)
+	if limit := floodIPs * (e.r.cfg.NewFlowBurstPerIP + e.r.cfg.NewFlowsPerIP*windows); floodFlows > limit {
+		t.Errorf("%d flood flows created in %d s: above a burst of %d and %d per source IP per second (%d)", floodFlows, windows, e.r.cfg.NewFlowBurstPerIP, e.r.cfg.NewFlowsPerIP, limit)
 	}
-	if st.Drops[DropSourceRateLimit]+st.Drops[DropSourcePendingLimit] == 0 {
+	if st.Drops[DropSourceRateLimit]+st.Drops[DropSourceRateDelayed]+st.Drops[DropSourcePendingLimit] == 0 {
 		t.Error("the flood met no per-source cap")
 	}
 	if rss1-rss0 > floodRSSBound {

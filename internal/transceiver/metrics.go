@@ -151,17 +151,14 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchboard_transceiver_sessions", Help: "Live sessions.",
 	}, func() float64 { return float64(s.Sessions()) })
-	hopDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "switchboard_transceiver_hop_dropped_total", Help: "Datagrams on the internal-hop socket that were not valid hop datagrams from an allowed relay.",
-	}, func() float64 { st := s.HopStats(); return float64(st.DroppedNotHop + st.DroppedUntrusted) })
 	lateTicks := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_playout_late_ticks_total", Help: "Playout clock ticks a worker missed because it was still busy with the previous one (sessions' audio jumps 20 ms).",
 	}, func() float64 { return float64(s.clock.Stats().LateTicks) })
-	reg.MustRegister(m.backendRefused, m.clears, m.clientAudioDropped, m.concealed, lateTicks)
 	pionSuppressed := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_pion_log_suppressed_total", Help: "Pion log lines dropped over the per-scope limit (20 at once, then 5 a second).",
 	}, func() float64 { return float64(s.pion.Suppressed()) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
-		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.clientConnection, m.offersRefused, active, hopDropped, pionSuppressed)
+		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.clientConnection, m.offersRefused,
+		m.backendRefused, m.clears, m.clientAudioDropped, m.concealed, lateTicks, active, newHopCollector(s.HopStats), pionSuppressed)
 	return m
 }

@@ -132,7 +132,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		}
 		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: sock, Logger: s.pion.NewLogger("ice")})
 	} else {
-		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow})
+		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow, Logger: s.log})
 		if err != nil {
 			_ = sock.Close()
 			return nil, err
@@ -177,6 +177,7 @@ func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole, onCheck func(*s
 	se.SetICEBindingRequestHandler(onCheck)
 	se.SetICEUDPMux(s.mux)
 	se.SetICECredentials(ufrag, pwd)
+	se.SetReceiveMTU(hop.MaxPayload) // the path's one datagram limit (hop.Conn drops longer ones, counted)
 	se.SetIncludeLoopbackCandidate(true)
 	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
 	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
