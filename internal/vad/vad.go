@@ -54,9 +54,9 @@ const maxFrameSamples = Rate24k * FrameMs / 1000
 
 // Tuning of the turn rules around the engine (see the package doc).
 const (
-	startWindow  = 4    // frames looked at for an onset
-	startCount   = 3    // frames of startWindow that must count
-	maxBacktrack = 5    // frames the onset may move back over
+	startWindow  = 4 // frames looked at for an onset
+	startCount   = 3 // frames of startWindow that must count
+	maxBacktrack = 5 // frames the onset may move back over
 	histLen      = startWindow + maxBacktrack
 	marginPerT   = 14.0 // dB of margin above the floor per unit of Threshold
 	backtrackDB  = 3.0  // dB above the floor a frame needs to be moved back over
@@ -151,9 +151,9 @@ type Detector struct {
 	dec        decimator
 	samples    [maxFrameSamples]int16
 	down       [maxFrameSamples / 3]int16
-	frames     int64 // frames processed so far
-	floor      float64 // noise floor, dBFS
-	prevPower  float64 // meanPower of the previous frame
+	frames     int64              // frames processed so far
+	floor      float64            // noise floor, dBFS
+	prevPower  float64            // meanPower of the previous frame
 	hist       [histLen]frameStat // by frame index mod histLen
 	inSpeech   bool
 	silent     int   // frames since the last one that counted, in speech
