@@ -120,14 +120,16 @@ var babbleTexts = []string{
 var babbleVoices = []string{"en-us", "en-gb+f2", "en-us+m3", "en-gb-scotland+f4", "en-029+m5", "en-gb-x-rp+f3", "en-us+m7", "en-gb+f5"}
 
 // babble returns n samples at rate Hz of eight espeak-ng talkers reading
-// different texts at once, each looped with its own offset and sized to
+// different texts at once, each looped from its own offset and sized to
 // the same level, the whole scaled to RMS level: the "cocktail party"
-// noise of speech-like spectrum that a VAD must not take for a talker.
-func babble(t testing.TB, rate, n int, level float64) []float64 {
+// noise, of speech's own spectrum, that a VAD must not take for a
+// talker. mix (0, 1, ...) picks another pairing of voices and texts and
+// other offsets.
+func babble(t testing.TB, rate, n int, level float64, mix int) []float64 {
 	t.Helper()
 	out := make([]float64, n)
 	for i, text := range babbleTexts {
-		s := speak(t, babbleVoices[i], text, rate)
+		s := speak(t, babbleVoices[(i+mix)%len(babbleVoices)], text, rate)
 		f, l := activeSpan(s)
 		s = s[f : l+1]
 		x := make([]float64, len(s))
@@ -135,7 +137,7 @@ func babble(t testing.TB, rate, n int, level float64) []float64 {
 			x[j] = float64(v)
 		}
 		g := 1 / rms(x)
-		off := i * len(s) / len(babbleTexts)
+		off := (i*len(x)/len(babbleTexts) + mix*7919) % len(x)
 		for j := range out {
 			out[j] += x[(j+off)%len(x)] * g
 		}

@@ -52,18 +52,32 @@ const (
 // maxFrameSamples is the samples in one frame at the highest rate.
 const maxFrameSamples = Rate24k * FrameMs / 1000
 
-// Tuning of the turn rules around the engine (see the package doc).
+// tuning holds the parameters of the turn rules that the accuracy test
+// was used to choose (docs/vad.md); defaultTuning is what NewDetector
+// uses.
+type tuning struct {
+	marginPerT float64 // dB of margin above the floor per unit of Threshold
+	floorQ     float64 // quantile of frame energy the floor tracks
+	smooth     int     // frames whose mean power is a frame's energy, 1 to maxSmooth
+	startCount int     // frames of startWindow that must count for an onset
+	speechRise float64 // dB per frame the floor may rise in speech
+}
+
+var defaultTuning = tuning{marginPerT: 14, floorQ: 0.5, smooth: 3, startCount: 3, speechRise: 0.05}
+
+const maxSmooth = 4
+
+// Fixed parts of the turn rules around the engine (see the package doc).
 const (
 	startWindow  = 4 // frames looked at for an onset
-	startCount   = 3 // frames of startWindow that must count
 	maxBacktrack = 5 // frames the onset may move back over
 	histLen      = startWindow + maxBacktrack
-	marginPerT   = 14.0 // dB of margin above the floor per unit of Threshold
 	backtrackDB  = 3.0  // dB above the floor a frame needs to be moved back over
-	floorQ       = 0.3  // quantile of frame energy the floor tracks
 	floorStep    = 0.5  // dB per frame the floor moves by
-	floorDrop    = 10.0 // dB: a frame this far under the floor resets it
-	speechSlow   = 8    // the floor rises this many times slower in speech
+	floorRise    = 0.02 // of the distance to a frame above the floor, the most it rises by
+	floorMin     = -80  // dBFS, the lowest floor
+	statFrames   = 50   // frames (1 s) over which stationarity is judged
+	statStdDB    = 3.5  // dB: energy whose standard deviation over statFrames is under this is stationary
 	minEnergyDB  = -100 // dBFS given to digital silence
 )
 
@@ -136,6 +150,7 @@ type frameStat struct {
 type Detector struct {
 	// Set once by NewDetector.
 	cfg           TurnDetection
+	tune          tuning
 	rate          int     // input rate, Hz
 	frameBytes    int     // input bytes per frame
 	engineRate    int     // rate of the frames given to the engine, Hz
@@ -153,8 +168,9 @@ type Detector struct {
 	down       [maxFrameSamples / 3]int16
 	frames     int64              // frames processed so far
 	floor      float64            // noise floor, dBFS
-	prevPower  float64            // meanPower of the previous frame
+	power      [maxSmooth]float64 // meanPower of recent frames, by index mod maxSmooth
 	hist       [histLen]frameStat // by frame index mod histLen
+	statE      [statFrames]float32 // frame energies, dBFS, by frame index mod statFrames
 	inSpeech   bool
 	silent     int   // frames since the last one that counted, in speech
 	lastSpeech int64 // index of the last frame that counted, in speech
@@ -165,10 +181,14 @@ type Detector struct {
 // configured by cfg, which must pass Validate. It fails with an error
 // wrapping ErrConfig, ErrRate or ErrUnavailable.
 func NewDetector(cfg TurnDetection, rate int) (*Detector, error) {
+	return newDetector(cfg, rate, defaultTuning)
+}
+
+func newDetector(cfg TurnDetection, rate int, tune tuning) (*Detector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Detector{cfg: cfg, rate: rate}
+	d := &Detector{cfg: cfg, rate: rate, tune: tune}
 	switch rate {
 	case Rate16k:
 		d.engineRate = Rate16k
@@ -178,7 +198,7 @@ func NewDetector(cfg TurnDetection, rate int) (*Detector, error) {
 		return nil, fmt.Errorf("%w (got %d)", ErrRate, rate)
 	}
 	d.frameBytes = 2 * rate * FrameMs / 1000
-	d.startMargin = marginPerT * cfg.Threshold
+	d.startMargin = d.tune.marginPerT * cfg.Threshold
 	d.stopMargin = d.startMargin
 	d.prefixFrames = int64((cfg.PrefixPaddingMs + FrameMs - 1) / FrameMs)
 	d.silenceFrames = (cfg.SilenceDurationMs + FrameMs - 1) / FrameMs
@@ -198,7 +218,7 @@ func NewDetector(cfg TurnDetection, rate int) (*Detector, error) {
 // is mode 0 (most frames called speech), [0.25, 0.5) mode 1, [0.5, 0.75)
 // mode 2, [0.75, 1] mode 3 (fewest).
 func engineMode(threshold float64) int {
-	return min(3, int(threshold*4))
+	return max(0, min(3, int(threshold*4)))
 }
 
 // Config returns the configuration the detector was made with.
@@ -247,20 +267,25 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 	}
 	power := meanPower(in)
 	if d.frames == 0 {
-		d.prevPower = power
+		d.power = [maxSmooth]float64{power, power, power, power}
 	}
-	// The frame's energy is averaged with the previous frame's, so a
-	// single 20 ms peak of noise weighs half.
-	energy := powerDB((power + d.prevPower) / 2)
-	d.prevPower = power
+	d.power[d.frames%maxSmooth] = power
+	// A frame's energy is the mean power of the last few frames, so a
+	// single 20 ms peak of noise weighs less.
+	var sum float64
+	for i := range int64(d.tune.smooth) {
+		sum += d.power[(d.frames+maxSmooth-i)%maxSmooth]
+	}
+	energy := powerDB(sum / float64(d.tune.smooth))
 	if d.frames == 0 {
-		d.floor = energy
+		d.floor = max(floorMin, energy)
 	}
 	margin := d.startMargin
 	if d.inSpeech {
 		margin = d.stopMargin
 	}
 	counts := voiced && energy > d.floor+margin
+	d.statE[d.frames%statFrames] = float32(energy)
 	d.trackFloor(energy)
 
 	cur := d.frames
@@ -294,7 +319,7 @@ func (d *Detector) onset(cur int64) Event {
 			}
 		}
 	}
-	if count < startCount {
+	if count < d.tune.startCount {
 		return Event{}
 	}
 	lim := max(0, cur-histLen+1)
@@ -309,19 +334,43 @@ func (d *Detector) onset(cur int64) Event {
 }
 
 // trackFloor moves the noise floor one step toward the floorQ quantile
-// of frame energy (a stochastic quantile estimate), falling at once to a
-// frame far under it and rising slower while in speech.
+// of frame energy (a stochastic quantile estimate: a single quiet frame
+// does not drag it down), never under floorMin. Outside speech it rises
+// faster the further the energy is above it, so that a session that
+// starts in digital silence learns its room noise within about a second.
+// In speech it rises by at most speechRise per frame, so a long utterance
+// does not become its own floor, unless the energy has been stationary
+// for the last second (standard deviation under statStdDB: steady noise,
+// not the syllabic rise and fall of a talker), which is how a "speech"
+// that is really noise switched on mid-session ends within seconds
+// (the stationarity test of classic codec VADs such as AMR's).
 func (d *Detector) trackFloor(energy float64) {
-	switch {
-	case energy < d.floor-floorDrop:
-		d.floor = energy
-	case energy < d.floor:
-		d.floor -= floorStep * (1 - floorQ)
-	case d.inSpeech:
-		d.floor += floorStep * floorQ / speechSlow
-	default:
-		d.floor += floorStep * floorQ
+	if energy < d.floor {
+		d.floor = max(floorMin, d.floor-floorStep*(1-d.tune.floorQ))
+		return
 	}
+	if d.inSpeech && !d.stationary() {
+		d.floor += d.tune.speechRise
+		return
+	}
+	d.floor += max(floorStep*d.tune.floorQ, floorRise*(energy-d.floor))
+}
+
+// stationary reports whether the energy of the last statFrames frames
+// has a standard deviation under statStdDB.
+func (d *Detector) stationary() bool {
+	if d.frames < statFrames {
+		return false
+	}
+	var sum, sq float64
+	for _, e := range d.statE {
+		sum += float64(e)
+	}
+	mean := sum / statFrames
+	for _, e := range d.statE {
+		sq += (float64(e) - mean) * (float64(e) - mean)
+	}
+	return sq/statFrames < statStdDB*statStdDB
 }
 
 // meanPower returns the mean of s², s in units of full scale (1.0 for
