@@ -166,10 +166,10 @@ type Detector struct {
 	dec        decimator
 	samples    [maxFrameSamples]int16
 	down       [maxFrameSamples / 3]int16
-	frames     int64              // frames processed so far
-	floor      float64            // noise floor, dBFS
-	power      [maxSmooth]float64 // meanPower of recent frames, by index mod maxSmooth
-	hist       [histLen]frameStat // by frame index mod histLen
+	frames     int64               // frames processed so far
+	floor      float64             // noise floor, dBFS
+	power      [maxSmooth]float64  // meanPower of recent frames, by index mod maxSmooth
+	hist       [histLen]frameStat  // by frame index mod histLen
 	statE      [statFrames]float32 // frame energies, dBFS, by frame index mod statFrames
 	inSpeech   bool
 	silent     int   // frames since the last one that counted, in speech
