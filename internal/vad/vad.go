@@ -15,18 +15,23 @@
 // are first brought down to 8 kHz by a low-pass FIR. Around it the
 // Detector adds what turns a frame classifier into a turn detector:
 //
-//   - a noise floor, the running 30th percentile of frame energy, and a
-//     margin above it that a frame must clear to count (Threshold sets
-//     the margin and the engine's aggressiveness), so steady noise,
-//     including babble the engine calls speech, does not start a turn;
+//   - a noise floor, the running median of frame energy (energy: mean
+//     power over the last 60 ms, dBFS), and a margin above it that a
+//     frame must clear to count besides being voiced: 14 dB × Threshold,
+//     7 dB at the default. WebRTC's VAD calls babble (other people
+//     talking) speech; the floor and margin are what keep the room from
+//     starting a turn. Threshold also picks the engine's aggressiveness.
 //   - an onset rule: speech starts when 3 of the last 4 frames count;
 //     the reported onset is the first of them, moved back over the
-//     frames just before it that stand above the floor (up to 100 ms);
+//     frames just before it that stand 3 dB above the floor (up to
+//     100 ms);
 //   - an end rule: speech stops after SilenceDurationMs without a frame
-//     that counts (with half the margin: hysteresis);
-//   - a ring of the last PrefixPaddingMs (plus the onset window) of
-//     input, so the utterance can be had from its padded start
-//     (AppendSince).
+//     that counts;
+//   - a floor that keeps learning in speech when the energy has been
+//     stationary for a second, so noise switched on mid-session (taken
+//     for a talker at first) ends its false turn within seconds;
+//   - a ring of the last PrefixPaddingMs (plus 180 ms) of input, so the
+//     utterance can be had from its padded start (AppendSince).
 //
 // docs/vad.md says why this engine, how the parameters were chosen and
 // how the detector did on the accuracy test.
@@ -128,7 +133,8 @@ type Event struct {
 	Kind Kind
 	// AudioMs is OpenAI's position for the event. SpeechStarted: where
 	// the utterance starts including the prefix padding (audio_start_ms;
-	// never before 0). SpeechStopped: the end of the frame at which the
+	// never before 0 nor before the previous SpeechStopped's AudioMs, so
+	// utterances do not overlap). SpeechStopped: the end of the frame at which the
 	// silence window ran out, so the utterance's audio includes that
 	// silence (audio_end_ms).
 	AudioMs int64
@@ -154,8 +160,7 @@ type Detector struct {
 	rate          int     // input rate, Hz
 	frameBytes    int     // input bytes per frame
 	engineRate    int     // rate of the frames given to the engine, Hz
-	startMargin   float64 // dB above the floor for a frame to count
-	stopMargin    float64 // the same, while in speech
+	margin        float64 // dB above the floor for a frame to count
 	prefixFrames  int64
 	silenceFrames int
 	ringFrames    int
@@ -174,6 +179,7 @@ type Detector struct {
 	inSpeech   bool
 	silent     int   // frames since the last one that counted, in speech
 	lastSpeech int64 // index of the last frame that counted, in speech
+	lastStop   int64 // frame at which the last SpeechStopped's audio ended
 	ring       []byte
 }
 
@@ -198,8 +204,7 @@ func newDetector(cfg TurnDetection, rate int, tune tuning) (*Detector, error) {
 		return nil, fmt.Errorf("%w (got %d)", ErrRate, rate)
 	}
 	d.frameBytes = 2 * rate * FrameMs / 1000
-	d.startMargin = d.tune.marginPerT * cfg.Threshold
-	d.stopMargin = d.startMargin
+	d.margin = d.tune.marginPerT * cfg.Threshold
 	d.prefixFrames = int64((cfg.PrefixPaddingMs + FrameMs - 1) / FrameMs)
 	d.silenceFrames = (cfg.SilenceDurationMs + FrameMs - 1) / FrameMs
 	d.ringFrames = int(d.prefixFrames) + histLen
@@ -280,11 +285,7 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 	if d.frames == 0 {
 		d.floor = max(floorMin, energy)
 	}
-	margin := d.startMargin
-	if d.inSpeech {
-		margin = d.stopMargin
-	}
-	counts := voiced && energy > d.floor+margin
+	counts := voiced && energy > d.floor+d.margin
 	d.statE[d.frames%statFrames] = float32(energy)
 	d.trackFloor(energy)
 
@@ -305,6 +306,7 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 		return Event{}, nil
 	}
 	d.inSpeech = false
+	d.lastStop = d.frames
 	return Event{Kind: SpeechStopped, AudioMs: d.frames * FrameMs, SpeechMs: (d.lastSpeech + 1) * FrameMs}, nil
 }
 
@@ -329,7 +331,7 @@ func (d *Detector) onset(cur int64) Event {
 	d.inSpeech = true
 	d.silent = 0
 	d.lastSpeech = cur
-	audio := max(0, first-d.prefixFrames)
+	audio := max(d.lastStop, first-d.prefixFrames)
 	return Event{Kind: SpeechStarted, AudioMs: audio * FrameMs, SpeechMs: first * FrameMs}
 }
 
