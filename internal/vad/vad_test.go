@@ -68,7 +68,9 @@ func TestValidate(t *testing.T) {
 		{"bounds", mod(func(td *TurnDetection) {
 			td.Threshold, td.PrefixPaddingMs, td.SilenceDurationMs = 1, MaxPrefixPaddingMs, MaxSilenceDurationMs
 		}), ""},
-		{"low bounds", mod(func(td *TurnDetection) { td.Threshold, td.PrefixPaddingMs, td.SilenceDurationMs = 0, 0, MinSilenceDurationMs }), ""},
+		{"low bounds", mod(func(td *TurnDetection) {
+			td.Threshold, td.PrefixPaddingMs, td.SilenceDurationMs = 0, 0, MinSilenceDurationMs
+		}), ""},
 		{"semantic_vad", mod(func(td *TurnDetection) { td.Type = "semantic_vad" }), `type "semantic_vad" is not supported`},
 		{"empty type", mod(func(td *TurnDetection) { td.Type = "" }), `type "" is unknown`},
 		{"threshold high", mod(func(td *TurnDetection) { td.Threshold = 1.5 }), "threshold 1.5 is out of range; it must be from 0 to 1"},
