@@ -3,6 +3,8 @@ package vad
 import (
 	"fmt"
 	"slices"
+	"strconv"
+	"sync"
 	"testing"
 )
 
@@ -48,11 +50,12 @@ const noiseMixes = 4
 
 // accuracyStats gathers the figures of TestAccuracy at one rate.
 type accuracyStats struct {
-	onsetErr []int64 // |reported onset - true onset|, ms
-	latency  []int64 // end of the frame that reported the start - true onset, ms
-	endErr   []int64 // reported speech end - true end, ms
-	noiseSec int     // seconds of noise alone run
-	falses   int     // speech starts on noise alone
+	mu       sync.Mutex // guards the fields below: the cases run in parallel
+	onsetErr []int64    // |reported onset - true onset|, ms
+	latency  []int64    // end of the frame that reported the start - true onset, ms
+	endErr   []int64    // reported speech end - true end, ms
+	noiseSec int        // seconds of noise alone run
+	falses   int        // speech starts on noise alone
 }
 
 // TestAccuracy runs the default detector over speech with pauses in
@@ -68,28 +71,37 @@ func TestAccuracy(t *testing.T) {
 	}
 	for _, rate := range []int{Rate16k, Rate24k} {
 		st := &accuracyStats{}
-		t.Run(fmt.Sprintf("%d/silence", rate), func(t *testing.T) {
-			checkScene(t, makeScene(t, rate, nil), st)
-		})
-		for _, k := range noiseKinds {
-			for mix := range noiseMixes {
-				t.Run(fmt.Sprintf("%d/%s%d", rate, k.name, mix), func(t *testing.T) {
-					checkScene(t, makeScene(t, rate, func(n int) []float64 { return k.noise(t, rate, n, mix) }), st)
-				})
-				t.Run(fmt.Sprintf("%d/%s%d_alone", rate, k.name, mix), func(t *testing.T) {
-					evs, _ := run(t, rate, toPCM(k.noise(t, rate, 60*rate, mix)))
-					st.noiseSec += 60
-					for _, ev := range evs {
-						if ev.Kind == SpeechStarted {
-							st.falses++
+		// The cases run in parallel; the figures are logged when all
+		// are done.
+		t.Run(strconv.Itoa(rate), func(t *testing.T) {
+			t.Run("silence", func(t *testing.T) {
+				t.Parallel()
+				checkScene(t, makeScene(t, rate, nil), st)
+			})
+			for _, k := range noiseKinds {
+				for mix := range noiseMixes {
+					t.Run(fmt.Sprintf("%s%d", k.name, mix), func(t *testing.T) {
+						t.Parallel()
+						checkScene(t, makeScene(t, rate, func(n int) []float64 { return k.noise(t, rate, n, mix) }), st)
+					})
+					t.Run(fmt.Sprintf("%s%d_alone", k.name, mix), func(t *testing.T) {
+						t.Parallel()
+						evs, _ := run(t, rate, toPCM(k.noise(t, rate, 60*rate, mix)))
+						st.mu.Lock()
+						st.noiseSec += 60
+						for _, ev := range evs {
+							if ev.Kind == SpeechStarted {
+								st.falses++
+							}
 						}
-					}
-					if len(evs) != 0 {
-						t.Errorf("%d events on 60 s of noise alone, want none: %v", len(evs), evs)
-					}
-				})
+						st.mu.Unlock()
+						if len(evs) != 0 {
+							t.Errorf("%d events on 60 s of noise alone, want none: %v", len(evs), evs)
+						}
+					})
+				}
 			}
-		}
+		})
 		if len(st.onsetErr) > 0 {
 			t.Logf("%d Hz: %d onsets: |onset error| p50 %d ms, max %d ms; start reported after the true onset p50 %d ms, p90 %d ms, max %d ms; "+
 				"speech end error p50 %d ms (min %d, max %d); %d false starts in %d s of noise alone",
@@ -127,6 +139,8 @@ func checkScene(t *testing.T, sc scene, st *accuracyStats) {
 		t.Fatalf("%d starts and %d stops for %d utterances: %v (true onsets %v, ends %v)", len(starts), len(stops), len(sc.onsets), evs, sc.onsets, sc.offsets)
 	}
 	errs := make([]int64, len(sc.onsets))
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	for i, on := range sc.onsets {
 		e := starts[i].SpeechMs - int64(on)
 		errs[i] = e

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 )
 
@@ -31,11 +32,24 @@ func requireTools(t testing.TB) {
 	}
 }
 
+// speakCache keeps what speak made, by voice, text and rate: tests ask
+// for the same speech many times.
+var speakCache sync.Map // speakKey → []int16
+
+type speakKey struct {
+	voice, text string
+	rate        int
+}
+
 // speak renders text with an espeak-ng voice and returns it as mono
 // 16-bit samples at rate Hz (sox resamples it, without dither, so the
-// output is reproducible).
+// output is reproducible). The caller must not modify the result.
 func speak(t testing.TB, voice, text string, rate int) []int16 {
 	t.Helper()
+	key := speakKey{voice, text, rate}
+	if s, ok := speakCache.Load(key); ok {
+		return s.([]int16)
+	}
 	dir := t.TempDir()
 	wav := filepath.Join(dir, "speech.wav")
 	if out, err := exec.Command("espeak-ng", "-v", voice, "-s", "160", "-w", wav, text).CombinedOutput(); err != nil {
@@ -54,6 +68,7 @@ func speak(t testing.TB, voice, text string, rate int) []int16 {
 	if err := binary.Read(bytes.NewReader(b), binary.LittleEndian, s); err != nil {
 		t.Fatal(err)
 	}
+	speakCache.Store(key, s)
 	return s
 }
 
@@ -119,32 +134,56 @@ var babbleTexts = []string{
 // babbleVoices are the talkers of babble, one per text.
 var babbleVoices = []string{"en-us", "en-gb+f2", "en-us+m3", "en-gb-scotland+f4", "en-029+m5", "en-gb-x-rp+f3", "en-us+m7", "en-gb+f5"}
 
-// babble returns n samples at rate Hz of eight espeak-ng talkers reading
-// different texts at once, each looped from its own offset and sized to
-// the same level, the whole scaled to RMS level: the "cocktail party"
-// noise, of speech's own spectrum, that a VAD must not take for a
-// talker. mix (0, 1, ...) picks another pairing of voices and texts and
-// other offsets.
+// babbleCache keeps babble's mixes at RMS 1, babbleSeconds long, by rate
+// and mix.
+var babbleCache sync.Map // [2]int{rate, mix} → []float64
+
+// babbleSeconds is the longest babble a test asks for.
+const babbleSeconds = 60
+
+// babble returns n samples (at most babbleSeconds of them) at rate Hz of
+// eight espeak-ng talkers reading different texts at once, each looped
+// from its own offset and sized to the same level, the whole scaled to
+// RMS level: the "cocktail party" noise, of speech's own spectrum, that a
+// VAD must not take for a talker. mix (0, 1, ...) picks another pairing
+// of voices and texts and other offsets.
 func babble(t testing.TB, rate, n int, level float64, mix int) []float64 {
 	t.Helper()
-	out := make([]float64, n)
-	for i, text := range babbleTexts {
-		s := speak(t, babbleVoices[(i+mix)%len(babbleVoices)], text, rate)
-		f, l := activeSpan(s)
-		s = s[f : l+1]
-		x := make([]float64, len(s))
-		for j, v := range s {
-			x[j] = float64(v)
-		}
-		g := 1 / rms(x)
-		off := (i*len(x)/len(babbleTexts) + mix*7919) % len(x)
-		for j := range out {
-			out[j] += x[(j+off)%len(x)] * g
-		}
+	if n > babbleSeconds*rate {
+		t.Fatalf("babble: %d samples is over %d s", n, babbleSeconds)
 	}
-	g := level / rms(out)
+	var base []float64
+	if b, ok := babbleCache.Load([2]int{rate, mix}); ok {
+		base = b.([]float64)
+	} else {
+		base = make([]float64, babbleSeconds*rate)
+		for i, text := range babbleTexts {
+			s := speak(t, babbleVoices[(i+mix)%len(babbleVoices)], text, rate)
+			f, l := activeSpan(s)
+			s = s[f : l+1]
+			x := make([]float64, len(s))
+			for j, v := range s {
+				x[j] = float64(v)
+			}
+			g := 1 / rms(x)
+			off := (i*len(x)/len(babbleTexts) + mix*7919) % len(x)
+			for j := range base {
+				base[j] += x[off] * g
+				if off++; off == len(x) {
+					off = 0
+				}
+			}
+		}
+		g := 1 / rms(base)
+		for j := range base {
+			base[j] *= g
+		}
+		babbleCache.Store([2]int{rate, mix}, base)
+	}
+	out := make([]float64, n)
+	g := level / rms(base[:n])
 	for j := range out {
-		out[j] *= g
+		out[j] = base[j] * g
 	}
 	return out
 }
