@@ -71,11 +71,12 @@ func (d *decimator) process(in []int16, out []int16) []int16 {
 	out = out[:n]
 	for k := range n {
 		// Output k is aligned with input 3k+2 (the newest sample
-		// that falls on the 8 kHz grid's slot).
-		w := d.buf[3*k+2 : 3*k+2+decimTaps]
+		// that falls on the 8 kHz grid's slot). The filter is
+		// symmetric, so each tap multiplies a pair of samples.
+		w := (*[decimTaps]float32)(d.buf[3*k+2 : 3*k+2+decimTaps])
 		var acc float32
-		for j, c := range decimTable {
-			acc += c * w[j]
+		for j := range decimTaps / 2 {
+			acc += decimTable[j] * (w[j] + w[decimTaps-1-j])
 		}
 		acc = float32(math.Round(float64(acc)))
 		out[k] = int16(max(min(acc, math.MaxInt16), math.MinInt16))
