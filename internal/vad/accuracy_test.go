@@ -139,11 +139,13 @@ func checkScene(t *testing.T, sc scene, st *accuracyStats) {
 		t.Fatalf("%d starts and %d stops for %d utterances: %v (true onsets %v, ends %v)", len(starts), len(stops), len(sc.onsets), evs, sc.onsets, sc.offsets)
 	}
 	errs := make([]int64, len(sc.onsets))
+	lats := make([]int64, len(sc.onsets))
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for i, on := range sc.onsets {
 		e := starts[i].SpeechMs - int64(on)
 		errs[i] = e
+		lats[i] = startAt[i] - int64(on)
 		st.onsetErr = append(st.onsetErr, abs64(e))
 		st.latency = append(st.latency, startAt[i]-int64(on))
 		st.endErr = append(st.endErr, stops[i].SpeechMs-int64(sc.offsets[i]))
@@ -157,7 +159,7 @@ func checkScene(t *testing.T, sc scene, st *accuracyStats) {
 			t.Errorf("utterance %d: stop %+v after start %+v: want speech end after the onset and audio_ms = speech end + silence_duration_ms", i, stops[i], starts[i])
 		}
 	}
-	t.Logf("onset errors %v ms", errs)
+	t.Logf("onset errors %v ms; starts reported %v ms after the true onsets", errs, lats)
 }
 
 func abs64(v int64) int64 {
