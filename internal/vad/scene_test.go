@@ -44,6 +44,9 @@ func makeScene(t testing.TB, rate int, noise func(n int) []float64) scene {
 		s := speak(t, u.voice, u.text, rate)
 		f, l := activeSpan(s)
 		s = s[f : l+1]
+		if gap := longestPause(s, rate); gap >= 300 {
+			t.Fatalf("utterance %q has a %d ms pause inside: it would be two turns", u.text, gap)
+		}
 		y := make([]float64, len(s))
 		for j, v := range s {
 			y[j] = float64(v)
@@ -66,4 +69,28 @@ func makeScene(t testing.TB, rate int, noise func(n int) []float64) scene {
 	}
 	sc.pcm = toPCM(x)
 	return sc
+}
+
+// longestPause returns the longest run, in ms, of 10 ms blocks of s whose
+// peak is more than 40 dB under the peak of s.
+func longestPause(s []int16, rate int) int {
+	peak := 0
+	for _, v := range s {
+		peak = max(peak, abs(int(v)))
+	}
+	block := rate / 100
+	longest, run := 0, 0
+	for b := 0; b+block <= len(s); b += block {
+		m := 0
+		for _, v := range s[b : b+block] {
+			m = max(m, abs(int(v)))
+		}
+		if m < peak/100 {
+			run += 10
+			longest = max(longest, run)
+		} else {
+			run = 0
+		}
+	}
+	return longest
 }
