@@ -8,10 +8,11 @@
 #   docker run --rm switchboard relay -h
 #
 # The transceiver (PCM bridge formats: internal/audio) and `switchboard
-# call` code Opus through libopus, and `call` resamples WAV files through
-# libspeexdsp (cgo), so the binary is built with cgo and linked statically
-# against Debian's libopus.a and libspeexdsp.a (and libm, which they
-# need); the
+# call` code Opus through libopus, turn detection (internal/vad) runs
+# WebRTC's VAD from libwebrtc-audio-processing, and `call` resamples WAV
+# files through libspeexdsp (all cgo), so the binary is built with cgo and
+# linked statically against Debian's libopus.a, libwebrtc_audio_processing.a
+# and libspeexdsp.a (and libm, which they need); the
 # nolibopusfile tag leaves out the Ogg-file reader, which nothing uses.
 # netgo and osusergo keep glibc's resolver and user lookup (which cannot be
 # linked statically) out of the binary.
@@ -20,7 +21,7 @@ ARG GO_VERSION=1.26.8
 
 FROM golang:${GO_VERSION}-bookworm AS build
 RUN apt-get update -qq \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libopus-dev libspeexdsp-dev pkg-config \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libopus-dev libspeexdsp-dev libwebrtc-audio-processing-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY go.mod go.sum ./

@@ -1,0 +1,110 @@
+package vad
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// TypeServerVAD is the only TurnDetection.Type this package implements:
+// turn detection from voice activity, as OpenAI's Realtime API names it.
+const TypeServerVAD = "server_vad"
+
+// Defaults and limits of TurnDetection, in the units of its fields.
+const (
+	DefaultThreshold         = 0.5
+	DefaultPrefixPaddingMs   = 300
+	DefaultSilenceDurationMs = 500
+	MaxPrefixPaddingMs       = 2000
+	MinSilenceDurationMs     = FrameMs
+	MaxSilenceDurationMs     = 10000
+)
+
+// ErrConfig is wrapped by every error TurnDetection.Validate returns.
+var ErrConfig = errors.New("vad: invalid turn_detection")
+
+// TurnDetection configures turn detection for one session. Its JSON shape
+// is the "turn_detection" object of OpenAI's Realtime API session
+// configuration (type "server_vad"), which is what a backend sends in its
+// hello or in a later control message:
+//
+//	{"type":"server_vad","threshold":0.5,"prefix_padding_ms":300,
+//	 "silence_duration_ms":500,"interrupt_response":true}
+//
+// Decoding JSON starts from DefaultTurnDetection, so a field left out
+// keeps its default; a JSON null where a *TurnDetection is expected
+// leaves the pointer nil, which callers read as "turn detection off", as
+// OpenAI does. OpenAI's other fields (create_response, idle_timeout_ms)
+// are not implemented and are ignored.
+type TurnDetection struct {
+	// Type is TypeServerVAD ("semantic_vad" is refused).
+	Type string `json:"type"`
+	// Threshold, 0 to 1, is how sure the detector must be before it
+	// calls a sound speech: higher needs louder speech over the
+	// background and so suits noisier rooms (OpenAI's meaning). Detector
+	// maps it onto the engine's aggressiveness and onto the margin a
+	// frame must stand above the running noise floor (see docs/vad.md).
+	Threshold float64 `json:"threshold"`
+	// PrefixPaddingMs, 0 to MaxPrefixPaddingMs, is how much audio
+	// before the detected onset belongs to the utterance: speech-started
+	// positions include it, and Detector keeps that much audio so the
+	// first syllable is not clipped. Rounded up to whole 20 ms frames.
+	PrefixPaddingMs int `json:"prefix_padding_ms"`
+	// SilenceDurationMs, MinSilenceDurationMs to MaxSilenceDurationMs,
+	// is how long the talker must be silent before speech has stopped.
+	// Rounded up to whole 20 ms frames.
+	SilenceDurationMs int `json:"silence_duration_ms"`
+	// InterruptResponse says whether a speech start also clears the
+	// session's output queue (barge-in). Detector does not act on it:
+	// it is carried here for the bridge.
+	InterruptResponse bool `json:"interrupt_response"`
+}
+
+// DefaultTurnDetection returns OpenAI's server VAD defaults: threshold
+// 0.5, 300 ms prefix padding, 500 ms of silence, interruption on.
+func DefaultTurnDetection() TurnDetection {
+	return TurnDetection{
+		Type:              TypeServerVAD,
+		Threshold:         DefaultThreshold,
+		PrefixPaddingMs:   DefaultPrefixPaddingMs,
+		SilenceDurationMs: DefaultSilenceDurationMs,
+		InterruptResponse: true,
+	}
+}
+
+// UnmarshalJSON decodes b over DefaultTurnDetection, so that fields b
+// leaves out keep their defaults. It does not validate: call Validate.
+func (t *TurnDetection) UnmarshalJSON(b []byte) error {
+	type plain TurnDetection // no UnmarshalJSON: no recursion
+	p := plain(DefaultTurnDetection())
+	if err := json.Unmarshal(b, &p); err != nil {
+		return err
+	}
+	*t = TurnDetection(p)
+	return nil
+}
+
+// Validate reports the first field out of range, as an error wrapping
+// ErrConfig that names the JSON field and its allowed values.
+func (t TurnDetection) Validate() error {
+	switch {
+	case t.Type == "semantic_vad":
+		return fmt.Errorf("%w: type %q is not supported; use %q", ErrConfig, t.Type, TypeServerVAD)
+	case t.Type != TypeServerVAD:
+		return fmt.Errorf("%w: type %q is unknown; use %q", ErrConfig, t.Type, TypeServerVAD)
+	case math.IsNaN(t.Threshold) || t.Threshold < 0 || t.Threshold > 1:
+		return fmt.Errorf("%w: threshold %v is out of range; it must be from 0 to 1", ErrConfig, t.Threshold)
+	case t.PrefixPaddingMs < 0 || t.PrefixPaddingMs > MaxPrefixPaddingMs:
+		return fmt.Errorf("%w: prefix_padding_ms %d is out of range; it must be from 0 to %d", ErrConfig, t.PrefixPaddingMs, MaxPrefixPaddingMs)
+	case t.SilenceDurationMs < MinSilenceDurationMs || t.SilenceDurationMs > MaxSilenceDurationMs:
+		return fmt.Errorf("%w: silence_duration_ms %d is out of range; it must be from %d to %d", ErrConfig, t.SilenceDurationMs, MinSilenceDurationMs, MaxSilenceDurationMs)
+	}
+	return nil
+}
+
+// String returns t as JSON, for logs.
+func (t TurnDetection) String() string {
+	b, _ := json.Marshal(t)
+	return string(b)
+}
