@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
 	"log/slog"
 	"strings"
 	"testing"
@@ -86,5 +89,18 @@ func TestLoadAgainstDemo(t *testing.T) {
 	}
 	if n := d.Transceiver().Sessions(); n != 0 {
 		t.Fatalf("%d sessions still live on the transceiver after the load ended", n)
+	}
+	// The transceiver measured the delay of sampled packets both ways.
+	resp, err := http.Get(d.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, dir := range []string{"to_backend", "to_client"} {
+		m := regexp.MustCompile(`switchboard_transceiver_media_delay_seconds_count\{direction="` + dir + `"\} (\d+)`).FindSubmatch(body)
+		if m == nil || string(m[1]) == "0" {
+			t.Errorf("media delay %s: no observations in /metrics", dir)
+		}
 	}
 }

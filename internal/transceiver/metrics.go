@@ -23,6 +23,9 @@ type metrics struct {
 	// Backend bridge.
 	bridgeDial   prometheus.Histogram
 	bridgeErrors *prometheus.CounterVec
+	// mediaDelay is the time an audio packet spends inside the
+	// transceiver, by direction (delay.go).
+	mediaDelay *prometheus.HistogramVec
 	// iceRestarts counts PATCH ICE restarts by result: ok, failed.
 	iceRestarts *prometheus.CounterVec
 }
@@ -81,12 +84,19 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		bridgeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_bridge_errors_total", Help: "Backend bridge failures, by operation: dial, send, recv.",
 		}, []string{"op"}),
+		mediaDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_media_delay_seconds",
+			Help: "Time a sampled audio packet spends inside the transceiver, by direction: to_backend (hop socket read to bridge write), to_client (bridge read to hop socket write).", Buckets: delayBuckets,
+		}, []string{"direction"}),
 		iceRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_ice_restarts_total", Help: "ICE restarts requested with PATCH (RFC 9725 4.3), by result: ok, failed.",
 		}, []string{"result"}),
 	}
 	for _, r := range []string{"ok", "failed"} {
 		m.iceRestarts.WithLabelValues(r)
+	}
+	for _, d := range []string{dirToBackend, dirToClient} {
+		m.mediaDelay.WithLabelValues(d)
 	}
 	for _, ph := range []string{phaseICE, phaseDTLS, phaseFirstAudio} {
 		m.setup.WithLabelValues(ph)
@@ -107,6 +117,6 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		Name: "switchboard_transceiver_hop_dropped_total", Help: "Datagrams on the internal-hop socket that were not valid hop datagrams from an allowed relay.",
 	}, func() float64 { st := s.HopStats(); return float64(st.DroppedNotHop + st.DroppedUntrusted) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
-		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, active, hopDropped)
+		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, active, hopDropped)
 	return m
 }

@@ -70,6 +70,7 @@ type Server struct {
 	conn    *hop.Conn    // the internal hop over sock; nil when Config.Direct
 	mux     *ice.UDPMuxDefault
 	metrics *metrics
+	probe   *delayProbe
 	auth    *auth.Authority // nil: signaling is open
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -114,21 +115,22 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		auth:     authority,
 		sessions: make(map[string]*session),
 	}
+	s.metrics = newMetrics(s, reg)
+	s.probe = newDelayProbe(s.metrics.mediaDelay)
 	if cfg.Direct {
 		if s.cfg.advertise.Port() == 0 {
 			s.cfg.advertise = sock.LocalAddr().(*net.UDPAddr).AddrPort()
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: sock})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{udpAddrPort{sock}, s.probe}})
 	} else {
 		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow})
 		if err != nil {
 			_ = sock.Close()
 			return nil, err
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: s.conn})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{s.conn, s.probe}})
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.metrics = newMetrics(s, reg)
 	return s, nil
 }
 

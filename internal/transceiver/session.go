@@ -42,6 +42,7 @@ type session struct {
 	log     *slog.Logger
 	pc      *webrtc.PeerConnection
 	out     *webrtc.TrackLocalStaticRTP // audio from the backend to the client
+	outSSRC uint32                      // out's SSRC, for the media delay probe
 	be      *bridge.Conn
 	created time.Time
 	ctx     context.Context // cancelled when the session ends
@@ -136,6 +137,7 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 	if err != nil {
 		return fail(err)
 	}
+	sess.outSSRC = senderSSRC(sender)
 	answer, err := sess.pc.CreateAnswer(nil)
 	if err != nil {
 		return fail(fmt.Errorf("%w: %v", ErrBadOffer, err))
@@ -233,6 +235,7 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 			sess.end(ReasonBackendGone)
 			return
 		}
+		sess.srv.probe.toBackend.leave(pkt.SSRC, pkt.SequenceNumber)
 		if !sess.audioUp.Swap(true) {
 			sess.srv.metrics.setup.WithLabelValues(phaseFirstAudio).Observe(time.Since(sess.created).Seconds())
 		}
@@ -371,6 +374,7 @@ func (sess *session) fromBackend() {
 		switch {
 		case m.Audio != nil:
 			pkt.SequenceNumber, pkt.Timestamp, pkt.Payload = m.Audio.Seq, m.Audio.Timestamp, m.Audio.Payload
+			sess.srv.probe.toClient.enter(sess.outSSRC, pkt.SequenceNumber)
 			if err := sess.out.WriteRTP(pkt); err != nil {
 				sess.dropped.Add(1)
 			}
