@@ -83,6 +83,14 @@ type Step struct {
 	TrxCores float64 `json:"trx_cores"`
 	// PerCore is N ÷ TrxCores: sessions per fully busy core.
 	PerCore float64 `json:"sessions_per_core"`
+	// Carried is the audio the transceiver passed to the backend over the
+	// window, in sessions' worth (packets per second ÷ 50, from the delay
+	// probe's sample count × its sampling rate); below N when packets
+	// were lost on the way in. PerCoreCarried is Carried ÷ TrxCores, the
+	// figure to read when the machine was too busy to deliver every
+	// packet.
+	Carried        float64 `json:"carried_sessions"`
+	PerCoreCarried float64 `json:"carried_sessions_per_core"`
 	// RSSKiB and HeapKiB are the transceiver's resident set and Go heap
 	// in use at N, KiB.
 	RSSKiB  float64 `json:"rss_kib"`
@@ -129,6 +137,7 @@ type Result struct {
 type sample struct {
 	n                          int
 	trxCores, genCores         float64
+	carried                    float64 // sessions' worth of audio to the backend
 	rssKiB, heapKiB            float64
 	goroutines                 float64
 	toBackend, toClient        [2]float64 // p50, p99 ms
@@ -210,6 +219,8 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 		st := Step{N: n, Runs: len(rows)}
 		st.TrxCores = m(func(s sample) float64 { return s.trxCores })
 		st.PerCore = m(func(s sample) float64 { return float64(s.n) / s.trxCores })
+		st.Carried = m(func(s sample) float64 { return s.carried })
+		st.PerCoreCarried = m(func(s sample) float64 { return s.carried / s.trxCores })
 		st.RSSKiB = m(func(s sample) float64 { return s.rssKiB })
 		st.HeapKiB = m(func(s sample) float64 { return s.heapKiB })
 		st.RSSPerSession = slope(func(s sample) float64 { return s.rssKiB }, func(s sample) float64 { return s.idleRSSKiB })
@@ -390,8 +401,8 @@ func runOnce(ctx context.Context, opt Options, profile bool) ([]sample, error) {
 		if err := step(ctx, opt, dir, env, trxHTTP, pid, others, &s, prof, &procs); err != nil {
 			return out, fmt.Errorf("N=%d: %w", n, err)
 		}
-		fmt.Fprintf(opt.Log, "trxbench: N=%d: transceiver %.3f cores (%.0f sessions/core), RSS %.0f KiB, %.0f goroutines, generator %.2f cores, to_backend p50 %.3f ms p99 %.3f ms, failures %v, loss %.4f\n",
-			n, s.trxCores, float64(n)/s.trxCores, s.rssKiB, s.goroutines, s.genCores, s.toBackend[0], s.toBackend[1], s.summary.Failures, s.summary.Loss)
+		fmt.Fprintf(opt.Log, "trxbench: N=%d: transceiver %.3f cores (%.0f sessions/core, %.0f carried), RSS %.0f KiB, %.0f goroutines, generator %.2f cores, to_backend p50 %.3f ms p99 %.3f ms, failures %v, loss %.4f\n",
+			n, s.trxCores, float64(n)/s.trxCores, s.carried, s.rssKiB, s.goroutines, s.genCores, s.toBackend[0], s.toBackend[1], s.summary.Failures, s.summary.Loss)
 		out = append(out, s)
 	}
 	return out, nil
@@ -465,6 +476,8 @@ func step(ctx context.Context, opt Options, dir string, env []string, trxHTTP st
 	s.trxCores = float64(c1-c0) / clkTck / wall
 	s.genCores = float64(g1-g0) / clkTck / wall
 	s.heapKiB = m1.value("go_memstats_heap_inuse_bytes", "") / 1024
+	const delayCount = "switchboard_transceiver_media_delay_seconds_count"
+	s.carried = (m1.value(delayCount, "to_backend") - m0.value(delayCount, "to_backend")) * probeSample / wall / packetsPerSecond
 	s.goroutines = m1.value("go_goroutines", "")
 	for _, d := range []struct {
 		dir string
@@ -538,6 +551,14 @@ func waitHTTP(ctx context.Context, url string, timeout time.Duration) error {
 		}
 	}
 }
+
+// probeSample is the transceiver's delay probe sampling (1 packet in 8,
+// internal/transceiver/delay.go); packetsPerSecond the audio rate of one
+// session, each way.
+const (
+	probeSample      = 8
+	packetsPerSecond = 50
+)
 
 // clkTck is USER_HZ, the unit of /proc/PID/stat times: 100 on every
 // Linux architecture Go supports.
