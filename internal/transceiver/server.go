@@ -71,6 +71,7 @@ type Server struct {
 	mux     *ice.UDPMuxDefault
 	metrics *metrics
 	probe   *delayProbe
+	certs   certs           // the DTLS certificate sessions share
 	auth    *auth.Authority // nil: signaling is open
 	ctx     context.Context
 	cancel  context.CancelFunc

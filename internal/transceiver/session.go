@@ -124,7 +124,11 @@ func (s *Server) newSession(ctx context.Context, offer string, meta map[string]s
 		// Follow the client across NAT rebindings (hop/latch.go).
 		s.conn.AddSession(ufrag, pwd)
 	}
-	if sess.pc, err = sess.api.NewPeerConnection(webrtc.Configuration{}); err != nil {
+	pcConfig, err := s.peerConfig()
+	if err != nil {
+		return fail(err)
+	}
+	if sess.pc, err = sess.api.NewPeerConnection(pcConfig); err != nil {
 		return fail(err)
 	}
 	if err := sess.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: offer}); err != nil {
