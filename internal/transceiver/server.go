@@ -63,18 +63,19 @@ var opusCodec = webrtc.RTPCodecParameters{
 // internal-hop socket and the live sessions.
 type Server struct {
 	// Set once.
-	cfg     Config
-	keys    *token.Keyring
-	log     *slog.Logger
-	sock    *net.UDPConn // the one UDP socket
-	conn    *hop.Conn    // the internal hop over sock; nil when Config.Direct
-	mux     *ice.UDPMuxDefault
-	metrics *metrics
-	probe   *delayProbe
-	certs   certs           // the DTLS certificate sessions share
-	auth    *auth.Authority // nil: signaling is open
-	ctx     context.Context
-	cancel  context.CancelFunc
+	cfg      Config
+	keys     *token.Keyring
+	log      *slog.Logger
+	sock     *net.UDPConn // the one UDP socket
+	conn     *hop.Conn    // the internal hop over sock; nil when Config.Direct
+	mux      *ice.UDPMuxDefault
+	metrics  *metrics
+	probe    *delayProbe
+	certs    certs           // the DTLS certificate sessions share
+	pionLogs pionLogs        // Pion's logs, into log
+	auth     *auth.Authority // nil: signaling is open
+	ctx      context.Context
+	cancel   context.CancelFunc
 
 	mu       sync.Mutex
 	sessions map[string]*session // guarded by mu
@@ -112,6 +113,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		cfg:      cfg,
 		keys:     keys,
 		log:      log.With("transceiver", cfg.ID),
+		pionLogs: pionLogs{log.With("transceiver", cfg.ID)},
 		sock:     sock,
 		auth:     authority,
 		sessions: make(map[string]*session),
@@ -159,6 +161,7 @@ func (s *Server) Sessions() int {
 // the session's credentials, Opus only.
 func (s *Server) newAPI(ufrag, pwd string) (*webrtc.API, error) {
 	var se webrtc.SettingEngine
+	se.LoggerFactory = s.pionLogs
 	se.SetLite(true)
 	se.SetICEUDPMux(s.mux)
 	se.SetICECredentials(ufrag, pwd)
