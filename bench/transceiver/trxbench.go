@@ -95,6 +95,12 @@ type Step struct {
 	// in use at N, KiB.
 	RSSKiB  float64 `json:"rss_kib"`
 	HeapKiB float64 `json:"heap_kib"`
+	// LiveKiB is the live Go heap after a forced GC at N, KiB: the
+	// steadiest memory figure (RSS and heap in use move with the GC
+	// cycle).
+	LiveKiB float64 `json:"live_kib"`
+	// LivePerSession is its slope, KiB per session.
+	LivePerSession float64 `json:"live_kib_per_session"`
 	// RSSPerSession and HeapPerSession are slopes from the previous step
 	// (from 0 sessions for the first), KiB per session.
 	RSSPerSession  float64 `json:"rss_kib_per_session"`
@@ -138,12 +144,12 @@ type sample struct {
 	n                          int
 	trxCores, genCores         float64
 	carried                    float64 // sessions' worth of audio to the backend
-	rssKiB, heapKiB            float64
+	rssKiB, heapKiB, liveKiB   float64
 	goroutines                 float64
 	toBackend, toClient        [2]float64 // p50, p99 ms
 	summary                    callclient.LoadSummary
 	idleRSSKiB, idleGoroutines float64
-	idleHeapKiB                float64
+	idleHeapKiB, idleLiveKiB   float64
 }
 
 // Run runs the benchmark.
@@ -224,6 +230,8 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 		st.RSSKiB = m(func(s sample) float64 { return s.rssKiB })
 		st.HeapKiB = m(func(s sample) float64 { return s.heapKiB })
 		st.RSSPerSession = slope(func(s sample) float64 { return s.rssKiB }, func(s sample) float64 { return s.idleRSSKiB })
+		st.LiveKiB = m(func(s sample) float64 { return s.liveKiB })
+		st.LivePerSession = slope(func(s sample) float64 { return s.liveKiB }, func(s sample) float64 { return s.idleLiveKiB })
 		st.HeapPerSession = slope(func(s sample) float64 { return s.heapKiB }, func(s sample) float64 { return s.idleHeapKiB })
 		st.GoroutinesPerSession = m(func(s sample) float64 { return (s.goroutines - s.idleGoroutines) / float64(s.n) })
 		st.ToBackendP50 = m(func(s sample) float64 { return s.toBackend[0] })
@@ -381,6 +389,10 @@ func runOnce(ctx context.Context, opt Options, profile bool) ([]sample, error) {
 	pid := trx.cmd.Process.Pid
 	// Idle figures, after the first GC cycles of start-up settle.
 	time.Sleep(2 * time.Second)
+	idleLive, err := liveKiB(trxHTTP)
+	if err != nil {
+		return nil, err
+	}
 	idle, err := scrape(trxHTTP)
 	if err != nil {
 		return nil, err
@@ -392,7 +404,7 @@ func runOnce(ctx context.Context, opt Options, profile bool) ([]sample, error) {
 	var out []sample
 	for i, n := range opt.Steps {
 		s := sample{n: n, idleRSSKiB: idleRSS, idleGoroutines: idle.value("go_goroutines", ""),
-			idleHeapKiB: idle.value("go_memstats_heap_inuse_bytes", "") / 1024}
+			idleHeapKiB: idle.value("go_memstats_heap_inuse_bytes", "") / 1024, idleLiveKiB: idleLive}
 		prof := ""
 		if profile && opt.ProfileDir != "" && i == len(opt.Steps)-1 {
 			prof = opt.ProfileDir
@@ -401,8 +413,8 @@ func runOnce(ctx context.Context, opt Options, profile bool) ([]sample, error) {
 		if err := step(ctx, opt, dir, env, trxHTTP, pid, others, &s, prof, &procs); err != nil {
 			return out, fmt.Errorf("N=%d: %w", n, err)
 		}
-		fmt.Fprintf(opt.Log, "trxbench: N=%d: transceiver %.3f cores (%.0f sessions/core, %.0f carried), RSS %.0f KiB, %.0f goroutines, generator %.2f cores, to_backend p50 %.3f ms p99 %.3f ms, failures %v, loss %.4f\n",
-			n, s.trxCores, float64(n)/s.trxCores, s.carried, s.rssKiB, s.goroutines, s.genCores, s.toBackend[0], s.toBackend[1], s.summary.Failures, s.summary.Loss)
+		fmt.Fprintf(opt.Log, "trxbench: N=%d: transceiver %.3f cores (%.0f sessions/core, %.0f carried), RSS %.0f KiB, live heap %.0f KiB, %.0f goroutines, generator %.2f cores, to_backend p50 %.3f ms p99 %.3f ms, failures %v, loss %.4f\n",
+			n, s.trxCores, float64(n)/s.trxCores, s.carried, s.rssKiB, s.liveKiB, s.goroutines, s.genCores, s.toBackend[0], s.toBackend[1], s.summary.Failures, s.summary.Loss)
 		out = append(out, s)
 	}
 	return out, nil
@@ -489,6 +501,9 @@ func step(ctx context.Context, opt Options, dir string, env []string, trxHTTP st
 	if err := <-profDone; err != nil {
 		return err
 	}
+	if s.liveKiB, err = liveKiB(trxHTTP); err != nil {
+		return err
+	}
 	if profileDir != "" {
 		if err := fetchProfile(trxHTTP, "heap", filepath.Join(profileDir, fmt.Sprintf("trx-heap-%d.pprof", n))); err != nil {
 			return err
@@ -514,6 +529,22 @@ func step(ctx context.Context, opt Options, dir string, env []string, trxHTTP st
 		time.Sleep(200 * time.Millisecond)
 	}
 	return errors.New("sessions still live 30 s after the generator ended")
+}
+
+// liveKiB forces a GC in the process serving addr (its heap profile with
+// gc=1) and returns its live heap, KiB.
+func liveKiB(addr string) (float64, error) {
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	m, err := scrape(addr)
+	if err != nil {
+		return 0, err
+	}
+	return m.value("go_memstats_heap_alloc_bytes", "") / 1024, nil
 }
 
 func fetchProfile(addr, what, path string) error {
