@@ -3,7 +3,6 @@ package trxbench
 import (
 	"bufio"
 	"math"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +13,7 @@ import (
 type metrics map[string]float64
 
 func scrape(addr string) (metrics, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := httpc.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return nil, err
 	}

@@ -45,6 +45,10 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 )
 
+// httpc serves every scrape and probe; without keep-alives, so that no
+// idle connection outlives a run.
+var httpc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
 // ErrOptions wraps invalid options.
 var ErrOptions = errors.New("trxbench: invalid options")
 
@@ -63,8 +67,8 @@ type Options struct {
 	// Ramp is the delay between two session starts. Default 20 ms.
 	Ramp time.Duration
 	// TrxCPU is the core the transceiver is pinned to; GenCPU the core of
-	// the generator, the relay and the agent. Defaults 1 and 0. Pinning
-	// is skipped when taskset is missing.
+	// the generator, the relay and the agent. Defaults 1 and 0; -1 does
+	// not pin. Pinning is skipped when taskset is missing.
 	TrxCPU, GenCPU int
 	// ProfileDir, if set, receives a 10 s CPU profile and a heap profile
 	// of the transceiver at the largest N of the first run
@@ -338,55 +342,112 @@ func freeAddr(network string) (string, error) {
 	return l.Addr().String(), nil
 }
 
-// runOnce starts the processes and measures every step.
-func runOnce(ctx context.Context, opt Options, profile bool) ([]sample, error) {
+// stack is the echo agent, the relay and the transceiver, each a process
+// of Options.Bin, with their logs in a temporary directory.
+type stack struct {
+	opt      Options
+	dir      string
+	env      []string
+	procs    []*proc // agent, relay, transceiver, then load generators
+	trxHTTP  string  // signaling, /metrics, /debug/pprof
+	relayOps string
+}
+
+// startStack starts the processes and waits until they are ready.
+func startStack(ctx context.Context, opt Options) (st *stack, err error) {
 	dir, err := os.MkdirTemp("", "trxbench-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	env := []string{"SWITCHBOARD_TOKEN_KEY=" + base64.StdEncoding.EncodeToString(key)}
+	st = &stack{opt: opt, dir: dir, env: []string{"SWITCHBOARD_TOKEN_KEY=" + base64.StdEncoding.EncodeToString(key)}}
+	defer func() {
+		if err != nil {
+			st.close()
+		}
+	}()
 	var addrs [6]string // agent, public, internal, relay ops, hop, trx http
 	for i, nw := range []string{"tcp", "udp", "udp", "tcp", "udp", "tcp"} {
 		if addrs[i], err = freeAddr(nw); err != nil {
-			return nil, err
+			return st, err
 		}
 	}
-	agentAddr, public, internal, relayOps, hop, trxHTTP := addrs[0], addrs[1], addrs[2], addrs[3], addrs[4], addrs[5]
-	var procs []*proc
-	defer func() {
-		for _, p := range slices.Backward(procs) {
-			p.stop()
-		}
-	}()
-	launch := func(name string, cpu int, args ...string) (*proc, error) {
-		p, err := start(opt, dir, name, cpu, env, args...)
-		if err == nil {
-			procs = append(procs, p)
-		}
-		return p, err
+	agentAddr, public, internal, hop := addrs[0], addrs[1], addrs[2], addrs[4]
+	st.relayOps, st.trxHTTP = addrs[3], addrs[5]
+	if _, err := st.start("agent", opt.GenCPU, "agent", "-listen", agentAddr, "-log-level", "warn"); err != nil {
+		return st, err
 	}
-	if _, err := launch("agent", opt.GenCPU, "agent", "-listen", agentAddr, "-log-level", "warn"); err != nil {
-		return nil, err
-	}
-	if _, err := launch("relay", opt.GenCPU, "relay", "-public", public, "-internal", internal, "-metrics", relayOps,
+	// Every client is 127.0.0.1: lift the relay's per-source caps.
+	if _, err := st.start("relay", opt.GenCPU, "relay", "-public", public, "-internal", internal, "-metrics", st.relayOps,
 		"-workers", "1", "-members", "1="+hop, "-log-level", "warn",
 		"-new-flows-per-ip", "1000000", "-max-pending-per-ip", "1000000", "-new-flows-per-second", "1000000"); err != nil {
-		return nil, err
+		return st, err
 	}
-	trx, err := launch("transceiver", opt.TrxCPU, append([]string{"transceiver", "-id", "1", "-listen", hop, "-advertise", public,
-		"-backend", "ws://" + agentAddr + "/v1/bridge", "-http", trxHTTP, "-pprof", "-drain-timeout", "1s"}, opt.TrxArgs...)...)
+	if _, err := st.start("transceiver", opt.TrxCPU, append([]string{"transceiver", "-id", "1", "-listen", hop, "-advertise", public,
+		"-backend", "ws://" + agentAddr + "/v1/bridge", "-http", st.trxHTTP, "-pprof", "-drain-timeout", "1s"}, opt.TrxArgs...)...); err != nil {
+		return st, err
+	}
+	for _, u := range []string{"http://" + st.trxHTTP + "/ready", "http://" + st.relayOps + "/ready"} {
+		if err := waitHTTP(ctx, u, 20*time.Second); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+// start starts one more process of the stack.
+func (st *stack) start(name string, cpu int, args ...string) (*proc, error) {
+	p, err := start(st.opt, st.dir, name, cpu, st.env, args...)
+	if err == nil {
+		st.procs = append(st.procs, p)
+	}
+	return p, err
+}
+
+// trxPID is the transceiver's pid (taskset execs it: the same process).
+func (st *stack) trxPID() int { return st.procs[2].cmd.Process.Pid }
+
+// others are the pids of the agent and the relay.
+func (st *stack) others() []int {
+	return []int{st.procs[0].cmd.Process.Pid, st.procs[1].cmd.Process.Pid}
+}
+
+// waitSessions waits until the transceiver has n live sessions.
+func (st *stack) waitSessions(ctx context.Context, n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if m, err := scrape(st.trxHTTP); err == nil && m.value("switchboard_transceiver_sessions", "") == float64(n) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("transceiver not at %d sessions after %v", n, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// close stops every process, last started first, and removes the logs.
+func (st *stack) close() {
+	for _, p := range slices.Backward(st.procs) {
+		p.stop()
+	}
+	_ = os.RemoveAll(st.dir)
+}
+
+// runOnce starts the processes and measures every step.
+func runOnce(ctx context.Context, opt Options, profile bool) ([]sample, error) {
+	st, err := startStack(ctx, opt)
 	if err != nil {
 		return nil, err
 	}
-	for _, u := range []string{"http://" + trxHTTP + "/ready", "http://" + relayOps + "/ready"} {
-		if err := waitHTTP(ctx, u, 20*time.Second); err != nil {
-			return nil, err
-		}
-	}
-	pid := trx.cmd.Process.Pid
+	defer st.close()
+	trxHTTP := st.trxHTTP
+	pid := st.trxPID()
 	// Idle figures, after the first GC cycles of start-up settle.
 	time.Sleep(2 * time.Second)
 	idleLive, err := liveKiB(trxHTTP)
@@ -409,8 +470,7 @@ func runOnce(ctx context.Context, opt Options, profile bool) ([]sample, error) {
 		if profile && opt.ProfileDir != "" && i == len(opt.Steps)-1 {
 			prof = opt.ProfileDir
 		}
-		others := []int{procs[0].cmd.Process.Pid, procs[1].cmd.Process.Pid} // agent, relay
-		if err := step(ctx, opt, dir, env, trxHTTP, pid, others, &s, prof, &procs); err != nil {
+		if err := step(ctx, st, &s, prof); err != nil {
 			return out, fmt.Errorf("N=%d: %w", n, err)
 		}
 		fmt.Fprintf(opt.Log, "trxbench: N=%d: transceiver %.3f cores (%.0f sessions/core, %.0f carried), RSS %.0f KiB, live heap %.0f KiB, %.0f goroutines, generator %.2f cores, to_backend p50 %.3f ms p99 %.3f ms, failures %v, loss %.4f\n",
@@ -421,17 +481,16 @@ func runOnce(ctx context.Context, opt Options, profile bool) ([]sample, error) {
 }
 
 // step runs N sessions and measures them.
-func step(ctx context.Context, opt Options, dir string, env []string, trxHTTP string, pid int, others []int, s *sample, profileDir string, procs *[]*proc) error {
-	n := s.n
+func step(ctx context.Context, st *stack, s *sample, profileDir string) error {
+	opt, trxHTTP, pid, n := st.opt, st.trxHTTP, st.trxPID(), s.n
 	rampTime := time.Duration(n) * opt.Ramp
 	settle := 3 * time.Second
 	dur := rampTime + settle + opt.Window + 2*time.Second
-	gen, err := start(opt, dir, "load", opt.GenCPU, env, "load", "http://"+trxHTTP+"/v1/calls",
+	gen, err := st.start("load", opt.GenCPU, "load", "http://"+trxHTTP+"/v1/calls",
 		"-sessions", strconv.Itoa(n), "-duration", dur.String(), "-ramp", opt.Ramp.String(), "-progress", "0")
 	if err != nil {
 		return err
 	}
-	*procs = append(*procs, gen)
 	// Wait for every session to be up at the transceiver.
 	deadline := time.Now().Add(rampTime + 30*time.Second)
 	for {
@@ -460,7 +519,7 @@ func step(ctx context.Context, opt Options, dir string, env []string, trxHTTP st
 		return err
 	}
 	// taskset execs the binary: the pid is the generator's.
-	side := append([]int{gen.cmd.Process.Pid}, others...)
+	side := append([]int{gen.cmd.Process.Pid}, st.others()...)
 	g0 := sumTicks(side)
 	t0 := time.Now()
 	profDone := make(chan error, 1)
@@ -521,20 +580,13 @@ func step(ctx context.Context, opt Options, dir string, env []string, trxHTTP st
 		return fmt.Errorf("generator summary: %w: %q", err, out)
 	}
 	// The next step starts from no sessions.
-	deadline = time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if m, err := scrape(trxHTTP); err == nil && m.value("switchboard_transceiver_sessions", "") == 0 {
-			return nil
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return errors.New("sessions still live 30 s after the generator ended")
+	return st.waitSessions(ctx, 0, 30*time.Second)
 }
 
 // liveKiB forces a GC in the process serving addr (its heap profile with
 // gc=1) and returns its live heap, KiB.
 func liveKiB(addr string) (float64, error) {
-	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?gc=1")
+	resp, err := httpc.Get("http://" + addr + "/debug/pprof/heap?gc=1")
 	if err != nil {
 		return 0, err
 	}
@@ -548,7 +600,7 @@ func liveKiB(addr string) (float64, error) {
 }
 
 func fetchProfile(addr, what, path string) error {
-	resp, err := http.Get("http://" + addr + "/debug/pprof/" + what)
+	resp, err := httpc.Get("http://" + addr + "/debug/pprof/" + what)
 	if err != nil {
 		return err
 	}
@@ -565,7 +617,7 @@ func fetchProfile(addr, what, path string) error {
 func waitHTTP(ctx context.Context, url string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		resp, err := http.Get(url)
+		resp, err := httpc.Get(url)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode/100 == 2 {
