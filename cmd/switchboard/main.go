@@ -7,6 +7,7 @@
 //	switchboard agent         the reference echo backend
 //	switchboard director      the signaling front door: region → cluster
 //	switchboard call URL      a Pion client that runs one session and prints JSON
+//	switchboard load URL      many concurrent sessions: setup, failures, loss, gaps as JSON
 //
 // Run `switchboard <command> -h` for each one's flags. Every flag can also
 // be set in a YAML file (-config) or as SWITCHBOARD_<FLAG> in the
@@ -40,6 +41,7 @@ var commands = []struct {
 	{"agent", "run the echo agent (a bridge backend)", runAgent},
 	{"director", "run the signaling director (routes offers to a region's cluster)", runDirector},
 	{"call", "run one call against a signaling URL and print a JSON report", runCall},
+	{"load", "run many concurrent calls against a signaling URL and print a JSON summary", runLoad},
 }
 
 func usage(w io.Writer) {

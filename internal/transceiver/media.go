@@ -268,6 +268,7 @@ func (sess *session) sendControl(c bridge.Control) {
 func (sess *session) SendPacket(p *playout.Packet) {
 	pkt := &sess.media.rtpPkt
 	pkt.SequenceNumber, pkt.Timestamp, pkt.Marker, pkt.Payload = p.Seq, p.Timestamp, p.Marker, p.Payload
+	sess.srv.probe.toClient.enter(sess.outSSRC, pkt.SequenceNumber)
 	if err := sess.out.WriteRTP(pkt); err != nil {
 		sess.dropped.Add(1)
 	}

@@ -23,6 +23,9 @@ type metrics struct {
 	// Backend bridge.
 	bridgeDial   prometheus.Histogram
 	bridgeErrors *prometheus.CounterVec
+	// mediaDelay is the time an audio packet spends inside the
+	// transceiver, by direction (delay.go).
+	mediaDelay *prometheus.HistogramVec
 	// iceRestarts counts PATCH ICE restarts by result: ok, failed.
 	iceRestarts *prometheus.CounterVec
 	// Media path (media.go).
@@ -90,6 +93,10 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		bridgeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_bridge_errors_total", Help: "Backend bridge failures, by operation: dial, send, recv.",
 		}, []string{"op"}),
+		mediaDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_media_delay_seconds",
+			Help: "Time a sampled audio packet spends inside the transceiver, by direction: to_backend (hop socket read to bridge write), to_client (bridge read to hop socket write).", Buckets: delayBuckets,
+		}, []string{"direction"}),
 		iceRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_ice_restarts_total", Help: "ICE restarts requested with PATCH (RFC 9725 4.3), by result: ok, failed.",
 		}, []string{"result"}),
@@ -136,6 +143,9 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for _, r := range []string{"fec", "plc"} {
 		m.concealed.WithLabelValues(r)
 	}
+	for _, d := range []string{dirToBackend, dirToClient} {
+		m.mediaDelay.WithLabelValues(d)
+	}
 	for _, ph := range []string{phaseICE, phaseDTLS, phaseFirstAudio} {
 		m.setup.WithLabelValues(ph)
 	}
@@ -158,7 +168,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		Name: "switchboard_transceiver_pion_log_suppressed_total", Help: "Pion log lines dropped over the per-scope limit (20 at once, then 5 a second).",
 	}, func() float64 { return float64(s.pion.Suppressed()) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
-		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.clientConnection, m.offersRefused,
+		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
 		m.backendRefused, m.clears, m.clientAudioDropped, m.concealed, lateTicks, active, newHopCollector(s.HopStats), pionSuppressed)
 	return m
 }

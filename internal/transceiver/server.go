@@ -74,6 +74,8 @@ type Server struct {
 	conn    *hop.Conn    // the internal hop over sock; nil when Config.Direct
 	mux     *ice.UDPMuxDefault
 	metrics *metrics
+	probe   *delayProbe     // samples the media delay inside (delay.go)
+	certs   certs           // the DTLS certificate sessions share (cert.go)
 	pion    *pionLogs       // Pion's log lines, through log (pionlog.go)
 	auth    *auth.Authority // nil: signaling is open
 	clock   *playout.Clock  // paces every session's output (media.go)
@@ -126,22 +128,23 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		pending:  pending{byClient: make(map[netip.Prefix]int)},
 	}
 	s.pion = newPionLogs(s.log)
+	s.metrics = newMetrics(s, reg)
+	s.probe = newDelayProbe(s.metrics.mediaDelay)
 	if cfg.Direct {
 		if s.cfg.advertise.Port() == 0 {
 			s.cfg.advertise = sock.LocalAddr().(*net.UDPAddr).AddrPort()
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: sock, Logger: s.pion.NewLogger("ice")})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{udpAddrPort{sock}, s.probe}, Logger: s.pion.NewLogger("ice")})
 	} else {
 		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow, Logger: s.log})
 		if err != nil {
 			_ = sock.Close()
 			return nil, err
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: s.conn, Logger: s.pion.NewLogger("ice")})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{s.conn, s.probe}, Logger: s.pion.NewLogger("ice")})
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.clock = playout.NewClock(0)
-	s.metrics = newMetrics(s, reg)
 	return s, nil
 }
 
@@ -201,8 +204,16 @@ func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole, onCheck func(*s
 	if err := me.RegisterCodec(opusCodec, webrtc.RTPCodecTypeAudio); err != nil {
 		return nil, err
 	}
+	// Interceptors: only the RTCP sender and receiver reports (RFC 3550
+	// §6.4), which give the client loss and jitter figures and us the RTT
+	// (readRTCP). Pion's defaults add NACK (a 1024-packet resend buffer
+	// per stream and a goroutine; Opus conceals a lost 20 ms frame better
+	// than a retransmission arrives), TWCC feedback (a goroutine; nothing
+	// to steer at 50 packets a second of one audio stream), the stats
+	// interceptor (a wrapper on every packet, for GetStats, unused) and
+	// video simulcast header extensions.
 	var ir interceptor.Registry
-	if err := webrtc.RegisterDefaultInterceptors(&me, &ir); err != nil {
+	if err := webrtc.ConfigureRTCPReports(&ir); err != nil {
 		return nil, err
 	}
 	return webrtc.NewAPI(webrtc.WithSettingEngine(se), webrtc.WithMediaEngine(&me), webrtc.WithInterceptorRegistry(&ir)), nil

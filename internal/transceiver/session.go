@@ -41,6 +41,7 @@ type session struct {
 	log     *slog.Logger
 	pc      *webrtc.PeerConnection
 	out     *webrtc.TrackLocalStaticRTP // audio from the backend to the client
+	outSSRC uint32                      // out's SSRC, for the media delay probe
 	be      *bridge.Conn
 	media   *media // codecs and paced playout (media.go)
 	created time.Time
@@ -131,7 +132,11 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		// Follow the client across NAT rebindings (hop/latch.go).
 		s.conn.AddSession(ufrag, pwd)
 	}
-	if sess.pc, err = sess.api.NewPeerConnection(webrtc.Configuration{}); err != nil {
+	pcConfig, err := s.peerConfig()
+	if err != nil {
+		return fail(err)
+	}
+	if sess.pc, err = sess.api.NewPeerConnection(pcConfig); err != nil {
 		return fail(err)
 	}
 	if err := sess.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: offer}); err != nil {
@@ -144,6 +149,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	if err != nil {
 		return fail(err)
 	}
+	sess.outSSRC = senderSSRC(sender)
 	answer, err := sess.pc.CreateAnswer(nil)
 	if err != nil {
 		return fail(fmt.Errorf("%w: %v", ErrBadOffer, err))
@@ -247,6 +253,7 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 			sess.end(ReasonBackendGone)
 			return
 		}
+		sess.srv.probe.toBackend.leave(pkt.SSRC, pkt.SequenceNumber)
 		if !sess.audioUp.Swap(true) {
 			sess.srv.metrics.setup.WithLabelValues(phaseFirstAudio).Observe(time.Since(sess.created).Seconds())
 		}

@@ -1,0 +1,791 @@
+package callclient
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pion/ice/v4"
+	"github.com/pion/interceptor"
+	"github.com/pion/rtp"
+	"github.com/pion/webrtc/v4"
+)
+
+// Load runs many sessions at once against one or more signaling URLs, as
+// an operator sizing a deployment would (`switchboard load`), and sums
+// them up. Each session is a real Pion peer connection: the offer of Run
+// (one sendrecv Opus m-line, the "oai-events" data channel, a complete
+// offer with no trickle), RTCP sender and receiver reports (RFC 3550 §6.4)
+// as a browser sends them, and one RTP packet every 20 ms for
+// LoadOptions.Duration.
+//
+// Audio is either LoadOptions.Audio, encoded to Opus once and shared by
+// every session, or, without it, a 60-byte payload whose first 8 bytes are
+// the packet's index (big endian): a size typical of 20 ms of speech, at
+// no encoding cost, which an echo backend returns untouched. Either way a
+// packet is told apart by its RTP sequence number, which an echo backend
+// and a passthrough transceiver keep, extended past 16 bits by counting
+// wraps; the loss is the fraction of packets sent that never came back.
+// Against a backend that does not echo, loss and gaps describe the
+// backend's own audio, not the round trip.
+//
+// After streaming, a session sends a ping on the data channel, waits up to
+// 5 s for it to come back (any message on the channel counts as the
+// backend's reply), lets echoes in flight arrive for LoadTail, sends the
+// DELETE and closes the peer connection.
+type Load struct {
+	opts LoadOptions
+	api  *webrtc.API
+
+	targets []*url.URL // parsed LoadOptions.URLs
+	frames  [][]byte   // Opus frames of Options.Audio; nil for the counter payload
+
+	mark atomic.Int64 // unix ns of Mark; 0 before
+
+	// Progress counters.
+	started, connected, live, ended, failed atomic.Int64
+	sent, received                          atomic.Int64
+
+	mu      sync.Mutex
+	results []SessionResult
+}
+
+// LoadOptions configures a Load.
+type LoadOptions struct {
+	// URLs are signaling endpoints (as Options.URL); session i goes to
+	// URLs[i % len(URLs)]. At least one is required.
+	URLs []string
+	// Sessions is the number of sessions, all live at once once ramped
+	// up. Required, positive.
+	Sessions int
+	// Duration is how long each session streams audio after it connects.
+	// Required, positive.
+	Duration time.Duration
+	// Ramp is the delay between two session starts: N sessions take
+	// (N-1)×Ramp to start. 0 starts them all at once.
+	Ramp time.Duration
+	// Audio, if set, is the speech every session sends (looped), encoded
+	// to Opus once; nil sends the counter payload described on Load.
+	Audio *WAV
+	// AuthToken, if set, is sent as "Authorization: Bearer <AuthToken>" on
+	// the POST and the DELETE.
+	AuthToken string
+	// Header holds extra headers for the POST and the DELETE.
+	Header http.Header
+	// SettingEngine, if set, is used for every session (tests bind it to
+	// loopback; a chaos test gives it its own transport.Net). If nil,
+	// Load includes loopback candidates, disables mDNS and gathers on
+	// udp4 only: one candidate per session keeps the offer small.
+	SettingEngine *webrtc.SettingEngine
+	// ConnectTimeout bounds signaling plus ICE and DTLS; 0 means 30 s.
+	ConnectTimeout time.Duration
+	// HTTPClient is used for signaling; nil uses one with a 10 s timeout.
+	HTTPClient *http.Client
+	// OnConnected, if set, is called as each session connects (from its
+	// own goroutine).
+	OnConnected func(SessionResult)
+	// OnSession, if set, is called with each session's result as it ends
+	// (from its own goroutine).
+	OnSession func(SessionResult)
+}
+
+// Failure reasons of a session, the keys of LoadSummary.Failures.
+const (
+	// FailSignaling: the POST failed or was answered with an error (the
+	// session's Error names the status, e.g. 503 at capacity).
+	FailSignaling = "signaling"
+	// FailConnect: the peer connection failed or the server closed DTLS
+	// before it connected.
+	FailConnect = "connect_failed"
+	// FailConnectTimeout: not connected within ConnectTimeout.
+	FailConnectTimeout = "connect_timeout"
+	// FailDropped: the connection failed, or the server closed it, while
+	// audio streamed.
+	FailDropped = "dropped"
+	// FailDataChannel: connected, but the data channel did not open or the
+	// ping was not answered.
+	FailDataChannel = "data_channel"
+	// FailClient: the client could not build its peer connection.
+	FailClient = "client"
+)
+
+// LoadTail is how long a session waits after its last packet for echoes
+// still in flight before it hangs up.
+const LoadTail = 300 * time.Millisecond
+
+// loadPayloadSize is the counter payload's size in bytes.
+const loadPayloadSize = 60
+
+// SessionResult is one session's outcome. Times are unix nanoseconds on
+// the load generator's clock, 0 when the event did not happen.
+type SessionResult struct {
+	I       int    `json:"i"`   // index, in start order
+	URL     int    `json:"url"` // index into LoadOptions.URLs
+	Session string `json:"session,omitempty"`
+
+	PostedNS       int64   `json:"posted_ns"`
+	ConnectedNS    int64   `json:"connected_ns,omitempty"`
+	DisconnectedNS int64   `json:"disconnected_ns,omitempty"` // first ICE "disconnected"
+	FailedNS       int64   `json:"failed_ns,omitempty"`       // peer connection "failed"
+	ClosedNS       int64   `json:"closed_ns,omitempty"`       // DTLS closed by the server (close_notify)
+	ICEFailed      bool    `json:"ice_failed"`
+	SetupMS        float64 `json:"setup_ms"` // POST to peer connection "connected"
+
+	Sent       int `json:"sent"`
+	Received   int `json:"received"`   // distinct packets echoed back
+	Duplicates int `json:"duplicates"` // packets delivered more than once
+	Reordered  int `json:"reordered"`  // arrived after a later-sent packet
+
+	MaxGapMS     float64 `json:"max_gap_ms"`      // largest inter-arrival gap while streaming
+	GapMarkMS    float64 `json:"gap_mark_ms"`     // largest gap ending within 30 s after Mark
+	PreMarkGapMS float64 `json:"pre_mark_gap_ms"` // largest gap in the 5 s before Mark
+	LastRxNS     int64   `json:"last_rx_ns,omitempty"`
+	StreamEndNS  int64   `json:"stream_end_ns,omitempty"`
+
+	DCOpen    bool `json:"dc_open"`
+	DCEchoEnd bool `json:"dc_echo_end"` // the closing ping was answered
+
+	// Failure is one of the Fail* reasons; "" for a session that went
+	// through.
+	Failure string `json:"failure,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// Windows around Mark for SessionResult.GapMarkMS and PreMarkGapMS.
+const (
+	markWindow    = 30 * time.Second
+	preMarkWindow = 5 * time.Second
+)
+
+// LoadProgress is a snapshot of a running Load.
+type LoadProgress struct {
+	Elapsed   time.Duration
+	Started   int // sessions whose offer was sent
+	Connected int // sessions that connected
+	Live      int // connected and not yet ended
+	Ended     int // sessions over, whatever the outcome
+	Failed    int // sessions with a Failure
+	Sent      int64
+	Received  int64
+}
+
+// String formats the snapshot as one progress line.
+func (p LoadProgress) String() string {
+	loss := 0.0
+	if p.Sent > 0 {
+		loss = max(0, 1-float64(p.Received)/float64(p.Sent))
+	}
+	return fmt.Sprintf("%6.1fs  started %d  connected %d  live %d  ended %d  failed %d  packets %d sent %d back (%.2f%% not back yet)",
+		p.Elapsed.Seconds(), p.Started, p.Connected, p.Live, p.Ended, p.Failed, p.Sent, p.Received, 100*loss)
+}
+
+// NewLoad checks opts and prepares the sessions' shared parts (the Pion
+// API, the encoded audio). Errors wrap ErrOptions.
+func NewLoad(opts LoadOptions) (*Load, error) {
+	if len(opts.URLs) == 0 {
+		return nil, fmt.Errorf("%w: no signaling URL", ErrOptions)
+	}
+	var targets []*url.URL
+	for _, u := range opts.URLs {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "http" && p.Scheme != "https") {
+			return nil, fmt.Errorf("%w: URL %q is not an http(s) URL", ErrOptions, u)
+		}
+		targets = append(targets, p)
+	}
+	if opts.Sessions <= 0 {
+		return nil, fmt.Errorf("%w: sessions must be positive, got %d", ErrOptions, opts.Sessions)
+	}
+	if opts.Duration <= 0 {
+		return nil, fmt.Errorf("%w: duration must be positive, got %v", ErrOptions, opts.Duration)
+	}
+	if opts.Ramp < 0 {
+		return nil, fmt.Errorf("%w: ramp must not be negative, got %v", ErrOptions, opts.Ramp)
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = 30 * time.Second
+	}
+	if opts.HTTPClient == nil {
+		opts.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	l := &Load{opts: opts, targets: targets}
+	if opts.Audio != nil {
+		// One pass of the file, looped by the sender: the frames are
+		// shared, read-only, by every session.
+		frames, err := encodeOpus(opts.Audio, 0)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrOptions, err)
+		}
+		l.frames = frames
+	}
+	var err error
+	if l.api, err = newLoadAPI(opts.SettingEngine); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// newLoadAPI builds the API every session shares: Opus only, RTCP reports
+// (so that the server sees receiver reports with LSR/DLSR, as from a
+// browser), no NACK, TWCC or other interceptors.
+func newLoadAPI(se *webrtc.SettingEngine) (*webrtc.API, error) {
+	var me webrtc.MediaEngine
+	codec := webrtc.RTPCodecParameters{
+		RTPCodecCapability: webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2, SDPFmtpLine: opusFmtp},
+		PayloadType:        OpusPayloadType,
+	}
+	if err := me.RegisterCodec(codec, webrtc.RTPCodecTypeAudio); err != nil {
+		return nil, err
+	}
+	var ir interceptor.Registry
+	if err := webrtc.ConfigureRTCPReports(&ir); err != nil {
+		return nil, err
+	}
+	if se == nil {
+		se = &webrtc.SettingEngine{}
+		se.SetIncludeLoopbackCandidate(true)
+		se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
+		se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
+	}
+	return webrtc.NewAPI(webrtc.WithMediaEngine(&me), webrtc.WithInterceptorRegistry(&ir), webrtc.WithSettingEngine(*se)), nil
+}
+
+// Mark records now as the moment of a fault: each session then reports
+// the largest audio gap ending within 30 s after it (GapMarkMS) and the
+// largest in the 5 s before (PreMarkGapMS). It may be called once, from
+// any goroutine.
+func (l *Load) Mark() time.Time {
+	now := time.Now()
+	l.mark.CompareAndSwap(0, now.UnixNano())
+	return now
+}
+
+// Progress returns a snapshot of the counters.
+func (l *Load) Progress(start time.Time) LoadProgress {
+	c, e := l.connected.Load(), l.ended.Load()
+	return LoadProgress{
+		Elapsed: time.Since(start), Started: int(l.started.Load()), Connected: int(c),
+		Live: int(l.live.Load()), Ended: int(e), Failed: int(l.failed.Load()),
+		Sent: l.sent.Load(), Received: l.received.Load(),
+	}
+}
+
+// Run starts the sessions Ramp apart, waits for all of them to end and
+// returns the summary; progress, if not nil, gets a progress line every
+// interval (0 means 2 s). Cancelling ctx stops starting sessions and ends
+// the live ones early (they still hang up); the summary covers those that
+// started.
+func (l *Load) Run(ctx context.Context, progress io.Writer, interval time.Duration) LoadSummary {
+	start := time.Now()
+	if interval <= 0 {
+		interval = 2 * time.Second
+	}
+	stopProgress := make(chan struct{})
+	var progressDone sync.WaitGroup
+	if progress != nil {
+		progressDone.Go(func() {
+			t := time.NewTicker(interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-t.C:
+					fmt.Fprintln(progress, l.Progress(start))
+				case <-stopProgress:
+					return
+				}
+			}
+		})
+	}
+	var wg sync.WaitGroup
+	ramp := time.NewTicker(max(l.opts.Ramp, time.Nanosecond))
+	defer ramp.Stop()
+starting:
+	for i := range l.opts.Sessions {
+		if i > 0 && l.opts.Ramp > 0 {
+			select {
+			case <-ramp.C:
+			case <-ctx.Done():
+				break starting
+			}
+		} else if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			r := l.session(ctx, i)
+			l.mu.Lock()
+			l.results = append(l.results, r)
+			l.mu.Unlock()
+			if l.opts.OnSession != nil {
+				l.opts.OnSession(r)
+			}
+		})
+	}
+	wg.Wait()
+	close(stopProgress)
+	progressDone.Wait()
+	if progress != nil {
+		fmt.Fprintln(progress, l.Progress(start))
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	slices.SortFunc(l.results, func(a, b SessionResult) int { return a.I - b.I })
+	return Summarize(l.opts, l.results, time.Since(start))
+}
+
+// Results returns every ended session's result, in start order once Run
+// has returned.
+func (l *Load) Results() []SessionResult {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.results)
+}
+
+// loadSession is the state one session's callbacks share.
+type loadSession struct {
+	r  *SessionResult
+	mu sync.Mutex // guards r's times and the receive state
+
+	arrivals []int64  // unix ns of each first arrival, in order
+	seen     []uint64 // bitset of extended sequence numbers received
+	maxExt   uint64   // highest extended sequence number received
+	anyRx    bool
+}
+
+// stamp records now into *p once.
+func (s *loadSession) stamp(p *int64) {
+	s.mu.Lock()
+	if *p == 0 {
+		*p = time.Now().UnixNano()
+	}
+	s.mu.Unlock()
+}
+
+// receive records one echoed packet with sequence number seq; it reports
+// whether it was new.
+func (s *loadSession) receive(seq uint16, now int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.recordLocked(extendSeq(s.maxExt, s.anyRx, seq), now)
+}
+
+// extendSeq extends the 16-bit seq to the 64-bit count nearest to maxExt,
+// the highest extended sequence number seen so far (RFC 3550 §A.1): a
+// small step back is a late packet, a large one a wrap.
+func extendSeq(maxExt uint64, any bool, seq uint16) uint64 {
+	if !any {
+		return uint64(seq)
+	}
+	ext := maxExt&^0xffff | uint64(seq)
+	switch {
+	case ext > maxExt && ext-maxExt > 1<<15 && ext >= 1<<16:
+		ext -= 1 << 16
+	case ext < maxExt && maxExt-ext > 1<<15:
+		ext += 1 << 16
+	}
+	return ext
+}
+
+func (s *loadSession) recordLocked(ext uint64, now int64) bool {
+	w := int(ext / 64)
+	if w >= len(s.seen) {
+		s.seen = append(s.seen, make([]uint64, w+1-len(s.seen))...)
+	}
+	bit := uint64(1) << (ext % 64)
+	if s.seen[w]&bit != 0 {
+		s.r.Duplicates++
+		return false
+	}
+	s.seen[w] |= bit
+	s.arrivals = append(s.arrivals, now)
+	if s.anyRx && ext < s.maxExt {
+		s.r.Reordered++
+	}
+	if !s.anyRx || ext > s.maxExt {
+		s.maxExt = ext
+	}
+	s.anyRx = true
+	return true
+}
+
+// session runs session i to its end and returns its result.
+func (l *Load) session(ctx context.Context, i int) SessionResult {
+	r := SessionResult{I: i, URL: i % len(l.opts.URLs)}
+	fail := func(reason string, err error) SessionResult {
+		r.Failure, r.Error = reason, err.Error()
+		l.failed.Add(1)
+		l.ended.Add(1)
+		return r
+	}
+	l.started.Add(1)
+	pc, err := l.api.NewPeerConnection(webrtc.Configuration{})
+	if err != nil {
+		return fail(FailClient, err)
+	}
+	defer pc.Close()
+	track, err := webrtc.NewTrackLocalStaticRTP(webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2}, "audio", "switchboard-load")
+	if err != nil {
+		return fail(FailClient, err)
+	}
+	tr, err := pc.AddTransceiverFromTrack(track, webrtc.RTPTransceiverInit{Direction: webrtc.RTPTransceiverDirectionSendrecv})
+	if err != nil {
+		return fail(FailClient, err)
+	}
+	dc, err := pc.CreateDataChannel(DataChannelLabel, nil)
+	if err != nil {
+		return fail(FailClient, err)
+	}
+
+	s := &loadSession{r: &r}
+	connected, failed, dcOpen := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	pong := make(chan struct{}, 1)
+	var connOnce, failOnce, openOnce sync.Once
+	pc.OnConnectionStateChange(func(st webrtc.PeerConnectionState) {
+		switch st {
+		case webrtc.PeerConnectionStateConnected:
+			s.stamp(&r.ConnectedNS)
+			connOnce.Do(func() { close(connected) })
+		case webrtc.PeerConnectionStateFailed:
+			s.stamp(&r.FailedNS)
+			failOnce.Do(func() { close(failed) })
+		}
+	})
+	pc.OnICEConnectionStateChange(func(st webrtc.ICEConnectionState) {
+		switch st {
+		case webrtc.ICEConnectionStateDisconnected:
+			s.stamp(&r.DisconnectedNS)
+		case webrtc.ICEConnectionStateFailed:
+			s.mu.Lock()
+			r.ICEFailed = true
+			s.mu.Unlock()
+		}
+	})
+	pc.SCTP().Transport().OnStateChange(func(st webrtc.DTLSTransportState) {
+		if st == webrtc.DTLSTransportStateClosed {
+			s.stamp(&r.ClosedNS)
+			failOnce.Do(func() { close(failed) })
+		}
+	})
+	dc.OnOpen(func() { openOnce.Do(func() { close(dcOpen) }) })
+	dc.OnMessage(func(webrtc.DataChannelMessage) {
+		select {
+		case pong <- struct{}{}:
+		default:
+		}
+	})
+	var readers sync.WaitGroup
+	readers.Go(func() { // RTCP from the server, so that the report interceptors see it
+		buf := make([]byte, 1500)
+		for {
+			if _, _, err := tr.Sender().Read(buf); err != nil {
+				return
+			}
+		}
+	})
+	var closing atomic.Bool
+	pc.OnTrack(func(t *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
+		if closing.Load() {
+			return
+		}
+		readers.Add(1)
+		defer readers.Done()
+		buf := make([]byte, 1500)
+		var h rtp.Header
+		for {
+			n, _, err := t.Read(buf)
+			if err != nil {
+				return
+			}
+			if _, err := h.Unmarshal(buf[:n]); err != nil {
+				continue
+			}
+			if s.receive(h.SequenceNumber, time.Now().UnixNano()) {
+				l.received.Add(1)
+			}
+		}
+	})
+	defer func() {
+		closing.Store(true)
+		_ = pc.Close()
+		readers.Wait()
+	}()
+
+	cctx, cancel := context.WithTimeout(ctx, l.opts.ConnectTimeout)
+	defer cancel()
+	r.PostedNS = time.Now().UnixNano()
+	session, err := l.signal(cctx, pc, l.targets[r.URL])
+	r.Session = session
+	if err != nil {
+		l.hangup(session)
+		return fail(FailSignaling, err)
+	}
+	select {
+	case <-connected:
+	case <-failed:
+		l.hangup(session)
+		return fail(FailConnect, errors.New("peer connection failed before connecting"))
+	case <-cctx.Done():
+		l.hangup(session)
+		return fail(FailConnectTimeout, fmt.Errorf("not connected after %v", l.opts.ConnectTimeout))
+	}
+	l.connected.Add(1)
+	l.live.Add(1)
+	defer l.live.Add(-1)
+	s.mu.Lock()
+	r.SetupMS = float64(r.ConnectedNS-r.PostedNS) / 1e6
+	snapshot := r
+	s.mu.Unlock()
+	if l.opts.OnConnected != nil {
+		l.opts.OnConnected(snapshot)
+	}
+	select {
+	case <-dcOpen:
+		r.DCOpen = true
+	case <-failed:
+	case <-time.After(10 * time.Second):
+	}
+
+	sendErr := l.stream(ctx, track, failed, &r)
+	streamEnd := time.Now().UnixNano()
+
+	select {
+	case <-failed:
+	default:
+		if r.DCOpen {
+			var id [8]byte
+			_, _ = rand.Read(id[:])
+			if err := dc.SendText(fmt.Sprintf(`{"type":"ping","id":"load-%d-%x"}`, i, id)); err == nil {
+				select {
+				case <-pong:
+					r.DCEchoEnd = true
+				case <-time.After(5 * time.Second):
+				case <-failed:
+				}
+			}
+		}
+		time.Sleep(LoadTail)
+		l.hangup(session)
+	}
+	closing.Store(true)
+	_ = pc.Close()
+	readers.Wait()
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r.StreamEndNS = streamEnd
+	r.Received = len(s.arrivals)
+	if len(s.arrivals) > 0 {
+		r.LastRxNS = s.arrivals[len(s.arrivals)-1]
+	}
+	gaps(&r, s.arrivals, streamEnd, l.mark.Load())
+	l.ended.Add(1)
+	switch {
+	case r.FailedNS != 0 || (r.ClosedNS != 0 && r.ClosedNS < streamEnd):
+		r.Failure = FailDropped
+	case sendErr != nil:
+		r.Failure, r.Error = FailDropped, fmt.Sprintf("write RTP: %v", sendErr)
+	case !r.DCOpen || !r.DCEchoEnd:
+		r.Failure = FailDataChannel
+	}
+	if r.Failure != "" {
+		l.failed.Add(1)
+	}
+	return r
+}
+
+// stream sends one packet every 20 ms for Duration, until failed closes
+// or ctx ends, and returns the first write error.
+func (l *Load) stream(ctx context.Context, track *webrtc.TrackLocalStaticRTP, failed <-chan struct{}, r *SessionResult) error {
+	var ssrc [4]byte
+	_, _ = rand.Read(ssrc[:])
+	pkt := &rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: OpusPayloadType, SSRC: binary.BigEndian.Uint32(ssrc[:])}}
+	counter := make([]byte, loadPayloadSize)
+	for i := range counter {
+		counter[i] = byte(i * 7)
+	}
+	tick := time.NewTicker(frameDuration)
+	defer tick.Stop()
+	stop := time.NewTimer(l.opts.Duration)
+	defer stop.Stop()
+	var sendErr error
+	for idx := uint64(0); ; idx++ {
+		select {
+		case <-tick.C:
+		case <-stop.C:
+			return sendErr
+		case <-failed:
+			return sendErr
+		case <-ctx.Done():
+			return sendErr
+		}
+		if l.frames != nil {
+			pkt.Payload = l.frames[idx%uint64(len(l.frames))]
+		} else {
+			binary.BigEndian.PutUint64(counter, idx)
+			pkt.Payload = counter
+		}
+		pkt.SequenceNumber = uint16(idx)
+		pkt.Timestamp = uint32(idx * 960)
+		if err := track.WriteRTP(pkt); err != nil && sendErr == nil {
+			sendErr = err
+		}
+		r.Sent++
+		l.sent.Add(1)
+	}
+}
+
+// signal POSTs the complete offer and applies the answer; it returns the
+// absolute session URL ("" if there is none).
+func (l *Load) signal(ctx context.Context, pc *webrtc.PeerConnection, target *url.URL) (string, error) {
+	offer, err := pc.CreateOffer(nil)
+	if err != nil {
+		return "", err
+	}
+	gathered := webrtc.GatheringCompletePromise(pc)
+	if err := pc.SetLocalDescription(offer); err != nil {
+		return "", err
+	}
+	select {
+	case <-gathered:
+	case <-ctx.Done():
+		return "", fmt.Errorf("ICE gathering: %w", ctx.Err())
+	}
+	answer, session, _, err := l.signaling().post(ctx, l.opts.HTTPClient, target, pc.LocalDescription().SDP)
+	if err != nil {
+		return "", err
+	}
+	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: answer}); err != nil {
+		return session.String(), fmt.Errorf("%w: set remote description: %w", ErrSignaling, err)
+	}
+	return session.String(), nil
+}
+
+// hangup DELETEs the session, if there is one; failures are ignored (the
+// server ends the session on its own when the client goes).
+func (l *Load) hangup(session string) {
+	if session == "" {
+		return
+	}
+	u, err := url.Parse(session)
+	if err != nil {
+		return
+	}
+	_ = l.signaling().delete(context.Background(), l.opts.HTTPClient, u)
+}
+
+// signaling returns a call carrying only what post and delete use: the
+// headers.
+func (l *Load) signaling() *call {
+	return &call{opts: Options{AuthToken: l.opts.AuthToken, Header: l.opts.Header}}
+}
+
+// Summarize sums up results, the sessions of a load run that took
+// elapsed.
+func Summarize(opts LoadOptions, results []SessionResult, elapsed time.Duration) LoadSummary {
+	sum := LoadSummary{
+		URLs: opts.URLs, Sessions: len(results), DurationS: opts.Duration.Seconds(),
+		RampMS: float64(opts.Ramp.Microseconds()) / 1000, ElapsedS: elapsed.Seconds(), Failures: map[string]int{},
+	}
+	var setup, gapsMS []float64
+	for _, r := range results {
+		if r.Failure != "" {
+			sum.Failures[r.Failure]++
+		}
+		if r.ConnectedNS == 0 {
+			continue
+		}
+		sum.Connected++
+		setup = append(setup, r.SetupMS)
+		sum.PacketsSent += r.Sent
+		sum.PacketsReceived += r.Received
+		if r.Failure == "" {
+			sum.OK++
+		}
+		if r.Sent > 0 {
+			gapsMS = append(gapsMS, r.MaxGapMS)
+		}
+	}
+	sum.SetupMS = distribution(setup)
+	sum.MaxGapMS = distribution(gapsMS)
+	if sum.PacketsSent > 0 {
+		sum.Loss = max(0, 1-float64(sum.PacketsReceived)/float64(sum.PacketsSent))
+	}
+	return sum
+}
+
+// LoadSummary is the outcome of a load run, printed as JSON by
+// `switchboard load`.
+type LoadSummary struct {
+	URLs      []string `json:"urls"`
+	Sessions  int      `json:"sessions"`  // sessions started
+	Connected int      `json:"connected"` // sessions whose peer connection connected
+	OK        int      `json:"ok"`        // connected sessions with no failure
+	// Failures counts sessions by failure reason (the Fail* constants).
+	Failures  map[string]int `json:"failures"`
+	DurationS float64        `json:"duration_s"` // audio per session, seconds
+	RampMS    float64        `json:"ramp_ms"`
+	ElapsedS  float64        `json:"elapsed_s"` // the whole run
+	// SetupMS is the time from the POST to the peer connection's
+	// "connected" state, over connected sessions.
+	SetupMS Distribution `json:"setup_ms"`
+	// PacketsSent and PacketsReceived are summed over connected sessions;
+	// Loss is 1 - received/sent.
+	PacketsSent     int     `json:"packets_sent"`
+	PacketsReceived int     `json:"packets_received"`
+	Loss            float64 `json:"loss"`
+	// MaxGapMS is the distribution, over sessions, of each session's
+	// largest gap between two received audio packets (20 ms on a clean
+	// path).
+	MaxGapMS Distribution `json:"max_gap_ms"`
+}
+
+// Distribution summarizes a sample: nearest-rank percentiles.
+type Distribution struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+func distribution(xs []float64) Distribution {
+	if len(xs) == 0 {
+		return Distribution{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	rank := func(p float64) float64 { return s[max(0, int(math.Ceil(p*float64(len(s))))-1)] }
+	return Distribution{N: len(s), P50: rank(0.50), P99: rank(0.99), Max: s[len(s)-1]}
+}
+
+// gaps fills the gap figures from the arrival times: intervals between
+// consecutive arrivals up to the end of streaming, and the trailing one
+// from the last arrival to the end if it came earlier.
+func gaps(r *SessionResult, arrivals []int64, end, markNS int64) {
+	points := slices.DeleteFunc(slices.Clone(arrivals), func(t int64) bool { return t > end })
+	if len(points) == 0 {
+		return
+	}
+	points = append(points, end)
+	for i := 1; i < len(points); i++ {
+		g := float64(points[i]-points[i-1]) / 1e6
+		r.MaxGapMS = max(r.MaxGapMS, g)
+		if markNS == 0 {
+			continue
+		}
+		if points[i] >= markNS && points[i] <= markNS+int64(markWindow) {
+			r.GapMarkMS = max(r.GapMarkMS, g)
+		}
+		if points[i] < markNS && points[i] >= markNS-int64(preMarkWindow) {
+			r.PreMarkGapMS = max(r.PreMarkGapMS, g)
+		}
+	}
+}

@@ -1,0 +1,189 @@
+package transceiver
+
+import (
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/pion/webrtc/v4"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The media delay probe measures how long an audio packet spends inside
+// the transceiver: from the hop socket read to the bridge write (client to
+// backend), and from the bridge read to the hop socket write (backend to
+// client): DTLS-SRTP demultiplexing, SRTP, Pion's buffers and goroutine
+// hand-offs, and the bridge's framing. An SRTP packet's header is in the
+// clear (RFC 3711 §3.1), so the socket side names a packet by its SSRC and
+// sequence number as the RTP side does, with no per-packet state in Pion.
+//
+// One packet in delaySample (by sequence number) is measured: a stamp
+// table of delaySlots entries per direction, indexed by a hash of SSRC and
+// sequence number; a packet whose slot was overwritten before it came out
+// is not measured.
+const (
+	delaySample = 8
+	delaySlots  = 4096
+)
+
+// Directions, the values of the direction label of the media delay histogram.
+const (
+	dirToBackend = "to_backend"
+	dirToClient  = "to_client"
+)
+
+// delayBuckets span 25 µs to ~200 ms, in seconds.
+var delayBuckets = prometheus.ExponentialBuckets(25e-6, 2, 14)
+
+type delayStamp struct {
+	key uint64 // 1<<48 | ssrc<<16 | seq; 0 when empty
+	at  int64  // unix ns
+}
+
+// delayTable remembers when sampled packets entered one direction.
+type delayTable struct {
+	mu    sync.Mutex
+	slots [delaySlots]delayStamp
+	hist  prometheus.Observer
+}
+
+func delayKey(ssrc uint32, seq uint16) (uint64, bool) {
+	if seq%delaySample != 0 {
+		return 0, false
+	}
+	return 1<<48 | uint64(ssrc)<<16 | uint64(seq), true
+}
+
+func (t *delayTable) slot(key uint64) *delayStamp {
+	h := key * 0x9E3779B97F4A7C15 // Fibonacci hashing
+	return &t.slots[h>>(64-12)]
+}
+
+// enter stamps packet (ssrc, seq) as it enters, if sampled.
+func (t *delayTable) enter(ssrc uint32, seq uint16) {
+	key, ok := delayKey(ssrc, seq)
+	if !ok {
+		return
+	}
+	now := time.Now().UnixNano()
+	t.mu.Lock()
+	*t.slot(key) = delayStamp{key: key, at: now}
+	t.mu.Unlock()
+}
+
+// leave observes the time packet (ssrc, seq) spent inside, if it was
+// stamped.
+func (t *delayTable) leave(ssrc uint32, seq uint16) {
+	key, ok := delayKey(ssrc, seq)
+	if !ok {
+		return
+	}
+	now := time.Now().UnixNano()
+	t.mu.Lock()
+	s := t.slot(key)
+	st := *s
+	if st.key == key {
+		*s = delayStamp{}
+	}
+	t.mu.Unlock()
+	if st.key == key {
+		t.hist.Observe(float64(now-st.at) / 1e9)
+	}
+}
+
+// delayProbe is the pair of tables.
+type delayProbe struct {
+	toBackend, toClient delayTable
+}
+
+func newDelayProbe(h *prometheus.HistogramVec) *delayProbe {
+	p := &delayProbe{}
+	p.toBackend.hist = h.WithLabelValues(dirToBackend)
+	p.toClient.hist = h.WithLabelValues(dirToClient)
+	return p
+}
+
+// rtpHeader returns the SSRC and sequence number of an RTP or SRTP packet,
+// and false for anything else: STUN, DTLS, RTCP (RFC 7983 §7 and RFC 5761
+// §4 tell them apart by the first and second bytes).
+func rtpHeader(b []byte) (ssrc uint32, seq uint16, ok bool) {
+	if len(b) < 12 || b[0] < 128 || b[0] > 191 {
+		return 0, 0, false
+	}
+	if pt := b[1] & 0x7f; pt >= 64 && pt <= 95 {
+		return 0, 0, false // RTCP 192-223 with the marker bit
+	}
+	return binary.BigEndian.Uint32(b[8:12]), binary.BigEndian.Uint16(b[2:4]), true
+}
+
+// addrPortConn is what the ICE mux reads and writes: the hop conn or, in
+// Direct mode, the UDP socket.
+type addrPortConn interface {
+	net.PacketConn
+	ReadFromAddrPort(b []byte) (int, netip.AddrPort, error)
+	WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error)
+}
+
+// probeConn stamps sampled RTP packets as they are read from the socket
+// and observes them as they are written to it.
+type probeConn struct {
+	addrPortConn
+	probe *delayProbe
+}
+
+func (c *probeConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
+	n, addr, err := c.addrPortConn.ReadFromAddrPort(b)
+	if err == nil {
+		if ssrc, seq, ok := rtpHeader(b[:n]); ok {
+			c.probe.toBackend.enter(ssrc, seq)
+		}
+	}
+	return n, addr, err
+}
+
+func (c *probeConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, addr, err := c.addrPortConn.ReadFrom(b)
+	if err == nil {
+		if ssrc, seq, ok := rtpHeader(b[:n]); ok {
+			c.probe.toBackend.enter(ssrc, seq)
+		}
+	}
+	return n, addr, err
+}
+
+func (c *probeConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
+	n, err := c.addrPortConn.WriteToAddrPort(b, addr)
+	if ssrc, seq, ok := rtpHeader(b); ok && err == nil {
+		c.probe.toClient.leave(ssrc, seq)
+	}
+	return n, err
+}
+
+func (c *probeConn) WriteTo(b []byte, addr net.Addr) (int, error) {
+	n, err := c.addrPortConn.WriteTo(b, addr)
+	if ssrc, seq, ok := rtpHeader(b); ok && err == nil {
+		c.probe.toClient.leave(ssrc, seq)
+	}
+	return n, err
+}
+
+// senderSSRC returns the SSRC the sender writes with.
+func senderSSRC(s *webrtc.RTPSender) uint32 {
+	if enc := s.GetParameters().Encodings; len(enc) > 0 {
+		return uint32(enc[0].SSRC)
+	}
+	return 0
+}
+
+// udpAddrPort gives a UDP socket the method names of addrPortConn.
+type udpAddrPort struct{ *net.UDPConn }
+
+func (c udpAddrPort) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
+	return c.ReadFromUDPAddrPort(b)
+}
+
+func (c udpAddrPort) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
+	return c.WriteToUDPAddrPort(b, addr)
+}
