@@ -46,7 +46,7 @@ type pcmStack struct {
 
 // startPCMStack serves backend (unless nil: mutate then sets BackendURL)
 // behind a relay and a transceiver.
-func startPCMStack(t *testing.T, backend http.Handler, mutate func(*transceiver.Config)) *pcmStack {
+func startPCMStack(t testing.TB, backend http.Handler, mutate func(*transceiver.Config)) *pcmStack {
 	t.Helper()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
@@ -101,7 +101,7 @@ type rxPacket struct {
 
 // testClient is a Pion client with an Opus track and oai-events.
 type testClient struct {
-	t     *testing.T
+	t     testing.TB
 	pc    *webrtc.PeerConnection
 	track *webrtc.TrackLocalStaticSample
 	dc    *webrtc.DataChannel
@@ -113,7 +113,7 @@ type testClient struct {
 	events []map[string]any
 }
 
-func dialClient(t *testing.T, url string) *testClient {
+func dialClient(t testing.TB, url string) *testClient {
 	t.Helper()
 	c := &testClient{t: t, pc: webrtctest.PeerConnection(t), open: make(chan struct{})}
 	var err error
