@@ -20,7 +20,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/switchboard-rtc/switchboard/internal/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 )
 

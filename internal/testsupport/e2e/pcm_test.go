@@ -46,7 +46,7 @@ type pcmStack struct {
 
 // startPCMStack serves backend (unless nil: mutate then sets BackendURL)
 // behind a relay and a transceiver.
-func startPCMStack(t *testing.T, backend http.Handler, mutate func(*transceiver.Config)) *pcmStack {
+func startPCMStack(t testing.TB, backend http.Handler, mutate func(*transceiver.Config)) *pcmStack {
 	t.Helper()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
@@ -101,7 +101,7 @@ type rxPacket struct {
 
 // testClient is a Pion client with an Opus track and oai-events.
 type testClient struct {
-	t     *testing.T
+	t     testing.TB
 	pc    *webrtc.PeerConnection
 	track *webrtc.TrackLocalStaticSample
 	dc    *webrtc.DataChannel
@@ -113,7 +113,7 @@ type testClient struct {
 	events []map[string]any
 }
 
-func dialClient(t *testing.T, url string) *testClient {
+func dialClient(t testing.TB, url string) *testClient {
 	t.Helper()
 	c := &testClient{t: t, pc: webrtctest.PeerConnection(t), open: make(chan struct{})}
 	var err error
@@ -422,10 +422,13 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 			t.Fatalf("mark %d = %+v, want %s", k, m.ctl, want)
 		}
 		// The mark comes back once the second of audio before it has been
-		// sent (and, on loopback, received), and not much later.
+		// sent, and not much later: the client, on loopback, has received
+		// that audio give or take the delivery time (up to 100 ms on a
+		// loaded machine under -race; the playout unit tests pin the exact
+		// tick).
 		n := countBefore(c.received(), m.at)
-		if n < 50*(k+1)-1 || n > 50*(k+1)+3 {
-			t.Errorf("mark %s came back when the client had %d packets, want %d", m.ctl.Name, n, 50*(k+1))
+		if n < 50*(k+1)-5 || n > 50*(k+1)+5 {
+			t.Errorf("mark %s came back when the client had %d packets, want %d ± 5", m.ctl.Name, n, 50*(k+1))
 		}
 		if k == 0 {
 			first := c.received()[0].at
@@ -466,7 +469,7 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 		}
 	}
 	b.control(t, bridge.Control{Type: bridge.TypeOutputMark, Name: "never"})
-	b.next(t, bridge.TypeOutputStarted, 5*time.Second)
+	started := b.next(t, bridge.TypeOutputStarted, 5*time.Second)
 	time.Sleep(time.Second)
 	clearAt := time.Now()
 	b.control(t, bridge.Control{Type: bridge.TypeOutputClear})
@@ -480,8 +483,17 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 	if !dropped.ctl.Cleared || dropped.ctl.Name != "never" {
 		t.Errorf("the queued mark came back as %+v, want never with cleared", dropped.ctl)
 	}
-	if after > 1 {
-		t.Errorf("%d packets reached the client after the clear, want at most 1", after)
+	// Nothing of the cleared audio went out after the clear but the one
+	// packet that may have been on its way: played_ms (what was handed to
+	// the client, that packet included) is no more than the ticks between
+	// the start (output.started left after the first packet) and the clear,
+	// plus that packet and one tick of rounding; the client got exactly
+	// that (below), and nothing later than its delivery time.
+	if ticks := int64(clearAt.Sub(started.at) / (20 * time.Millisecond)); cleared.ctl.PlayedMs/20 > ticks+2 {
+		t.Errorf("played_ms %d for a clear %v after output.started: more than one packet after the clear", cleared.ctl.PlayedMs, clearAt.Sub(started.at))
+	}
+	if late := len(rx) - countBefore(rx, clearAt.Add(100*time.Millisecond)); late > 0 {
+		t.Errorf("%d packets reached the client more than 100 ms after the clear", late)
 	}
 	if d := cleared.ctl.PlayedMs - int64(20*len(rx)); d < -20 || d > 20 {
 		t.Errorf("played_ms %d, the client received %d ms: want within 20 ms", cleared.ctl.PlayedMs, 20*len(rx))
