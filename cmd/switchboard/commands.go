@@ -161,12 +161,13 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	defer r.Close()
 	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "members", members.Len())
-	return serveOps(ctx, cfg.Metrics, reg, cfg.Log.Pprof, log)
+	return serveOps(ctx, cfg.Metrics, reg, cfg.Log.Pprof, r.Ready, log)
 }
 
 // serveOps serves /metrics, /live and /ready on addr until ctx ends, or
-// just waits if addr is empty.
-func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofOn bool, log *slog.Logger) error {
+// just waits if addr is empty. /ready answers 503 with ready's error while
+// it returns one.
+func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofOn bool, ready func() error, log *slog.Logger) error {
 	if addr == "" {
 		<-ctx.Done()
 		return nil
@@ -174,7 +175,13 @@ func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofO
 	mux := http.NewServeMux()
 	handleOps(mux, reg, pprofOn)
 	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	return serveHTTP(ctx, addr, mux, log)
 }
 
