@@ -21,7 +21,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/demo"
-	"github.com/switchboard-rtc/switchboard/internal/flowcache"
+	"github.com/switchboard-rtc/switchboard/internal/flowstore"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
@@ -147,12 +147,12 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	defer stopMembers()
 	if cfg.FlowCache != "" {
-		fc, err := flowcache.New(cfg.FlowCache, cfg.Relay.Cluster)
+		fc, err := flowstore.New(cfg.FlowCache, cfg.Relay.Cluster)
 		if err != nil {
 			return err
 		}
 		defer fc.Close()
-		flowcache.LogRedisTo(log) // go-redis's per-dial lines at Debug; the relay warns once per interval
+		flowstore.LogRedisTo(log) // go-redis's per-dial lines at Debug; the relay warns once per interval
 		cfg.Relay.FlowCache = fc
 	}
 	r, err := relay.New(cfg.Relay, keys, members, reg, log)

@@ -16,19 +16,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/switchboard-rtc/switchboard/internal/flowcache"
+	"github.com/switchboard-rtc/switchboard/internal/flowstore"
 	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/redistest"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
-func init() { flowcache.LogRedisTo(slog.New(slog.DiscardHandler)) }
+func init() { flowstore.LogRedisTo(slog.New(slog.DiscardHandler)) }
 
 // newCache returns a flow cache for testCluster in the Redis at addr.
-func newCache(t *testing.T, addr string) *flowcache.Redis {
+func newCache(t *testing.T, addr string) *flowstore.Redis {
 	t.Helper()
-	c, err := flowcache.New(addr, testCluster)
+	c, err := flowstore.New(addr, testCluster)
 	if err != nil {
 		t.Fatal(err)
 	}
