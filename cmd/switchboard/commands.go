@@ -22,7 +22,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/demo"
-	"github.com/switchboard-rtc/switchboard/internal/flowcache"
+	"github.com/switchboard-rtc/switchboard/internal/flowstore"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
@@ -149,12 +149,12 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	defer stopMembers()
 	if cfg.FlowCache != "" {
-		fc, err := flowcache.New(cfg.FlowCache, cfg.Relay.Cluster)
+		fc, err := flowstore.New(cfg.FlowCache, cfg.Relay.Cluster)
 		if err != nil {
 			return err
 		}
 		defer fc.Close()
-		flowcache.LogRedisTo(log) // go-redis's per-dial lines at Debug; the relay warns once per interval
+		flowstore.LogRedisTo(log) // go-redis's per-dial lines at Debug; the relay warns once per interval
 		cfg.Relay.FlowCache = fc
 	}
 	r, err := relay.New(cfg.Relay, keys, members, reg, log)
@@ -163,12 +163,13 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	defer r.Close()
 	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "members", members.Len())
-	return serveOps(ctx, cfg.Metrics, reg, cfg.Log.Pprof, log)
+	return serveOps(ctx, cfg.Metrics, reg, cfg.Log.Pprof, r.Ready, log)
 }
 
 // serveOps serves /metrics, /live and /ready on addr until ctx ends, or
-// just waits if addr is empty.
-func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofOn bool, log *slog.Logger) error {
+// just waits if addr is empty. /ready answers 503 with ready's error while
+// it returns one.
+func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofOn bool, ready func() error, log *slog.Logger) error {
 	if addr == "" {
 		<-ctx.Done()
 		return nil
@@ -176,7 +177,13 @@ func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofO
 	mux := http.NewServeMux()
 	handleOps(mux, reg, pprofOn)
 	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	return serveHTTP(ctx, addr, mux, log)
 }
 

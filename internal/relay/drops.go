@@ -157,12 +157,6 @@ var dropNames = [NumDropReasons]string{
 	DropTooBig:                "too_big",
 }
 
-// heldForCache is what a handler returns for a datagram it handed to the
-// flow cache (flowcache.go): not a drop, and not counted by the read loop,
-// since the cache later forwards it or counts it under a DropFlowCache*
-// reason. It is outside the range of reasons.
-const heldForCache DropReason = 0xff
-
 // String returns the reason's metric label.
 func (d DropReason) String() string {
 	if d < NumDropReasons {

@@ -291,10 +291,11 @@ func find(bucket []holdEntry, k addrKey) *holdEntry {
 }
 
 // hold is the miss path of DTLS/RTP/RTCP datagram pkt from client (via its
-// Global Relay, or invalid), called by a read loop: it parks a copy of pkt
-// for the resolver and returns heldForCache, or returns why it drops it,
-// or, if the resolver restored client's flow meanwhile, the flow's
-// destination with dropNone. It never blocks on I/O and allocates nothing.
+// Global Relay, or invalid), called by a read loop. It returns one of:
+// why it drops pkt; no drop and no destination when it parked a copy of
+// pkt for the resolver (held); or, if the resolver restored client's flow
+// meanwhile, the flow's destination. It never blocks on I/O and allocates
+// nothing.
 func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (netip.AddrPort, DropReason) {
 	if t < fc.downUntil.Load() {
 		return netip.AddrPort{}, DropFlowCacheDown
@@ -336,7 +337,7 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 			fc.give(src, 0, 1)
 			return netip.AddrPort{}, DropFlowCacheHoldFull
 		}
-		return netip.AddrPort{}, heldForCache
+		return netip.AddrPort{}, dropNone // held
 	default: // a negative entry expired, or for another way: reuse it
 		e.state = holdFree
 	}
@@ -368,7 +369,7 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 		fc.give(src, 1, 1)
 		return netip.AddrPort{}, DropFlowCacheHoldFull
 	}
-	return netip.AddrPort{}, heldForCache
+	return netip.AddrPort{}, dropNone // held
 }
 
 // vacancy returns the entry of bucket a new lookup may take at t: a free

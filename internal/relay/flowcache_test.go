@@ -16,19 +16,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/switchboard-rtc/switchboard/internal/flowcache"
+	"github.com/switchboard-rtc/switchboard/internal/flowstore"
 	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/redistest"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
-func init() { flowcache.LogRedisTo(slog.New(slog.DiscardHandler)) }
+func init() { flowstore.LogRedisTo(slog.New(slog.DiscardHandler)) }
 
 // newCache returns a flow cache for testCluster in the Redis at addr.
-func newCache(t *testing.T, addr string) *flowcache.Redis {
+func newCache(t *testing.T, addr string) *flowstore.Redis {
 	t.Helper()
-	c, err := flowcache.New(addr, testCluster)
+	c, err := flowstore.New(addr, testCluster)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,8 +224,8 @@ func TestFlowCacheHoldBounds(t *testing.T) {
 	for i := range clients {
 		c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 40000)
 		for range each {
-			_, _, drop := f.pub(c, rtp)
-			if drop == heldForCache {
+			_, out, drop := f.pub(c, rtp)
+			if isHeld(out, drop) {
 				held++
 			} else {
 				drops[drop]++
@@ -256,7 +256,7 @@ func TestFlowCacheHoldBounds(t *testing.T) {
 		k := keyOf(c1)
 		var other int
 		if n := testing.AllocsPerRun(1000, func() {
-			if _, _, drop := g.r.handlePublic(c1, buf, g.now); drop != heldForCache {
+			if _, out, drop := g.r.handlePublic(c1, buf, g.now); !isHeld(out, drop) {
 				other++
 				return
 			}
@@ -408,7 +408,7 @@ func BenchmarkFlowCacheMiss(b *testing.B) {
 	k := keyOf(c1)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, drop := f.r.handlePublic(c1, buf, f.now); drop != heldForCache {
+		if _, out, drop := f.r.handlePublic(c1, buf, f.now); !isHeld(out, drop) {
 			b.Fatal(drop)
 		}
 		<-fc.lookups
@@ -564,7 +564,7 @@ func TestFlowCacheHoldPerSource(t *testing.T) {
 			held := 0
 			for i := range 1000 {
 				for range 3 {
-					if _, _, drop := f.pub(tt.addr(i), mediaPkt(1)); drop == heldForCache {
+					if _, out, drop := f.pub(tt.addr(i), mediaPkt(1)); isHeld(out, drop) {
 						held++
 					} else if drop != DropFlowCacheHoldFull {
 						t.Fatalf("flood: %v", drop)
@@ -574,7 +574,7 @@ func TestFlowCacheHoldPerSource(t *testing.T) {
 			if n := holding(fc); n > p.perSource || held > p.sourceBufs || held < p.perSource {
 				t.Fatalf("one source: %d clients waiting, %d datagrams held; caps %d, %d", n, held, p.perSource, p.sourceBufs)
 			}
-			if _, _, drop := f.pub(c1, mediaPkt(1)); drop != heldForCache {
+			if _, out, drop := f.pub(c1, mediaPkt(1)); !isHeld(out, drop) {
 				t.Fatalf("another source: %v", drop)
 			}
 			// Ending the lookups gives the source its share back.
@@ -683,7 +683,7 @@ func TestFlowCacheSlowStore(t *testing.T) {
 				c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}), 40000)
 				for range 2 {
 					copy(buf[hop.MaxHeaderLen:], mediaPkt(1))
-					if _, _, drop := f.r.handlePublic(c, buf, time.Now()); drop == heldForCache {
+					if _, out, drop := f.r.handlePublic(c, buf, time.Now()); isHeld(out, drop) {
 						held++
 					} else {
 						other[drop]++
@@ -860,7 +860,7 @@ func TestFlowCacheSpoofedPathDoesNotBlock(t *testing.T) {
 	tm := f.r.mono(f.now)
 
 	// The spoofed direct datagram: held, looked up, stale.
-	if _, _, drop := f.pub(c, dtls); drop != heldForCache {
+	if _, out, drop := f.pub(c, dtls); !isHeld(out, drop) {
 		t.Fatalf("spoof: %v", drop)
 	}
 	fc.resolve(<-fc.lookups, val, tm)
@@ -869,7 +869,7 @@ func TestFlowCacheSpoofedPathDoesNotBlock(t *testing.T) {
 		t.Fatalf("spoof again: %v, %d lookups", drop, len(fc.lookups))
 	}
 	// The real client, through its Global Relay: looked up, restored.
-	if _, _, drop := f.pub(gr, framed); drop != heldForCache || len(fc.lookups) != 1 {
+	if _, out, drop := f.pub(gr, framed); !isHeld(out, drop) || len(fc.lookups) != 1 {
 		t.Fatalf("the real client's datagram through its Global Relay: %v, %d lookups", drop, len(fc.lookups))
 	}
 	// Meanwhile, a direct datagram with its address is not held with it.
@@ -949,7 +949,7 @@ func TestFlowCacheRedisTimeout(t *testing.T) {
 	defer func() { cancel(); wg.Wait() }()
 	buf := make([]byte, hop.MaxHeaderLen+32)
 	copy(buf[hop.MaxHeaderLen:], mediaPkt(1))
-	if _, _, drop := f.r.handlePublic(c1, buf, time.Now()); drop != heldForCache {
+	if _, out, drop := f.r.handlePublic(c1, buf, time.Now()); !isHeld(out, drop) {
 		t.Fatalf("held: %v", drop)
 	}
 	eventually(t, "the lookup failed", func() bool { return f.r.Stats().FlowCache.Errors == 1 })

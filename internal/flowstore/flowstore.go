@@ -17,7 +17,7 @@
 // (netip.AddrPort.String of the canonical, unmapped address). Put writes
 // a batch with one pipeline of SET key value PX ttl; Get reads a batch with
 // one MGET. Nothing here runs per packet.
-package flowcache
+package flowstore
 
 import (
 	"context"

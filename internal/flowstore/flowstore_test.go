@@ -1,4 +1,4 @@
-package flowcache
+package flowstore
 
 import (
 	"bytes"
