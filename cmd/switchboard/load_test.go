@@ -5,9 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"regexp"
-	"log/slog"
 	"strings"
 	"testing"
 
