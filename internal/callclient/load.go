@@ -312,13 +312,17 @@ func (l *Load) Run(ctx context.Context, progress io.Writer, interval time.Durati
 		})
 	}
 	var wg sync.WaitGroup
-	ramp := time.NewTicker(max(l.opts.Ramp, time.Nanosecond))
-	defer ramp.Stop()
+	var ramp <-chan time.Time // nil (no wait) when Ramp is 0
+	if l.opts.Ramp > 0 {
+		t := time.NewTicker(l.opts.Ramp)
+		defer t.Stop()
+		ramp = t.C
+	}
 starting:
 	for i := range l.opts.Sessions {
-		if i > 0 && l.opts.Ramp > 0 {
+		if i > 0 && ramp != nil {
 			select {
-			case <-ramp.C:
+			case <-ramp:
 			case <-ctx.Done():
 				break starting
 			}

@@ -199,6 +199,9 @@ func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole, onCheck func(*s
 	// SCTP association setup carried in the SDP (SNAP) when the client
 	// offers a=sctp-init: the data channel opens without the 4-way handshake.
 	se.EnableSctpSnap(true)
+	// Data channels are read by readDataChannel (events.go) with a buffer
+	// the size of the messages, not Pion's 64 KiB per channel.
+	se.DetachDataChannels()
 
 	var me webrtc.MediaEngine
 	if err := me.RegisterCodec(opusCodec, webrtc.RTPCodecTypeAudio); err != nil {

@@ -263,24 +263,14 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 func (sess *session) onDataChannel(dc *webrtc.DataChannel) {
 	if dc.Label() != EventsLabel {
 		sess.log.Info("ignoring data channel", "label", dc.Label())
+		dc.OnOpen(func() { sess.readDataChannel(dc, false) })
 		return
 	}
 	// Pion hands over a remote-created channel once it is open; store it
 	// now, not in OnOpen, or a backend reply to the client's first message
 	// could arrive before the OnOpen callback ran and be dropped.
 	sess.events.Store(dc)
-	dc.OnMessage(func(m webrtc.DataChannelMessage) {
-		if m.IsString && isClientClear(m.Data) {
-			sess.clearOutput("client")
-			return
-		}
-		if err := sess.be.SendEvent(sess.ctx, m.Data); err != nil {
-			if sess.ctx.Err() == nil && !sess.ending.Load() {
-				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
-			}
-			sess.end(ReasonBackendGone)
-		}
-	})
+	dc.OnOpen(func() { sess.readDataChannel(dc, true) }) // events.go
 }
 
 func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
