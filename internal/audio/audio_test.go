@@ -353,36 +353,3 @@ func TestAllocs(t *testing.T) {
 		t.Errorf("decode with concealment: %v allocations, want 0", n)
 	}
 }
-
-// BenchmarkDecode is the client → backend cost of a PCM session per 20 ms
-// packet: Opus decode at 24 kHz into a PCM16 frame.
-func BenchmarkDecode(b *testing.B) {
-	pkts := clientPackets(b, speech(b))
-	d, _ := NewDecoder(24000)
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		d.Push(uint16(i), uint32(i*960), pkts[i%len(pkts)])
-		i++
-	}
-}
-
-// BenchmarkEncode is the backend → client codec cost of a PCM session per
-// 20 ms frame: framing and Opus encode from 24 kHz PCM16.
-func BenchmarkEncode(b *testing.B) {
-	pkts := clientPackets(b, speech(b))
-	d, _ := NewDecoder(24000)
-	var frames [][]byte
-	for i, p := range pkts {
-		for _, f := range d.Push(uint16(i), uint32(i*960), p) {
-			frames = append(frames, append([]byte(nil), f.PCM...))
-		}
-	}
-	e, _ := NewEncoder(24000, 0)
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		_, _ = e.Write(frames[i%len(frames)])
-		i++
-	}
-}
