@@ -95,6 +95,15 @@ type controlMsg struct {
 // SendControl sends c. It returns an error without sending when c.Type is
 // not one of the Type… constants. Safe for concurrent use.
 func (c *core) SendControl(ctx context.Context, ctl Control) error {
+	m, err := wireControl(ctl)
+	if err != nil {
+		return err
+	}
+	return c.sendJSON(ctx, m)
+}
+
+// wireControl returns the wire form of ctl.
+func wireControl(ctl Control) (controlMsg, error) {
 	m := controlMsg{Type: ctl.Type}
 	switch ctl.Type {
 	case TypeOutputClear, TypeOutputStarted:
@@ -107,14 +116,14 @@ func (c *core) SendControl(ctx context.Context, ctl Control) error {
 	case TypeError:
 		m.Code, m.Message = ctl.Code, ctl.Message
 	default:
-		return fmt.Errorf("bridge: SendControl: unknown type %q", ctl.Type)
+		return m, fmt.Errorf("bridge: SendControl: unknown type %q", ctl.Type)
 	}
-	return c.sendJSON(ctx, m)
+	return m, nil
 }
 
 // parseControl checks the members a control type requires.
 func parseControl(m inMsg) (*Control, error) {
-	ctl := &Control{Type: m.Type, Cleared: m.Cleared, Code: m.Code, Message: m.Message}
+	ctl := &Control{Type: m.Type}
 	need := func(p *string, member string) error {
 		if p == nil {
 			return fmt.Errorf("%w: %s without a string %q", ErrProtocol, m.Type, member)
@@ -126,7 +135,7 @@ func parseControl(m inMsg) (*Control, error) {
 		if err := need(m.Name, "name"); err != nil {
 			return nil, err
 		}
-		ctl.Name = *m.Name
+		ctl.Name, ctl.Cleared = *m.Name, m.Cleared
 	case TypeOutputResponse:
 		if err := need(m.ID, "id"); err != nil {
 			return nil, err
@@ -137,6 +146,8 @@ func parseControl(m inMsg) (*Control, error) {
 			return nil, fmt.Errorf("%w: %s without an integer \"played_ms\"", ErrProtocol, m.Type)
 		}
 		ctl.PlayedMs = *m.PlayedMs
+	case TypeError:
+		ctl.Code, ctl.Message = m.Code, m.Message
 	}
 	return ctl, nil
 }
