@@ -215,6 +215,23 @@ func TestDecoderLoss(t *testing.T) {
 	if fs := d.Push(40, 40*960, []byte{}); len(fs) != 0 || d.Stats().Invalid != 1 {
 		t.Fatalf("an empty payload gave %d frames, invalid %d", len(fs), d.Stats().Invalid)
 	}
+	// The sender restarts its numbering far back: after resyncLate late
+	// packets the decoder follows it, its own clock unbroken.
+	for i := range resyncLate {
+		fs := d.Push(uint16(5+i), uint32(9e6+i*960), pkts[40+i])
+		if i < resyncLate-1 {
+			if len(fs) != 0 {
+				t.Fatalf("late packet %d gave %d frames", i, len(fs))
+			}
+			continue
+		}
+		if len(fs) != 1 || fs[0].Timestamp != ts {
+			t.Fatalf("resync frames %+v, want one at timestamp %d", fs, ts)
+		}
+	}
+	if st := d.Stats(); st.Resyncs != 1 || st.Late != 2+resyncLate-1 {
+		t.Fatalf("stats %+v, want 1 resync", st)
+	}
 }
 
 // TestEncoderChunking: PCM in chunks of any size encodes to the same

@@ -7,6 +7,11 @@ import (
 	"gopkg.in/hraban/opus.v2"
 )
 
+// resyncLate is how many packets in a row older than the last decoded one
+// make a Decoder take the stream as restarted (its sender reset its
+// sequence numbers) rather than reordered.
+const resyncLate = 10
+
 // MaxConceal is the longest run of lost audio a Decoder conceals, in
 // milliseconds. A longer hole in the sequence numbers is not filled: the
 // next frame's timestamp jumps instead (as for DTX).
@@ -39,6 +44,7 @@ type DecoderStats struct {
 	FECSamples    uint64 // samples of lost packets recovered from the next packet's in-band FEC (or PLC when it had none)
 	PLCSamples    uint64 // samples made by packet loss concealment
 	Discontinuity uint64 // jumps in the timestamp: DTX, or a hole longer than MaxConceal
+	Resyncs       uint64 // restarts on a stream whose sequence numbers went back (resyncLate late packets in a row)
 }
 
 // Decoder decodes one client's Opus RTP stream into 20 ms PCM frames at
@@ -72,6 +78,7 @@ type Decoder struct {
 	lastSeq uint16
 	lastTS  uint32 // RTP timestamp of the last packet decoded
 	lastDur int    // its duration at 48 kHz
+	lateRun int    // packets in a row older than lastSeq
 	seq     uint16 // next frame's Seq
 	ts      uint32 // Timestamp of the first sample in pend
 
@@ -111,8 +118,10 @@ func (d *Decoder) Stats() DecoderStats { return d.stats }
 // Push decodes the Opus payload of one RTP packet (sequence number seq,
 // timestamp ts at 48 kHz) and returns the frames it completes, possibly
 // none (a 10 ms packet completes every other frame) and possibly several
-// (concealed losses, packets longer than 20 ms). The frames and their PCM
-// are valid until the next Push. Bad packets are dropped and counted in
+// (concealed losses, packets longer than 20 ms). After resyncLate packets
+// in a row older than the last one decoded, the decoder takes the stream
+// as restarted and follows it. The frames and their PCM are valid until
+// the next Push. Bad packets are dropped and counted in
 // Stats, never returned as an error.
 func (d *Decoder) Push(seq uint16, ts uint32, payload []byte) []Frame {
 	d.out, d.fs = d.out[:0], d.fs[:0]
@@ -123,18 +132,25 @@ func (d *Decoder) Push(seq uint16, ts uint32, payload []byte) []Frame {
 	}
 	if d.started {
 		ahead := int16(seq - d.lastSeq)
-		if ahead <= 0 {
+		switch {
+		case ahead <= 0 && d.lateRun+1 < resyncLate:
+			d.lateRun++
 			d.stats.Late++
 			return d.fs
-		}
-		gap := int(int32(ts-d.lastTS)) - d.lastDur // 48 kHz samples between the last packet's end and this one
-		switch {
-		case ahead > 1 && gap > 0 && gap <= MaxConceal*rtpRate/1000:
-			d.conceal(gap, dur, payload)
-		case gap > 0:
-			d.discontinuity(gap)
+		case ahead <= 0: // the sender restarted its numbering: follow it
+			d.stats.Resyncs++
+			d.discontinuity(0)
+		default:
+			gap := int(int32(ts-d.lastTS)) - d.lastDur // 48 kHz samples between the last packet's end and this one
+			switch {
+			case ahead > 1 && gap > 0 && gap <= MaxConceal*rtpRate/1000:
+				d.conceal(gap, dur, payload)
+			case gap > 0:
+				d.discontinuity(gap)
+			}
 		}
 	}
+	d.lateRun = 0
 	n, err := d.dec.Decode(payload, d.buf)
 	if err != nil {
 		d.stats.Invalid++
@@ -177,7 +193,9 @@ func (d *Decoder) conceal(gap, dur int, payload []byte) {
 // the frame being assembled is completed with silence and the next one
 // starts gap later.
 func (d *Decoder) discontinuity(gap int) {
-	d.stats.Discontinuity++
+	if gap > 0 {
+		d.stats.Discontinuity++
+	}
 	skip := gap / d.div
 	if len(d.pend) > 0 {
 		fill := d.frame - len(d.pend)

@@ -26,6 +26,9 @@ type QueueConfig struct {
 	// push the last, partial frame of a reply now (padded), and it is sent
 	// in the same tick. Called at most once per underrun.
 	OnUnderrun func()
+	// Paused makes the queue hold its audio, sending nothing, until
+	// Resume: for a session whose client is not connected yet.
+	Paused bool
 }
 
 type itemKind uint8
@@ -64,6 +67,7 @@ type Queue struct {
 	queued    int64  // guarded by mu: audio waiting, 48 kHz samples
 	scheduled bool   // guarded by mu: on its worker's active list
 	closed    bool
+	paused    bool   // hold everything until Resume
 	running   bool   // a run is in progress
 	tl        int64  // timeline position (48 kHz samples) where the next packet starts
 	seq       uint16 // next packet's RTP fields
@@ -90,6 +94,7 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		maxQueued:  int64(cfg.MaxQueued / Tick * TickSamples),
 		maxItems:   cfg.MaxItems,
 		notify:     make(chan struct{}, 1),
+		paused:     cfg.Paused,
 		seq:        uint16(rand.Uint32()),
 		ts:         rand.Uint32(),
 	}
@@ -168,6 +173,14 @@ func (q *Queue) Clear() (playedMs int64) {
 	q.running, q.played, q.respID, q.underrun = false, 0, "", false
 	q.signal()
 	return playedMs
+}
+
+// Resume starts playing a queue made with QueueConfig.Paused: what was
+// queued meanwhile starts at the next tick. Idempotent.
+func (q *Queue) Resume() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.paused = false
 }
 
 // Idle reports whether nothing is queued and no run is in progress.
@@ -323,6 +336,9 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	nev := len(q.events)
+	if q.paused {
+		return false
+	}
 	for q.head < len(q.items) && !q.closed {
 		it := &q.items[q.head]
 		if it.kind != itemAudio {

@@ -278,6 +278,22 @@ func TestLateWorker(t *testing.T) {
 	}
 }
 
+// TestPaused: a paused queue holds its audio until Resume, then plays it
+// from the start.
+func TestPaused(t *testing.T) {
+	h := newHarness(t, QueueConfig{Paused: true})
+	h.push("greeting", 960)
+	h.run(5)
+	if len(h.rec.pkts) != 0 || len(h.events()) != 0 {
+		t.Fatalf("a paused queue sent %d packets", len(h.rec.pkts))
+	}
+	h.q.Resume()
+	h.run(1)
+	if len(h.rec.pkts) != 1 || !h.rec.pkts[0].marker || h.rec.pkts[0].data != "greeting" {
+		t.Fatalf("after Resume: %+v", h.rec.pkts)
+	}
+}
+
 func TestCaps(t *testing.T) {
 	h := newHarness(t, QueueConfig{MaxQueued: time.Second, MaxItems: 60})
 	for i := range 50 {

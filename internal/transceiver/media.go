@@ -85,7 +85,10 @@ func (sess *session) newMedia() error {
 		m.frameDur, m.frameLen = playout.TickSamples, audio.FrameSamples(rate)
 	}
 	m.rtpPkt.Header = rtp.Header{Version: 2, PayloadType: uint8(opusCodec.PayloadType)}
-	qcfg := playout.QueueConfig{MaxQueued: cfg.OutputQueueMax}
+	// Audio the backend sends before the client is connected (a greeting
+	// at session.start) waits: playout starts when ICE and DTLS are up
+	// (startPlayout).
+	qcfg := playout.QueueConfig{MaxQueued: cfg.OutputQueueMax, Paused: true}
 	if m.enc != nil {
 		qcfg.OnUnderrun = sess.flushTail
 	}
@@ -93,6 +96,9 @@ func (sess *session) newMedia() error {
 	sess.media = m
 	return nil
 }
+
+// startPlayout lets the queued audio play: the client's media path is up.
+func (sess *session) startPlayout() { sess.media.q.Resume() }
 
 // toBackend forwards one client RTP packet: as it came for Opus, decoded
 // into 20 ms PCM frames (losses concealed) for the PCM formats.

@@ -274,6 +274,7 @@ func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
 		if !sess.connected.Swap(true) {
 			sess.srv.metrics.connect.Observe(time.Since(sess.created).Seconds())
 		}
+		sess.startPlayout()
 	case webrtc.PeerConnectionStateFailed:
 		go sess.end(bridge.ReasonICEFailed)
 	case webrtc.PeerConnectionStateClosed:
