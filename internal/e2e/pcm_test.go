@@ -646,3 +646,28 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) fl
 	t.Fatalf("no %s{%s}", name, label)
 	return 0
 }
+
+// TestPCMGreetingBeforeConnect: audio a backend sends as soon as the
+// session starts, before the client is connected, waits in the queue and
+// reaches the client whole, from its start.
+func TestPCMGreetingBeforeConnect(t *testing.T) {
+	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{bridge.FormatPCM24k}}, conns: make(chan *bridge.ServerConn, 1)}
+	s := startPCMStack(t, be, nil)
+	greeted := make(chan error, 1)
+	go func() {
+		sc := <-be.conns
+		be.conns <- sc // for acceptSession
+		greeted <- sc.SendAudio(context.Background(), bridge.AudioFrame{Payload: tone(time.Second)})
+	}()
+	c := dialClient(t, s.calls)
+	if err := <-greeted; err != nil {
+		t.Fatal(err)
+	}
+	b := acceptSession(t, be)
+	stopped := b.next(t, bridge.TypeOutputStopped, 5*time.Second)
+	rx := c.received()
+	if stopped.ctl.PlayedMs != 1000 || len(rx) != 50 || !rx[0].marker {
+		t.Fatalf("greeting: output.stopped %d ms, client got %d packets (first marker %v); want 1000 ms, 50, marker",
+			stopped.ctl.PlayedMs, len(rx), len(rx) > 0 && rx[0].marker)
+	}
+}
