@@ -220,6 +220,8 @@ func TestConfigValidate(t *testing.T) {
 		{"unspecified advertise", func(c *Config) { c.Advertise = "0.0.0.0:3478" }, "advertise"},
 		{"bad prefix", func(c *Config) { c.AllowRelays = []string{"10.0.0.1"} }, "allow_relays"},
 		{"http backend", func(c *Config) { c.BackendURL = "http://x/y" }, "backend_url"},
+		{"output bitrate too low", func(c *Config) { c.OutputBitrate = 500 }, "output_bitrate"},
+		{"output queue too short", func(c *Config) { c.OutputQueueMax = time.Millisecond }, "output_queue_max"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -230,7 +232,7 @@ func TestConfigValidate(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if c.SetupTimeout == 0 || c.MaxSessions == 0 || c.Cluster == 0 {
+				if c.SetupTimeout == 0 || c.MaxSessions == 0 || c.Cluster == 0 || c.OutputBitrate != 32000 || c.OutputQueueMax != time.Minute {
 					t.Fatalf("defaults not filled: %+v", c)
 				}
 				return
