@@ -232,6 +232,35 @@ func TestDecoderLoss(t *testing.T) {
 	if st := d.Stats(); st.Resyncs != 1 || st.Late != 2+resyncLate-1 {
 		t.Fatalf("stats %+v, want 1 resync", st)
 	}
+	// One stray packet far ahead is dropped and does not derail the
+	// stream; two in sequence far ahead are a restart.
+	next := uint16(5 + resyncLate)
+	ts += 480
+	for _, step := range []struct {
+		seq    uint16
+		frames int
+	}{
+		{next + 30000, 0}, // stray
+		{next, 1},         // the stream goes on
+		{next + 1, 1},
+		{next + 20000, 0}, // a jump...
+		{next + 20001, 1}, // ...confirmed: a restart
+		{next + 20002, 1},
+	} {
+		fs := d.Push(step.seq, uint32(9e6+int(step.seq-5)*960), pkts[50])
+		if len(fs) != step.frames {
+			t.Fatalf("seq %d: %d frames, want %d", step.seq, len(fs), step.frames)
+		}
+		for _, f := range fs {
+			if f.Timestamp != ts {
+				t.Fatalf("seq %d: timestamp %d, want %d (unbroken)", step.seq, f.Timestamp, ts)
+			}
+			ts += 480
+		}
+	}
+	if st := d.Stats(); st.Resyncs != 2 {
+		t.Fatalf("stats %+v, want 2 resyncs", st)
+	}
 }
 
 // TestEncoderChunking: PCM in chunks of any size encodes to the same
