@@ -41,6 +41,10 @@ const (
 // accepts.
 const MaxMarkName = 256
 
+// MaxResponseID is the longest output.response id, in bytes, the
+// transceiver accepts.
+const MaxResponseID = 256
+
 // Error codes of TypeError messages (docs/bridge.md §8.1).
 const (
 	// ErrCodeQueueFull: audio refused because the output queue holds its
@@ -55,6 +59,9 @@ const (
 	// ErrCodeMarkName: an output.mark's name is empty or longer than
 	// MaxMarkName bytes; the mark is dropped.
 	ErrCodeMarkName = "invalid_mark_name"
+	// ErrCodeResponseID: an output.response's id is longer than
+	// MaxResponseID bytes; the tag is ignored.
+	ErrCodeResponseID = "invalid_response_id"
 	// ErrCodeUnexpected: a control message the transceiver does not take
 	// from a backend (such as output.started); it is ignored.
 	ErrCodeUnexpected = "unexpected_message"

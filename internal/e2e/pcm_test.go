@@ -115,6 +115,13 @@ type testClient struct {
 
 func dialClient(t testing.TB, url string) *testClient {
 	t.Helper()
+	return dialClientWith(t, url, nil)
+}
+
+// dialClientWith is dialClient with more done to the peer connection
+// before the offer (nil: nothing).
+func dialClientWith(t testing.TB, url string, more func(*webrtc.PeerConnection)) *testClient {
+	t.Helper()
 	c := &testClient{t: t, pc: webrtctest.PeerConnection(t), open: make(chan struct{})}
 	var err error
 	c.track, err = webrtc.NewTrackLocalStaticSample(webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2}, "mic", "client")
@@ -163,6 +170,9 @@ func dialClient(t testing.TB, url string) *testClient {
 			c.read.Done()
 		}
 	})
+	if more != nil {
+		more(c.pc)
+	}
 	offer := webrtctest.Offer(t, c.pc)
 	resp, err := http.Post(url, "application/sdp", strings.NewReader(offer))
 	if err != nil {
@@ -670,4 +680,63 @@ func TestPCMGreetingBeforeConnect(t *testing.T) {
 		t.Fatalf("greeting: output.stopped %d ms, client got %d packets (first marker %v); want 1000 ms, 50, marker",
 			stopped.ctl.PlayedMs, len(rx), len(rx) > 0 && rx[0].marker)
 	}
+}
+
+// TestPCMSecondAudioTrackIgnored: a client offering two audio tracks gets
+// its first one decoded for the backend; the second is ignored and counted
+// (one decoder per session: two tracks must not share it).
+func TestPCMSecondAudioTrackIgnored(t *testing.T) {
+	echo, err := agent.NewEchoConfig(agent.EchoConfig{Logger: slog.New(slog.DiscardHandler), Format: bridge.FormatPCM16k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startPCMStack(t, echo, nil)
+	second, err := webrtc.NewTrackLocalStaticSample(webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2}, "mic2", "client2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dialClientWith(t, s.calls, func(pc *webrtc.PeerConnection) {
+		if _, err := pc.AddTrack(second); err != nil {
+			t.Fatal(err)
+		}
+	})
+	enc, _ := opus.NewEncoder(48000, 1, opus.AppVoIP)
+	buf := make([]byte, 1275)
+	pcm := make([]int16, 960)
+	for i := range pcm {
+		pcm[i] = int16(6000 * math.Sin(float64(i)*0.05))
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for range 50 {
+		n, _ := enc.Encode(pcm, buf)
+		_ = c.track.WriteSample(media.Sample{Data: buf[:n], Duration: 20 * time.Millisecond})
+		_ = second.WriteSample(media.Sample{Data: buf[:n], Duration: 20 * time.Millisecond})
+		<-tick.C
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for len(c.received()) < 45 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := len(c.received()); n < 45 {
+		t.Fatalf("echo of the first track: %d packets of 50", n)
+	}
+	if got := gaugeOrCounter(t, s.reg, "switchboard_transceiver_client_tracks_ignored_total"); got != 1 {
+		t.Fatalf("tracks ignored %v, want 1", got)
+	}
+}
+
+func gaugeOrCounter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no %s", name)
+	return 0
 }

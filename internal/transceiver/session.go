@@ -220,7 +220,7 @@ func finalizeAnswer(sdp string, ingress netip.AddrPort) string {
 // onTrack forwards the client's Opus packets to the backend as they come:
 // payloads untouched for Opus, decoded for the PCM formats (media.go).
 func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
-	if tr.Kind() != webrtc.RTPCodecTypeAudio {
+	if tr.Kind() != webrtc.RTPCodecTypeAudio || !sess.claimAudioTrack() {
 		return
 	}
 	for {
@@ -451,11 +451,11 @@ func (sess *session) end(reason string) {
 		s.mu.Lock()
 		delete(s.sessions, sess.id)
 		s.mu.Unlock()
+		sess.media.q.Close() // no playout event after session.end
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = sess.be.End(ctx, reason)
 		cancel()
 		sess.cancel()
-		sess.media.q.Close()
 		sess.notifyClient(reason)
 		_ = sess.pc.Close() // sends DTLS close_notify
 		sess.imu.Lock()     // waits for a restart in progress
