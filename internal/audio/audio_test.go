@@ -65,7 +65,7 @@ func TestPacketDuration(t *testing.T) {
 		wantErr bool
 	}{
 		{name: "empty", in: nil, wantErr: true},
-		{name: "SILK WB 20 ms, code 0", in: []byte{9<<3 | 0, 1, 2, 3}, want: 960},
+		{name: "SILK WB 20 ms, code 0", in: []byte{9 << 3, 1, 2, 3}, want: 960},
 		{name: "DTX: TOC only", in: []byte{9 << 3}, want: 960},
 		{name: "CELT FB 10 ms, code 1", in: []byte{30<<3 | 1, 1, 2}, want: 960},
 		{name: "code 1 odd", in: []byte{30<<3 | 1, 1, 2, 3}, wantErr: true},
