@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"testing"
 )
@@ -127,6 +128,53 @@ func FuzzParseAudioFrame(f *testing.F) {
 		}
 		if out.Seq != in.Seq || out.Timestamp != in.Timestamp || !bytes.Equal(out.Payload, in.Payload) {
 			t.Fatalf("round trip: got %+v, want %+v", out, in)
+		}
+	})
+}
+
+// FuzzParseControl: any text message parses without panicking, and a
+// control message that parses survives a round trip through its wire form.
+func FuzzParseControl(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"output.clear"}`,
+		`{"type":"output.mark","name":"m1","cleared":true}`,
+		`{"type":"output.response","id":"resp_1"}`,
+		`{"type":"output.cleared","played_ms":1260}`,
+		`{"type":"output.stopped","played_ms":-1}`,
+		`{"type":"error","code":"output_queue_full","message":"x"}`,
+		`{"type":"output.mark","name":5}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := parseText(b)
+		if err != nil {
+			return
+		}
+		switch m.Type {
+		case TypeOutputClear, TypeOutputCleared, TypeOutputMark, TypeOutputStarted, TypeOutputStopped, TypeOutputResponse, TypeError:
+		default:
+			return
+		}
+		c, err := parseControl(m)
+		if err != nil {
+			return
+		}
+		w, err := wireControl(*c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := json.Marshal(w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m2, err := parseText(out)
+		if err != nil {
+			t.Fatalf("re-parse of %s: %v", out, err)
+		}
+		c2, err := parseControl(m2)
+		if err != nil || *c2 != *c {
+			t.Fatalf("round trip of %q: %+v, %v; want %+v", b, c2, err, c)
 		}
 	})
 }

@@ -1,8 +1,10 @@
 // Package transceiver is Switchboard's stateful WebRTC endpoint. It answers
 // SDP offers over HTTP, terminates ICE (lite), DTLS, SRTP and SCTP with Pion
-// on one shared internal-hop socket, and bridges each session's Opus audio
-// and `oai-events` data-channel messages to a backend over the bridge
-// protocol (docs/bridge.md).
+// on one shared internal-hop socket, and bridges each session's audio
+// (Opus passthrough, or PCM it decodes and encodes) and `oai-events`
+// data-channel messages to a backend over the bridge protocol
+// (docs/bridge.md), pacing the backend's audio to the client on one shared
+// media clock (media.go, internal/playout).
 //
 // Every session's local ufrag is a fresh routing token (internal/token)
 // naming this transceiver, so relays can route the session's first STUN

@@ -235,7 +235,7 @@ func finalizeAnswer(sdp string, ingress netip.AddrPort) string {
 // onTrack forwards the client's Opus packets to the backend as they come:
 // payloads untouched for Opus, decoded for the PCM formats (media.go).
 func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
-	if tr.Kind() != webrtc.RTPCodecTypeAudio {
+	if tr.Kind() != webrtc.RTPCodecTypeAudio || !sess.claimAudioTrack() {
 		return
 	}
 	for {
@@ -281,6 +281,7 @@ func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
 			sess.srv.metrics.connect.Observe(time.Since(sess.created).Seconds())
 		}
 		sess.leavePending()
+		sess.startPlayout()
 	case webrtc.PeerConnectionStateFailed:
 		sess.end(bridge.ReasonICEFailed)
 	case webrtc.PeerConnectionStateClosed:
@@ -456,10 +457,10 @@ func (sess *session) watchSetup() {
 func (sess *session) teardown(reason string) {
 	s := sess.srv
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	sess.media.q.Close() // no playout event after session.end
 	_ = sess.be.End(ctx, reason)
 	cancel()
 	sess.cancel()
-	sess.media.q.Close()
 	sess.notifyClient(reason)
 	_ = sess.pc.Close() // sends DTLS close_notify
 	sess.imu.Lock()     // waits for a restart in progress
