@@ -153,7 +153,7 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 		}
 		defer fc.Close()
 		flowstore.LogRedisTo(log) // go-redis's per-dial lines at Debug; the relay warns once per interval
-		cfg.Relay.FlowCache = fc
+		cfg.Relay.FlowStore = fc
 	}
 	r, err := relay.New(cfg.Relay, keys, members, reg, log)
 	if err != nil {
