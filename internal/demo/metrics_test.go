@@ -13,7 +13,7 @@ import (
 )
 
 // TestMetricsEndpoint: the demo serves the relay's metrics at /metrics on its
-// web port, every drop reason exported from the start (issue 4).
+// web port, every drop reason exported from the start.
 func TestMetricsEndpoint(t *testing.T) {
 	d, err := Start(Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {

@@ -67,7 +67,7 @@ const (
 	// whose header does not parse.
 	DropIngressBadHeader
 
-	// Flow cache (Config.FlowCache, flowcache.go): DTLS/RTP/RTCP from a
+	// Flow cache (Config.FlowStore, flowcache.go): DTLS/RTP/RTCP from a
 	// client without a flow, which the cache could not recover.
 
 	// DropFlowCacheMiss: the cache has no flow for the client (or had

@@ -139,13 +139,14 @@ type Config struct {
 	// send to any address. Off in the zero Config; the relay command turns
 	// it on by default.
 	Relearn bool `yaml:"relearn"`
-	// FlowCache, if set, is the cluster's shared flow cache (flowcache.go,
-	// docs/relay.md "Flow cache"; internal/flowcache is the Redis one):
-	// confirmed flows are written to it, and DTLS/RTP/RTCP from a client
-	// without a flow is held while it is asked, instead of dropped. Nil (the
-	// default): no cache. Not for a Global Relay (Ingress). The relay
-	// command builds it from -flow-cache.
-	FlowCache FlowCache `yaml:"-"`
+	// FlowStore, if set, turns the flow cache on (flowcache.go,
+	// docs/relay.md "Flow cache"): it is the store shared by the cluster's
+	// relays (internal/flowstore is the Redis one); confirmed flows are
+	// written to it, and DTLS/RTP/RTCP from a client without a flow is held
+	// while it is asked, instead of dropped. Nil (the default): no cache.
+	// Not for a Global Relay (Ingress). The relay command builds it from
+	// -flow-cache.
+	FlowStore FlowStore `yaml:"-"`
 
 	trustedIngress []netip.Prefix // parsed TrustedIngress
 	cacheParams    *cacheParams   // tests: flow cache tunables; nil: defaultCacheParams
@@ -222,8 +223,8 @@ func (c *Config) Validate() error {
 	case c.Batch == 0:
 		c.Batch = DefaultBatch
 	}
-	if c.Ingress && c.FlowCache != nil {
-		errs = append(errs, errors.New("relay: FlowCache is for cluster relays; a Global Relay (Ingress) keeps no cache"))
+	if c.Ingress && c.FlowStore != nil {
+		errs = append(errs, errors.New("relay: FlowStore is for cluster relays; a Global Relay (Ingress) keeps no cache"))
 	}
 	c.trustedIngress = c.trustedIngress[:0]
 	for _, p := range c.TrustedIngress {
@@ -271,7 +272,7 @@ type Relay struct {
 	intAddr    netip.AddrPort
 	workers    []*worker
 	flows      *flowTable
-	fc         *flowCache // nil without Config.FlowCache
+	fc         *flowCache // nil without Config.FlowStore
 	cancel     context.CancelFunc
 	done       <-chan struct{} // closed by Close, before the sockets
 	wg         sync.WaitGroup
@@ -307,12 +308,12 @@ func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *s
 		flows:   newFlowTable(cfg.MaxFlows),
 	}
 	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowBurstPerIP, cfg.NewFlowsPerSecond)
-	if cfg.FlowCache != nil {
+	if cfg.FlowStore != nil {
 		p := defaultCacheParams
 		if cfg.cacheParams != nil {
 			p = *cfg.cacheParams
 		}
-		r.fc = newFlowCache(r, cfg.FlowCache, p)
+		r.fc = newFlowCache(r, cfg.FlowStore, p)
 		r.flows.onConfirm = r.fc.onConfirm
 	}
 	r.collector = newCollector(r)
@@ -670,7 +671,7 @@ type Stats struct {
 	FlowsCreated uint64
 	// FlowsRelearned counts flows rebuilt from a member's traffic (Config.Relearn).
 	FlowsRelearned uint64
-	// FlowsRestored counts flows recreated from the flow cache (Config.FlowCache).
+	// FlowsRestored counts flows recreated from the flow cache (Config.FlowStore).
 	FlowsRestored uint64
 	// FlowsExpired counts flows removed by the sweeper, by the state they were in.
 	FlowsExpiredPending, FlowsExpiredConfirmed uint64
@@ -682,7 +683,7 @@ type Stats struct {
 	// Drops counts dropped datagrams by reason; Drops[0] is unused.
 	Drops [NumDropReasons]uint64
 
-	// FlowCache is zero without Config.FlowCache.
+	// FlowCache is zero without the flow cache (Config.FlowStore).
 	FlowCache FlowCacheStats
 }
 
