@@ -5,6 +5,7 @@
 //
 //	switchboard-bench relay   the relay against a raw UDP loop, a naive Go proxy and coturn
 //	switchboard-bench setup   call setup time, POST to first audio at the backend, per path
+//	switchboard-bench transceiver   what a session costs a transceiver: CPU, memory, goroutines, delay inside
 //	switchboard-bench serve   (internal) one system under test, started by `relay` as a child
 //
 // Results and how to read them are in docs/benchmarks.md.
@@ -26,6 +27,7 @@ func usage() {
 Benchmarks:
   relay   the relay against a raw UDP loop, a naive Go proxy and coturn (-quick: about a minute)
   setup   call setup time over direct, relay, Global Relay and TURN paths
+  transceiver   CPU, memory, goroutines and delay inside per session, N sessions as real processes
 
 Run 'switchboard-bench <benchmark> -h' for its flags; docs/benchmarks.md has the results.`)
 }
