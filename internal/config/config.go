@@ -13,6 +13,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"reflect"
+	"regexp"
 	"strings"
 	"time"
 
@@ -87,7 +89,7 @@ func Parse(fs *flag.FlagSet, args []string, dst any) error {
 		dec := yaml.NewDecoder(strings.NewReader(string(b)))
 		dec.KnownFields(true)
 		if err := dec.Decode(dst); err != nil {
-			return fmt.Errorf("config %s: %w", configPath, err)
+			return fmt.Errorf("config %s: %w", configPath, fileError(err, dst))
 		}
 	}
 	var err error
@@ -108,6 +110,60 @@ func Parse(fs *flag.FlagSet, args []string, dst any) error {
 	// Parse again so that flags given on the command line win over the
 	// file and the environment.
 	return fs.Parse(args)
+}
+
+// unknownField is how yaml.v3 reports a key that dst has no field for.
+var unknownField = regexp.MustCompile(`^(line \d+: )field (\S+) not found in type \S+$`)
+
+// fileError rewrites yaml.v3's "field x not found in type struct {…}"
+// lines of err as unknown key "x", with a known key of dst that x is part
+// of, if there is one.
+func fileError(err error, dst any) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	known := yamlKeys(reflect.TypeOf(dst), nil)
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		sub := unknownField.FindStringSubmatch(m)
+		if sub == nil {
+			msgs[i] = m
+			continue
+		}
+		msgs[i] = fmt.Sprintf("%sunknown key %q", sub[1], sub[2])
+		for _, k := range known {
+			if strings.Contains(k, sub[2]) || strings.Contains(sub[2], k) {
+				msgs[i] += fmt.Sprintf(" (did you mean %s?)", k)
+				break
+			}
+		}
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// yamlKeys appends the top-level YAML keys of struct type t (inline
+// fields' keys included) to keys.
+func yamlKeys(t reflect.Type, keys []string) []string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return keys
+	}
+	for f := range t.Fields() {
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		switch {
+		case name == "-" || !f.IsExported():
+		case strings.Contains(opts, "inline"):
+			keys = yamlKeys(f.Type, keys)
+		case name != "":
+			keys = append(keys, name)
+		default:
+			keys = append(keys, strings.ToLower(f.Name))
+		}
+	}
+	return keys
 }
 
 // EnvName is the environment variable that sets flag name: SWITCHBOARD_

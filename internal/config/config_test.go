@@ -184,3 +184,17 @@ func TestRelayDefaults(t *testing.T) {
 		t.Errorf("SWITCHBOARD_PUBLIC: public %q", cfg.Relay.PublicAddr)
 	}
 }
+
+// TestUnknownKeyNamesIt: a key the file should not have is named as a key
+// (not as a Go struct field), with the key it most likely meant.
+func TestUnknownKeyNamesIt(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(file, []byte("members: 1=127.0.0.1:4000\npublic: 127.0.0.1:3478\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg Relay
+	err := Parse(cfg.Flags(), []string{"-config", file}, &cfg)
+	if err == nil || !strings.Contains(err.Error(), `line 2: unknown key "public" (did you mean public_addr?)`) || strings.Contains(err.Error(), "struct") {
+		t.Fatalf("error %v", err)
+	}
+}
