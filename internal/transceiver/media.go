@@ -35,9 +35,12 @@ const (
 	refusedUnexpected  = "unexpected_type"   // a control type backends do not send
 	refusedUnknown     = "unknown_type"      // a message type v1 does not know (ignored)
 	refusedClearIdle   = "clear_idle"        // output.clear with nothing queued (answered played_ms 0)
+	// turn_detection (hello or input.turn_detection) that does not
+	// validate, or a detector that could not be made
+	refusedTurnDetection = "invalid_turn_detection"
 )
 
-var refusedReasons = []string{refusedOddLength, refusedInvalidOpus, refusedQueueFull, refusedMarkName, refusedUnexpected, refusedUnknown, refusedClearIdle}
+var refusedReasons = []string{refusedOddLength, refusedInvalidOpus, refusedQueueFull, refusedMarkName, refusedUnexpected, refusedUnknown, refusedClearIdle, refusedTurnDetection}
 
 // clientClearType is the OpenAI Realtime client event that clears the
 // output audio buffer, accepted on oai-events.
@@ -91,6 +94,9 @@ func (sess *session) newMedia() error {
 	}
 	m.q = sess.srv.clock.NewQueue(sess, qcfg)
 	sess.media = m
+	if td := sess.be.TurnDetection(); td != nil {
+		sess.setTurnDetection(td, "hello")
+	}
 	return nil
 }
 
@@ -98,13 +104,19 @@ func (sess *session) newMedia() error {
 // into 20 ms PCM frames (losses concealed) for the PCM formats.
 func (sess *session) toBackend(pkt *rtp.Packet) error {
 	m := sess.media
+	sess.applyTurns()
 	if m.dec == nil {
-		return sess.be.SendAudio(sess.ctx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload})
+		if err := sess.be.SendAudio(sess.ctx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}); err != nil {
+			return err
+		}
+		sess.opusTurns(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload)
+		return nil
 	}
 	for _, f := range m.dec.Push(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload) {
 		if err := sess.be.SendAudio(sess.ctx, bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM, Concealed: f.Concealed}); err != nil {
 			return err
 		}
+		sess.feedTurns(f.Timestamp, f.PCM)
 	}
 	st := m.dec.Stats()
 	if st != m.decLast {
@@ -222,6 +234,8 @@ func (sess *session) onControl(c *bridge.Control) {
 		if err != nil {
 			sess.refuse(refusedQueueFull, bridge.ErrCodeQueueFull, fmt.Sprintf("response tag %q refused: the output queue holds its cap", c.ID))
 		}
+	case bridge.TypeInputTurnDetection:
+		sess.setTurnDetection(c.TurnDetection, bridge.TypeInputTurnDetection)
 	default:
 		sess.refuse(refusedUnexpected, bridge.ErrCodeUnexpected, fmt.Sprintf("%s is sent by the transceiver, not to it; ignored", c.Type))
 	}
@@ -232,7 +246,7 @@ func (sess *session) onControl(c *bridge.Control) {
 // The backend is told with output.cleared and the client with
 // output_audio_buffer.cleared, in order with the other playout events.
 // source labels the metric: "backend" (output.clear), "client"
-// (output_audio_buffer.clear); turn detection's barge-in calls it too.
+// (output_audio_buffer.clear), "turn" (turn detection's barge-in).
 func (sess *session) clearOutput(source string) int64 {
 	m := sess.media
 	m.encMu.Lock()
@@ -286,10 +300,14 @@ func (sess *session) playoutEvents() {
 			return
 		case <-q.Notify():
 		}
+		// turnMu: a barge-in's input.speech_started goes out before
+		// the output.cleared its clear caused (turns.go).
+		sess.turnMu.Lock()
 		evs = q.Events(evs[:0])
 		for _, e := range evs {
 			sess.reportPlayout(e)
 		}
+		sess.turnMu.Unlock()
 	}
 }
 
