@@ -19,7 +19,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
-	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/demo"
 	"github.com/switchboard-rtc/switchboard/internal/flowcache"
@@ -33,9 +32,11 @@ func runDemo(ctx context.Context, args []string, _ io.Writer) error {
 	var cfg struct {
 		HTTP  string    `yaml:"http"`
 		Relay string    `yaml:"relay"`
+		Mode  string    `yaml:"mode"`
 		Log   LogConfig `yaml:",inline"`
 	}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.StringVar(&cfg.Mode, "mode", agent.ModeParrot, "agent: parrot (a conversation: it answers with what you said, and stops when you talk over it) or echo")
 	fs.StringVar(&cfg.HTTP, "http", "127.0.0.1:8080", "address of the web page, signaling API and /metrics")
 	fs.StringVar(&cfg.Relay, "relay", "127.0.0.1:3478", "relay public UDP address (advertised in answers)")
 	cfg.Log.register(fs, "text")
@@ -46,7 +47,7 @@ func runDemo(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, Logger: log, Pprof: cfg.Log.Pprof})
+	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, Logger: log, Pprof: cfg.Log.Pprof, Agent: cfg.Mode})
 	if err != nil {
 		return err
 	}
@@ -301,12 +302,14 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	var cfg struct {
 		Listen string    `yaml:"listen"`
+		Mode   string    `yaml:"mode"`
 		Format string    `yaml:"format"`
 		Log    LogConfig `yaml:",inline"`
 	}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:8081", "address serving the bridge at /v1/bridge")
-	fs.StringVar(&cfg.Format, "format", bridge.FormatOpus, "audio format to echo in: opus/48000/2, pcm16/24000/1 or pcm16/16000/1")
+	fs.StringVar(&cfg.Mode, "mode", agent.ModeParrot, "parrot (turn detection at the edge; replies with what the user said) or echo (sends every frame back)")
+	fs.StringVar(&cfg.Format, "format", "", "audio format: parrot pcm16/24000/1 (default) or pcm16/16000/1; echo opus/48000/2 (default), pcm16/24000/1 or pcm16/16000/1")
 	cfg.Log.register(fs, "json")
 	if err := parseConfig(fs, args, &cfg); err != nil {
 		return err
@@ -315,12 +318,12 @@ func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	echo, err := agent.NewEchoConfig(agent.EchoConfig{Logger: log, Format: cfg.Format})
+	backend, err := agent.NewMode(cfg.Mode, cfg.Format, log)
 	if err != nil {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/bridge", echo)
+	mux.Handle("/v1/bridge", backend)
 	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	return serveHTTP(ctx, cfg.Listen, mux, log)
 }

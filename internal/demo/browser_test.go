@@ -15,6 +15,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/chromium"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
@@ -46,6 +47,7 @@ func TestBrowserCall(t *testing.T) {
 	d, err := Start(Config{
 		HTTPAddr:  "127.0.0.1:0",
 		RelayAddr: "127.0.0.1:0",
+		Agent:     agent.ModeEcho, // the test hears its own audio back
 		Logger:    slog.New(slog.NewTextHandler(&serverLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {
