@@ -213,7 +213,7 @@ func (sess *session) speechStarted(audioMs int64) {
 	t.item = "item_sb_" + sess.id + "_" + strconv.FormatUint(t.items, 10)
 	sess.turnMu.Lock()
 	defer sess.turnMu.Unlock()
-	if t.det.Config().InterruptResponse {
+	if t.det.Config().InterruptResponse && !sess.media.q.Idle() {
 		sess.clearOutput(clearSourceTurn)
 	}
 	sess.srv.metrics.turns.WithLabelValues(vad.SpeechStarted.String()).Inc()
