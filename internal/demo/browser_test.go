@@ -300,6 +300,7 @@ type pageState struct {
 		ConnectedMs *float64 `json:"connectedMs"`
 		Error       *string  `json:"error"`
 	} `json:"restart"`
+	Talk  talkState `json:"talk"`
 	Stats struct {
 		PacketsSent      int64    `json:"packetsSent"`
 		PacketsReceived  int64    `json:"packetsReceived"`
@@ -317,7 +318,7 @@ const pageStateJS = `(() => {
 	const s = window.switchboard;
 	return {state: s.state, bodyState: document.body.dataset.state, dcEcho: s.dcEcho,
 		setupMs: s.setupMs, echoMs: s.echoMs, location: s.location, etag: s.etag, error: s.error,
-		stats: s.stats, restart: s.restart};
+		stats: s.stats, restart: s.restart, talk: s.talk};
 })()`
 
 // waitPage polls the page until cond holds, and fails the test when the call
