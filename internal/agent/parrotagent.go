@@ -49,7 +49,9 @@ type parrotAgent struct {
 // per WebSocket; mount it at "/v1/bridge") with the parrot: it asks for
 // PCM and turn detection in its hello, and when the user stops talking
 // (input.speech_stopped) it plays back what they said, sent in one burst
-// that the transceiver's paced playout spreads over real time, tagged
+// that the transceiver's paced playout spreads over real time (from 10 ms
+// before the first sound: the prefix padding's quiet start is not played,
+// as a voice agent starts its reply with speech), tagged
 // with output.response "resp_sb_N". When the user talks over a reply the
 // edge cuts it (turn detection with interrupt_response), or the agent
 // sends output.clear (interrupt_response false, or OwnVAD). Events from
@@ -238,7 +240,8 @@ func (s *parrotSession) send(ctx context.Context, r Reply) error {
 			return err
 		}
 	}
-	if len(r.Audio) == 0 {
+	audio := trimLeadingQuiet(r.Audio, s.a.rate)
+	if len(audio) == 0 {
 		return nil
 	}
 	s.replies++
@@ -246,7 +249,7 @@ func (s *parrotSession) send(ctx context.Context, r Reply) error {
 		return err
 	}
 	const chunk = 64 << 10 // bytes per message, well under bridge.MaxMessageSize
-	for b := r.Audio; len(b) > 0; {
+	for b := audio; len(b) > 0; {
 		n := min(len(b), chunk)
 		if err := s.sc.SendAudio(ctx, bridge.AudioFrame{Seq: s.seq, Timestamp: s.ts, Payload: b[:n]}); err != nil {
 			return err
@@ -278,4 +281,25 @@ func NewMode(mode, format string, logger *slog.Logger) (http.Handler, error) {
 		return NewEchoConfig(EchoConfig{Logger: logger, Format: format})
 	}
 	return nil, fmt.Errorf("agent: mode %q: want %s or %s", mode, ModeParrot, ModeEcho)
+}
+
+// quietPeak is the largest sample, in magnitude, of a 10 ms block that
+// trimLeadingQuiet counts as quiet: −40 dBFS.
+const quietPeak = 328
+
+// trimLeadingQuiet returns pcm (PCM16 little-endian at rate Hz) from 10 ms
+// before its first block of 10 ms whose peak reaches quietPeak; all of it
+// when it starts with sound, nothing when it has none.
+func trimLeadingQuiet(pcm []byte, rate int) []byte {
+	block := 2 * rate / 100
+	for off := 0; off < len(pcm); off += block {
+		end := min(len(pcm), off+block)
+		for i := off; i+1 < end; i += 2 {
+			v := int(int16(uint16(pcm[i]) | uint16(pcm[i+1])<<8))
+			if v >= quietPeak || v <= -quietPeak {
+				return pcm[max(0, off-block):]
+			}
+		}
+	}
+	return nil
 }
