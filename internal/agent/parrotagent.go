@@ -28,13 +28,41 @@ type ParrotAgentConfig struct {
 	TurnDetection *vad.TurnDetection
 	// OwnVAD makes the agent detect turns itself on the PCM it receives,
 	// with a vad.Detector configured by TurnDetection, and cut its reply
-	// with output.clear: what a backend does when the edge has no turn
-	// detection. The transceiver is then not asked for turn detection.
-	// It exists to measure the edge against it (bench/voice).
+	// with output.clear: what a backend does when the edge does not cut.
+	// The transceiver is still asked for turn detection, with
+	// interrupt_response false, so that the client gets its
+	// input_audio_buffer.* events; the agent ignores the edge's
+	// input.speech_* messages. It exists to measure the edge against it
+	// (bench/voice).
 	OwnVAD bool
+	// Trace, when set, is called on the session's goroutine for each
+	// input frame (TraceFrame, with the frame's end on the input clock)
+	// and each turn the agent acts on (TraceSpeechStarted,
+	// TraceSpeechStopped, with audio_ms), for benchmarks. It must not
+	// block.
+	Trace func(ev TraceEvent)
 	// MaxUtteranceMs bounds one reply, ms (0: DefaultMaxUtteranceMs).
 	MaxUtteranceMs int
 }
+
+// TraceEvent is what ParrotAgentConfig.Trace reports.
+type TraceEvent struct {
+	Session string
+	Kind    TraceKind
+	// Ms is the frame's end (TraceFrame) or the turn's audio_ms, on the
+	// session's input clock.
+	Ms int64
+}
+
+// TraceKind says what a TraceEvent reports.
+type TraceKind uint8
+
+// Trace kinds.
+const (
+	TraceFrame TraceKind = iota
+	TraceSpeechStarted
+	TraceSpeechStopped
+)
 
 // parrotAgent is the handler returned by NewParrotAgent.
 type parrotAgent struct {
@@ -81,9 +109,11 @@ func NewParrotAgent(cfg ParrotAgentConfig) (http.Handler, error) {
 		return nil, fmt.Errorf("agent: parrot max utterance %d ms: must not be negative", cfg.MaxUtteranceMs)
 	}
 	a := &parrotAgent{cfg: cfg, td: td, rate: rate}
-	if !cfg.OwnVAD {
-		a.hello, _ = json.Marshal(td)
+	edge := td
+	if cfg.OwnVAD {
+		edge.InterruptResponse = false
 	}
+	a.hello, _ = json.Marshal(edge)
 	return a, nil
 }
 
@@ -119,6 +149,7 @@ func (a *parrotAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type parrotSession struct {
 	a   *parrotAgent
 	sc  *bridge.ServerConn
+	id  string
 	p   *Parrot
 	det *vad.Detector // OwnVAD only
 	// OwnVAD: the detector's clock against the frames' timestamps.
@@ -141,7 +172,7 @@ func (a *parrotAgent) newSession(sc *bridge.ServerConn) (*parrotSession, error) 
 	if err != nil {
 		return nil, err
 	}
-	s := &parrotSession{a: a, sc: sc, p: p}
+	s := &parrotSession{a: a, sc: sc, p: p, id: sc.Session().SessionID}
 	if a.cfg.OwnVAD {
 		if s.det, err = vad.NewDetector(a.td, a.rate); err != nil {
 			return nil, err
@@ -171,6 +202,10 @@ func (s *parrotSession) run() (string, error) {
 			if err := s.p.Audio(m.Audio.Timestamp, m.Audio.Payload); err != nil {
 				continue // odd length: the transceiver never sends one
 			}
+			if s.a.cfg.Trace != nil {
+				end := (int64(m.Audio.Timestamp) + int64(len(m.Audio.Payload)/2)) * 1000 / int64(s.a.rate)
+				s.a.cfg.Trace(TraceEvent{s.id, TraceFrame, end})
+			}
 			if s.det != nil {
 				if err := s.ownVAD(ctx, m.Audio); err != nil {
 					return "", err
@@ -184,6 +219,7 @@ func (s *parrotSession) run() (string, error) {
 			if m.Control.Type == MsgOutputCleared || m.Control.Type == MsgOutputStopped {
 				ms = m.Control.PlayedMs
 			}
+			s.trace(m.Control.Type, ms)
 			if r, ok := s.p.Handle(m.Control.Type, ms); ok {
 				if err := s.send(ctx, r); err != nil {
 					return "", err
@@ -219,8 +255,10 @@ func (s *parrotSession) ownVAD(ctx context.Context, f *bridge.AudioFrame) error 
 		var r Reply
 		switch ev.Kind {
 		case vad.SpeechStarted:
+			s.trace(MsgSpeechStarted, ev.AudioMs+s.detBase)
 			r = s.p.SpeechStarted(ev.AudioMs + s.detBase)
 		case vad.SpeechStopped:
+			s.trace(MsgSpeechStopped, ev.AudioMs+s.detBase)
 			r = s.p.SpeechStopped(ev.AudioMs + s.detBase)
 		default:
 			continue
@@ -230,6 +268,19 @@ func (s *parrotSession) ownVAD(ctx context.Context, f *bridge.AudioFrame) error 
 		}
 	}
 	return nil
+}
+
+// trace reports a turn the agent acts on to Trace.
+func (s *parrotSession) trace(typ string, ms int64) {
+	if s.a.cfg.Trace == nil {
+		return
+	}
+	switch typ {
+	case MsgSpeechStarted:
+		s.a.cfg.Trace(TraceEvent{s.id, TraceSpeechStarted, ms})
+	case MsgSpeechStopped:
+		s.a.cfg.Trace(TraceEvent{s.id, TraceSpeechStopped, ms})
+	}
 }
 
 // send carries out r: output.clear first, then the reply's audio in one
