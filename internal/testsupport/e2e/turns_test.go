@@ -277,3 +277,115 @@ func waitAudioBufferEvents(t *testing.T, c *testClient, want ...string) {
 	}
 	t.Fatalf("client events %q, want %q", got, want)
 }
+
+// TestTurnDetectionAcrossDTX: the client stops sending for 2 s after an
+// utterance, as with Opus DTX (the RTP timestamp jumps, the sequence
+// numbers do not). The stop is placed where the speech ended (plus the
+// silence window), not where the packets resumed, and the next
+// utterance's start is on the input clock that includes the gap.
+func TestTurnDetectionAcrossDTX(t *testing.T) {
+	speechgen.Require(t)
+	script, err := speechgen.NewScript(48000, 400, 0, "Hello there, how are you doing today?", "Fine, thanks.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := script.Utterances[0], script.Utterances[1]
+	td, _ := json.Marshal(vad.DefaultTurnDetection())
+	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{bridge.FormatPCM16k}, TurnDetection: td}, conns: make(chan *bridge.ServerConn, 1)}
+	s := startPCMStack(t, be, nil)
+	c := dialClient(t, s.calls)
+	var sc *bridge.ServerConn
+	select {
+	case sc = <-be.conns:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no backend session")
+	}
+	tb := &turnBackend{got: make(chan struct{}, 1)}
+	done := make(chan struct{})
+	go func() { defer close(done); tb.serve(t, sc, nil) }()
+	t.Cleanup(func() { _ = sc.Close(); <-done })
+
+	enc, err := opus.NewEncoder(48000, 1, opus.AppVoIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1275)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	clockMs := 0 // the input clock of the next frame
+	send := func(pcm []int16, dur time.Duration) {
+		n, err := enc.Encode(pcm, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-tick.C
+		if err := c.track.WriteSample(media.Sample{Data: buf[:n], Duration: dur}); err != nil {
+			t.Fatal(err)
+		}
+		clockMs += int(dur / time.Millisecond)
+	}
+	const gap = 2 * time.Second
+	// The first utterance, then what an Opus DTX encoder does: 200 ms of
+	// silence sent (libopus enters DTX after 10 silent frames), the last
+	// of which carries the gap, so the next packet's timestamp jumps by
+	// it.
+	silence := make([]int16, 960)
+	for i := 0; i+960 <= first.EndMs*48; i += 960 {
+		send(script.Samples[i:i+960], 20*time.Millisecond)
+	}
+	for i := range 10 {
+		dur := 20 * time.Millisecond
+		if i == 9 {
+			dur += gap
+		}
+		send(silence, dur)
+	}
+	time.Sleep(gap)
+	for range 25 {
+		send(silence, 20*time.Millisecond)
+	}
+	secondAt := clockMs
+	for i := second.StartMs * 48; i+960 <= second.EndMs*48; i += 960 {
+		send(script.Samples[i:i+960], 20*time.Millisecond)
+	}
+	for range 40 {
+		send(silence, 20*time.Millisecond)
+	}
+	deadline := time.After(5 * time.Second)
+	var turns []turnMsg
+	for len(turns) < 4 {
+		select {
+		case <-tb.got:
+		case <-deadline:
+			t.Fatalf("backend messages: %+v", tb.messages())
+		}
+		turns = turns[:0]
+		for _, m := range tb.messages() {
+			if m.ctl.Type == bridge.TypeInputSpeechStarted || m.ctl.Type == bridge.TypeInputSpeechStopped {
+				turns = append(turns, m)
+			}
+		}
+	}
+	for _, m := range turns {
+		t.Logf("backend: after %4d frames: %s audio_ms %d", m.frames, m.ctl.Type, m.ctl.AudioMs)
+	}
+	want := []string{bridge.TypeInputSpeechStarted, bridge.TypeInputSpeechStopped, bridge.TypeInputSpeechStarted, bridge.TypeInputSpeechStopped}
+	for i, m := range turns[:4] {
+		if m.ctl.Type != want[i] {
+			t.Fatalf("turn message %d is %s, want %s", i, m.ctl.Type, want[i])
+		}
+	}
+	// The first stop: speech end + the silence window, inside the gap.
+	if stop := turns[1].ctl.AudioMs - vad.DefaultSilenceDurationMs; stop < int64(first.EndMs)-100 || stop > int64(first.EndMs)+100 {
+		t.Errorf("utterance 1 ends at %d ms; speech_stopped audio_ms %d − silence = %d, want within ±100 ms (not at the end of the gap)", first.EndMs, turns[1].ctl.AudioMs, stop)
+	}
+	// It was sent when the packets resumed, with the first frame after
+	// the gap.
+	if got, resumed := turns[1].frames, first.EndMs/20+10; got > resumed+3 {
+		t.Errorf("speech_stopped came after %d frames, want it with the first frame after the gap (about %d)", got, resumed+1)
+	}
+	// The second start on the input clock, gap included.
+	if got := turns[2].ctl.AudioMs + vad.DefaultPrefixPaddingMs; got < int64(secondAt)-100 || got > int64(secondAt)+200 {
+		t.Errorf("utterance 2 starts at %d ms on the input clock; speech_started audio_ms %d + padding = %d", secondAt, turns[2].ctl.AudioMs, got)
+	}
+}
