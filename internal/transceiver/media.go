@@ -73,6 +73,26 @@ type media struct {
 	decLast audio.DecoderStats
 }
 
+// opusSilence is one 20 ms Opus packet of silence, sent a few times after
+// a clear cuts a reply (playout.QueueConfig.ClearTail), so the client's
+// decoder plays silence instead of concealing the missing reply. Opus
+// packets describe themselves (RFC 6716 §3.1), so one packet suits every
+// session, whatever the backend's own Opus settings.
+var opusSilence = sync.OnceValues(func() ([]byte, error) {
+	enc, err := audio.NewEncoder(16000, 16000)
+	if err != nil {
+		return nil, err
+	}
+	pkts, err := enc.Write(make([]byte, 2*audio.FrameSamples(16000)))
+	if err != nil {
+		return nil, err
+	}
+	if len(pkts) != 1 {
+		return nil, fmt.Errorf("encoding 20 ms of silence gave %d packets", len(pkts))
+	}
+	return bytes.Clone(pkts[0].Payload), nil
+})
+
 // newMedia sets up the media path for the bridge's agreed format.
 func (sess *session) newMedia() error {
 	cfg := sess.srv.cfg
@@ -89,6 +109,11 @@ func (sess *session) newMedia() error {
 	}
 	m.rtpPkt.Header = rtp.Header{Version: 2, PayloadType: uint8(opusCodec.PayloadType)}
 	qcfg := playout.QueueConfig{MaxQueued: cfg.OutputQueueMax}
+	if silence, err := opusSilence(); err == nil {
+		qcfg.ClearTail = silence
+	} else {
+		sess.log.Warn("no silence packet for clears", "err", err)
+	}
 	if m.enc != nil {
 		qcfg.OnUnderrun = sess.flushTail
 	}
