@@ -93,6 +93,12 @@ var opusSilence = sync.OnceValues(func() ([]byte, error) {
 	return bytes.Clone(pkts[0].Payload), nil
 })
 
+// ClearTailPacket returns the Opus payload of the silence packets a clear
+// sends the client after cutting a reply (docs/bridge.md §6.3), for
+// clients and tests that count the reply's packets. The caller must not
+// modify it.
+func ClearTailPacket() ([]byte, error) { return opusSilence() }
+
 // newMedia sets up the media path for the bridge's agreed format.
 func (sess *session) newMedia() error {
 	cfg := sess.srv.cfg

@@ -203,7 +203,10 @@ func TestTurnDetectionBargeIn(t *testing.T) {
 	if cleared.frames < onset.frames || slicesIndex(msgs, *cleared) < slicesIndex(msgs, onset) {
 		t.Errorf("output.cleared (after %d frames) came before input.speech_started (after %d)", cleared.frames, onset.frames)
 	}
-	rx := c.received()
+	rx, tail := withoutClearTail(t, c.received())
+	if tail != 3 {
+		t.Errorf("the barge-in's clear sent %d silence packets after the reply, want 3 (docs/bridge.md §6.3)", tail)
+	}
 	if got := int64(len(rx)) * 20; cleared.ctl.PlayedMs != got {
 		t.Errorf("played_ms %d, but the client received %d ms of the reply", cleared.ctl.PlayedMs, got)
 	}
