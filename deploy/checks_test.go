@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/switchboard-rtc/switchboard/internal/membership"
+	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
@@ -769,16 +770,25 @@ func TestDefaultsAgreeWithFlags(t *testing.T) {
 	if got := valInt(t, v, "cluster"); got != 1 {
 		t.Errorf("cluster %d, the binary's default is 1", got)
 	}
-	// The relay's flow timeouts and capacity default as in the binary.
-	relay := src.flags(t, "relay")
-	for value, want := range map[string]string{"relay.pendingTimeout": "10 * time.Second", "relay.idleTimeout": "60 * time.Second"} {
-		d, err := time.ParseDuration(fmt.Sprint(val(t, v, value)))
+	// The relay's flow timeouts default as in the binary, whose flags take
+	// their defaults from the relay package's constants.
+	flags := src.flags(t, "relay")
+	for _, tt := range []struct {
+		value, flag, constant string
+		want                  time.Duration
+	}{
+		{"relay.pendingTimeout", "pending-timeout", "relay.DefaultPendingTimeout", relay.DefaultPendingTimeout},
+		{"relay.idleTimeout", "idle-timeout", "relay.DefaultIdleTimeout", relay.DefaultIdleTimeout},
+	} {
+		d, err := time.ParseDuration(fmt.Sprint(val(t, v, tt.value)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		flag := map[string]string{"relay.pendingTimeout": "pending-timeout", "relay.idleTimeout": "idle-timeout"}[value]
-		if got := relay[flag].Default; got != want || fmt.Sprintf("%d * time.Second", int(d.Seconds())) != want {
-			t.Errorf("%s = %v, -%s defaults to %s", value, d, flag, got)
+		if got := flags[tt.flag].Default; got != tt.constant {
+			t.Errorf("-%s defaults to %s, want %s", tt.flag, got, tt.constant)
+		}
+		if d != tt.want {
+			t.Errorf("%s = %v, %s is %v", tt.value, d, tt.constant, tt.want)
 		}
 	}
 }

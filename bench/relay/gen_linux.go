@@ -5,7 +5,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
 )
 
 // gen is the load generator's state: the client socket, the sink socket
@@ -14,8 +14,8 @@ type gen struct {
 	epoch    time.Time
 	cli      *clientConn
 	sink     *net.UDPConn
-	sinkIn   *relay.Batch
-	sinkOut  *relay.Batch
+	sinkIn   *udpio.Batch
+	sinkOut  *udpio.Batch
 	sessions int
 	chanHdr  bool // client datagrams are TURN ChannelData (coturn)
 	sinkHdr  bool // sink datagrams start with an internal-hop header (relay, naive)
@@ -58,8 +58,8 @@ func newGen(sessions int) (*gen, error) {
 		bufs[i] = make([]byte, 2048)
 	}
 	g := &gen{epoch: time.Now(), cli: cli, sink: sink, sessions: sessions, hist: newHist(), onSetup: func([]byte) {}}
-	if g.sinkIn, err = relay.NewBatch(sink, 64, bufs); err == nil {
-		g.sinkOut, err = relay.NewBatch(sink, 64, nil)
+	if g.sinkIn, err = udpio.NewBatch(sink, 64, bufs); err == nil {
+		g.sinkOut, err = udpio.NewBatch(sink, 64, nil)
 	}
 	if err != nil {
 		g.close()
@@ -158,7 +158,7 @@ func (g *gen) pollSink() {
 			g.hist.add(now - int64(binary.BigEndian.Uint64(p[offTClient:])))
 			binary.BigEndian.PutUint64(p[offTSink:], uint64(g.now()))
 		}
-		g.sinkOut.Queue(b, g.sinkIn.Addr(i))
+		g.sinkOut.Queue(b, g.sinkIn.Addr(i), len(b))
 	}
 	sent, _, _, _ := g.sinkOut.Flush()
 	g.c.sinkSent += uint64(sent)

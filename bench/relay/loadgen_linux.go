@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
 )
 
 // The load generator is one busy-polling loop on one pinned OS thread that
@@ -42,7 +42,7 @@ type clientConn struct {
 	c    *net.UDPConn
 	rc   syscall.RawConn
 	port uint16
-	in   *relay.Batch
+	in   *udpio.Batch
 
 	hdrs []mmsghdr
 	iovs []unix.Iovec
@@ -77,7 +77,7 @@ func newClientConn(batch int) (*clientConn, error) {
 	for i := range rbufs {
 		rbufs[i] = make([]byte, 2048)
 	}
-	if cc.in, err = relay.NewBatch(c, len(rbufs), rbufs); err != nil {
+	if cc.in, err = udpio.NewBatch(c, len(rbufs), rbufs); err != nil {
 		c.Close()
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
@@ -144,11 +145,11 @@ func startRaw(sink netip.AddrPort, batch int, lock bool) (*rawLoop, error) {
 		for i := range bufs {
 			bufs[i] = make([]byte, 2048)
 		}
-		rb, err := relay.NewBatch(in, batch, bufs)
+		rb, err := udpio.NewBatch(in, batch, bufs)
 		if err != nil {
 			return err
 		}
-		wb, err := relay.NewBatch(out, batch, nil)
+		wb, err := udpio.NewBatch(out, batch, nil)
 		if err != nil {
 			return err
 		}
@@ -169,7 +170,7 @@ func startRaw(sink netip.AddrPort, batch int, lock bool) (*rawLoop, error) {
 				}
 				for i := range n {
 					b := bufs[i][:rb.Len(i)]
-					wb.Queue(b, dst(b))
+					wb.Queue(b, dst(b), len(b))
 				}
 				if _, _, _, err := wb.Flush(); errors.Is(err, net.ErrClosed) {
 					return

@@ -1,7 +1,7 @@
 // Package setupbench measures call setup latency: the time, and the number
 // of round trips, from a client's POST of its SDP offer to the first audio
-// frame at the backend (docs/design.md §7, issue 6 "Round trips" and
-// "Measurement").
+// frame at the backend (docs/design.md §7, docs/benchmarks.md "Call
+// setup").
 //
 // # What runs
 //

@@ -8,7 +8,7 @@ import (
 // Markdown renders results as a section for docs/benchmarks.md: the
 // medians of each phase in ms and in round trips beside the expected
 // count, the cost against the direct path with the same DTLS role, the
-// round-trip model, and the goals of issue 6.
+// round-trip model, and the goals (docs/benchmarks.md, "Targets").
 func Markdown(results []Result, opts Options) string {
 	o, err := opts.withDefaults()
 	if err == nil {
@@ -120,7 +120,7 @@ func Markdown(results []Result, opts Options) string {
 	b.WriteString("| First echo at client | +0.5 | back |\n")
 	b.WriteString("| Gathering (before POST) | TURN 2 | Allocate → 401 → authenticated Allocate; the offer is complete, so the POST waits |\n")
 
-	b.WriteString("\nGoals (issue 6):\n\n")
+	b.WriteString("\nGoals:\n\n")
 	for _, r := range results {
 		if r.FirstAudioBackendMS.Median == 0 {
 			continue

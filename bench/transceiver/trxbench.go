@@ -471,7 +471,7 @@ func runOnce(ctx context.Context, opt Options, profile bool) ([]sample, error) {
 			prof = opt.ProfileDir
 		}
 		if err := step(ctx, st, &s, prof); err != nil {
-			return out, fmt.Errorf("N=%d: %w", n, err)
+			return out, fmt.Errorf("with %d sessions: %w", n, err)
 		}
 		fmt.Fprintf(opt.Log, "trxbench: N=%d: transceiver %.3f cores (%.0f sessions/core, %.0f carried), RSS %.0f KiB, live heap %.0f KiB, %.0f goroutines, generator %.2f cores, to_backend p50 %.3f ms p99 %.3f ms, failures %v, loss %.4f\n",
 			n, s.trxCores, float64(n)/s.trxCores, s.carried, s.rssKiB, s.liveKiB, s.goroutines, s.genCores, s.toBackend[0], s.toBackend[1], s.summary.Failures, s.summary.Loss)

@@ -45,18 +45,21 @@ func runBenchVoice(ctx context.Context, args []string, stdout io.Writer) error {
 }
 
 // runBench is `switchboard-bench relay` (the benchmark, docs/benchmarks.md),
-// `switchboard-bench setup` and `switchboard-bench serve` (one system under
+// `switchboard-bench setup`, `switchboard-bench transceiver` and
+// `switchboard-bench serve` (one system under
 // test, started by the relay benchmark as a pinned child process).
 func runBench(ctx context.Context, args []string, stdout io.Writer) error {
-	if len(args) == 0 || (args[0] != "relay" && args[0] != "serve" && args[0] != "setup" && args[0] != "voice") {
+	switch args[0] {
+	case "relay", "serve":
+	case "setup":
+		return runBenchSetup(ctx, args[1:], stdout)
+	case "transceiver":
+		return runBenchTransceiver(ctx, args[1:], stdout)
+	case "voice":
+		return runBenchVoice(ctx, args[1:], stdout)
+	default:
 		usage()
 		return fmt.Errorf("unknown benchmark %q", args[0])
-	}
-	if args[0] == "setup" {
-		return runBenchSetup(ctx, args[1:], stdout)
-	}
-	if args[0] == "voice" {
-		return runBenchVoice(ctx, args[1:], stdout)
 	}
 	if args[0] == "serve" {
 		return relaybench.Serve(ctx, args[1:], stdout)

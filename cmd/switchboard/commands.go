@@ -21,7 +21,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/demo"
-	"github.com/switchboard-rtc/switchboard/internal/flowcache"
+	"github.com/switchboard-rtc/switchboard/internal/flowstore"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
@@ -118,9 +118,9 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	fs.StringVar(&cfg.Relay.InternalAddr, "internal", "0.0.0.0:3479", "UDP address of the internal hop to and from transceivers")
 	clusterFlag(fs, &cfg.Relay.Cluster)
 	fs.IntVar(&cfg.Relay.Workers, "workers", 0, "public-socket read loops sharing the port with SO_REUSEPORT (0 = one per CPU)")
-	fs.DurationVar(&cfg.Relay.PendingTimeout, "pending-timeout", 10*time.Second, "lifetime of a flow the transceiver has not answered yet")
-	fs.DurationVar(&cfg.Relay.IdleTimeout, "idle-timeout", 60*time.Second, "idle timeout of a confirmed flow (longer than ICE consent, 30s)")
-	fs.IntVar(&cfg.Relay.MaxFlows, "max-flows", 1<<20, "flow table capacity; new flows beyond it are dropped and counted")
+	fs.DurationVar(&cfg.Relay.PendingTimeout, "pending-timeout", relay.DefaultPendingTimeout, "lifetime of a flow the transceiver has not answered yet")
+	fs.DurationVar(&cfg.Relay.IdleTimeout, "idle-timeout", relay.DefaultIdleTimeout, "idle timeout of a confirmed flow (longer than ICE consent, 30s)")
+	fs.IntVar(&cfg.Relay.MaxFlows, "max-flows", relay.DefaultMaxFlows, "flow table capacity; new flows beyond it are dropped and counted")
 	fs.IntVar(&cfg.Relay.MaxPendingPerIP, "max-pending-per-ip", relay.DefaultMaxPendingPerIP, "pending (unanswered) flows one source IP (IPv6: /64) may hold; beyond it its new flows are dropped and counted")
 	fs.IntVar(&cfg.Relay.NewFlowsPerIP, "new-flows-per-ip", relay.DefaultNewFlowsPerIP, "flows per second one source IP (IPv6: /64) may create beyond its burst; a client over it is delayed (given a turn up to 1 s ahead), beyond that refused, both counted")
 	fs.IntVar(&cfg.Relay.NewFlowBurstPerIP, "new-flow-burst-per-ip", 0, "flows one source IP (IPv6: /64) may create at once before -new-flows-per-ip paces it (0 = -new-flows-per-ip)")
@@ -137,7 +137,10 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	cfg.Source.register(fs)
 	cfg.Keys.register(fs)
 	cfg.Log.register(fs, "json")
-	if err := parseConfig(fs, args, &cfg); err != nil {
+	if err := parseConfig(fs, args, &cfg,
+		yamlOnly{"batch", fmt.Sprintf("datagrams per recvmmsg/sendmmsg of each read loop; 1: one per system call, 64 KiB datagrams (default %d)", relay.DefaultBatch)},
+		yamlOnly{"no_thread_lock", "leave the read loops unpinned from their OS threads; for measurement only (default false)"},
+	); err != nil {
 		return err
 	}
 	log, keys, reg, err := serverSetup(cfg.Log, cfg.Keys)
@@ -150,13 +153,13 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	defer stopMembers()
 	if cfg.FlowCache != "" {
-		fc, err := flowcache.New(cfg.FlowCache, cfg.Relay.Cluster)
+		fc, err := flowstore.New(cfg.FlowCache, cfg.Relay.Cluster)
 		if err != nil {
 			return err
 		}
 		defer fc.Close()
-		flowcache.LogRedisTo(log) // go-redis's per-dial lines at Debug; the relay warns once per interval
-		cfg.Relay.FlowCache = fc
+		flowstore.LogRedisTo(log) // go-redis's per-dial lines at Debug; the relay warns once per interval
+		cfg.Relay.FlowStore = fc
 	}
 	r, err := relay.New(cfg.Relay, keys, members, reg, log)
 	if err != nil {
@@ -164,12 +167,13 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	defer r.Close()
 	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "members", members.Len())
-	return serveOps(ctx, cfg.Metrics, reg, cfg.Log.Pprof, log)
+	return serveOps(ctx, cfg.Metrics, reg, cfg.Log.Pprof, r.Ready, log)
 }
 
 // serveOps serves /metrics, /live and /ready on addr until ctx ends, or
-// just waits if addr is empty.
-func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofOn bool, log *slog.Logger) error {
+// just waits if addr is empty. /ready answers 503 with ready's error while
+// it returns one.
+func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofOn bool, ready func() error, log *slog.Logger) error {
 	if addr == "" {
 		<-ctx.Done()
 		return nil
@@ -177,7 +181,13 @@ func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofO
 	mux := http.NewServeMux()
 	handleOps(mux, reg, pprofOn)
 	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	return serveHTTP(ctx, addr, mux, log)
 }
 
@@ -238,7 +248,9 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	registerAuth(fs, &cfg.Trx.Auth)
 	cfg.Keys.register(fs)
 	cfg.Log.register(fs, "json")
-	if err := parseConfig(fs, args, &cfg); err != nil {
+	if err := parseConfig(fs, args, &cfg,
+		yamlOnly{"ingress_by_region", "region → Global Relay ip:port advertised to that region's clients (docs/director.md)"},
+	); err != nil {
 		return err
 	}
 	if cfg.Proxy != "" {

@@ -29,7 +29,11 @@ func runDirector(ctx context.Context, args []string, _ io.Writer) error {
 			"clusters, trusted_proxies; see docs/director.md).\n\nFlags:\n"))
 		fs.PrintDefaults()
 	}
-	if err := parseConfig(fs, args, &cfg); err != nil {
+	if err := parseConfig(fs, args, &cfg,
+		yamlOnly{"regions", "region name → {cluster, prefixes}: the client IP prefixes that place a client in the region"},
+		yamlOnly{"clusters", "cluster name → signaling base URLs of its transceivers, picked round-robin"},
+		yamlOnly{"trusted_proxies", "CIDR prefixes of proxies whose X-Forwarded-For is believed"},
+	); err != nil {
 		return err
 	}
 	log, err := newLogger(cfg.Log.Format, cfg.Log.Level)

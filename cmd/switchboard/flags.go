@@ -16,12 +16,33 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
+// yamlOnly is a setting that only the YAML file sets (no flag): its key
+// and what it does, for -h.
+type yamlOnly struct{ key, help string }
+
 // parseConfig fills a subcommand's config from, in rising precedence:
 // flag defaults, the YAML file named by -config, SWITCHBOARD_<FLAG>
 // environment variables (dashes become underscores), and flags given on
-// the command line. dst is the struct the flags are bound to.
-func parseConfig(fs *flag.FlagSet, args []string, dst any) error {
+// the command line. The file itself is named like any flag: -config or
+// SWITCHBOARD_CONFIG. dst is the struct the flags are bound to; fileOnly lists
+// the settings only the file sets (fileOnly), which -h shows after the flags.
+func parseConfig(fs *flag.FlagSet, args []string, dst any, fileOnly ...yamlOnly) error {
 	configPath := fs.String("config", "", "YAML config file; environment variables and flags override it")
+	if len(fileOnly) > 0 {
+		usage := fs.Usage
+		fs.Usage = func() {
+			if usage != nil {
+				usage()
+			} else {
+				fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+				fs.PrintDefaults()
+			}
+			fmt.Fprintln(fs.Output(), "\nSettings only in the YAML file (-config):")
+			for _, y := range fileOnly {
+				fmt.Fprintf(fs.Output(), "  %s\n    \t%s\n", y.key, y.help)
+			}
+		}
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -30,6 +51,11 @@ func parseConfig(fs *flag.FlagSet, args []string, dst any) error {
 	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	if !explicit["config"] {
+		if v, ok := os.LookupEnv(envName("config")); ok {
+			*configPath = v
+		}
+	}
 	if *configPath != "" {
 		b, err := os.ReadFile(*configPath)
 		if err != nil {
@@ -46,7 +72,7 @@ func parseConfig(fs *flag.FlagSet, args []string, dst any) error {
 		if explicit[f.Name] || err != nil || f.Name == "config" {
 			return
 		}
-		env := "SWITCHBOARD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		env := envName(f.Name)
 		if v, ok := os.LookupEnv(env); ok {
 			if serr := fs.Set(f.Name, v); serr != nil {
 				err = fmt.Errorf("%s=%q: %w", env, v, serr)
@@ -62,6 +88,11 @@ func parseConfig(fs *flag.FlagSet, args []string, dst any) error {
 		return err
 	}
 	return nil
+}
+
+// envName is the environment variable that sets flag name.
+func envName(name string) string {
+	return "SWITCHBOARD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
 // KeyConfig names the fleet token keys. Secrets are base64 (standard or

@@ -37,7 +37,8 @@ Runs -sessions concurrent WebRTC sessions against the signaling URL(s)
 and hangs up. Prints a progress line on stderr and a JSON summary on
 stdout: setup time p50/p99, failures by reason, loss and the largest
 audio gap p50/p99. Loss and gaps are the round trip when the backend
-echoes (switchboard agent); otherwise they describe the backend's audio.
+echoes (switchboard agent); with -echo=false (a real agent) nothing is
+checked for an echo and gaps describe the backend's own audio.
 
 Flags:`)
 		fs.PrintDefaults()
@@ -47,6 +48,7 @@ Flags:`)
 	fs.DurationVar(&opts.Ramp, "ramp", 50*time.Millisecond, "delay between two session starts")
 	fs.StringVar(&audio, "audio", "", "16-bit PCM WAV file every session sends as Opus, looped (default: 60-byte counter payloads, no encoding cost)")
 	fs.StringVar(&opts.AuthToken, "token", "", "bearer token for signaling (a client token or an API key)")
+	echo := fs.Bool("echo", true, "the backend echoes audio and data-channel messages (switchboard agent): check the echo and report loss; false for a real agent")
 	fs.DurationVar(&opts.ConnectTimeout, "connect-timeout", 30*time.Second, "bound on signaling, ICE and DTLS per session")
 	fs.DurationVar(&interval, "progress", 2*time.Second, "interval of the progress line on stderr (0 = none)")
 	fs.BoolVar(&jsonl, "sessions-json", false, "also print each session's result as a JSON line on stdout as it ends")
@@ -78,6 +80,7 @@ Flags:`)
 		return fmt.Errorf("want one signaling URL (several: comma separated), got %d arguments", len(positional))
 	}
 	opts.URLs = strings.Split(positional[0], ",")
+	opts.NoEcho = !*echo
 	if audio != "" {
 		w, err := callclient.LoadWAV(audio)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -49,6 +50,58 @@ func TestParseConfigPrecedence(t *testing.T) {
 	want := [4]string{"from-flag", "from-env", "from-file", "default"}
 	if got := [4]string{cfg.A, cfg.B, cfg.C, cfg.D}; got != want {
 		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+// TestConfigFromEnvironment: SWITCHBOARD_CONFIG names the file as -config
+// does, and -config on the command line wins over it.
+func TestConfigFromEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	envFile, flagFile := filepath.Join(dir, "env.yaml"), filepath.Join(dir, "flag.yaml")
+	if err := os.WriteFile(envFile, []byte("a: from-env-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(flagFile, []byte("a: from-flag-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SWITCHBOARD_CONFIG", envFile)
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"environment", nil, "from-env-file"},
+		{"flag wins", []string{"-config", flagFile}, "from-flag-file"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var cfg struct {
+				A string `yaml:"a"`
+			}
+			fs := flag.NewFlagSet("x", flag.ContinueOnError)
+			fs.StringVar(&cfg.A, "a", "default", "")
+			if err := parseConfig(fs, tt.args, &cfg); err != nil {
+				t.Fatal(err)
+			}
+			if cfg.A != tt.want {
+				t.Fatalf("a = %q, want %q", cfg.A, tt.want)
+			}
+		})
+	}
+}
+
+// TestUsageListsFileOnlySettings: -h shows the settings only the YAML file
+// sets, after the flags.
+func TestUsageListsFileOnlySettings(t *testing.T) {
+	var out strings.Builder
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.SetOutput(&out)
+	fs.String("a", "", "flag a")
+	err := parseConfig(fs, []string{"-h"}, &struct{}{}, yamlOnly{"regions", "region name → cluster"})
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	if u := out.String(); !strings.Contains(u, "-a") || !strings.Contains(u, "only in the YAML file") || !strings.Contains(u, "regions") || strings.Index(u, "regions") < strings.Index(u, "-a") {
+		t.Fatalf("usage:\n%s", u)
 	}
 }
 

@@ -65,7 +65,7 @@ func TestPacketDuration(t *testing.T) {
 		wantErr bool
 	}{
 		{name: "empty", in: nil, wantErr: true},
-		{name: "SILK WB 20 ms, code 0", in: []byte{9<<3 | 0, 1, 2, 3}, want: 960},
+		{name: "SILK WB 20 ms, code 0", in: []byte{9 << 3, 1, 2, 3}, want: 960},
 		{name: "DTX: TOC only", in: []byte{9 << 3}, want: 960},
 		{name: "CELT FB 10 ms, code 1", in: []byte{30<<3 | 1, 1, 2}, want: 960},
 		{name: "code 1 odd", in: []byte{30<<3 | 1, 1, 2, 3}, wantErr: true},
@@ -215,6 +215,52 @@ func TestDecoderLoss(t *testing.T) {
 	if fs := d.Push(40, 40*960, []byte{}); len(fs) != 0 || d.Stats().Invalid != 1 {
 		t.Fatalf("an empty payload gave %d frames, invalid %d", len(fs), d.Stats().Invalid)
 	}
+	// The sender restarts its numbering far back: after resyncLate late
+	// packets the decoder follows it, its own clock unbroken.
+	for i := range resyncLate {
+		fs := d.Push(uint16(5+i), uint32(9e6+i*960), pkts[40+i])
+		if i < resyncLate-1 {
+			if len(fs) != 0 {
+				t.Fatalf("late packet %d gave %d frames", i, len(fs))
+			}
+			continue
+		}
+		if len(fs) != 1 || fs[0].Timestamp != ts {
+			t.Fatalf("resync frames %+v, want one at timestamp %d", fs, ts)
+		}
+	}
+	if st := d.Stats(); st.Resyncs != 1 || st.Late != 2+resyncLate-1 {
+		t.Fatalf("stats %+v, want 1 resync", st)
+	}
+	// One stray packet far ahead is dropped and does not derail the
+	// stream; two in sequence far ahead are a restart.
+	next := uint16(5 + resyncLate)
+	ts += 480
+	for _, step := range []struct {
+		seq    uint16
+		frames int
+	}{
+		{next + 30000, 0}, // stray
+		{next, 1},         // the stream goes on
+		{next + 1, 1},
+		{next + 20000, 0}, // a jump...
+		{next + 20001, 1}, // ...confirmed: a restart
+		{next + 20002, 1},
+	} {
+		fs := d.Push(step.seq, uint32(9e6+int(step.seq-5)*960), pkts[50])
+		if len(fs) != step.frames {
+			t.Fatalf("seq %d: %d frames, want %d", step.seq, len(fs), step.frames)
+		}
+		for _, f := range fs {
+			if f.Timestamp != ts {
+				t.Fatalf("seq %d: timestamp %d, want %d (unbroken)", step.seq, f.Timestamp, ts)
+			}
+			ts += 480
+		}
+	}
+	if st := d.Stats(); st.Resyncs != 2 {
+		t.Fatalf("stats %+v, want 2 resyncs", st)
+	}
 }
 
 // TestEncoderChunking: PCM in chunks of any size encodes to the same
@@ -351,38 +397,5 @@ func TestAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, lossy); n != 0 {
 		t.Errorf("decode with concealment: %v allocations, want 0", n)
-	}
-}
-
-// BenchmarkDecode is the client → backend cost of a PCM session per 20 ms
-// packet: Opus decode at 24 kHz into a PCM16 frame.
-func BenchmarkDecode(b *testing.B) {
-	pkts := clientPackets(b, speech(b))
-	d, _ := NewDecoder(24000)
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		d.Push(uint16(i), uint32(i*960), pkts[i%len(pkts)])
-		i++
-	}
-}
-
-// BenchmarkEncode is the backend → client codec cost of a PCM session per
-// 20 ms frame: framing and Opus encode from 24 kHz PCM16.
-func BenchmarkEncode(b *testing.B) {
-	pkts := clientPackets(b, speech(b))
-	d, _ := NewDecoder(24000)
-	var frames [][]byte
-	for i, p := range pkts {
-		for _, f := range d.Push(uint16(i), uint32(i*960), p) {
-			frames = append(frames, append([]byte(nil), f.PCM...))
-		}
-	}
-	e, _ := NewEncoder(24000, 0)
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		_, _ = e.Write(frames[i%len(frames)])
-		i++
 	}
 }

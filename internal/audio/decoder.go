@@ -7,6 +7,18 @@ import (
 	"gopkg.in/hraban/opus.v2"
 )
 
+// Sequence number validation, after RFC 3550 Appendix A.1: a packet up to
+// maxDropout ahead of the last one decoded is in order (the ones between
+// were lost); up to maxMisorder behind, it is late and dropped; further in
+// either direction it is a jump, taken (as a restart of the sender's
+// numbering) only when the next packet follows it. resyncLate late packets
+// in a row are a restart too.
+const (
+	maxDropout  = 100 // 2 s of 20 ms packets
+	maxMisorder = 100
+	resyncLate  = 10
+)
+
 // MaxConceal is the longest run of lost audio a Decoder conceals, in
 // milliseconds. A longer hole in the sequence numbers is not filled: the
 // next frame's timestamp jumps instead (as for DTX).
@@ -35,10 +47,11 @@ type Frame struct {
 type DecoderStats struct {
 	Packets       uint64 // packets decoded
 	Invalid       uint64 // packets dropped: not valid Opus (RFC 6716 §3.4) or refused by libopus
-	Late          uint64 // packets dropped: older than or equal to the last one decoded (reordered, duplicated)
+	Late          uint64 // packets dropped: older than or equal to the last one decoded (reordered, duplicated), or a jump not yet confirmed
 	FECSamples    uint64 // samples of lost packets recovered from the next packet's in-band FEC (or PLC when it had none)
 	PLCSamples    uint64 // samples made by packet loss concealment
 	Discontinuity uint64 // jumps in the timestamp: DTX, or a hole longer than MaxConceal
+	Resyncs       uint64 // restarts on a stream whose sequence numbers went back (resyncLate late packets in a row)
 }
 
 // Decoder decodes one client's Opus RTP stream into 20 ms PCM frames at
@@ -68,12 +81,15 @@ type Decoder struct {
 	pend          []int16
 	pendConcealed bool
 
-	started bool
-	lastSeq uint16
-	lastTS  uint32 // RTP timestamp of the last packet decoded
-	lastDur int    // its duration at 48 kHz
-	seq     uint16 // next frame's Seq
-	ts      uint32 // Timestamp of the first sample in pend
+	started   bool
+	lastSeq   uint16
+	lastTS    uint32 // RTP timestamp of the last packet decoded
+	lastDur   int    // its duration at 48 kHz
+	lateRun   int    // packets in a row older than lastSeq
+	probation bool   // a packet far from lastSeq was seen: badSeq would confirm a restart
+	badSeq    uint16
+	seq       uint16 // next frame's Seq
+	ts        uint32 // Timestamp of the first sample in pend
 
 	stats DecoderStats
 }
@@ -111,8 +127,12 @@ func (d *Decoder) Stats() DecoderStats { return d.stats }
 // Push decodes the Opus payload of one RTP packet (sequence number seq,
 // timestamp ts at 48 kHz) and returns the frames it completes, possibly
 // none (a 10 ms packet completes every other frame) and possibly several
-// (concealed losses, packets longer than 20 ms). The frames and their PCM
-// are valid until the next Push. Bad packets are dropped and counted in
+// (concealed losses, packets longer than 20 ms). Sequence numbers are
+// validated after RFC 3550 A.1: a packet far from the last one (more than
+// 100 either way) is dropped unless the next one follows it, in which case
+// the stream restarted and the decoder follows it; so does it after 10
+// late packets in a row. The frames and their PCM are valid until
+// the next Push. Bad packets are dropped and counted in
 // Stats, never returned as an error.
 func (d *Decoder) Push(seq uint16, ts uint32, payload []byte) []Frame {
 	d.out, d.fs = d.out[:0], d.fs[:0]
@@ -122,19 +142,34 @@ func (d *Decoder) Push(seq uint16, ts uint32, payload []byte) []Frame {
 		return nil
 	}
 	if d.started {
-		ahead := int16(seq - d.lastSeq)
-		if ahead <= 0 {
+		ahead := int(int16(seq - d.lastSeq))
+		switch {
+		case ahead > 0 && ahead <= maxDropout: // in order, perhaps after losses
+			gap := int(int32(ts-d.lastTS)) - d.lastDur // 48 kHz samples between the last packet's end and this one
+			switch {
+			case ahead > 1 && gap > 0 && gap <= MaxConceal*rtpRate/1000:
+				d.conceal(gap, dur, payload)
+			case gap > 0:
+				d.discontinuity(gap)
+			}
+		case ahead <= 0 && ahead >= -maxMisorder && d.lateRun+1 < resyncLate:
+			d.lateRun++ // reordered or duplicated: its time has passed
+			d.stats.Late++
+			return d.fs
+		case ahead <= 0 && ahead >= -maxMisorder, d.probation && seq == d.badSeq:
+			// resyncLate late packets in a row, or two in sequence after a
+			// jump: the sender restarted its numbering. Follow it.
+			d.stats.Resyncs++
+			d.discontinuity(0)
+		default:
+			// A jump (RFC 3550 A.1): taken only once the next packet
+			// follows it, so one stray packet cannot derail the stream.
+			d.probation, d.badSeq = true, seq+1
 			d.stats.Late++
 			return d.fs
 		}
-		gap := int(int32(ts-d.lastTS)) - d.lastDur // 48 kHz samples between the last packet's end and this one
-		switch {
-		case ahead > 1 && gap > 0 && gap <= MaxConceal*rtpRate/1000:
-			d.conceal(gap, dur, payload)
-		case gap > 0:
-			d.discontinuity(gap)
-		}
 	}
+	d.lateRun, d.probation = 0, false
 	n, err := d.dec.Decode(payload, d.buf)
 	if err != nil {
 		d.stats.Invalid++
@@ -177,7 +212,9 @@ func (d *Decoder) conceal(gap, dur int, payload []byte) {
 // the frame being assembled is completed with silence and the next one
 // starts gap later.
 func (d *Decoder) discontinuity(gap int) {
-	d.stats.Discontinuity++
+	if gap > 0 {
+		d.stats.Discontinuity++
+	}
 	skip := gap / d.div
 	if len(d.pend) > 0 {
 		fill := d.frame - len(d.pend)

@@ -56,6 +56,10 @@ const (
 // accepts.
 const MaxMarkName = 256
 
+// MaxResponseID is the longest output.response id, in bytes, the
+// transceiver accepts.
+const MaxResponseID = 256
+
 // Error codes of TypeError messages (docs/bridge.md §8.1).
 const (
 	// ErrCodeQueueFull: audio refused because the output queue holds its
@@ -70,6 +74,9 @@ const (
 	// ErrCodeMarkName: an output.mark's name is empty or longer than
 	// MaxMarkName bytes; the mark is dropped.
 	ErrCodeMarkName = "invalid_mark_name"
+	// ErrCodeResponseID: an output.response's id is longer than
+	// MaxResponseID bytes; the tag is ignored.
+	ErrCodeResponseID = "invalid_response_id"
 	// ErrCodeUnexpected: a control message the transceiver does not take
 	// from a backend (such as output.started); it is ignored.
 	ErrCodeUnexpected = "unexpected_message"
@@ -125,6 +132,15 @@ type controlMsg struct {
 // SendControl sends c. It returns an error without sending when c.Type is
 // not one of the Type… constants. Safe for concurrent use.
 func (c *core) SendControl(ctx context.Context, ctl Control) error {
+	m, err := wireControl(ctl)
+	if err != nil {
+		return err
+	}
+	return c.sendJSON(ctx, m)
+}
+
+// wireControl returns the wire form of ctl.
+func wireControl(ctl Control) (controlMsg, error) {
 	m := controlMsg{Type: ctl.Type}
 	switch ctl.Type {
 	case TypeOutputClear, TypeOutputStarted:
@@ -144,18 +160,18 @@ func (c *core) SendControl(ctx context.Context, ctl Control) error {
 			td = json.RawMessage("null")
 		}
 		if !IsJSONObject(td) && !bytes.Equal(bytes.TrimSpace(td), []byte("null")) {
-			return fmt.Errorf("bridge: SendControl: %s: turn_detection is neither a JSON object nor null", ctl.Type)
+			return m, fmt.Errorf("bridge: SendControl: %s: turn_detection is neither a JSON object nor null", ctl.Type)
 		}
 		m.TurnDetection = &td
 	default:
-		return fmt.Errorf("bridge: SendControl: unknown type %q", ctl.Type)
+		return m, fmt.Errorf("bridge: SendControl: unknown type %q", ctl.Type)
 	}
-	return c.sendJSON(ctx, m)
+	return m, nil
 }
 
 // parseControl checks the members a control type requires.
 func parseControl(m inMsg) (*Control, error) {
-	ctl := &Control{Type: m.Type, Cleared: m.Cleared, Code: m.Code, Message: m.Message}
+	ctl := &Control{Type: m.Type}
 	need := func(p *string, member string) error {
 		if p == nil {
 			return fmt.Errorf("%w: %s without a string %q", ErrProtocol, m.Type, member)
@@ -167,7 +183,7 @@ func parseControl(m inMsg) (*Control, error) {
 		if err := need(m.Name, "name"); err != nil {
 			return nil, err
 		}
-		ctl.Name = *m.Name
+		ctl.Name, ctl.Cleared = *m.Name, m.Cleared
 	case TypeOutputResponse:
 		if err := need(m.ID, "id"); err != nil {
 			return nil, err
@@ -188,6 +204,8 @@ func parseControl(m inMsg) (*Control, error) {
 			return nil, fmt.Errorf("%w: %s without a \"turn_detection\" object or null", ErrProtocol, m.Type)
 		}
 		ctl.TurnDetection = m.TurnDetection
+	case TypeError:
+		ctl.Code, ctl.Message = m.Code, m.Message
 	}
 	return ctl, nil
 }

@@ -159,3 +159,19 @@ func TestControlMalformed(t *testing.T) {
 		})
 	}
 }
+
+// TestNothingAfterEnd: once End has sent session.end, other sends fail
+// with ErrClosed instead of following it on the wire.
+func TestNothingAfterEnd(t *testing.T) {
+	c := dial(t, echoURL(t))
+	ctx := testCtx(t)
+	if err := c.End(ctx, bridge.ReasonShutdown); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SendControl(ctx, bridge.Control{Type: bridge.TypeOutputStarted}); !errors.Is(err, bridge.ErrClosed) {
+		t.Fatalf("SendControl after End = %v, want ErrClosed", err)
+	}
+	if err := c.SendAudio(ctx, bridge.AudioFrame{Payload: []byte{1}}); !errors.Is(err, bridge.ErrClosed) {
+		t.Fatalf("SendAudio after End = %v, want ErrClosed", err)
+	}
+}

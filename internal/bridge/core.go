@@ -31,8 +31,9 @@ type core struct {
 
 	// wmu guards wbuf, the reused encode buffer for outgoing messages.
 	// Holding it across ws.Write also keeps messages in call order.
-	wmu  sync.Mutex
-	wbuf []byte
+	wmu   sync.Mutex
+	wbuf  []byte
+	ended bool // guarded by wmu: End ran; nothing may follow session.end
 
 	// rbuf is the reused read buffer; only the single Recv caller
 	// touches it.
@@ -117,6 +118,9 @@ func (c *core) sendJSON(ctx context.Context, v any) error {
 }
 
 func (c *core) write(ctx context.Context, typ websocket.MessageType, b []byte) error {
+	if c.ended {
+		return fmt.Errorf("%w: the session was ended", ErrClosed)
+	}
 	if err := c.ws.Write(ctx, typ, b); err != nil {
 		return closedErr(ctx, err)
 	}
@@ -292,15 +296,26 @@ func (c *core) closeWith(code websocket.StatusCode, reason string) {
 }
 
 // End sends session.end with reason (unless the peer already ended the
-// session), then closes the WebSocket with status 1000. It is
+// session), then closes the WebSocket with status 1000. Sends that come
+// after session.end return an error wrapping ErrClosed, never a message
+// after it. It is
 // idempotent: later calls return the first call's result. The close
 // handshake waits for the peer's reply for at most about 10 s (library
 // bound); ctx bounds only the session.end write.
 func (c *core) End(ctx context.Context, reason string) error {
 	c.endOnce.Do(func() {
+		b, err := json.Marshal(sessionEndMsg{Type: typeSessionEnd, Reason: reason})
+		// Under the write lock, so that no send from another goroutine
+		// can follow session.end: later sends fail with ErrClosed.
+		c.wmu.Lock()
 		if !c.peerEnded.Load() {
-			c.endErr = c.sendJSON(ctx, sessionEndMsg{Type: typeSessionEnd, Reason: reason})
+			c.endErr = err
+			if err == nil {
+				c.endErr = c.write(ctx, websocket.MessageText, b)
+			}
 		}
+		c.ended = true
+		c.wmu.Unlock()
 		c.closeWith(websocket.StatusNormalClosure, typeSessionEnd)
 	})
 	return c.endErr

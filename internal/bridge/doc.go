@@ -6,7 +6,7 @@
 // The transceiver dials the backend URL with the WebSocket subprotocol
 // Subprotocol (RFC 6455 §1.9, §4.1, §11.3.4). Then, in order:
 //
-//	transceiver → backend  {"type":"hello","version":1,"audio_formats":["opus/48000/2"]}
+//	transceiver → backend  {"type":"hello","version":1,"audio_formats":["opus/48000/2","pcm16/24000/1","pcm16/16000/1"]}
 //	backend → transceiver  {"type":"hello","version":1,"audio_format":"opus/48000/2"}
 //	transceiver → backend  {"type":"session.start","session_id":"…","metadata":{…}}
 //
@@ -15,6 +15,10 @@
 //   - binary messages: one audio frame each (layout in frame.go and the
 //     spec: kind, flags, RTP sequence number, RTP timestamp, payload);
 //   - {"type":"event","data":"<data-channel message as a string>"};
+//   - output control (Control, SendControl): output.clear, output.mark,
+//     output.response from the backend; output.started, output.stopped,
+//     output.cleared, output.mark and error from the transceiver, which
+//     paces the backend's audio;
 //   - {"type":"session.end","reason":"…"}, followed by a WebSocket close
 //     with status 1000 (RFC 6455 §7.4.1).
 //

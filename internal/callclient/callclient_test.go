@@ -377,7 +377,11 @@ func TestPayloadMismatches(t *testing.T) {
 func TestRunUserSpeechRates(t *testing.T) {
 	for _, tool := range []string{"espeak-ng", "sox"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s not found: install it with scripts/deps.sh test", tool)
+			msg := tool + " is not installed (scripts/deps.sh test installs it)"
+			if os.Getenv("CI") != "" {
+				t.Fatal(msg + "; CI is set, and in CI a missing tool is an error")
+			}
+			t.Skip(msg)
 		}
 	}
 	dir := t.TempDir()

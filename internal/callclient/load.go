@@ -39,10 +39,11 @@ import (
 // Against a backend that does not echo, loss and gaps describe the
 // backend's own audio, not the round trip.
 //
-// After streaming, a session sends a ping on the data channel, waits up to
-// 5 s for it to come back (any message on the channel counts as the
-// backend's reply), lets echoes in flight arrive for LoadTail, sends the
-// DELETE and closes the peer connection.
+// After streaming, a session sends a ping on the data channel
+// ({"type":"ping","id":"load-<i>-<random>"}), waits up to 5 s for the
+// same message to come back (an echo backend returns it; against another
+// backend the session reports FailDataChannel), lets echoes in flight
+// arrive for LoadTail, sends the DELETE and closes the peer connection.
 type Load struct {
 	opts LoadOptions
 	api  *webrtc.API
@@ -87,6 +88,10 @@ type LoadOptions struct {
 	// Load includes loopback candidates, disables mDNS and gathers on
 	// udp4 only: one candidate per session keeps the offer small.
 	SettingEngine *webrtc.SettingEngine
+	// NoEcho is for a backend that does not echo (a real agent): no
+	// closing ping is sent or required, and the summary's loss is left
+	// out (the gaps are then those of the backend's own audio).
+	NoEcho bool
 	// ConnectTimeout bounds signaling plus ICE and DTLS; 0 means 30 s.
 	ConnectTimeout time.Duration
 	// HTTPClient is used for signaling; nil uses one with a 10 s timeout.
@@ -307,13 +312,17 @@ func (l *Load) Run(ctx context.Context, progress io.Writer, interval time.Durati
 		})
 	}
 	var wg sync.WaitGroup
-	ramp := time.NewTicker(max(l.opts.Ramp, time.Nanosecond))
-	defer ramp.Stop()
+	var ramp <-chan time.Time // nil (no wait) when Ramp is 0
+	if l.opts.Ramp > 0 {
+		t := time.NewTicker(l.opts.Ramp)
+		defer t.Stop()
+		ramp = t.C
+	}
 starting:
 	for i := range l.opts.Sessions {
-		if i > 0 && l.opts.Ramp > 0 {
+		if i > 0 && ramp != nil {
 			select {
-			case <-ramp.C:
+			case <-ramp:
 			case <-ctx.Done():
 				break starting
 			}
@@ -447,7 +456,7 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 
 	s := &loadSession{r: &r}
 	connected, failed, dcOpen := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	pong := make(chan struct{}, 1)
+	pong := make(chan string, 4)
 	var connOnce, failOnce, openOnce sync.Once
 	pc.OnConnectionStateChange(func(st webrtc.PeerConnectionState) {
 		switch st {
@@ -476,9 +485,9 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 		}
 	})
 	dc.OnOpen(func() { openOnce.Do(func() { close(dcOpen) }) })
-	dc.OnMessage(func(webrtc.DataChannelMessage) {
+	dc.OnMessage(func(m webrtc.DataChannelMessage) {
 		select {
-		case pong <- struct{}{}:
+		case pong <- string(m.Data):
 		default:
 		}
 	})
@@ -560,15 +569,25 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 	select {
 	case <-failed:
 	default:
-		if r.DCOpen {
+		if r.DCOpen && !l.opts.NoEcho {
 			var id [8]byte
 			_, _ = rand.Read(id[:])
-			if err := dc.SendText(fmt.Sprintf(`{"type":"ping","id":"load-%d-%x"}`, i, id)); err == nil {
-				select {
-				case <-pong:
-					r.DCEchoEnd = true
-				case <-time.After(5 * time.Second):
-				case <-failed:
+			ping := fmt.Sprintf(`{"type":"ping","id":"load-%d-%x"}`, i, id)
+			if err := dc.SendText(ping); err == nil {
+				deadline := time.After(5 * time.Second)
+			wait:
+				for {
+					select {
+					case m := <-pong:
+						if m == ping {
+							r.DCEchoEnd = true
+							break wait
+						}
+					case <-deadline:
+						break wait
+					case <-failed:
+						break wait
+					}
 				}
 			}
 		}
@@ -593,7 +612,7 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 		r.Failure = FailDropped
 	case sendErr != nil:
 		r.Failure, r.Error = FailDropped, fmt.Sprintf("write RTP: %v", sendErr)
-	case !r.DCOpen || !r.DCEchoEnd:
+	case !r.DCOpen || (!r.DCEchoEnd && !l.opts.NoEcho):
 		r.Failure = FailDataChannel
 	}
 	if r.Failure != "" {
@@ -716,7 +735,7 @@ func Summarize(opts LoadOptions, results []SessionResult, elapsed time.Duration)
 	}
 	sum.SetupMS = distribution(setup)
 	sum.MaxGapMS = distribution(gapsMS)
-	if sum.PacketsSent > 0 {
+	if sum.PacketsSent > 0 && !opts.NoEcho {
 		sum.Loss = max(0, 1-float64(sum.PacketsReceived)/float64(sum.PacketsSent))
 	}
 	return sum
@@ -738,7 +757,7 @@ type LoadSummary struct {
 	// "connected" state, over connected sessions.
 	SetupMS Distribution `json:"setup_ms"`
 	// PacketsSent and PacketsReceived are summed over connected sessions;
-	// Loss is 1 - received/sent.
+	// Loss is 1 - received/sent (0 with LoadOptions.NoEcho).
 	PacketsSent     int     `json:"packets_sent"`
 	PacketsReceived int     `json:"packets_received"`
 	Loss            float64 `json:"loss"`

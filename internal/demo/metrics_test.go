@@ -8,11 +8,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 )
 
 // TestMetricsEndpoint: the demo serves the relay's metrics at /metrics on its
-// web port, every drop reason exported from the start (issue 4).
+// web port, every drop reason exported from the start.
 func TestMetricsEndpoint(t *testing.T) {
 	d, err := Start(Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -37,6 +38,13 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	for r := relay.DropReason(1); r < relay.NumDropReasons; r++ {
 		want = append(want, `switchboard_relay_drops_total{reason="`+r.String()+`"} 0`)
+	}
+	// The transceiver's hop counters, by reason, present before any traffic.
+	for _, r := range []string{"not_hop", "untrusted", "too_big"} {
+		want = append(want, `switchboard_transceiver_hop_dropped_total{reason="`+r+`"} 0`)
+	}
+	for r := hop.MoveReason(0); r < hop.NumMoveReasons; r++ {
+		want = append(want, `switchboard_transceiver_hop_moves_total{reason="`+r.String()+`"} 0`)
 	}
 	for _, w := range want {
 		if !strings.Contains(text, w+"\n") {

@@ -9,8 +9,8 @@
 // Readers never lock: the table is an atomic pointer to an immutable
 // snapshot, and Set builds a new snapshot and swaps it in (copy-on-write).
 // Lookup, Contains and ID allocate nothing. Whatever fills the table (static
-// config today; a Redis registry or Kubernetes later) calls Set with the
-// complete new membership.
+// config, the Redis registry in redis.go, or Kubernetes EndpointSlices in
+// kube.go) calls Set with the complete new membership.
 package membership
 
 import (

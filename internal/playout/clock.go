@@ -11,7 +11,7 @@ import (
 // worker goroutines that drain the active queues every Tick. Create it
 // with NewClock and Close it when done.
 type Clock struct {
-	// Set once.
+	// Set once (start by run, before the first tick).
 	start   time.Time
 	workers []*worker
 	stop    chan struct{}
@@ -47,7 +47,7 @@ func newClock(workers int) *Clock {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	c := &Clock{start: time.Now(), stop: make(chan struct{})}
+	c := &Clock{stop: make(chan struct{})}
 	for range workers {
 		c.workers = append(c.workers, &worker{c: c, wake: make(chan struct{}, 1), buf: make([]byte, 0, 4096)})
 	}
@@ -65,6 +65,7 @@ func (c *Clock) Close() {
 }
 
 func (c *Clock) run() {
+	c.start = time.Now() // tick n fires at about start + n×Tick
 	t := time.NewTicker(Tick)
 	defer t.Stop()
 	for {

@@ -41,17 +41,71 @@ func (s *udpSink) SendPacket(p *playout.Packet) {
 // one real clock, then clears each session at a random moment of a second
 // burst. It reports the send interval per session (p50, p99, worst, in
 // ms; 20 is perfect) and the clear latency (Clear called → the last
-// packet of the cleared audio sent, p50 and p99 in µs). Run it once:
+// packet of the cleared audio sent, p50 and p99 in µs). The baseline,
+// ticker-per-session, paces the same bursts the naive way: a goroutine and
+// a time.Ticker per session. Run it once:
 //
 //	go test -run '^$' -bench Pacing -benchtime 1x ./internal/playout
 func BenchmarkPacing(b *testing.B) {
 	for _, n := range []int{100, 200} {
-		b.Run(sessionsName(n), func(b *testing.B) {
+		b.Run("clock/"+sessionsName(n), func(b *testing.B) {
 			for b.Loop() {
 				pacing(b, n)
 			}
 		})
+		b.Run("ticker-per-session/"+sessionsName(n), func(b *testing.B) {
+			for b.Loop() {
+				pacingTickers(b, n)
+			}
+		})
 	}
+}
+
+// pacingTickers is the baseline: each session's goroutine sends one
+// packet per tick of its own time.Ticker.
+func pacingTickers(b *testing.B, n int) {
+	sink, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sink.Close()
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			if _, err := sink.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
+	starts := make([][]time.Time, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		conn, err := net.DialUDP("udp", nil, sink.LocalAddr().(*net.UDPAddr))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close()
+		wg.Go(func() {
+			payload := make([]byte, 120)
+			t := time.NewTicker(playout.Tick)
+			defer t.Stop()
+			for range 250 {
+				<-t.C
+				starts[i] = append(starts[i], time.Now())
+				_, _ = conn.Write(payload)
+			}
+		})
+	}
+	wg.Wait()
+	var intervals []float64
+	for _, s := range starts {
+		for i := 1; i < len(s); i++ {
+			intervals = append(intervals, float64(s[i].Sub(s[i-1]).Microseconds())/1000)
+		}
+	}
+	b.ReportMetric(percentile(intervals, 50), "interval-p50-ms")
+	b.ReportMetric(percentile(intervals, 99), "interval-p99-ms")
+	b.ReportMetric(percentile(intervals, 100), "interval-max-ms")
 }
 
 func sessionsName(n int) string { return "sessions=" + itoa(n) }

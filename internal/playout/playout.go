@@ -33,8 +33,8 @@
 // (EventStopped, with the run's played milliseconds), or at a Clear
 // (EventCleared, no EventStopped). Played time counts the durations of the
 // packets sent to the Sink, exactly; a packet is counted when the worker
-// takes it, and at most one taken packet per queue is still being sent
-// when Clear returns. A mark comes back (EventMark) when the audio queued
+// takes it, so the packets a worker took before a clear (one, or one per
+// missed tick when it runs late) may still be sent after Clear returns. A mark comes back (EventMark) when the audio queued
 // before it has played out: at the first tick at or after the end of that
 // audio; on an idle, empty queue at once. Clear returns the marks it
 // dropped with Cleared set, before its EventCleared.

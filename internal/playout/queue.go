@@ -23,9 +23,10 @@ type QueueConfig struct {
 	// queue. Default DefaultMaxItems.
 	MaxItems int
 	// OnUnderrun, if set, is called on the clock's worker goroutine, with
-	// no lock held, when the queue runs empty during a run: the owner may
-	// push the last, partial frame of a reply now (padded), and it is sent
-	// in the same tick. Called at most once per underrun.
+	// no lock held, when the queue has run empty during a run and stayed
+	// empty for the tick of grace, just before the run would stop: the
+	// owner may push the last, partial frame of a reply now (padded), and
+	// it is sent in the same tick. Called at most once per underrun.
 	OnUnderrun func()
 	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
 	// Clear which cuts a run sends ClearTailTicks times on the next
@@ -38,6 +39,9 @@ type QueueConfig struct {
 	// ClearTailTicks is how many ClearTail packets a clear sends
 	// (default 3: 60 ms).
 	ClearTailTicks int
+	// Paused makes the queue hold its audio, sending nothing, until
+	// Resume: for a session whose client is not connected yet.
+	Paused bool
 }
 
 type itemKind uint8
@@ -76,6 +80,7 @@ type Queue struct {
 	queued    int64  // guarded by mu: audio waiting, 48 kHz samples
 	scheduled bool   // guarded by mu: on its worker's active list
 	closed    bool
+	paused    bool   // hold everything until Resume
 	running   bool   // a run is in progress
 	tl        int64  // timeline position (48 kHz samples) where the next packet starts
 	seq       uint16 // next packet's RTP fields
@@ -107,6 +112,7 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		maxQueued:  int64(cfg.MaxQueued / Tick * TickSamples),
 		maxItems:   cfg.MaxItems,
 		notify:     make(chan struct{}, 1),
+		paused:     cfg.Paused,
 		seq:        uint16(rand.Uint32()),
 		ts:         rand.Uint32(),
 		tail:       cfg.ClearTail,
@@ -193,6 +199,14 @@ func (q *Queue) Clear() (playedMs int64) {
 	return playedMs
 }
 
+// Resume starts playing a queue made with QueueConfig.Paused: what was
+// queued meanwhile starts at the next tick. Idempotent.
+func (q *Queue) Resume() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.paused = false
+}
+
 // Idle reports whether nothing is queued and no run is in progress.
 func (q *Queue) Idle() bool {
 	q.mu.Lock()
@@ -207,12 +221,12 @@ func (q *Queue) Queued() time.Duration {
 	return time.Duration(q.queued) * time.Second / 48000
 }
 
-// Fits reports whether dur more samples (48 kHz) of audio fit under the
-// cap now.
-func (q *Queue) Fits(dur int) bool {
+// Fits reports whether n more packets totalling dur samples (48 kHz) fit
+// under both caps now.
+func (q *Queue) Fits(n, dur int) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.queued+int64(dur) <= q.maxQueued
+	return !q.closed && q.queued+int64(dur) <= q.maxQueued && len(q.items)-q.head+n <= q.maxItems
 }
 
 // Notify returns a channel that receives (without blocking the sender,
@@ -265,10 +279,24 @@ func (q *Queue) signal() {
 	}
 }
 
+// Above these capacities an emptied queue gives its buffers back, so a
+// session keeps no memory from its longest reply: a few seconds' worth of
+// packets are kept for reuse.
+const (
+	keepArena = 64 << 10
+	keepItems = 512
+)
+
 // reset empties the items and the arena. mu held.
 func (q *Queue) reset() {
 	clear(q.items[q.head:]) // drop the strings
 	q.items, q.head, q.arena, q.queued = q.items[:0], 0, q.arena[:0], 0
+	if cap(q.arena) > keepArena {
+		q.arena = nil
+	}
+	if cap(q.items) > keepItems {
+		q.items = nil
+	}
 }
 
 // compact moves the waiting items to the front once at least half of
@@ -305,17 +333,26 @@ func (q *Queue) compact() {
 // queue stays on the worker's active list.
 func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
 	now, first := n*TickSamples, from*TickSamples
-	sent := q.take(now, first, w)
-	if len(w.batch) == 0 && q.onUnderrun != nil && q.wantsTail() {
+	events := q.take(now, first, w)
+	if len(w.batch) == 0 && q.onUnderrun != nil && q.wantsTail(now) {
 		q.onUnderrun()
-		sent = q.take(now, first, w) || sent
+		events = q.take(now, first, w) || events
 	}
 	for i := range w.batch {
 		q.sink.SendPacket(&w.batch[i])
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if sent {
+	// One tick of grace after the last audio ended before the run stops,
+	// so a backend streaming in real time a little late does not split
+	// its playout.
+	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now >= q.tl+TickSamples {
+		q.running = false
+		q.events = append(q.events, Event{Type: EventStopped, PlayedMs: q.played * 1000 / 48000, ResponseID: q.respID})
+		q.played, q.underrun = 0, false
+		events = true
+	}
+	if events {
 		q.signal()
 	}
 	if q.closed || (!q.running && q.head == len(q.items) && q.tailLeft == 0) {
@@ -325,12 +362,12 @@ func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
 	return true
 }
 
-// wantsTail reports, and records, that the run has just run dry: the
-// owner's OnUnderrun is due.
-func (q *Queue) wantsTail() bool {
+// wantsTail reports, and records, that the run has run dry and stayed dry
+// for its tick of grace: the owner's OnUnderrun is due.
+func (q *Queue) wantsTail(now int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !q.running || q.head != len(q.items) || q.underrun {
+	if !q.running || q.head != len(q.items) || q.underrun || now < q.tl+TickSamples {
 		return false
 	}
 	q.underrun = true
@@ -346,6 +383,9 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	nev := len(q.events)
+	if q.paused {
+		return false
+	}
 	for q.head < len(q.items) && !q.closed {
 		it := &q.items[q.head]
 		if it.kind != itemAudio {
@@ -403,14 +443,6 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 	}
 	if q.head == len(q.items) {
 		q.reset()
-		// One tick of grace after the last audio ended before the run
-		// stops, so a backend streaming in real time a little late does
-		// not split its playout.
-		if q.running && len(w.batch) == 0 && now >= q.tl+TickSamples {
-			q.running = false
-			q.events = append(q.events, Event{Type: EventStopped, PlayedMs: q.played * 1000 / 48000, ResponseID: q.respID})
-			q.played, q.underrun = 0, false
-		}
 	} else {
 		q.compact()
 	}

@@ -288,12 +288,17 @@ func TestUnderrunTail(t *testing.T) {
 		}
 	}})
 	h.push("a", 960)
-	h.run(5)
+	h.run(6)
 	if calls != 2 || len(h.rec.pkts) != 2 {
 		t.Fatalf("OnUnderrun called %d times, %d packets sent; want 2, 2", calls, len(h.rec.pkts))
 	}
-	if a, b := h.rec.pkts[0], h.rec.pkts[1]; b.tick != a.tick+1 || b.ts != a.ts+960 || b.data != "tail" {
-		t.Fatalf("tail %+v after %+v: want it in the next tick, contiguous", b, a)
+	// Not at the first empty tick (more audio may be on its way), after the
+	// tick of grace: the tail follows a 20 ms gap, in the same run.
+	if a, b := h.rec.pkts[0], h.rec.pkts[1]; b.tick != a.tick+2 || b.ts != a.ts+1920 || b.marker || b.data != "tail" {
+		t.Fatalf("tail %+v after %+v: want it two ticks later, timestamp +1920, same run", b, a)
+	}
+	if ev := h.events(); len(ev) != 2 || ev[1].Type != EventStopped || ev[1].PlayedMs != 40 {
+		t.Fatalf("events %+v, want one run of 40 ms", ev)
 	}
 }
 
@@ -320,6 +325,22 @@ func TestLateWorker(t *testing.T) {
 	}
 	if got := h.c.Stats().LateTicks; got != 3 {
 		t.Fatalf("LateTicks %d, want 3", got)
+	}
+}
+
+// TestPaused: a paused queue holds its audio until Resume, then plays it
+// from the start.
+func TestPaused(t *testing.T) {
+	h := newHarness(t, QueueConfig{Paused: true})
+	h.push("greeting", 960)
+	h.run(5)
+	if len(h.rec.pkts) != 0 || len(h.events()) != 0 {
+		t.Fatalf("a paused queue sent %d packets", len(h.rec.pkts))
+	}
+	h.q.Resume()
+	h.run(1)
+	if len(h.rec.pkts) != 1 || !h.rec.pkts[0].marker || h.rec.pkts[0].data != "greeting" {
+		t.Fatalf("after Resume: %+v", h.rec.pkts)
 	}
 }
 
@@ -375,6 +396,28 @@ func TestCompaction(t *testing.T) {
 	}
 	if c := cap(h.q.arena); c > 4096 {
 		t.Fatalf("arena grew to %d bytes for ~10 packets waiting", c)
+	}
+}
+
+// TestMemoryReleased: after a long reply has played, the queue does not
+// keep its buffers.
+func TestMemoryReleased(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	payload := make([]byte, 160)
+	for range 3000 { // 60 s
+		if err := h.q.PushAudio(payload, 960); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cap(h.q.arena) < 3000*160 {
+		t.Fatalf("arena %d bytes for 3000 packets", cap(h.q.arena))
+	}
+	h.run(3002)
+	if cap(h.q.arena) > keepArena || cap(h.q.items) > keepItems {
+		t.Fatalf("after the reply the queue keeps %d arena bytes and %d item slots", cap(h.q.arena), cap(h.q.items))
+	}
+	if !h.q.Fits(DefaultMaxItems, 1000) || h.q.Fits(DefaultMaxItems+1, 0) {
+		t.Fatal("Fits does not check the item cap")
 	}
 }
 

@@ -67,7 +67,7 @@ const (
 	// whose header does not parse.
 	DropIngressBadHeader
 
-	// Flow cache (Config.FlowCache, flowcache.go): DTLS/RTP/RTCP from a
+	// Flow cache (Config.FlowStore, flowcache.go): DTLS/RTP/RTCP from a
 	// client without a flow, which the cache could not recover.
 
 	// DropFlowCacheMiss: the cache has no flow for the client (or had
@@ -156,12 +156,6 @@ var dropNames = [NumDropReasons]string{
 	DropWriteError:            "write_error",
 	DropTooBig:                "too_big",
 }
-
-// heldForCache is what a handler returns for a datagram it handed to the
-// flow cache (flowcache.go): not a drop, and not counted by the read loop,
-// since the cache later forwards it or counts it under a DropFlowCache*
-// reason. It is outside the range of reasons.
-const heldForCache DropReason = 0xff
 
 // String returns the reason's metric label.
 func (d DropReason) String() string {

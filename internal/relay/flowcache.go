@@ -1,12 +1,10 @@
 package relay
 
 import (
-	"bytes"
 	"context"
-	"errors"
+	"fmt"
 	"net"
 	"net/netip"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,12 +12,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-rtc/switchboard/internal/hop"
-	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
 // The flow cache (docs/design.md §2.2, §5.7; docs/relay.md, "Flow cache").
+// Its parts, one file each: this file, the hold table (where datagrams
+// from clients without a flow wait) and the cache's state;
+// flowcache_resolve.go, the resolver (lookups, restores, sending what was
+// held); flowcache_write.go, the writer (confirmed flows into the store);
+// flowcache_value.go, the value encoding. Names: the flow cache is this
+// feature of the relay; its FlowStore is where the flows are kept.
 //
-// A relay with Config.FlowCache writes every confirmed flow (client →
+// A relay with Config.FlowStore writes every confirmed flow (client →
 // transceiver address, transceiver id, server ufrag) to a store shared by
 // the cluster's relays, and when DTLS, RTP or RTCP arrives from a client
 // it has no flow for (a restarted relay, or one the load balancer just
@@ -73,11 +76,11 @@ import (
 // flow_cache_down. The state is a gauge and a log line at most once per
 // logEvery. The relay forwards everything else as without a cache.
 
-// FlowCache is a store of flows shared by a cluster's relays, keyed by
-// client address; internal/flowcache is the Redis one. The values are
+// FlowStore is the flow cache's store: flows shared by a cluster's relays,
+// keyed by client address; internal/flowstore is the Redis one. The values are
 // opaque to it: the relay encodes them (appendCachedFlow). The relay calls
 // it from two background goroutines, never per datagram, with batches.
-type FlowCache interface {
+type FlowStore interface {
 	// Put stores values[i] under clients[i], each for ttl.
 	Put(ctx context.Context, clients []netip.AddrPort, values [][]byte, ttl time.Duration) error
 	// Get fills values[i] (len(values) == len(clients)) with clients[i]'s
@@ -192,7 +195,7 @@ var writeNames = [numWriteResults]string{"ok", "error", "skipped"}
 type flowCache struct {
 	// Set once by newFlowCache (sock by New), never mutated.
 	r     *Relay
-	store FlowCache
+	store FlowStore
 	p     cacheParams
 	sock  *net.UDPConn // the internal socket held datagrams go out from
 	slab  []byte       // p.bufs buffers of batchSlot bytes
@@ -207,9 +210,10 @@ type flowCache struct {
 	srcSeed [2]uint64
 	sources []atomic.Uint64
 
-	free     chan uint16  // free buffers of slab
-	lookups  chan addrKey // clients whose first datagram is held
-	confirms chan addrKey // confirmed flows to write
+	free     chan uint16   // free buffers of slab
+	inPool   []atomic.Bool // inPool[i]: buffer i is in free (the double-return guard)
+	lookups  chan addrKey  // clients whose first datagram is held
+	confirms chan addrKey  // confirmed flows to write
 
 	downUntil atomic.Int64 // relay-mono ns: lookups and writes are skipped before it
 	backoff   atomic.Int64 // ns; 0 while the store works
@@ -224,7 +228,7 @@ type flowCache struct {
 	batches  *prometheus.HistogramVec // label op: get, put
 }
 
-func newFlowCache(r *Relay, store FlowCache, p cacheParams) *flowCache {
+func newFlowCache(r *Relay, store FlowStore, p cacheParams) *flowCache {
 	if p.ttl == 0 {
 		p.ttl = 2 * r.cfg.IdleTimeout
 	}
@@ -262,7 +266,9 @@ func newFlowCache(r *Relay, store FlowCache, p cacheParams) *flowCache {
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512},
 		}, []string{"op"}),
 	}
+	fc.inPool = make([]atomic.Bool, p.bufs)
 	for i := range p.bufs {
+		fc.inPool[i].Store(true)
 		fc.free <- uint16(i)
 	}
 	fc.up.Store(true)
@@ -291,10 +297,11 @@ func find(bucket []holdEntry, k addrKey) *holdEntry {
 }
 
 // hold is the miss path of DTLS/RTP/RTCP datagram pkt from client (via its
-// Global Relay, or invalid), called by a read loop: it parks a copy of pkt
-// for the resolver and returns heldForCache, or returns why it drops it,
-// or, if the resolver restored client's flow meanwhile, the flow's
-// destination with dropNone. It never blocks on I/O and allocates nothing.
+// Global Relay, or invalid), called by a read loop. It returns one of:
+// why it drops pkt; no drop and no destination when it parked a copy of
+// pkt for the resolver (held); or, if the resolver restored client's flow
+// meanwhile, the flow's destination. It never blocks on I/O and allocates
+// nothing.
 func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (netip.AddrPort, DropReason) {
 	if t < fc.downUntil.Load() {
 		return netip.AddrPort{}, DropFlowCacheDown
@@ -336,7 +343,7 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 			fc.give(src, 0, 1)
 			return netip.AddrPort{}, DropFlowCacheHoldFull
 		}
-		return netip.AddrPort{}, heldForCache
+		return netip.AddrPort{}, dropNone // held
 	default: // a negative entry expired, or for another way: reuse it
 		e.state = holdFree
 	}
@@ -368,7 +375,7 @@ func (fc *flowCache) hold(client, via netip.AddrPort, pkt []byte, t int64) (neti
 		fc.give(src, 1, 1)
 		return netip.AddrPort{}, DropFlowCacheHoldFull
 	}
-	return netip.AddrPort{}, heldForCache
+	return netip.AddrPort{}, dropNone // held
 }
 
 // vacancy returns the entry of bucket a new lookup may take at t: a free
@@ -421,6 +428,9 @@ func (fc *flowCache) park(e *holdEntry, pkt []byte) bool {
 	default:
 		return false
 	}
+	if !fc.inPool[i].CompareAndSwap(true, false) {
+		panic(fmt.Sprintf("relay: flow cache buffer %d taken from the pool while out of it", i))
+	}
 	copy(fc.buf(i)[hop.MaxHeaderLen:], pkt)
 	e.bufs[e.n], e.lens[e.n] = i, uint16(len(pkt))
 	e.n++
@@ -428,25 +438,17 @@ func (fc *flowCache) park(e *holdEntry, pkt []byte) bool {
 	return true
 }
 
+// putBuf returns buffer i to the pool. A buffer returned twice would be
+// handed to two held datagrams at once (one overwriting the other): that
+// is a bug in the relay, never the network's doing, so it panics, as a
+// double release does in quic-go's packet buffers.
 func (fc *flowCache) putBuf(i uint16) {
-	select {
-	case fc.free <- i:
-	default:
+	if !fc.inPool[i].CompareAndSwap(false, true) {
+		panic(fmt.Sprintf("relay: flow cache buffer %d returned to the pool twice", i))
 	}
+	fc.free <- i // never blocks: the channel holds every buffer
 }
 
-// onConfirm queues client k's confirmed flow for the writer. Called by the
-// flow table with a shard lock held, from the internal read loop: it
-// never blocks and allocates nothing.
-func (fc *flowCache) onConfirm(k addrKey) {
-	select {
-	case fc.confirms <- k:
-	default:
-		fc.writes[writeSkipped].Add(1) // the next refresh pass writes it
-	}
-}
-
-// failed records a failed Get or Put: back off, count, log at most once per logEvery.
 func (fc *flowCache) failed(op string, err error) {
 	now := time.Now()
 	t := fc.r.mono(now)
@@ -478,425 +480,4 @@ func (fc *flowCache) mayLog(t int64) bool {
 		return false
 	}
 	return fc.lastLog.CompareAndSwap(last, max(t, 1))
-}
-
-// resolveLoop is the resolver goroutine: it batches held clients into Gets.
-func (fc *flowCache) resolveLoop(ctx context.Context) {
-	defer fc.r.wg.Done()
-	keys := make([]addrKey, 0, lookupBatch)
-	live := make([]addrKey, 0, lookupBatch)
-	clients := make([]netip.AddrPort, 0, lookupBatch)
-	values := make([][]byte, lookupBatch)
-	hold := int64(fc.p.hold)
-	var took int64 // smoothed duration of a Get, ns
-	for {
-		keys = keys[:0]
-		select {
-		case <-ctx.Done():
-			return
-		case k := <-fc.lookups:
-			keys = append(keys, k)
-		}
-	drain:
-		for len(keys) < lookupBatch {
-			select {
-			case k := <-fc.lookups:
-				keys = append(keys, k)
-			default:
-				break drain
-			}
-		}
-		start := time.Now()
-		t := fc.r.mono(start)
-		live, clients = live[:0], clients[:0]
-		down := t < fc.downUntil.Load()
-		// A client with less time left than a Get has been taking would
-		// only have its datagrams dropped when the answer comes: do not
-		// ask. Capped at half the hold time, so fresh clients are always
-		// asked (and took keeps measuring).
-		short := min(took, hold/2)
-		for _, k := range keys {
-			at, ok := fc.heldSince(k)
-			switch {
-			case !ok:
-			case hold-(t-at) <= short:
-				fc.finish(k, DropFlowCacheTimeout, 0)
-			case down:
-				fc.finish(k, DropFlowCacheDown, 0)
-			default:
-				live = append(live, k)
-				clients = append(clients, k.addrPort())
-			}
-		}
-		if len(live) == 0 {
-			continue
-		}
-		fc.batches.WithLabelValues("get").Observe(float64(len(live)))
-		// The Get's own timeout, not the held datagrams' deadline: a
-		// store slower than the hold time costs those datagrams
-		// (flow_cache_timeout below), but is not down.
-		lctx, cancel := context.WithTimeout(ctx, fc.p.getTimeout)
-		err := fc.store.Get(lctx, clients, values[:len(live)])
-		// Before cancel, which would make lctx's error Canceled. A store
-		// need not return the context's error on a timeout: go-redis
-		// returns the socket's "i/o timeout" (its read deadline is lctx's).
-		// (Its deadline, too: the socket's timer may fire before lctx's.)
-		dl, _ := lctx.Deadline()
-		timedOut := lctx.Err() == context.DeadlineExceeded || !time.Now().Before(dl)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		end := time.Now()
-		if d := int64(end.Sub(start)); took == 0 {
-			took = d
-		} else {
-			took += (d - took) / 8
-		}
-		if err != nil {
-			fc.lookedUp[lookupError].Add(uint64(len(live)))
-			fc.failed("get", err)
-			reason := DropFlowCacheDown
-			if timedOut || errors.Is(err, context.DeadlineExceeded) {
-				reason = DropFlowCacheTimeout
-			}
-			for _, k := range live {
-				fc.finish(k, reason, 0)
-			}
-			continue
-		}
-		fc.worked()
-		t = fc.r.mono(end)
-		for i, k := range live {
-			fc.resolve(k, values[i], t)
-			values[i] = nil
-		}
-	}
-}
-
-// heldSince returns when k's first held datagram arrived, if k is waiting for a lookup.
-func (fc *flowCache) heldSince(k addrKey) (int64, bool) {
-	bucket, st := fc.bucket(&k)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if e := find(bucket, k); e != nil && e.state == holdLookup {
-		return e.until, true
-	}
-	return 0, false
-}
-
-// finish drops k's held datagrams under reason and frees its entry, or,
-// with negUntil non-zero, makes it a negative entry until then: the
-// client's datagrams are dropped under reason without a lookup.
-func (fc *flowCache) finish(k addrKey, reason DropReason, negUntil int64) {
-	bucket, st := fc.bucket(&k)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	e := find(bucket, k)
-	if e == nil || e.state != holdLookup {
-		return
-	}
-	for _, b := range e.bufs[:e.n] {
-		fc.putBuf(b)
-	}
-	fc.give(fc.source(&k), 1, uint64(e.n))
-	fc.c.drops[reason].Add(uint64(e.n))
-	e.n = 0
-	if negUntil != 0 {
-		e.state, e.until, e.why = holdNegative, negUntil, reason
-	} else {
-		e.state = holdFree
-	}
-}
-
-// resolve acts on the store's answer for k at t: restore the flow and send
-// the held datagrams, or drop them and remember why.
-func (fc *flowCache) resolve(k addrKey, val []byte, t int64) {
-	why := dropNone
-	var cf cachedFlow
-	if val == nil {
-		why = DropFlowCacheMiss
-	} else if c, ok := parseCachedFlow(val); !ok || c.transceiver == 0 {
-		why = DropFlowCacheStale
-	} else if m, isMember := fc.r.members.Lookup(c.transceiver); !isMember || m != c.dst {
-		// Membership, not the store, has the last word: the entry's
-		// transceiver must still be a member, with the same id and address.
-		why = DropFlowCacheStale
-	} else {
-		cf = c
-	}
-	client := k.addrPort()
-	bucket, st := fc.bucket(&k)
-	var bufs, lens [maxHeldPerClient]uint16
-	st.mu.Lock()
-	e := find(bucket, k)
-	if e == nil || e.state != holdLookup {
-		st.mu.Unlock()
-		return
-	}
-	if why == dropNone && viaKey(cf.via) != e.via {
-		// The held datagram did not come the way the flow did (another
-		// Global Relay, or direct for a flow through one, or the reverse):
-		// anyone can send a datagram with the client's address, and the
-		// restored flow's replies would follow it.
-		why = DropFlowCacheStale
-	}
-	late := t-e.until >= int64(fc.p.hold)
-	n := int(e.n)
-	copy(bufs[:], e.bufs[:n])
-	copy(lens[:], e.lens[:n])
-	fc.give(fc.source(&k), 1, uint64(n))
-	e.n = 0
-	var dst netip.AddrPort
-	negUntil := t + int64(fc.p.negative)
-	if why == dropNone {
-		// Under the stripe lock: a read loop that missed the flow and now
-		// waits for the lock finds it in the table (hold looks again).
-		dst, why = fc.r.flows.restore(client, cf.dst, cf.via, cf.transceiver, cf.ufrag, t)
-		switch why {
-		case dropNone:
-			negUntil = 0
-		case DropFlowTableFull, DropSourceRateLimit, DropSourcePendingLimit, DropNewFlowRateLimit:
-			// Remembered briefly: without it every datagram of the
-			// client would cost a lookup for as long as the cap holds.
-			negUntil = t + int64(fc.p.capped)
-		}
-	}
-	// Counted once restore has said: a restore a cap refused is no hit.
-	switch why {
-	case dropNone:
-		fc.lookedUp[lookupHit].Add(1)
-	case DropFlowCacheMiss:
-		fc.lookedUp[lookupMiss].Add(1)
-	case DropFlowCacheStale:
-		fc.lookedUp[lookupStale].Add(1)
-	default:
-		fc.lookedUp[lookupRefused].Add(1)
-	}
-	if negUntil != 0 {
-		e.state, e.until, e.why = holdNegative, negUntil, why
-	} else {
-		e.state = holdFree
-	}
-	st.mu.Unlock()
-	if why == dropNone && !fc.r.members.Contains(dst) {
-		why = DropTransceiverGone
-	}
-	if late {
-		why = DropFlowCacheTimeout // the answer, not its datagrams, is still good
-	}
-	for i := range n {
-		b := fc.buf(bufs[i])
-		if why == dropNone {
-			start := hop.MaxHeaderLen - hop.HeaderLen(client.Addr())
-			hop.PutHeader(b[start:], hop.TypeData, client)
-			if _, err := fc.sock.WriteToUDPAddrPort(b[start:hop.MaxHeaderLen+int(lens[i])], dst); err != nil {
-				fc.c.drops[DropWriteError].Add(1)
-			} else {
-				fc.c.packets[toTransceiver].Add(1)
-				fc.c.bytes[toTransceiver].Add(uint64(lens[i]))
-			}
-		} else {
-			fc.c.drops[why].Add(1)
-		}
-		fc.putBuf(bufs[i])
-	}
-}
-
-// writeLoop is the writer goroutine: confirmations in batches as they
-// come, and a refresh pass over the table every p.refresh.
-func (fc *flowCache) writeLoop(ctx context.Context) {
-	defer fc.r.wg.Done()
-	w := &cacheWriter{fc: fc}
-	// Probe the store at once, so that one missing from the start shows
-	// in the gauge and the log without waiting for traffic.
-	pctx, cancel := context.WithTimeout(ctx, fc.p.putTimeout)
-	if err := fc.store.Get(pctx, []netip.AddrPort{{}}, make([][]byte, 1)); err != nil && ctx.Err() == nil {
-		fc.failed("probe", err)
-	}
-	cancel()
-	tick := time.NewTicker(fc.p.refresh)
-	defer tick.Stop()
-	// Each pass rewrites the flows with traffic since the previous one
-	// began; the first covers everything.
-	since := int64(-1 << 62)
-	check := time.NewTicker(fc.p.minBackoff)
-	defer check.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case k := <-fc.confirms:
-			w.add(ctx, k)
-		drain:
-			for {
-				select {
-				case k := <-fc.confirms:
-					w.add(ctx, k)
-				default:
-					break drain
-				}
-			}
-			w.flush(ctx)
-		case <-tick.C:
-			since = w.refresh(ctx, since)
-		case <-check.C:
-			// Back from down: rewrite everything confirmed meanwhile.
-			if fc.refreshed.Swap(false) {
-				since = w.refresh(ctx, -1<<62)
-			}
-		}
-	}
-}
-
-// cacheWriter batches entries for Put.
-type cacheWriter struct {
-	fc      *flowCache
-	clients []netip.AddrPort
-	values  [][]byte
-	arena   []byte
-}
-
-// add queues client k's flow if it is confirmed.
-func (w *cacheWriter) add(ctx context.Context, k addrKey) {
-	if f, ok := w.fc.r.flows.get(k); ok && f.confirmed {
-		w.put(ctx, k.addrPort(), &f)
-	}
-}
-
-// put queues client's flow f. A flow without a transceiver id (0) is
-// never written: its entry would be stale, and would overwrite a good one.
-func (w *cacheWriter) put(ctx context.Context, client netip.AddrPort, f *flowInfo) {
-	if f.tr == 0 {
-		return
-	}
-	start := len(w.arena)
-	w.arena = appendCachedFlow(w.arena, f)
-	w.clients = append(w.clients, client)
-	w.values = append(w.values, w.arena[start:len(w.arena):len(w.arena)])
-	if len(w.clients) >= writeBatch {
-		w.flush(ctx)
-	}
-}
-
-func (w *cacheWriter) flush(ctx context.Context) {
-	fc := w.fc
-	n := len(w.clients)
-	if n == 0 {
-		return
-	}
-	defer func() {
-		clear(w.values)
-		w.clients, w.values, w.arena = w.clients[:0], w.values[:0], w.arena[:0]
-	}()
-	if fc.r.mono(time.Now()) < fc.downUntil.Load() {
-		fc.writes[writeSkipped].Add(uint64(n))
-		return
-	}
-	fc.batches.WithLabelValues("put").Observe(float64(n))
-	pctx, cancel := context.WithTimeout(ctx, fc.p.putTimeout)
-	err := fc.store.Put(pctx, w.clients, w.values, fc.p.ttl)
-	cancel()
-	if err != nil {
-		if ctx.Err() != nil {
-			return
-		}
-		fc.writes[writeError].Add(uint64(n))
-		fc.failed("put", err)
-		return
-	}
-	fc.writes[writeOK].Add(uint64(n))
-	fc.worked()
-}
-
-// refresh writes every confirmed flow with traffic at or after since, and
-// returns when this pass began (the next one's since).
-func (w *cacheWriter) refresh(ctx context.Context, since int64) int64 {
-	began := w.fc.r.mono(time.Now())
-	w.fc.r.flows.eachConfirmed(since, func(client netip.AddrPort, f *flowInfo) bool {
-		w.put(ctx, client, f)
-		return ctx.Err() == nil
-	})
-	w.flush(ctx)
-	return began
-}
-
-// Cached values (docs/relay.md, "Flow cache"), ASCII, fields separated by
-// one space:
-//
-//	2 <transceiver ip:port> <transceiver id> <server ufrag or -> <via ip:port or ->
-//
-// e.g. "2 10.0.0.5:4000 7 AbCd… -" (the ufrag is token.Len characters of
-// the ICE alphabet; "-" for a flow relearned from a transceiver's traffic,
-// which has none; via is the Global Relay the client's traffic arrives
-// through, "-" for a client sending directly).
-
-// appendCachedFlow appends f's encoding to b.
-func appendCachedFlow(b []byte, f *flowInfo) []byte {
-	b = append(b, cacheValueVersion...)
-	b = append(b, ' ')
-	b = f.dst.AppendTo(b)
-	b = append(b, ' ')
-	b = strconv.AppendUint(b, uint64(f.tr), 10)
-	b = append(b, ' ')
-	if f.ufrag == ([token.Len / 8]uint64{}) {
-		b = append(b, '-')
-	} else {
-		b = append(b, ufragBytes(&f.ufrag)...)
-	}
-	b = append(b, ' ')
-	if !f.via.IsValid() {
-		return append(b, '-')
-	}
-	return f.via.AppendTo(b)
-}
-
-// cachedFlow is a decoded value.
-type cachedFlow struct {
-	dst         netip.AddrPort
-	via         netip.AddrPort // invalid: direct
-	transceiver uint32
-	ufrag       []byte // nil or token.Len bytes
-}
-
-// parseCachedFlow decodes a value; ok is false for anything malformed.
-func parseCachedFlow(v []byte) (cf cachedFlow, ok bool) {
-	if len(v) > maxCachedValue {
-		return cf, false
-	}
-	f := bytes.Split(v, []byte{' '})
-	if len(f) != 5 || string(f[0]) != cacheValueVersion {
-		return cf, false
-	}
-	dst, ok := parseAddrPort(f[1])
-	if !ok {
-		return cf, false
-	}
-	tr, err := strconv.ParseUint(string(f[2]), 10, 32)
-	if err != nil {
-		return cf, false
-	}
-	switch {
-	case string(f[3]) == "-":
-	case len(f[3]) == token.Len:
-		cf.ufrag = f[3]
-	default:
-		return cf, false
-	}
-	if string(f[4]) != "-" {
-		if cf.via, ok = parseAddrPort(f[4]); !ok {
-			return cf, false
-		}
-	}
-	cf.dst, cf.transceiver = dst, uint32(tr)
-	return cf, true
-}
-
-// parseAddrPort parses a canonical ip:port with a non-zero port.
-func parseAddrPort(b []byte) (netip.AddrPort, bool) {
-	ap, err := netip.ParseAddrPort(string(b))
-	if err != nil || !ap.Addr().IsValid() || ap.Port() == 0 {
-		return netip.AddrPort{}, false
-	}
-	return canonical(ap), true
 }

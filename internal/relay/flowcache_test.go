@@ -16,19 +16,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/switchboard-rtc/switchboard/internal/flowcache"
+	"github.com/switchboard-rtc/switchboard/internal/flowstore"
 	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/redistest"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
-func init() { flowcache.LogRedisTo(slog.New(slog.DiscardHandler)) }
+func init() { flowstore.LogRedisTo(slog.New(slog.DiscardHandler)) }
 
 // newCache returns a flow cache for testCluster in the Redis at addr.
-func newCache(t *testing.T, addr string) *flowcache.Redis {
+func newCache(t *testing.T, addr string) *flowstore.Redis {
 	t.Helper()
-	c, err := flowcache.New(addr, testCluster)
+	c, err := flowstore.New(addr, testCluster)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,30 +38,30 @@ func newCache(t *testing.T, addr string) *flowcache.Redis {
 
 // gatedCache holds every lookup until its gate is closed.
 type gatedCache struct {
-	FlowCache
+	FlowStore
 	gate chan struct{}
 }
 
 func (g *gatedCache) Get(ctx context.Context, clients []netip.AddrPort, values [][]byte) error {
 	if len(clients) == 1 && !clients[0].IsValid() { // the writer's start-up probe
-		return g.FlowCache.Get(ctx, clients, values)
+		return g.FlowStore.Get(ctx, clients, values)
 	}
 	select {
 	case <-g.gate:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return g.FlowCache.Get(ctx, clients, values)
+	return g.FlowStore.Get(ctx, clients, values)
 }
 
 // newCacheRelay starts a relay with cache store for the members of e (the
 // env's transceiver 7), logging to log (nil: nowhere).
-func newCacheRelay(t *testing.T, e *env, store FlowCache, p *cacheParams, log *slog.Logger) *Relay {
+func newCacheRelay(t *testing.T, e *env, store FlowStore, p *cacheParams, log *slog.Logger) *Relay {
 	t.Helper()
-	return newCacheRelayWith(t, e, Config{FlowCache: store}, p, log)
+	return newCacheRelayWith(t, e, Config{FlowStore: store}, p, log)
 }
 
-// newCacheRelayWith is newCacheRelay with more of the config (cfg.FlowCache
+// newCacheRelayWith is newCacheRelay with more of the config (cfg.FlowStore
 // is the store).
 func newCacheRelayWith(t *testing.T, e *env, cfg Config, p *cacheParams, log *slog.Logger) *Relay {
 	t.Helper()
@@ -115,7 +115,7 @@ func TestFlowCacheRestoresAfterRestart(t *testing.T) {
 
 	p := defaultCacheParams
 	p.hold = 5 * time.Second // the gate below decides when the lookup answers
-	gated := &gatedCache{FlowCache: newCache(t, srv.Addr), gate: make(chan struct{})}
+	gated := &gatedCache{FlowStore: newCache(t, srv.Addr), gate: make(chan struct{})}
 	second := newCacheRelay(t, e, gated, &p, nil)
 	pkts := [][]byte{{22, 0xfe, 0xfd, 0, 0, 0, 1}, mediaPkt(1), mediaPkt(2), mediaPkt(3)}
 	for _, pkt := range pkts {
@@ -214,8 +214,8 @@ func TestFlowCacheHoldBounds(t *testing.T) {
 	srv := redistest.Start(t)
 	p := defaultCacheParams
 	p.bufs, p.buckets, p.perClient = 64, 16, 4
-	gated := &gatedCache{FlowCache: newCache(t, srv.Addr), gate: make(chan struct{})}
-	f := newFixture(t, Config{FlowCache: gated, cacheParams: &p})
+	gated := &gatedCache{FlowStore: newCache(t, srv.Addr), gate: make(chan struct{})}
+	f := newFixture(t, Config{FlowStore: gated, cacheParams: &p})
 	fc := f.r.fc
 	rtp := mediaPkt(1)
 	const clients, each = 2000, 10
@@ -224,8 +224,8 @@ func TestFlowCacheHoldBounds(t *testing.T) {
 	for i := range clients {
 		c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 40000)
 		for range each {
-			_, _, drop := f.pub(c, rtp)
-			if drop == heldForCache {
+			_, out, drop := f.pub(c, rtp)
+			if isHeld(out, drop) {
 				held++
 			} else {
 				drops[drop]++
@@ -250,13 +250,13 @@ func TestFlowCacheHoldBounds(t *testing.T) {
 	// measure on an empty one) allocates nothing. Each run frees the
 	// entry as the resolver would, so that every run takes that path.
 	{
-		g := newFixture(t, Config{FlowCache: nopCache{}})
+		g := newFixture(t, Config{FlowStore: nopCache{}})
 		buf := make([]byte, hop.MaxHeaderLen+len(rtp))
 		copy(buf[hop.MaxHeaderLen:], rtp)
 		k := keyOf(c1)
 		var other int
 		if n := testing.AllocsPerRun(1000, func() {
-			if _, _, drop := g.r.handlePublic(c1, buf, g.now); drop != heldForCache {
+			if _, out, drop := g.r.handlePublic(c1, buf, g.now); !isHeld(out, drop) {
 				other++
 				return
 			}
@@ -401,14 +401,14 @@ func TestCachedFlowEncoding(t *testing.T) {
 // on: hold (copy into a pooled buffer, enqueue the lookup). Each iteration
 // also frees the entry, as the resolver would.
 func BenchmarkFlowCacheMiss(b *testing.B) {
-	f := newFixture(b, Config{FlowCache: nopCache{}})
+	f := newFixture(b, Config{FlowStore: nopCache{}})
 	fc := f.r.fc
 	buf := make([]byte, hop.MaxHeaderLen+160)
 	buf[hop.MaxHeaderLen] = 0x80
 	k := keyOf(c1)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, drop := f.r.handlePublic(c1, buf, f.now); drop != heldForCache {
+		if _, out, drop := f.r.handlePublic(c1, buf, f.now); !isHeld(out, drop) {
 			b.Fatal(drop)
 		}
 		<-fc.lookups
@@ -419,7 +419,7 @@ func BenchmarkFlowCacheMiss(b *testing.B) {
 // BenchmarkFlowCacheNegative is a miss the cache already answered (a
 // client's stream after its lookup missed): dropped in the read loop.
 func BenchmarkFlowCacheNegative(b *testing.B) {
-	f := newFixture(b, Config{FlowCache: nopCache{}})
+	f := newFixture(b, Config{FlowStore: nopCache{}})
 	buf := make([]byte, hop.MaxHeaderLen+160)
 	buf[hop.MaxHeaderLen] = 0x80
 	f.r.handlePublic(c1, buf, f.now)
@@ -436,7 +436,7 @@ func BenchmarkFlowCacheNegative(b *testing.B) {
 // BenchmarkHandlePublicHitCache is BenchmarkHandlePublicHit with the
 // cache on: the hit path must not change.
 func BenchmarkHandlePublicHitCache(b *testing.B) {
-	f := newFixture(b, Config{FlowCache: nopCache{}})
+	f := newFixture(b, Config{FlowStore: nopCache{}})
 	f.pub(c1, f.good(7))
 	buf := make([]byte, hop.MaxHeaderLen+160)
 	buf[hop.MaxHeaderLen] = 0x80
@@ -448,7 +448,7 @@ func BenchmarkHandlePublicHitCache(b *testing.B) {
 
 // BenchmarkHandleInternalCache is BenchmarkHandleInternal with the cache on.
 func BenchmarkHandleInternalCache(b *testing.B) {
-	f := newFixture(b, Config{FlowCache: nopCache{}})
+	f := newFixture(b, Config{FlowStore: nopCache{}})
 	f.pub(c1, f.good(7))
 	reply := append(hop.AppendHeader(nil, hop.TypeData, c1), make([]byte, 160)...)
 	b.ReportAllocs()
@@ -467,7 +467,7 @@ func (nopCache) Get(_ context.Context, _ []netip.AddrPort, v [][]byte) error {
 }
 
 // cacheValue reads client's entry from store, decoded.
-func cacheValue(t *testing.T, store FlowCache, client netip.AddrPort) (cachedFlow, []byte) {
+func cacheValue(t *testing.T, store FlowStore, client netip.AddrPort) (cachedFlow, []byte) {
 	t.Helper()
 	v := make([][]byte, 1)
 	if err := store.Get(context.Background(), []netip.AddrPort{client}, v); err != nil {
@@ -512,7 +512,7 @@ func TestFlowCacheRelearnWritesRealID(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A restarted relay relearns the flow from the transceiver's reply.
-	first := newCacheRelayWith(t, e, Config{FlowCache: store, Relearn: true}, nil, nil)
+	first := newCacheRelayWith(t, e, Config{FlowStore: store, Relearn: true}, nil, nil)
 	send(t, e.tr, append(hop.AppendHeader(nil, hop.TypeData, c), mediaPkt(9)...), first.InternalAddr())
 	if got, _ := recv(t, client); !bytes.Equal(got, mediaPkt(9)) {
 		t.Fatalf("relearned reply %x", got)
@@ -559,12 +559,12 @@ func TestFlowCacheHoldPerSource(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := defaultCacheParams
 			p.perSource, p.sourceBufs = 8, 12
-			f := newFixture(t, Config{FlowCache: &gatedCache{FlowCache: nopCache{}, gate: make(chan struct{})}, cacheParams: &p})
+			f := newFixture(t, Config{FlowStore: &gatedCache{FlowStore: nopCache{}, gate: make(chan struct{})}, cacheParams: &p})
 			fc := f.r.fc
 			held := 0
 			for i := range 1000 {
 				for range 3 {
-					if _, _, drop := f.pub(tt.addr(i), mediaPkt(1)); drop == heldForCache {
+					if _, out, drop := f.pub(tt.addr(i), mediaPkt(1)); isHeld(out, drop) {
 						held++
 					} else if drop != DropFlowCacheHoldFull {
 						t.Fatalf("flood: %v", drop)
@@ -574,7 +574,7 @@ func TestFlowCacheHoldPerSource(t *testing.T) {
 			if n := holding(fc); n > p.perSource || held > p.sourceBufs || held < p.perSource {
 				t.Fatalf("one source: %d clients waiting, %d datagrams held; caps %d, %d", n, held, p.perSource, p.sourceBufs)
 			}
-			if _, _, drop := f.pub(c1, mediaPkt(1)); drop != heldForCache {
+			if _, out, drop := f.pub(c1, mediaPkt(1)); !isHeld(out, drop) {
 				t.Fatalf("another source: %v", drop)
 			}
 			// Ending the lookups gives the source its share back.
@@ -670,7 +670,7 @@ func TestFlowCacheSlowStore(t *testing.T) {
 			p := defaultCacheParams
 			p.getTimeout = 300 * time.Millisecond
 			store := &slowStore{delay: tt.delay}
-			f := newFixture(t, Config{FlowCache: store, cacheParams: &p})
+			f := newFixture(t, Config{FlowStore: store, cacheParams: &p})
 			fc := f.r.fc
 			ctx, cancel := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
@@ -683,7 +683,7 @@ func TestFlowCacheSlowStore(t *testing.T) {
 				c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}), 40000)
 				for range 2 {
 					copy(buf[hop.MaxHeaderLen:], mediaPkt(1))
-					if _, _, drop := f.r.handlePublic(c, buf, time.Now()); drop == heldForCache {
+					if _, out, drop := f.r.handlePublic(c, buf, time.Now()); isHeld(out, drop) {
 						held++
 					} else {
 						other[drop]++
@@ -727,7 +727,7 @@ func TestFlowCacheRestoresOnlyTheSamePath(t *testing.T) {
 	e.r.Close()
 	trAddr := addrOf(e.tr)
 	gr, other := udp(t), udp(t) // Global Relays
-	r := newCacheRelayWith(t, e, Config{FlowCache: store, TrustedIngress: []string{"127.0.0.0/8"}}, nil, nil)
+	r := newCacheRelayWith(t, e, Config{FlowStore: store, TrustedIngress: []string{"127.0.0.0/8"}}, nil, nil)
 	framed := func(client netip.AddrPort, p []byte) []byte {
 		return append(hop.AppendHeader(nil, hop.TypeData, client), p...)
 	}
@@ -808,7 +808,7 @@ func TestFlowCacheCapRefusalRemembered(t *testing.T) {
 	e.r.Close()
 	p := defaultCacheParams
 	p.capped = 500 * time.Millisecond // well above the stream below, even on a slow machine
-	r := newCacheRelayWith(t, e, Config{FlowCache: store, MaxFlows: 1}, &p, nil)
+	r := newCacheRelayWith(t, e, Config{FlowStore: store, MaxFlows: 1}, &p, nil)
 	confirm(t, e, r, udp(t)) // the table's one flow
 	client := udp(t)
 	uf, _ := ufragWords([]byte(mint(t, e.keys, testCluster, 7, e.now)))
@@ -848,7 +848,7 @@ func TestFlowCacheCapRefusalRemembered(t *testing.T) {
 // the first held one while its lookup is out is dropped, not held: the
 // restored flow could not be its.
 func TestFlowCacheSpoofedPathDoesNotBlock(t *testing.T) {
-	f := newFixture(t, Config{FlowCache: nopCache{}, TrustedIngress: []string{"127.0.0.0/8"}})
+	f := newFixture(t, Config{FlowStore: nopCache{}, TrustedIngress: []string{"127.0.0.0/8"}})
 	fc := f.r.fc
 	fc.sock = udp(t) // restored datagrams go out from it (to t7, nobody)
 	gr := netip.MustParseAddrPort("127.0.0.1:9999")
@@ -860,7 +860,7 @@ func TestFlowCacheSpoofedPathDoesNotBlock(t *testing.T) {
 	tm := f.r.mono(f.now)
 
 	// The spoofed direct datagram: held, looked up, stale.
-	if _, _, drop := f.pub(c, dtls); drop != heldForCache {
+	if _, out, drop := f.pub(c, dtls); !isHeld(out, drop) {
 		t.Fatalf("spoof: %v", drop)
 	}
 	fc.resolve(<-fc.lookups, val, tm)
@@ -869,7 +869,7 @@ func TestFlowCacheSpoofedPathDoesNotBlock(t *testing.T) {
 		t.Fatalf("spoof again: %v, %d lookups", drop, len(fc.lookups))
 	}
 	// The real client, through its Global Relay: looked up, restored.
-	if _, _, drop := f.pub(gr, framed); drop != heldForCache || len(fc.lookups) != 1 {
+	if _, out, drop := f.pub(gr, framed); !isHeld(out, drop) || len(fc.lookups) != 1 {
 		t.Fatalf("the real client's datagram through its Global Relay: %v, %d lookups", drop, len(fc.lookups))
 	}
 	// Meanwhile, a direct datagram with its address is not held with it.
@@ -892,7 +892,7 @@ func TestFlowCacheSpoofedPathDoesNotBlock(t *testing.T) {
 // cached destination and confirmed, so the transceiver's answer to the
 // request still gets through.
 func TestFlowCacheRestoreKeepsNewFlow(t *testing.T) {
-	f := newFixture(t, Config{FlowCache: nopCache{}})
+	f := newFixture(t, Config{FlowStore: nopCache{}})
 	f.r.flows.restoreGap = func() {
 		if to, _, drop := f.pub(c1, f.good(8)); drop != dropNone || to != t8 {
 			t.Fatalf("admit: %v %v", to, drop)
@@ -925,7 +925,7 @@ func TestFlowCacheRedisTimeout(t *testing.T) {
 	store := newCache(t, srv.Addr)
 	p := defaultCacheParams
 	p.getTimeout = 100 * time.Millisecond
-	f := newFixture(t, Config{FlowCache: store, cacheParams: &p})
+	f := newFixture(t, Config{FlowStore: store, cacheParams: &p})
 	fc := f.r.fc
 	// Connected before the pause.
 	if err := store.Get(context.Background(), []netip.AddrPort{c1}, make([][]byte, 1)); err != nil {
@@ -949,11 +949,33 @@ func TestFlowCacheRedisTimeout(t *testing.T) {
 	defer func() { cancel(); wg.Wait() }()
 	buf := make([]byte, hop.MaxHeaderLen+32)
 	copy(buf[hop.MaxHeaderLen:], mediaPkt(1))
-	if _, _, drop := f.r.handlePublic(c1, buf, time.Now()); drop != heldForCache {
+	if _, out, drop := f.r.handlePublic(c1, buf, time.Now()); !isHeld(out, drop) {
 		t.Fatalf("held: %v", drop)
 	}
 	eventually(t, "the lookup failed", func() bool { return f.r.Stats().FlowCache.Errors == 1 })
 	if s := f.r.Stats(); s.Drops[DropFlowCacheTimeout] != 1 || s.Drops[DropFlowCacheDown] != 0 || s.FlowCache.Up {
 		t.Fatalf("a Get timing out: timeout %d, down %d drops, up %v", s.Drops[DropFlowCacheTimeout], s.Drops[DropFlowCacheDown], s.FlowCache.Up)
 	}
+}
+
+// TestPoolDoubleReturn: returning a held datagram's buffer to the pool
+// twice is a bug the pool refuses loudly, instead of handing the buffer
+// to two datagrams.
+func TestPoolDoubleReturn(t *testing.T) {
+	f := newFixture(t, Config{FlowStore: nopCache{}})
+	fc := f.r.fc
+	var e holdEntry
+	if !fc.park(&e, []byte{0x80, 1, 2, 3}) {
+		t.Fatal("park refused with an empty pool")
+	}
+	fc.putBuf(e.bufs[0])
+	defer func() {
+		if recover() == nil {
+			t.Error("a second return of the same buffer did not panic")
+		}
+		if len(fc.free) != cap(fc.free) {
+			t.Errorf("%d of %d buffers free", len(fc.free), cap(fc.free))
+		}
+	}()
+	fc.putBuf(e.bufs[0])
 }

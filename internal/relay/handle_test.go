@@ -530,3 +530,7 @@ func BenchmarkTokenOpen(b *testing.B) {
 		}
 	}
 }
+
+// isHeld reports a handler's third outcome: neither forwarded nor dropped,
+// but handed to the flow cache (flowcache.go).
+func isHeld(out []byte, drop DropReason) bool { return out == nil && drop == dropNone }

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Per-source and overall caps on flow creation (issue 4; docs/security.md).
+// Per-source and overall caps on flow creation (docs/security.md).
 //
 // The flow table's own cap (Config.MaxFlows) bounds memory; the limiter
 // below keeps one source from taking that whole budget, or the whole

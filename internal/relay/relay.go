@@ -13,8 +13,11 @@
 // pointing at that transceiver.
 //
 // The per-packet handlers only decide (handlePublic, handleInternal); the
-// read loops do the I/O and count. Every drop has a DropReason and a counter
-// created up front.
+// read loops (loops.go, over internal/relay/udpio) do the I/O and count.
+// A handler's decision is one of three: forward (out, to), drop (a
+// DropReason; every one has a counter created up front), or hold (out nil,
+// no drop): the flow cache took the datagram and will forward it, or count
+// its drop, itself (flowcache.go).
 package relay
 
 import (
@@ -33,6 +36,7 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
+	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
 	"github.com/switchboard-rtc/switchboard/internal/stunpeek"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
@@ -77,7 +81,10 @@ type Config struct {
 	InternalAddr string `yaml:"internal_addr"`
 	// Cluster is this relay's cluster id; tokens for another cluster are dropped.
 	Cluster uint16 `yaml:"cluster"`
-	// Workers is the number of read loops per socket (SO_REUSEPORT); 0 means runtime.NumCPU().
+	// Workers is the number of socket pairs sharing the public and internal
+	// ports (SO_REUSEPORT), each with its two read loops; 0 means
+	// runtime.NumCPU(). Only Linux balances datagrams across sockets: on
+	// other OSes it must be 1 (udpio.MaxGroup), and 0 means 1.
 	Workers int `yaml:"workers"`
 	// PendingTimeout bounds a flow that a Binding request created and its
 	// transceiver has not answered yet. Default 10s.
@@ -132,16 +139,18 @@ type Config struct {
 	// send to any address. Off in the zero Config; the relay command turns
 	// it on by default.
 	Relearn bool `yaml:"relearn"`
-	// FlowCache, if set, is the cluster's shared flow cache (flowcache.go,
-	// docs/relay.md "Flow cache"; internal/flowcache is the Redis one):
-	// confirmed flows are written to it, and DTLS/RTP/RTCP from a client
-	// without a flow is held while it is asked, instead of dropped. Nil (the
-	// default): no cache. Not for a Global Relay (Ingress). The relay
-	// command builds it from -flow-cache.
-	FlowCache FlowCache `yaml:"-"`
+	// FlowStore, if set, turns the flow cache on (flowcache.go,
+	// docs/relay.md "Flow cache"): it is the store shared by the cluster's
+	// relays (internal/flowstore is the Redis one); confirmed flows are
+	// written to it, and DTLS/RTP/RTCP from a client without a flow is held
+	// while it is asked, instead of dropped. Nil (the default): no cache.
+	// Not for a Global Relay (Ingress). The relay command builds it from
+	// -flow-cache.
+	FlowStore FlowStore `yaml:"-"`
 
 	trustedIngress []netip.Prefix // parsed TrustedIngress
 	cacheParams    *cacheParams   // tests: flow cache tunables; nil: defaultCacheParams
+	readErrorLimit time.Duration  // tests: how long read errors last before a loop stops (loops.go); 0: default
 }
 
 // Validate checks c and fills in defaults.
@@ -159,10 +168,13 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Workers < 0:
 		errs = append(errs, fmt.Errorf("relay: Workers is %d; use 0 for one per CPU or a positive count", c.Workers))
-	case c.Workers > maxWorkers:
-		errs = append(errs, fmt.Errorf("relay: Workers is %d; at most %d", c.Workers, maxWorkers))
+	case c.Workers > min(maxWorkers, udpio.MaxGroup):
+		errs = append(errs, fmt.Errorf("relay: Workers is %d; at most %d on this OS", c.Workers, min(maxWorkers, udpio.MaxGroup)))
 	case c.Workers == 0:
-		c.Workers = runtime.NumCPU()
+		c.Workers = min(runtime.NumCPU(), maxWorkers, udpio.MaxGroup)
+	}
+	if c.readErrorLimit <= 0 {
+		c.readErrorLimit = defaultReadErrorLimit
 	}
 	switch {
 	case c.PendingTimeout < 0:
@@ -211,8 +223,8 @@ func (c *Config) Validate() error {
 	case c.Batch == 0:
 		c.Batch = DefaultBatch
 	}
-	if c.Ingress && c.FlowCache != nil {
-		errs = append(errs, errors.New("relay: FlowCache is for cluster relays; a Global Relay (Ingress) keeps no cache"))
+	if c.Ingress && c.FlowStore != nil {
+		errs = append(errs, errors.New("relay: FlowStore is for cluster relays; a Global Relay (Ingress) keeps no cache"))
 	}
 	c.trustedIngress = c.trustedIngress[:0]
 	for _, p := range c.TrustedIngress {
@@ -246,22 +258,6 @@ type counters struct {
 	_       [64]byte
 }
 
-// drop counts a handler's drop; heldForCache is not one.
-func (c *counters) drop(d DropReason) {
-	if d < NumDropReasons {
-		c.drops[d].Add(1)
-	}
-}
-
-// worker is one pair of sockets bound with SO_REUSEPORT, with a read loop on
-// each. The public loop writes to transceivers through internal, the
-// internal loop writes to clients through public; so each socket has one
-// reader and one writer goroutine.
-type worker struct {
-	public, internal *net.UDPConn
-	c                counters
-}
-
 // Relay is a running relay. Its methods are safe for concurrent use.
 type Relay struct {
 	// Set once by New, never mutated.
@@ -276,9 +272,14 @@ type Relay struct {
 	intAddr    netip.AddrPort
 	workers    []*worker
 	flows      *flowTable
-	fc         *flowCache // nil without Config.FlowCache
+	fc         *flowCache // nil without Config.FlowStore
 	cancel     context.CancelFunc
+	done       <-chan struct{} // closed by Close, before the sockets
 	wg         sync.WaitGroup
+
+	// failed is the error of the first read loop that stopped for good
+	// (loops.go); nil while every loop runs.
+	failed atomic.Pointer[error]
 
 	closeOnce sync.Once
 	closeErr  error
@@ -307,12 +308,12 @@ func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *s
 		flows:   newFlowTable(cfg.MaxFlows),
 	}
 	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowBurstPerIP, cfg.NewFlowsPerSecond)
-	if cfg.FlowCache != nil {
+	if cfg.FlowStore != nil {
 		p := defaultCacheParams
 		if cfg.cacheParams != nil {
 			p = *cfg.cacheParams
 		}
-		r.fc = newFlowCache(r, cfg.FlowCache, p)
+		r.fc = newFlowCache(r, cfg.FlowStore, p)
 		r.flows.onConfirm = r.fc.onConfirm
 	}
 	r.collector = newCollector(r)
@@ -332,11 +333,11 @@ func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometh
 		r.log.Warn("relay: IdleTimeout is not above ICE consent freshness; idle but live sessions may lose their flow",
 			"idle_timeout", cfg.IdleTimeout, "consent", ConsentTimeout)
 	}
-	pub, err := listenGroup(cfg.PublicAddr, cfg.Workers)
+	pub, err := udpio.ListenGroup(cfg.PublicAddr, cfg.Workers)
 	if err != nil {
 		return nil, fmt.Errorf("relay: public socket: %w", err)
 	}
-	internal, err := listenGroup(cfg.InternalAddr, cfg.Workers)
+	internal, err := udpio.ListenGroup(cfg.InternalAddr, cfg.Workers)
 	if err != nil {
 		closeAll(pub)
 		return nil, fmt.Errorf("relay: internal socket: %w", err)
@@ -345,7 +346,11 @@ func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometh
 	r.intAddr = canonical(internal[0].LocalAddr().(*net.UDPAddr).AddrPort())
 	r.workers = make([]*worker, cfg.Workers)
 	for i := range r.workers {
-		r.workers[i] = &worker{public: pub[i], internal: internal[i]}
+		if r.workers[i], err = newWorker(i, pub[i], internal[i], cfg.Batch); err != nil {
+			closeAll(pub)
+			closeAll(internal)
+			return nil, err
+		}
 	}
 	if reg != nil {
 		if err := reg.Register(r.collector); err != nil {
@@ -356,7 +361,7 @@ func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometh
 		r.reg = reg
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
+	r.cancel, r.done = cancel, ctx.Done()
 	for _, w := range r.workers {
 		r.wg.Add(2)
 		if cfg.Batch > 1 {
@@ -383,6 +388,23 @@ func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometh
 
 func canonical(ap netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// Ready returns nil while every read loop runs, and otherwise the error
+// that stopped the first one to stop for good (a socket whose reads kept
+// failing): a relay that is not ready should be taken out of its load
+// balancer and restarted. The relay command serves it as /ready.
+func (r *Relay) Ready() error {
+	if err := r.failed.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+func closeAll(conns []*net.UDPConn) {
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }
 
 // PublicAddr returns the bound public address (with the real port if the config asked for port 0).
@@ -450,6 +472,9 @@ func (r *Relay) fromClient(client, via netip.AddrPort, buf []byte, off int, now 
 		// Hold it and ask the flow cache (flowcache.go).
 		if to, drop = r.fc.hold(client, via, pkt, t); drop != dropNone {
 			return netip.AddrPort{}, nil, drop
+		}
+		if !to.IsValid() {
+			return to, nil, dropNone // held: the third outcome
 		}
 		// The cache restored the flow meanwhile: ride it.
 		if !r.members.Contains(to) {
@@ -613,73 +638,6 @@ func (r *Relay) handleInternal(from netip.AddrPort, b []byte, now time.Time) (to
 	return client, payload, dropNone
 }
 
-// lockThread pins the calling read loop to its OS thread unless the config
-// says not to; the returned func undoes it.
-func (r *Relay) lockThread() func() {
-	if r.cfg.NoThreadLock {
-		return func() {}
-	}
-	runtime.LockOSThread()
-	return runtime.UnlockOSThread
-}
-
-// publicLoop is the unbatched (Config.Batch 1) public read loop.
-func (r *Relay) publicLoop(w *worker) {
-	defer r.wg.Done()
-	defer r.lockThread()()
-	buf := make([]byte, hop.MaxHeaderLen+maxDatagram)
-	for {
-		n, from, err := w.public.ReadFromUDPAddrPort(buf[hop.MaxHeaderLen:])
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			w.c.drops[DropReadError].Add(1)
-			continue
-		}
-		from = canonical(from)
-		to, out, drop := r.handlePublic(from, buf[:hop.MaxHeaderLen+n], time.Now())
-		if drop != dropNone {
-			w.c.drop(drop)
-			continue
-		}
-		if _, err := w.internal.WriteToUDPAddrPort(out, to); err != nil {
-			w.c.drops[DropWriteError].Add(1)
-			continue
-		}
-		w.c.packets[toTransceiver].Add(1)
-		w.c.bytes[toTransceiver].Add(uint64(n))
-	}
-}
-
-// internalLoop is the unbatched (Config.Batch 1) internal read loop.
-func (r *Relay) internalLoop(w *worker) {
-	defer r.wg.Done()
-	defer r.lockThread()()
-	buf := make([]byte, hop.MaxHeaderLen+maxDatagram)
-	for {
-		n, from, err := w.internal.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			w.c.drops[DropReadError].Add(1)
-			continue
-		}
-		to, out, drop := r.handleInternal(canonical(from), buf[:n], time.Now())
-		if drop != dropNone {
-			w.c.drops[drop].Add(1)
-			continue
-		}
-		if _, err := w.public.WriteToUDPAddrPort(out, to); err != nil {
-			w.c.drops[DropWriteError].Add(1)
-			continue
-		}
-		w.c.packets[toClient].Add(1)
-		w.c.bytes[toClient].Add(uint64(len(out)))
-	}
-}
-
 // sweepInterval is how often the sweeper runs: a quarter of the shorter
 // timeout, between 5ms and 1s.
 func (r *Relay) sweepInterval() time.Duration {
@@ -713,7 +671,7 @@ type Stats struct {
 	FlowsCreated uint64
 	// FlowsRelearned counts flows rebuilt from a member's traffic (Config.Relearn).
 	FlowsRelearned uint64
-	// FlowsRestored counts flows recreated from the flow cache (Config.FlowCache).
+	// FlowsRestored counts flows recreated from the flow cache (Config.FlowStore).
 	FlowsRestored uint64
 	// FlowsExpired counts flows removed by the sweeper, by the state they were in.
 	FlowsExpiredPending, FlowsExpiredConfirmed uint64
@@ -725,7 +683,7 @@ type Stats struct {
 	// Drops counts dropped datagrams by reason; Drops[0] is unused.
 	Drops [NumDropReasons]uint64
 
-	// FlowCache is zero without Config.FlowCache.
+	// FlowCache is zero without the flow cache (Config.FlowStore).
 	FlowCache FlowCacheStats
 }
 
@@ -795,101 +753,4 @@ func (r *Relay) Stats() Stats {
 		s.ToClientBytes += c.bytes[toClient].Load()
 	}
 	return s
-}
-
-// newSlots returns n message buffers of batchSlot bytes cut from one slab.
-func newSlots(n int) [][]byte {
-	slab := make([]byte, n*batchSlot)
-	bufs := make([][]byte, n)
-	for i := range bufs {
-		bufs[i] = slab[i*batchSlot : (i+1)*batchSlot : (i+1)*batchSlot]
-	}
-	return bufs
-}
-
-// publicBatchLoop reads up to Config.Batch client datagrams per recvmmsg,
-// each into its own slot after hop.MaxHeaderLen bytes of headroom, decides
-// each one, and sends the forwards to transceivers with one sendmmsg.
-// Counters are updated once per batch.
-func (r *Relay) publicBatchLoop(w *worker) {
-	defer r.wg.Done()
-	defer r.lockThread()()
-	slots := newSlots(r.cfg.Batch)
-	reads := make([][]byte, len(slots))
-	for i, s := range slots {
-		reads[i] = s[hop.MaxHeaderLen:]
-	}
-	in, err := NewBatch(w.public, r.cfg.Batch, reads)
-	if err == nil {
-		var out *Batch
-		if out, err = NewBatch(w.internal, r.cfg.Batch, nil); err == nil {
-			r.forwardBatches(w, in, out, slots, hop.MaxHeaderLen, toTransceiver, r.handlePublic)
-			return
-		}
-	}
-	r.log.Error("relay: batched loop failed to start", "err", err)
-}
-
-// internalBatchLoop is publicBatchLoop for the internal socket.
-func (r *Relay) internalBatchLoop(w *worker) {
-	defer r.wg.Done()
-	defer r.lockThread()()
-	slots := newSlots(r.cfg.Batch)
-	in, err := NewBatch(w.internal, r.cfg.Batch, slots)
-	if err == nil {
-		var out *Batch
-		if out, err = NewBatch(w.public, r.cfg.Batch, nil); err == nil {
-			r.forwardBatches(w, in, out, slots, 0, toClient, r.handleInternal)
-			return
-		}
-	}
-	r.log.Error("relay: batched loop failed to start", "err", err)
-}
-
-// forwardBatches is the body of both batched loops: datagram i of a read
-// sits at slots[i][headroom:]; handle decides it given the whole slot up to
-// the datagram's end.
-func (r *Relay) forwardBatches(w *worker, in, out *Batch, slots [][]byte, headroom int, dir direction,
-	handle func(from netip.AddrPort, buf []byte, now time.Time) (netip.AddrPort, []byte, DropReason)) {
-	for {
-		n, err := in.Read()
-		if err != nil {
-			if isClosed(err) {
-				return
-			}
-			w.c.drops[DropReadError].Add(1)
-			continue
-		}
-		now := time.Now()
-		for i := range n {
-			if in.Truncated(i) {
-				w.c.drops[DropTooBig].Add(1)
-				continue
-			}
-			to, pkt, drop := handle(in.Addr(i), slots[i][:headroom+in.Len(i)], now)
-			if drop != dropNone {
-				w.c.drop(drop)
-				continue
-			}
-			if !out.Queue(pkt, to) {
-				w.c.drops[DropWriteError].Add(1)
-				continue
-			}
-			if dir == toTransceiver {
-				out.plen[out.n-1] = in.Len(i) // count the payload, not the hop header
-			}
-		}
-		if out.Queued() == 0 {
-			continue
-		}
-		sent, bytes, failed, err := out.Flush()
-		if failed > 0 {
-			w.c.drops[DropWriteError].Add(uint64(failed))
-		}
-		w.c.packets[dir].Add(uint64(sent))
-		w.c.bytes[dir].Add(uint64(bytes))
-		if err != nil && isClosed(err) {
-			return
-		}
-	}
 }

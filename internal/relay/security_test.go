@@ -1,6 +1,6 @@
 package relay
 
-// Tests of the relay's security properties (issue 4, docs/security.md):
+// Tests of the relay's security properties (docs/security.md):
 // what nothing a client or a stranger sends can make the relay do.
 
 import (

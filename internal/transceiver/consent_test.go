@@ -42,6 +42,9 @@ func cuttablePeer(t *testing.T) (*webrtc.PeerConnection, *cuttableConn) {
 	mux := ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: conn})
 	t.Cleanup(func() { _ = mux.Close() })
 	var se webrtc.SettingEngine
+	// Consent checks every 500 ms, so that a test's disconnected timeout
+	// of 2 s sees no silence while the client is there.
+	se.SetICETimeouts(5*time.Second, 25*time.Second, 500*time.Millisecond)
 	se.SetICEUDPMux(mux)
 	se.SetIncludeLoopbackCandidate(true)
 	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
@@ -149,7 +152,7 @@ func TestVanishedClient(t *testing.T) {
 	t.Run("gone", func(t *testing.T) {
 		b, url := newStateBackend(t)
 		s, api := directServer(t, func(c *Config) {
-			c.BackendURL, c.DisconnectedTimeout, c.ConsentTimeout = url, time.Second, 3*time.Second
+			c.BackendURL, c.DisconnectedTimeout, c.ConsentTimeout = url, 2*time.Second, 4*time.Second
 		})
 		conn := connectCuttable(t, api)
 		conn.cut.Store(true)
@@ -166,14 +169,14 @@ func TestVanishedClient(t *testing.T) {
 	t.Run("back", func(t *testing.T) {
 		b, url := newStateBackend(t)
 		s, api := directServer(t, func(c *Config) {
-			c.BackendURL, c.DisconnectedTimeout, c.ConsentTimeout = url, time.Second, 20*time.Second
+			c.BackendURL, c.DisconnectedTimeout, c.ConsentTimeout = url, 2*time.Second, 20*time.Second
 		})
 		conn := connectCuttable(t, api)
 		conn.cut.Store(true)
 		if st, _ := b.wait(t, 1, 10*time.Second); st != bridge.StateDisconnected {
 			t.Fatalf("first message %q, want %q", st, bridge.StateDisconnected)
 		}
-		conn.cut.Store(false) // the client's consent checks (every 2 s from Pion) reach us again
+		conn.cut.Store(false) // the client's consent checks reach us again
 		if st, _ := b.wait(t, 2, 10*time.Second); st != bridge.StateConnected {
 			t.Fatalf("second message %q, want %q", st, bridge.StateConnected)
 		}

@@ -228,6 +228,8 @@ func TestConfigValidate(t *testing.T) {
 		{"consent within disconnected", func(c *Config) { c.DisconnectedTimeout, c.ConsentTimeout = 10*time.Second, 10*time.Second }, "consent_timeout"},
 		{"check beyond setup", func(c *Config) { c.SetupTimeout, c.CheckTimeout = 5*time.Second, 6*time.Second }, "check_timeout"},
 		{"bad trusted proxy", func(c *Config) { c.TrustedProxies = []string{"director"} }, "trusted_proxies"},
+		{"output bitrate too low", func(c *Config) { c.OutputBitrate = 500 }, "output_bitrate"},
+		{"output queue too short", func(c *Config) { c.OutputQueueMax = time.Millisecond }, "output_queue_max"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -240,7 +242,8 @@ func TestConfigValidate(t *testing.T) {
 				}
 				if c.SetupTimeout == 0 || c.MaxSessions == 0 || c.Cluster == 0 || c.ConsentTimeout != DefaultConsentTimeout ||
 					c.DisconnectedTimeout != DefaultDisconnectedTimeout || c.CheckTimeout != DefaultCheckTimeout ||
-					c.MaxPending != DefaultMaxPending || c.MaxPendingPerClient != DefaultMaxPendingPerClient {
+					c.MaxPending != DefaultMaxPending || c.MaxPendingPerClient != DefaultMaxPendingPerClient ||
+					c.OutputBitrate != 32000 || c.OutputQueueMax != time.Minute {
 					t.Fatalf("defaults not filled: %+v", c)
 				}
 				return

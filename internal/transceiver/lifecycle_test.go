@@ -1,6 +1,7 @@
 package transceiver
 
 import (
+	"context"
 	"net/http"
 	"os"
 	"slices"
@@ -100,4 +101,45 @@ func TestDeleteLatency(t *testing.T) {
 	slices.Sort(ended)
 	t.Logf("DELETE answered in %v (median of 10; max %v); the session's end took %v (median; max %v)",
 		answered[5].Round(10*time.Microsecond), answered[9].Round(10*time.Microsecond), ended[5].Round(time.Millisecond), ended[9].Round(time.Millisecond))
+}
+
+// TestDrain: Drain refuses offers, returns 0 once the last session ends
+// (woken by the end, no polling) and otherwise ends what is left when its
+// context ends, returning how many.
+func TestDrain(t *testing.T) {
+	t.Run("sessions end", func(t *testing.T) {
+		s, api := directServer(t)
+		c := dialLive(t, api, nil)
+		waitFor(t, c.connected, 10*time.Second, "the client's connection")
+		done := make(chan int, 1)
+		go func() { done <- s.Drain(t.Context()) }()
+		for s.Ready() {
+			time.Sleep(time.Millisecond)
+		}
+		if code, _ := offerFrom(t, api, "", clientOffer(t, true)); code != http.StatusServiceUnavailable {
+			t.Fatalf("offer while draining: %d, want 503", code)
+		}
+		req, _ := http.NewRequest(http.MethodDelete, c.session, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if n := <-done; n != 0 {
+			t.Fatalf("Drain ended %d sessions, want 0", n)
+		}
+	})
+	t.Run("deadline", func(t *testing.T) {
+		s, api := directServer(t)
+		c := dialLive(t, api, nil)
+		waitFor(t, c.connected, 10*time.Second, "the client's connection")
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		defer cancel()
+		if n := s.Drain(ctx); n != 1 {
+			t.Fatalf("Drain ended %d sessions, want 1", n)
+		}
+		if s.Sessions() != 0 {
+			t.Fatal("a session outlived Drain")
+		}
+	})
 }

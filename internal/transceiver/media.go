@@ -28,19 +28,20 @@ import (
 // Reasons of switchboard_transceiver_backend_input_refused_total: backend
 // input the transceiver refused or answered specially (docs/bridge.md §8.1).
 const (
-	refusedOddLength   = "pcm_odd_length"    // PCM frame with an odd byte count
-	refusedInvalidOpus = "invalid_opus"      // Opus frame that is not an Opus packet
-	refusedQueueFull   = "output_queue_full" // audio or mark past the queue's cap
-	refusedMarkName    = "invalid_mark_name" // empty or overlong mark name
-	refusedUnexpected  = "unexpected_type"   // a control type backends do not send
-	refusedUnknown     = "unknown_type"      // a message type v1 does not know (ignored)
-	refusedClearIdle   = "clear_idle"        // output.clear with nothing queued (answered played_ms 0)
+	refusedOddLength   = "pcm_odd_length"      // PCM frame with an odd byte count
+	refusedInvalidOpus = "invalid_opus"        // Opus frame that is not an Opus packet
+	refusedQueueFull   = "output_queue_full"   // audio or mark past the queue's cap
+	refusedMarkName    = "invalid_mark_name"   // empty or overlong mark name
+	refusedUnexpected  = "unexpected_type"     // a control type backends do not send
+	refusedUnknown     = "unknown_type"        // a message type v1 does not know (ignored)
+	refusedClearIdle   = "clear_idle"          // output.clear with nothing queued (answered played_ms 0)
+	refusedResponseID  = "invalid_response_id" // overlong output.response id
 	// turn_detection (hello or input.turn_detection) that does not
 	// validate, or a detector that could not be made
 	refusedTurnDetection = "invalid_turn_detection"
 )
 
-var refusedReasons = []string{refusedOddLength, refusedInvalidOpus, refusedQueueFull, refusedMarkName, refusedUnexpected, refusedUnknown, refusedClearIdle, refusedTurnDetection}
+var refusedReasons = []string{refusedOddLength, refusedInvalidOpus, refusedQueueFull, refusedMarkName, refusedUnexpected, refusedUnknown, refusedClearIdle, refusedResponseID, refusedTurnDetection}
 
 // clientClearType is the OpenAI Realtime client event that clears the
 // output audio buffer, accepted on oai-events.
@@ -67,10 +68,12 @@ type media struct {
 	encMu sync.Mutex
 	enc   *audio.Encoder // nil for Opus passthrough
 
-	full    atomic.Bool   // audio is being refused for the cap; one error per episode
-	eventID atomic.Uint64 // client event ids
-	rtpPkt  rtp.Packet    // SendPacket's packet; only the clock worker touches it
-	decLast audio.DecoderStats
+	full        atomic.Bool   // audio is being refused for the cap; one error per episode
+	tailRefused chan struct{} // flushTail → playoutEvents: a tail did not fit; capacity 1
+	track       atomic.Bool   // the client's audio track is claimed (the first one)
+	eventID     atomic.Uint64 // client event ids
+	rtpPkt      rtp.Packet    // SendPacket's packet; only the clock worker touches it
+	decLast     audio.DecoderStats
 }
 
 // opusSilence is one 20 ms Opus packet of silence, sent a few times after
@@ -102,7 +105,7 @@ func ClearTailPacket() ([]byte, error) { return opusSilence() }
 // newMedia sets up the media path for the bridge's agreed format.
 func (sess *session) newMedia() error {
 	cfg := sess.srv.cfg
-	m := &media{}
+	m := &media{tailRefused: make(chan struct{}, 1)}
 	if rate := bridge.SampleRate(sess.be.Format()); rate != 0 {
 		var err error
 		if m.dec, err = audio.NewDecoder(rate); err != nil {
@@ -114,7 +117,10 @@ func (sess *session) newMedia() error {
 		m.frameDur, m.frameLen = playout.TickSamples, audio.FrameSamples(rate)
 	}
 	m.rtpPkt.Header = rtp.Header{Version: 2, PayloadType: uint8(opusCodec.PayloadType)}
-	qcfg := playout.QueueConfig{MaxQueued: cfg.OutputQueueMax}
+	// Audio the backend sends before the client is connected (a greeting
+	// at session.start) waits: playout starts when ICE and DTLS are up
+	// (startPlayout).
+	qcfg := playout.QueueConfig{MaxQueued: cfg.OutputQueueMax, Paused: true}
 	if silence, err := opusSilence(); err == nil {
 		qcfg.ClearTail = silence
 	} else {
@@ -129,6 +135,20 @@ func (sess *session) newMedia() error {
 		sess.setTurnDetection(td, "hello")
 	}
 	return nil
+}
+
+// startPlayout lets the queued audio play: the client's media path is up.
+func (sess *session) startPlayout() { sess.media.q.Resume() }
+
+// claimAudioTrack reports whether tr's audio is the session's: the first
+// audio track the client sends. The decoder follows one stream; further
+// tracks (an offer with several audio sections) are ignored and counted.
+func (sess *session) claimAudioTrack() bool {
+	if sess.media.track.CompareAndSwap(false, true) {
+		return true
+	}
+	sess.srv.metrics.tracksIgnored.Inc()
+	return false
 }
 
 // toBackend forwards one client RTP packet: as it came for Opus, decoded
@@ -162,7 +182,9 @@ func (sess *session) toBackend(pkt *rtp.Packet) error {
 	return nil
 }
 
-// playAudio queues one backend audio frame for paced playout.
+// playAudio queues one backend audio frame for paced playout. Under
+// encMu it only decides; the backend is told after (sendControl blocks on
+// the bridge, and a client's clear must not wait for it).
 func (sess *session) playAudio(f *bridge.AudioFrame) {
 	m := sess.media
 	if m.enc == nil {
@@ -179,24 +201,29 @@ func (sess *session) playAudio(f *bridge.AudioFrame) {
 		return
 	}
 	m.encMu.Lock()
-	defer m.encMu.Unlock()
-	frames := (m.enc.Pending() + len(f.Payload)/2) / m.frameLen
-	if !m.q.Fits(frames * m.frameDur) {
-		sess.queued(playout.ErrFull, f) // refused whole, before encoding
-		return
+	err := sess.encodeLocked(f.Payload)
+	m.encMu.Unlock()
+	sess.queued(err, f)
+}
+
+// encodeLocked frames, encodes and queues PCM, or refuses it whole with
+// playout.ErrFull before encoding anything. encMu held.
+func (sess *session) encodeLocked(pcm []byte) error {
+	m := sess.media
+	frames := (m.enc.Pending() + len(pcm)/2) / m.frameLen
+	if !m.q.Fits(frames, frames*m.frameDur) {
+		return playout.ErrFull
 	}
-	pkts, err := m.enc.Write(f.Payload)
+	pkts, err := m.enc.Write(pcm)
 	for _, p := range pkts {
 		if qerr := m.q.PushAudio(p.Payload, m.frameDur); qerr != nil {
-			sess.queued(qerr, f)
-			return
+			return qerr // closed: the session is ending
 		}
 	}
 	if err != nil {
 		sess.log.Warn("opus encode failed", "err", err)
-		return
 	}
-	sess.queued(nil, f)
+	return nil
 }
 
 // queued accounts for the result of queueing f: past the cap the backend
@@ -215,28 +242,47 @@ func (sess *session) queued(err error, f *bridge.AudioFrame) {
 	}
 }
 
-// flushTail pads and queues the last partial PCM frame when the queue runs
-// dry: the end of a reply. It runs on the clock's worker; if the bridge
-// reader holds the encoder, more audio is arriving anyway.
+// flushTail pads and queues the last partial PCM frame when the queue has
+// run dry: the end of a reply. It runs on the clock's worker, so it must
+// not block: when the encoder is busy, its holder is queueing more audio
+// (which continues the partial frame), flushing before a mark or tag, or
+// clearing (which drops it): no tail is due then.
 func (sess *session) flushTail() {
 	m := sess.media
 	if !m.encMu.TryLock() {
 		return
 	}
-	defer m.encMu.Unlock()
-	sess.flushLocked()
+	err := sess.flushLocked()
+	m.encMu.Unlock()
+	if err != nil {
+		// The worker cannot write to the bridge; playoutEvents tells the
+		// backend.
+		select {
+		case m.tailRefused <- struct{}{}:
+		default:
+		}
+	}
 }
 
-// flushLocked queues the partial PCM frame, padded. encMu held.
-func (sess *session) flushLocked() {
+// flushLocked queues the partial PCM frame, padded. It returns
+// playout.ErrFull when the frame does not fit (counted). encMu held.
+func (sess *session) flushLocked() error {
 	m := sess.media
 	if m.enc == nil || m.enc.Pending() == 0 {
-		return
+		return nil
+	}
+	if !m.q.Fits(1, m.frameDur) {
+		sess.srv.metrics.backendRefused.WithLabelValues(refusedQueueFull).Inc()
+		_ = m.enc.Reset() // the partial frame is dropped
+		return playout.ErrFull
 	}
 	pkts, _ := m.enc.Flush()
 	for _, p := range pkts {
-		_ = m.q.PushAudio(p.Payload, m.frameDur)
+		if err := m.q.PushAudio(p.Payload, m.frameDur); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // onControl handles an output.* message from the backend.
@@ -251,17 +297,23 @@ func (sess *session) onControl(c *bridge.Control) {
 			return
 		}
 		m.encMu.Lock()
-		sess.flushLocked() // the mark follows all the audio before it
+		tail := sess.flushLocked() // the mark follows all the audio before it
 		err := m.q.PushMark(c.Name)
 		m.encMu.Unlock()
+		sess.reportTail(tail)
 		if err != nil {
 			sess.refuse(refusedQueueFull, bridge.ErrCodeQueueFull, fmt.Sprintf("mark %q refused: the output queue holds its cap", c.Name))
 		}
 	case bridge.TypeOutputResponse:
+		if len(c.ID) > bridge.MaxResponseID {
+			sess.refuse(refusedResponseID, bridge.ErrCodeResponseID, fmt.Sprintf("response ids are at most %d bytes; this one has %d; ignored", bridge.MaxResponseID, len(c.ID)))
+			return
+		}
 		m.encMu.Lock()
-		sess.flushLocked() // the previous response's audio ends here
+		tail := sess.flushLocked() // the previous response's audio ends here
 		err := m.q.PushResponse(c.ID)
 		m.encMu.Unlock()
+		sess.reportTail(tail)
 		if err != nil {
 			sess.refuse(refusedQueueFull, bridge.ErrCodeQueueFull, fmt.Sprintf("response tag %q refused: the output queue holds its cap", c.ID))
 		}
@@ -269,6 +321,15 @@ func (sess *session) onControl(c *bridge.Control) {
 		sess.setTurnDetection(c.TurnDetection, bridge.TypeInputTurnDetection)
 	default:
 		sess.refuse(refusedUnexpected, bridge.ErrCodeUnexpected, fmt.Sprintf("%s is sent by the transceiver, not to it; ignored", c.Type))
+	}
+}
+
+// reportTail tells the backend that a reply's padded last frame did not
+// fit in the queue (already counted by flushLocked).
+func (sess *session) reportTail(err error) {
+	if errors.Is(err, playout.ErrFull) {
+		sess.sendControl(bridge.Control{Type: bridge.TypeError, Code: bridge.ErrCodeQueueFull,
+			Message: "the last, partial 20 ms frame of a reply did not fit in the output queue; dropped"})
 	}
 }
 
@@ -316,6 +377,7 @@ func (sess *session) SendPacket(p *playout.Packet) {
 	sess.srv.probe.toClient.enter(sess.outSSRC, pkt.SequenceNumber)
 	if err := sess.out.WriteRTP(pkt); err != nil {
 		sess.dropped.Add(1)
+		sess.srv.metrics.outputDropped.Inc()
 	}
 }
 
@@ -330,6 +392,9 @@ func (sess *session) playoutEvents() {
 		case <-sess.ctx.Done():
 			return
 		case <-q.Notify():
+		case <-sess.media.tailRefused:
+			sess.reportTail(playout.ErrFull)
+			continue
 		}
 		// turnMu: a barge-in's input.speech_started goes out before
 		// the output.cleared its clear caused (turns.go).

@@ -108,3 +108,49 @@ func processCPU() time.Duration {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestMediaPathAllocs: decoding a client packet into PCM frames, encoding
+// a backend PCM frame, queueing it and pacing it out allocate nothing in
+// the steady state.
+func TestMediaPathAllocs(t *testing.T) {
+	w, err := callclient.LoadWAV("../../testdata/speech.wav")
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, _ := opus.NewEncoder(48000, 1, opus.AppVoIP)
+	buf := make([]byte, 1275)
+	var client [][]byte
+	for i := 0; i+960 <= len(w.Samples) && len(client) < 50; i += 960 {
+		n, _ := enc.Encode(w.Samples[i:i+960], buf)
+		client = append(client, append([]byte(nil), buf[:n]...))
+	}
+	dec, _ := audio.NewDecoder(24000)
+	pcmEnc, _ := audio.NewEncoder(24000, 0)
+	clock := playout.NewManualClock(1)
+	sink := &nopSink{}
+	q := clock.NewQueue(sink, playout.QueueConfig{})
+	wire := make([]byte, 0, 2048)
+	var evs []playout.Event
+	i := 0
+	step := func() {
+		for _, f := range dec.Push(uint16(i), uint32(i*960), client[i%len(client)]) {
+			wire = bridge.AppendAudioFrame(wire[:0], bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM, Concealed: f.Concealed})
+			pkts, _ := pcmEnc.Write(f.PCM) // the echo: the same frame back
+			for _, p := range pkts {
+				_ = q.PushAudio(p.Payload, playout.TickSamples)
+			}
+		}
+		clock.RunTick(int64(1000 + i))
+		evs = q.Events(evs[:0])
+		i++
+	}
+	for range 20 {
+		step()
+	}
+	if n := testing.AllocsPerRun(200, step); n != 0 {
+		t.Fatalf("PCM media path per frame: %v allocations, want 0", n)
+	}
+	if sink.n < 200 {
+		t.Fatalf("%d packets paced out", sink.n)
+	}
+}

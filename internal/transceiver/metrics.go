@@ -38,6 +38,8 @@ type metrics struct {
 	clientConnection *prometheus.CounterVec
 	// offersRefused counts offers refused before any work, by reason (pending.go).
 	offersRefused *prometheus.CounterVec
+	outputDropped prometheus.Counter // paced packets the client's track refused
+	tracksIgnored prometheus.Counter // client audio tracks after the first
 }
 
 // Setup phases, the values of the phase label.
@@ -102,7 +104,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_ice_restarts_total", Help: "ICE restarts requested with PATCH (RFC 9725 4.3), by result: ok, failed.",
 		}, []string{"result"}),
 		backendRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_backend_input_refused_total", Help: "Backend input refused or ignored, by reason (docs/bridge.md 8.1): pcm_odd_length, invalid_opus, output_queue_full, invalid_mark_name, unexpected_type, unknown_type, clear_idle, invalid_turn_detection.",
+			Name: "switchboard_transceiver_backend_input_refused_total", Help: "Backend input refused or ignored, by reason (docs/bridge.md 8.1): pcm_odd_length, invalid_opus, output_queue_full, invalid_mark_name, invalid_response_id, unexpected_type, unknown_type, clear_idle, invalid_turn_detection.",
 		}, []string{"reason"}),
 		clears: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_output_clears_total", Help: "Output queue clears, by source: backend (output.clear), client (output_audio_buffer.clear), turn (barge-in: turn detection heard the user start talking).",
@@ -113,6 +115,12 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		clientAudioDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_audio_dropped_total", Help: "Client audio packets not decoded for a PCM backend, by reason: invalid_opus, late (reordered or duplicated).",
 		}, []string{"reason"}),
+		outputDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_output_packets_dropped_total", Help: "Paced audio packets the client's track could not send (write error).",
+		}),
+		tracksIgnored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_client_tracks_ignored_total", Help: "Client audio tracks ignored because the session already has one (offers with several audio sections).",
+		}),
 		concealed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_audio_concealed_seconds_total", Help: "Client audio lost and concealed for PCM backends, by method: fec (Opus in-band FEC from the next packet), plc.",
 		}, []string{"method"}),
@@ -169,13 +177,13 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		Name: "switchboard_transceiver_sessions", Help: "Live sessions.",
 	}, func() float64 { return float64(s.Sessions()) })
 	lateTicks := prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "switchboard_transceiver_playout_late_ticks_total", Help: "Playout clock ticks a worker missed because it was still busy with the previous one (sessions' audio jumps 20 ms).",
+		Name: "switchboard_transceiver_playout_late_ticks_total", Help: "Playout clock ticks a worker played late, together with the next one, because it was busy or not scheduled in time (their packets leave back to back).",
 	}, func() float64 { return float64(s.clock.Stats().LateTicks) })
 	pionSuppressed := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_pion_log_suppressed_total", Help: "Pion log lines dropped over the per-scope limit (20 at once, then 5 a second).",
 	}, func() float64 { return float64(s.pion.Suppressed()) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
 		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, lateTicks, active, newHopCollector(s.HopStats), pionSuppressed)
+		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, lateTicks, active, newHopCollector(s.HopStats), pionSuppressed)
 	return m
 }

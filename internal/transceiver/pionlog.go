@@ -16,15 +16,18 @@ import (
 // with the Pion scope in the "pion" attribute, instead of Pion's default
 // text logger on stderr.
 //
-// Levels: Pion's error and warn are slog's; Pion's info, which is
-// per-connection chatter (ICE state changes the transceiver logs itself
-// as session events), and debug are slog debug; trace is slog debug-4.
+// Levels: Pion's errors are slog errors. Its warnings are slog debug, as
+// are its info and debug lines: they are about one packet (a check with a
+// wrong username, a DTLS record that does not decrypt) or one
+// connection's races while it closes ("stream is already closed"), and
+// Pion's own default logger shows none of them either; its info lines
+// are ICE state changes the transceiver logs itself as session events.
+// Trace is slog debug-4.
 //
-// Many of Pion's warnings are about a packet from the network (a check
-// with a wrong username, a DTLS record that does not decrypt), so a
-// flood must not become a log flood: each scope may log pionLogBurst
-// lines at once and pionLogRate a second after that; lines beyond are
-// dropped and counted in switchboard_transceiver_pion_log_suppressed_total.
+// A flood of bad packets must not become a log flood: each scope may log
+// pionLogBurst lines at once and pionLogRate a second after that; lines
+// beyond are dropped and counted in
+// switchboard_transceiver_pion_log_suppressed_total.
 
 // Per-scope limit on Pion log lines.
 const (
@@ -109,7 +112,7 @@ func (l *pionLogger) Debug(msg string)                  { l.emit(slog.LevelDebug
 func (l *pionLogger) Debugf(format string, args ...any) { l.emitf(slog.LevelDebug, format, args...) }
 func (l *pionLogger) Info(msg string)                   { l.emit(slog.LevelDebug, msg) }
 func (l *pionLogger) Infof(format string, args ...any)  { l.emitf(slog.LevelDebug, format, args...) }
-func (l *pionLogger) Warn(msg string)                   { l.emit(slog.LevelWarn, msg) }
-func (l *pionLogger) Warnf(format string, args ...any)  { l.emitf(slog.LevelWarn, format, args...) }
+func (l *pionLogger) Warn(msg string)                   { l.emit(slog.LevelDebug, msg) }
+func (l *pionLogger) Warnf(format string, args ...any)  { l.emitf(slog.LevelDebug, format, args...) }
 func (l *pionLogger) Error(msg string)                  { l.emit(slog.LevelError, msg) }
 func (l *pionLogger) Errorf(format string, args ...any) { l.emitf(slog.LevelError, format, args...) }

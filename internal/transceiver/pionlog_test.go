@@ -39,18 +39,22 @@ func TestPionLogsThroughSlog(t *testing.T) {
 }
 
 // TestPionLogLimit: a burst of Pion lines (a flood of bad packets) logs
-// at most the burst and counts the rest.
+// at most the burst and counts the rest; Pion's warnings are debug lines.
 func TestPionLogLimit(t *testing.T) {
 	var buf logbuf.Buffer
 	f := newPionLogs(slog.New(slog.NewJSONHandler(&buf, nil)))
 	l := f.NewLogger("ice")
 	const n = 1000
 	for i := range n {
-		l.Warnf("Discard request with wrong username %d", i)
+		l.Errorf("Discard request with wrong username %d", i)
 	}
 	lines, dropped := strings.Count(buf.String(), "\n"), int(f.Suppressed())
 	if lines > pionLogBurst+1 || lines < pionLogBurst || lines+dropped != n {
 		t.Fatalf("%d lines logged, %d counted as dropped, of %d; want about %d logged and the rest counted", lines, dropped, n, pionLogBurst)
+	}
+	f.NewLogger("sctp").Warn("a warning at the info level is not logged")
+	if strings.Contains(buf.String(), `"pion":"sctp"`) {
+		t.Fatal("a Pion warning was logged at the info level")
 	}
 	f.NewLogger("dtls").Error("another scope has its own budget")
 	if !strings.Contains(buf.String(), `"pion":"dtls"`) {

@@ -1,8 +1,10 @@
 // Package transceiver is Switchboard's stateful WebRTC endpoint. It answers
 // SDP offers over HTTP, terminates ICE (lite), DTLS, SRTP and SCTP with Pion
-// on one shared internal-hop socket, and bridges each session's Opus audio
-// and `oai-events` data-channel messages to a backend over the bridge
-// protocol (docs/bridge.md).
+// on one shared internal-hop socket, and bridges each session's audio
+// (Opus passthrough, or PCM it decodes and encodes) and `oai-events`
+// data-channel messages to a backend over the bridge protocol
+// (docs/bridge.md), pacing the backend's audio to the client on one shared
+// media clock (media.go, internal/playout).
 //
 // Every session's local ufrag is a fresh routing token (internal/token)
 // naming this transceiver, so relays can route the session's first STUN
@@ -199,6 +201,9 @@ func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole, onCheck func(*s
 	// SCTP association setup carried in the SDP (SNAP) when the client
 	// offers a=sctp-init: the data channel opens without the 4-way handshake.
 	se.EnableSctpSnap(true)
+	// Data channels are read by readDataChannel (events.go) with a buffer
+	// the size of the messages, not Pion's 64 KiB per channel.
+	se.DetachDataChannels()
 
 	var me webrtc.MediaEngine
 	if err := me.RegisterCodec(opusCodec, webrtc.RTPCodecTypeAudio); err != nil {

@@ -239,7 +239,7 @@ func finalizeAnswer(sdp string, ingress netip.AddrPort) string {
 // onTrack forwards the client's Opus packets to the backend as they come:
 // payloads untouched for Opus, decoded for the PCM formats (media.go).
 func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
-	if tr.Kind() != webrtc.RTPCodecTypeAudio {
+	if tr.Kind() != webrtc.RTPCodecTypeAudio || !sess.claimAudioTrack() {
 		return
 	}
 	defer sess.stopTurns()
@@ -268,24 +268,14 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 func (sess *session) onDataChannel(dc *webrtc.DataChannel) {
 	if dc.Label() != EventsLabel {
 		sess.log.Info("ignoring data channel", "label", dc.Label())
+		dc.OnOpen(func() { sess.readDataChannel(dc, false) })
 		return
 	}
 	// Pion hands over a remote-created channel once it is open; store it
 	// now, not in OnOpen, or a backend reply to the client's first message
 	// could arrive before the OnOpen callback ran and be dropped.
 	sess.events.Store(dc)
-	dc.OnMessage(func(m webrtc.DataChannelMessage) {
-		if m.IsString && isClientClear(m.Data) {
-			sess.clearOutput("client")
-			return
-		}
-		if err := sess.be.SendEvent(sess.ctx, m.Data); err != nil {
-			if sess.ctx.Err() == nil && !sess.ending.Load() {
-				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
-			}
-			sess.end(ReasonBackendGone)
-		}
-	})
+	dc.OnOpen(func() { sess.readDataChannel(dc, true) }) // events.go
 }
 
 func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
@@ -296,6 +286,7 @@ func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
 			sess.srv.metrics.connect.Observe(time.Since(sess.created).Seconds())
 		}
 		sess.leavePending()
+		sess.startPlayout()
 	case webrtc.PeerConnectionStateFailed:
 		sess.end(bridge.ReasonICEFailed)
 	case webrtc.PeerConnectionStateClosed:
@@ -471,10 +462,10 @@ func (sess *session) watchSetup() {
 func (sess *session) teardown(reason string) {
 	s := sess.srv
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	sess.media.q.Close() // no playout event after session.end
 	_ = sess.be.End(ctx, reason)
 	cancel()
 	sess.cancel()
-	sess.media.q.Close()
 	sess.notifyClient(reason)
 	_ = sess.pc.Close() // sends DTLS close_notify
 	sess.imu.Lock()     // waits for a restart in progress

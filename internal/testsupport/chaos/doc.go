@@ -1,4 +1,4 @@
-// Package chaos holds the chaos suite (issue #5): tests that run the real
+// Package chaos holds the chaos suite: tests that run the real
 // switchboard binary (relay, transceivers, echo agent) and a real
 // redis-server as separate processes on loopback, break one part on
 // purpose (kill -9 a relay, Redis or a transceiver, impair the network,

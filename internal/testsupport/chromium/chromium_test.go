@@ -29,7 +29,7 @@ func TestOptionsGrantTheFakeMicrophone(t *testing.T) {
 		}
 		t.Skip("chromium not installed")
 	}
-	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+	wav, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-const speech = "../../testdata/speech.wav"
+const speech = "../../../testdata/speech.wav"
 
 // stack is one relay, one transceiver and one echo agent, wired as in
 // production but on loopback.

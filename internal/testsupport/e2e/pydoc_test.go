@@ -37,7 +37,7 @@ func TestBridgeDocPythonPCMBackend(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
-	doc, err := os.ReadFile("../../docs/bridge.md")
+	doc, err := os.ReadFile("../../../docs/bridge.md")
 	if err != nil {
 		t.Fatal(err)
 	}

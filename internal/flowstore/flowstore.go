@@ -1,23 +1,27 @@
-// Package flowcache is the relay's shared flow cache in Redis (docs/design.md §2.2:
-// "a Redis cache of <client ip:port → transceiver ip:port> lets a relay
-// recover a flow before that next STUN arrives"; docs/relay.md, "Flow
-// cache").
+// Package flowstore is the store of the relay's flow cache, in Redis
+// (docs/design.md §2.2: "a Redis cache of <client ip:port → transceiver
+// ip:port> lets a relay recover a flow before that next STUN arrives";
+// docs/relay.md, "Flow cache").
 //
-// It is a thin byte store: the relay (internal/relay, flowcache.go there)
+// It is a thin byte store: the relay (internal/relay, its flowcache*.go files)
 // encodes and decodes the values and decides what to write and when; this
 // package only names the keys and batches the round trips. A Redis
-// satisfies relay.FlowCache, so internal/relay never imports go-redis and
+// satisfies relay.FlowStore, so internal/relay never imports go-redis and
 // its tests can run against a real Redis through this package.
 //
-// Keys, one per client address, namespaced by cluster:
+// Keys, one per client address, in the style of the membership registry's
+// (internal/membership): the cluster id in braces, a Redis Cluster hash
+// tag, so that all of one cluster's keys live on one node, and MGET and
+// the pipeline of SETs stay on one connection:
 //
-//	sb:flow:<cluster>:<client ip:port>
+//	switchboard:{<cluster>}:flow:<client ip:port>
 //
-// e.g. "sb:flow:3:198.51.100.1:50000" or "sb:flow:3:[2001:db8::2]:50001"
-// (netip.AddrPort.String of the canonical, unmapped address). Put writes
-// a batch with one pipeline of SET key value PX ttl; Get reads a batch with
-// one MGET. Nothing here runs per packet.
-package flowcache
+// e.g. "switchboard:{3}:flow:198.51.100.1:50000" or
+// "switchboard:{3}:flow:[2001:db8::2]:50001" (netip.AddrPort.String of the
+// canonical, unmapped address). Put writes a batch with one pipeline of
+// SET key value PX ttl; Get reads a batch with one MGET. Nothing here runs
+// per packet.
+package flowstore
 
 import (
 	"context"
@@ -34,8 +38,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// KeyPrefix starts every key; the cluster id and the client address follow.
-const KeyPrefix = "sb:flow:"
+// KeyPrefix returns the start of cluster's keys; the client address follows.
+func KeyPrefix(cluster uint16) string {
+	return "switchboard:{" + strconv.Itoa(int(cluster)) + "}:flow:"
+}
 
 // Timeouts of the Redis client: the relay bounds every call with a context
 // (a Get 500 ms, a Put 1 s), so these only cap what a context does not
@@ -47,14 +53,14 @@ const (
 )
 
 // ErrBadBatch is returned when the argument slices of Put or Get differ in length.
-var ErrBadBatch = errors.New("flowcache: clients and values differ in length")
+var ErrBadBatch = errors.New("flowstore: clients and values differ in length")
 
 // Redis is a flow cache in one Redis server (or anything speaking its
 // protocol). It is safe for concurrent use.
 type Redis struct {
 	// Set once by New, never mutated.
 	client *redis.Client
-	prefix string // KeyPrefix + cluster + ":"
+	prefix string // KeyPrefix(cluster)
 	owned  bool   // Close closes client
 }
 
@@ -93,21 +99,21 @@ func New(addr string, cluster uint16) (*Redis, error) {
 // a URL whose userinfo holds every '@', and then redacted.
 func options(addr string) (*redis.Options, error) {
 	const want = "want host:port, redis://[[user]:password@]host[:port][/db], or rediss://… for TLS"
-	const unparsed = "flowcache: Redis address has an '@' but does not parse as a redis:// or rediss:// URL (not shown: it may hold a password); percent-encode / # ? @ %% in the password; %s"
+	const unparsed = "flowstore: Redis address has an '@' but does not parse as a redis:// or rediss:// URL (not shown: it may hold a password); percent-encode / # ? @ %% in the password; %s"
 	hasAt := strings.Contains(addr, "@")
 	switch {
 	case addr == "":
-		return nil, errors.New("flowcache: empty Redis address; " + want)
+		return nil, errors.New("flowstore: empty Redis address; " + want)
 	case !strings.Contains(addr, "://"):
 		if hasAt {
 			return nil, fmt.Errorf(unparsed, want)
 		}
 		host, port, err := net.SplitHostPort(addr)
 		if err != nil || host == "" || port == "" {
-			return nil, fmt.Errorf("flowcache: Redis address %q is not host:port; %s", addr, want)
+			return nil, fmt.Errorf("flowstore: Redis address %q is not host:port; %s", addr, want)
 		}
 		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-			return nil, fmt.Errorf("flowcache: Redis address %q: port %q is not a number from 1 to 65535; %s", addr, port, want)
+			return nil, fmt.Errorf("flowstore: Redis address %q: port %q is not a number from 1 to 65535; %s", addr, port, want)
 		}
 		return &redis.Options{Addr: addr}, nil
 	}
@@ -124,7 +130,7 @@ func options(addr string) (*redis.Options, error) {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return nil, fmt.Errorf("flowcache: Redis URL does not parse (%v); %s", err, want)
+		return nil, fmt.Errorf("flowstore: Redis URL does not parse (%v); %s", err, want)
 	}
 	// The whole userinfo is hidden: a password given as the user name
 	// ("redis://pw@host") is no less a secret.
@@ -135,26 +141,26 @@ func options(addr string) (*redis.Options, error) {
 		shown = c.String()
 	}
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
-		return nil, fmt.Errorf("flowcache: Redis URL %q: scheme %q; %s", shown, u.Scheme, want)
+		return nil, fmt.Errorf("flowstore: Redis URL %q: scheme %q; %s", shown, u.Scheme, want)
 	}
 	if u.Hostname() == "" {
-		return nil, fmt.Errorf("flowcache: Redis URL %q has no host; %s", shown, want)
+		return nil, fmt.Errorf("flowstore: Redis URL %q has no host; %s", shown, want)
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
-			return nil, fmt.Errorf("flowcache: Redis URL %q: port %q is not a number from 1 to 65535; %s", shown, p, want)
+			return nil, fmt.Errorf("flowstore: Redis URL %q: port %q is not a number from 1 to 65535; %s", shown, p, want)
 		}
 	}
 	opt, err := redis.ParseURL(addr)
 	if err != nil {
-		return nil, fmt.Errorf("flowcache: Redis URL %q: %v; %s", shown, err, want)
+		return nil, fmt.Errorf("flowstore: Redis URL %q: %v; %s", shown, err, want)
 	}
 	return opt, nil
 }
 
 // NewWithClient is New over an existing client, which Close leaves open.
 func NewWithClient(c *redis.Client, cluster uint16) *Redis {
-	return &Redis{client: c, prefix: KeyPrefix + strconv.Itoa(int(cluster)) + ":"}
+	return &Redis{client: c, prefix: KeyPrefix(cluster)}
 }
 
 // Key returns the Redis key of client's flow.
@@ -176,7 +182,7 @@ func (r *Redis) Put(ctx context.Context, clients []netip.AddrPort, values [][]by
 		pipe.Set(ctx, r.Key(c), values[i], ttl)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		return fmt.Errorf("flowcache: put %d: %w", len(clients), err)
+		return fmt.Errorf("flowstore: put %d: %w", len(clients), err)
 	}
 	return nil
 }
@@ -196,10 +202,10 @@ func (r *Redis) Get(ctx context.Context, clients []netip.AddrPort, values [][]by
 	}
 	res, err := r.client.MGet(ctx, keys...).Result()
 	if err != nil {
-		return fmt.Errorf("flowcache: get %d: %w", len(clients), err)
+		return fmt.Errorf("flowstore: get %d: %w", len(clients), err)
 	}
 	if len(res) != len(clients) {
-		return fmt.Errorf("flowcache: get %d: %d replies", len(clients), len(res))
+		return fmt.Errorf("flowstore: get %d: %d replies", len(clients), len(res))
 	}
 	for i, v := range res {
 		values[i] = nil
@@ -220,7 +226,7 @@ func (r *Redis) Delete(ctx context.Context, clients ...netip.AddrPort) error {
 		keys[i] = r.Key(c)
 	}
 	if err := r.client.Del(ctx, keys...).Err(); err != nil {
-		return fmt.Errorf("flowcache: delete %d: %w", len(clients), err)
+		return fmt.Errorf("flowstore: delete %d: %w", len(clients), err)
 	}
 	return nil
 }

@@ -1,9 +1,7 @@
-package relay
+package udpio
 
 import (
 	"encoding/binary"
-	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"syscall"
@@ -12,8 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Batched datagram I/O: recvmmsg(2) and sendmmsg(2) on a UDP socket with
-// every message, iovec, address buffer and payload buffer allocated once.
+// Batched datagram I/O on Linux: recvmmsg(2) and sendmmsg(2) on a UDP
+// socket with every message, iovec, address buffer and payload buffer
+// allocated once.
 //
 // Why not golang.org/x/net/ipv4.PacketConn.ReadBatch: it returns each
 // source address as a freshly allocated *net.UDPAddr (two allocations per
@@ -32,8 +31,6 @@ type mmsghdr struct {
 // Batch is one direction of batched I/O on one socket: either a receive
 // batch (Read, then Len/Addr/Truncated per message) or a send batch
 // (Queue, then Flush). A Batch is used by one goroutine at a time.
-// It is exported for the benchmark harness (bench/), which builds the raw
-// ceiling loop from the same primitives as the relay.
 type Batch struct {
 	rc    syscall.RawConn
 	inet6 bool // the socket is AF_INET6 (IPv4 peers as v4-mapped)
@@ -42,7 +39,7 @@ type Batch struct {
 	iovs  []unix.Iovec
 	names []unix.RawSockaddrInet6
 	bufs  [][]byte // receive: each message's buffer
-	plen  []int    // send: payload length of each queued message (for byte counters)
+	plen  []int    // send: the length Queue was told to count for each queued message
 
 	// Results of the last syscall, set by the RawConn callbacks.
 	n, off int
@@ -54,13 +51,12 @@ type Batch struct {
 
 // NewBatch prepares up to size messages on c. For a receive batch, bufs
 // holds size buffers that Read fills (each is read into whole); for a
-// send batch, bufs is nil and Queue names the buffers.
+// send batch, bufs is nil and Queue names the buffers. It fails if size
+// is not positive, bufs has another length, or c's socket cannot be
+// inspected.
 func NewBatch(c *net.UDPConn, size int, bufs [][]byte) (*Batch, error) {
-	if size < 1 {
-		return nil, fmt.Errorf("relay: batch size %d", size)
-	}
-	if bufs != nil && len(bufs) != size {
-		return nil, fmt.Errorf("relay: %d buffers for a batch of %d", len(bufs), size)
+	if err := checkSize(size, bufs); err != nil {
+		return nil, err
 	}
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -100,7 +96,7 @@ func NewBatch(c *net.UDPConn, size int, bufs [][]byte) (*Batch, error) {
 
 // Read receives at least one and at most the batch size of datagrams,
 // blocking until one arrives. It returns net.ErrClosed after the socket is
-// closed.
+// closed, and the errno of a failed recvmmsg otherwise.
 func (b *Batch) Read() (int, error) {
 	for i := range b.hdrs {
 		b.hdrs[i].hdr.Namelen = unix.SizeofSockaddrInet6
@@ -114,7 +110,8 @@ func (b *Batch) Read() (int, error) {
 }
 
 // Poll is Read without waiting: it returns 0 when nothing is queued. It is
-// for busy-polling load generators (bench/), not for the relay.
+// for busy-polling load generators (bench/relay), not for the relay, and
+// exists on Linux only.
 func (b *Batch) Poll() (int, error) {
 	for i := range b.hdrs {
 		b.hdrs[i].hdr.Namelen = unix.SizeofSockaddrInet6
@@ -170,8 +167,10 @@ func (b *Batch) Addr(i int) netip.AddrPort {
 
 // Queue adds datagram p for to to the send batch and reports whether it
 // fits (false when the batch is full or to cannot be expressed on this
-// socket, such as IPv6 on an IPv4 socket). p must stay untouched until Flush.
-func (b *Batch) Queue(p []byte, to netip.AddrPort) bool {
+// socket, such as IPv6 on an IPv4 socket). Flush counts counted bytes for
+// it once sent: len(p), or less to leave a header out of byte counters.
+// p must stay untouched until Flush.
+func (b *Batch) Queue(p []byte, to netip.AddrPort, counted int) bool {
 	if b.n == len(b.hdrs) {
 		return false
 	}
@@ -194,7 +193,7 @@ func (b *Batch) Queue(p []byte, to netip.AddrPort) bool {
 	b.hdrs[i].hdr.Namelen = l
 	b.iovs[i].Base = unsafe.SliceData(p)
 	b.iovs[i].SetLen(len(p))
-	b.plen[i] = len(p)
+	b.plen[i] = counted
 	b.n++
 	return true
 }
@@ -205,7 +204,8 @@ func (b *Batch) Queued() int { return b.n }
 // Flush sends the queued datagrams, as few sendmmsg calls as the kernel
 // allows, waiting (on the netpoller) while the socket buffer is full. A
 // datagram the kernel refuses is skipped and counted in failed; sent and
-// bytes count the others. err is net.ErrClosed after Close.
+// bytes (the counted lengths given to Queue) count the others. err is
+// net.ErrClosed after Close.
 func (b *Batch) Flush() (sent, bytes, failed int, err error) {
 	total := b.n
 	b.off = 0
@@ -245,6 +245,3 @@ func (b *Batch) send(fd uintptr) bool {
 		return true
 	}
 }
-
-// isClosed reports whether err means the socket was closed.
-func isClosed(err error) bool { return errors.Is(err, net.ErrClosed) }

@@ -1,4 +1,4 @@
-package flowcache
+package flowstore
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/redistest"
 )
 
@@ -24,15 +25,34 @@ func TestMain(m *testing.M) {
 func TestKey(t *testing.T) {
 	r := NewWithClient(nil, 3)
 	for _, tt := range []struct{ name, in, want string }{
-		{"ipv4", "198.51.100.1:50000", "sb:flow:3:198.51.100.1:50000"},
-		{"ipv6", "[2001:db8::2]:50001", "sb:flow:3:[2001:db8::2]:50001"},
-		{"v4-mapped is unmapped", "[::ffff:198.51.100.1]:50000", "sb:flow:3:198.51.100.1:50000"},
+		{"ipv4", "198.51.100.1:50000", "switchboard:{3}:flow:198.51.100.1:50000"},
+		{"ipv6", "[2001:db8::2]:50001", "switchboard:{3}:flow:[2001:db8::2]:50001"},
+		{"v4-mapped is unmapped", "[::ffff:198.51.100.1]:50000", "switchboard:{3}:flow:198.51.100.1:50000"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := r.Key(netip.MustParseAddrPort(tt.in)); got != tt.want {
 				t.Fatalf("Key(%s) = %q, want %q", tt.in, got, tt.want)
 			}
 		})
+	}
+}
+
+// TestKeyStyle: flow keys share the membership registry's style and
+// Redis Cluster hash tag, so one cluster's registry and flows live on one
+// node.
+func TestKeyStyle(t *testing.T) {
+	members, addrs := membership.RedisKeys(3)
+	flow := NewWithClient(nil, 3).Key(netip.MustParseAddrPort("198.51.100.1:50000"))
+	tag := func(k string) string {
+		i := strings.IndexByte(k, '{')
+		j := strings.IndexByte(k, '}')
+		if i < 0 || j < i {
+			t.Fatalf("key %q has no hash tag", k)
+		}
+		return k[:j+1]
+	}
+	if tag(flow) != tag(members) || tag(flow) != tag(addrs) || tag(flow) != "switchboard:{3}" {
+		t.Errorf("keys %q, %q, %q do not share one prefix and hash tag", flow, members, addrs)
 	}
 }
 

@@ -1,4 +1,4 @@
-package relay
+package udpio
 
 import (
 	"context"
@@ -10,13 +10,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// listenGroup binds n UDP sockets on addr. With n > 1 each socket sets
+// MaxGroup is the most sockets ListenGroup binds on one port: unbounded
+// on Linux (SO_REUSEPORT balances them).
+const MaxGroup = 1 << 16
+
+// ListenGroup binds n UDP sockets on addr. With n > 1 each socket sets
 // SO_REUSEPORT so that all of them share the port and the kernel spreads
 // datagrams across them by a hash of the 4-tuple (one client stays on one
 // socket). If addr asks for port 0, the first bind picks the port and the
-// others join it. On Linux, only sockets of the same effective user can
-// join a SO_REUSEPORT group.
-func listenGroup(addr string, n int) ([]*net.UDPConn, error) {
+// others join it. Only sockets of the same effective user can join a
+// SO_REUSEPORT group. Each socket asks for 4 MiB socket buffers (the
+// kernel caps them at net.core.[rw]mem_max).
+func ListenGroup(addr string, n int) ([]*net.UDPConn, error) {
 	lc := net.ListenConfig{}
 	if n > 1 {
 		lc.Control = func(_, _ string, c syscall.RawConn) error {
@@ -55,10 +60,4 @@ func listenGroup(addr string, n int) ([]*net.UDPConn, error) {
 		return nil, fmt.Errorf("bound %d of %d sockets", len(conns), n)
 	}
 	return conns, nil
-}
-
-func closeAll(conns []*net.UDPConn) {
-	for _, c := range conns {
-		_ = c.Close()
-	}
 }

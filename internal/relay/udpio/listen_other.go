@@ -1,0 +1,29 @@
+//go:build !linux
+
+package udpio
+
+import (
+	"context"
+	"fmt"
+	"net"
+)
+
+// MaxGroup is the most sockets ListenGroup binds on one port: one on this
+// OS, whose SO_REUSEPORT does not balance unicast datagrams across
+// sockets.
+const MaxGroup = 1
+
+// ListenGroup binds one UDP socket on addr (n must be 1 on this OS).
+func ListenGroup(addr string, n int) ([]*net.UDPConn, error) {
+	if n != 1 {
+		return nil, fmt.Errorf("udpio: %d sockets on one port need Linux SO_REUSEPORT; use 1", n)
+	}
+	pc, err := (&net.ListenConfig{}).ListenPacket(context.Background(), "udp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c := pc.(*net.UDPConn)
+	_ = c.SetReadBuffer(4 << 20)
+	_ = c.SetWriteBuffer(4 << 20)
+	return []*net.UDPConn{c}, nil
+}

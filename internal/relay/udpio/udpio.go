@@ -1,0 +1,37 @@
+// Package udpio is the relay's UDP socket I/O: batched reads and writes,
+// and groups of sockets sharing one port.
+//
+// On Linux a Batch moves up to its size of datagrams per recvmmsg(2) or
+// sendmmsg(2) call without allocating, and ListenGroup binds n sockets on
+// one port with SO_REUSEPORT, which the kernel balances by a hash of the
+// 4-tuple. Elsewhere (a developer's macOS, say) the same API runs one
+// datagram per system call through the net package and ListenGroup binds
+// a single socket, so the relay builds and its tests run there, slower.
+package udpio
+
+import (
+	"errors"
+	"fmt"
+	"net"
+)
+
+// IsClosed reports whether err means the socket was closed (net.ErrClosed).
+func IsClosed(err error) bool { return errors.Is(err, net.ErrClosed) }
+
+// checkSize validates NewBatch's size and buffers.
+func checkSize(size int, bufs [][]byte) error {
+	if size < 1 {
+		return fmt.Errorf("udpio: batch size %d; want at least 1", size)
+	}
+	if bufs != nil && len(bufs) != size {
+		return fmt.Errorf("udpio: %d buffers for a batch of %d", len(bufs), size)
+	}
+	return nil
+}
+
+// closeAll closes conns, ignoring errors: for unwinding a failed bind.
+func closeAll(conns []*net.UDPConn) {
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}

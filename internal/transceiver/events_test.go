@@ -1,0 +1,91 @@
+package transceiver
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pion/webrtc/v4"
+
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
+)
+
+// TestDataChannelMessages sends oai-events messages of a few bytes and of
+// many times the first read buffer (eventsReadSize) through a direct-mode
+// transceiver to the echo agent and back, while a second, ignored channel
+// carries traffic too: each comes back whole and in order, so the
+// detached read loop grows its buffer to the message.
+func TestDataChannelMessages(t *testing.T) {
+	_, api, _ := newTestServer(t, func(c *Config) { c.Direct, c.Advertise = true, "" })
+	pc := webrtctest.PeerConnection(t)
+	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
+		t.Fatal(err)
+	}
+	events, err := pc.CreateDataChannel(webrtctest.EventsLabel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pc.CreateDataChannel("other", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 16)
+	events.OnMessage(func(m webrtc.DataChannelMessage) { got <- string(m.Data) })
+	opened := make(chan struct{}, 2)
+	events.OnOpen(func() { opened <- struct{}{} })
+	other.OnOpen(func() { opened <- struct{}{} })
+
+	resp, err := http.Post(api.URL+"/v1/calls", "application/sdp", strings.NewReader(webrtctest.Offer(t, pc)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("offer: %s: %s", resp.Status, answer)
+	}
+	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for range 2 {
+		select {
+		case <-opened:
+		case <-ctx.Done():
+			t.Fatal("data channels did not open")
+		}
+	}
+	flood := bytes.Repeat([]byte{'x'}, 16<<10)
+	for range 128 {
+		if err := other.Send(flood); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{
+		`{"type":"ping","id":"small"}`,
+		fmt.Sprintf(`{"type":"big","pad":"%s"}`, strings.Repeat("y", 5*eventsReadSize)),
+		fmt.Sprintf(`{"type":"bigger","pad":"%s"}`, strings.Repeat("z", 30<<10)),
+		`{"type":"ping","id":"after"}`,
+	}
+	for _, m := range want {
+		if err := events.SendText(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, w := range want {
+		select {
+		case g := <-got:
+			if g != w {
+				t.Fatalf("message %d: got %d bytes %.40q, want %d bytes %.40q", i, len(g), g, len(w), w)
+			}
+		case <-ctx.Done():
+			t.Fatalf("message %d (%d bytes) did not come back", i, len(w))
+		}
+	}
+}
