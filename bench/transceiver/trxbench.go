@@ -375,7 +375,7 @@ func startStack(ctx context.Context, opt Options) (st *stack, err error) {
 	}
 	agentAddr, public, internal, hop := addrs[0], addrs[1], addrs[2], addrs[4]
 	st.relayOps, st.trxHTTP = addrs[3], addrs[5]
-	if _, err := st.start("agent", opt.GenCPU, "agent", "-listen", agentAddr, "-log-level", "warn"); err != nil {
+	if _, err := st.start("agent", opt.GenCPU, "agent", "-mode", "echo", "-listen", agentAddr, "-log-level", "warn"); err != nil {
 		return st, err
 	}
 	// Every client is 127.0.0.1: lift the relay's per-source caps.

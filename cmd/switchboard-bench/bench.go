@@ -14,7 +14,35 @@ import (
 
 	relaybench "github.com/switchboard-rtc/switchboard/bench/relay"
 	"github.com/switchboard-rtc/switchboard/bench/setup"
+	voicebench "github.com/switchboard-rtc/switchboard/bench/voice"
 )
+
+// runBenchVoice is `switchboard-bench voice`: turn-taking latency heard in
+// headless Chromium, barge-in at the edge against the backend's own VAD
+// (bench/voice).
+func runBenchVoice(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("voice", flag.ContinueOnError)
+	rtt := fs.Duration("rtt", 50*time.Millisecond, "round-trip time added between the browser and the relay (half each way)")
+	cycles := fs.Int("cycles", 20, "script cycles per mode; each has two user turns, the second over the agent's reply")
+	modes := fs.String("modes", "", "comma-separated: edge, backend (default both)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *rtt < 0 {
+		return errors.New("-rtt must not be negative")
+	}
+	opts := voicebench.Options{RTT: *rtt, Cycles: *cycles,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	if *modes != "" {
+		opts.Modes = strings.Split(*modes, ",")
+	}
+	res, err := voicebench.Run(ctx, opts)
+	if err != nil {
+		return err
+	}
+	res.Markdown(stdout)
+	return nil
+}
 
 // runBench is `switchboard-bench relay` (the benchmark, docs/benchmarks.md),
 // `switchboard-bench setup`, `switchboard-bench transceiver` and
@@ -27,6 +55,8 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 		return runBenchSetup(ctx, args[1:], stdout)
 	case "transceiver":
 		return runBenchTransceiver(ctx, args[1:], stdout)
+	case "voice":
+		return runBenchVoice(ctx, args[1:], stdout)
 	default:
 		usage()
 		return fmt.Errorf("unknown benchmark %q", args[0])

@@ -6,6 +6,7 @@
 //	switchboard-bench relay   the relay against a raw UDP loop, a naive Go proxy and coturn
 //	switchboard-bench setup   call setup time, POST to first audio at the backend, per path
 //	switchboard-bench transceiver   what a session costs a transceiver: CPU, memory, goroutines, delay inside
+//	switchboard-bench voice   turn-taking heard in a browser: reply and barge-in latency
 //	switchboard-bench serve   (internal) one system under test, started by `relay` as a child
 //
 // Results and how to read them are in docs/benchmarks.md.
@@ -28,6 +29,7 @@ Benchmarks:
   relay   the relay against a raw UDP loop, a naive Go proxy and coturn (-quick: about a minute)
   setup   call setup time over direct, relay, Global Relay and TURN paths
   transceiver   CPU, memory, goroutines and delay inside per session, N sessions as real processes
+  voice   turn-taking in headless Chromium: speech end to reply, barge-in to silence (edge vs backend)
 
 Run 'switchboard-bench <benchmark> -h' for its flags; docs/benchmarks.md has the results.`)
 }

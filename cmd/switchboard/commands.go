@@ -38,7 +38,7 @@ func runDemo(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, Logger: log, Pprof: cfg.Log.Pprof})
+	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, Logger: log, Pprof: cfg.Log.Pprof, Agent: cfg.Mode})
 	if err != nil {
 		return err
 	}
@@ -219,12 +219,12 @@ func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	echo, err := agent.NewEchoConfig(agent.EchoConfig{Logger: log, Format: cfg.Format})
+	backend, err := agent.NewMode(cfg.Mode, cfg.Format, log)
 	if err != nil {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/bridge", echo)
+	mux.Handle("/v1/bridge", backend)
 	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	return serveHTTP(ctx, cfg.Listen, mux, log)
 }

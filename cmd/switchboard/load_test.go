@@ -23,7 +23,7 @@ import (
 // ping, and hung up.
 func TestLoadAgainstDemo(t *testing.T) {
 	logs := &logbuf.Buffer{}
-	d, err := demo.Start(demo.Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	d, err := demo.Start(demo.Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Agent: "echo", Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

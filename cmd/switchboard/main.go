@@ -35,10 +35,10 @@ var commands = []struct {
 	name, summary string
 	run           func(ctx context.Context, args []string, stdout io.Writer) error
 }{
-	{"demo", "run relay, transceiver, echo agent and the web page in one process", runDemo},
+	{"demo", "run relay, transceiver, the parrot agent and the web page in one process", runDemo},
 	{"relay", "run a relay", runRelay},
 	{"transceiver", "run a transceiver (WebRTC endpoint and signaling)", runTransceiver},
-	{"agent", "run the echo agent (a bridge backend)", runAgent},
+	{"agent", "run a reference agent (a bridge backend): parrot or echo", runAgent},
 	{"director", "run the signaling director (routes offers to a region's cluster)", runDirector},
 	{"call", "run one call against a signaling URL and print a JSON report", runCall},
 	{"load", "run many concurrent calls against a signaling URL and print a JSON summary", runLoad},

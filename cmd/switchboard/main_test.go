@@ -114,7 +114,7 @@ func separateProcesses(t *testing.T, bin, redisAddr string) {
 			}
 		}
 	}()
-	start(nil, "agent", "-listen", agentHTTP)
+	start(nil, "agent", "-mode", "echo", "-listen", agentHTTP)
 	start([]string{"SWITCHBOARD_TOKEN_KEY=" + key}, append([]string{"transceiver", "-id", "7", "-listen", trxHop,
 		"-advertise", public, "-backend", "ws://" + agentHTTP + "/v1/bridge", "-http", trxHTTP}, trxExtra...)...)
 	start([]string{"SWITCHBOARD_TOKEN_KEY=" + key}, "relay", "-config", relayYAML, "-metrics", relayOps)

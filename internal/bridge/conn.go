@@ -90,9 +90,13 @@ func (c *core) dialHandshake(ctx context.Context, start SessionStart) error {
 		return c.fail(CloseVersion, fmt.Errorf("%w: backend hello version %d, want %d", ErrVersion, m.Version, Version))
 	case !slices.Contains(offeredFormats, m.AudioFormat):
 		return c.fail(CloseFormat, fmt.Errorf("%w: backend chose audio format %q, offered %q", ErrFormat, m.AudioFormat, offeredFormats))
+	case m.TurnDetection != nil && !isObjectOrNull(m.TurnDetection):
+		return c.protocolError(fmt.Errorf(`%w: backend hello "turn_detection" is neither an object nor null`, ErrProtocol))
 	}
 	c.format = m.AudioFormat
 	c.noClientEvents = m.OutputAudioBufferEvents != nil && !*m.OutputAudioBufferEvents
+	c.noInputEvents = m.InputAudioBufferEvents != nil && !*m.InputAudioBufferEvents
+	c.turnDetection = m.TurnDetection
 	return c.sendJSON(ctx, sessionStartMsg{Type: typeSessionStart, SessionID: start.SessionID, Metadata: start.Metadata, Session: start.Session})
 }
 

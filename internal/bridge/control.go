@@ -1,7 +1,9 @@
 package bridge
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 )
 
@@ -32,6 +34,19 @@ const (
 	// follows with the backend's response id (ID), reported to the client
 	// as response_id.
 	TypeOutputResponse = "output.response"
+	// TypeInputSpeechStarted (transceiver → backend): turn detection
+	// heard the user start talking; AudioMs is the utterance's start on
+	// the session's input clock, prefix padding included
+	// (docs/bridge.md §4.8).
+	TypeInputSpeechStarted = "input.speech_started"
+	// TypeInputSpeechStopped (transceiver → backend): the user stopped
+	// talking; AudioMs is the end of the utterance's audio, the silence
+	// window included.
+	TypeInputSpeechStopped = "input.speech_stopped"
+	// TypeInputTurnDetection (backend → transceiver) switches turn
+	// detection for the rest of the session: TurnDetection is OpenAI's
+	// turn_detection object, or JSON null for off.
+	TypeInputTurnDetection = "input.turn_detection"
 	// TypeError (transceiver → backend) reports backend input the
 	// transceiver refused (Code, Message); the session goes on.
 	TypeError = "error"
@@ -65,6 +80,10 @@ const (
 	// ErrCodeUnexpected: a control message the transceiver does not take
 	// from a backend (such as output.started); it is ignored.
 	ErrCodeUnexpected = "unexpected_message"
+	// ErrCodeTurnDetection: a turn_detection object (in the hello or an
+	// input.turn_detection) is not one the transceiver can run; turn
+	// detection stays as it was (off after a bad hello).
+	ErrCodeTurnDetection = "invalid_turn_detection"
 )
 
 // Control is one output.* or error message. Which members are meaningful
@@ -85,6 +104,13 @@ type Control struct {
 	// Code and Message describe a TypeError: Code is one of the ErrCode…
 	// constants, Message is for people.
 	Code, Message string
+	// AudioMs is a position on the session's input clock, ms
+	// (TypeInputSpeechStarted, TypeInputSpeechStopped).
+	AudioMs int64
+	// TurnDetection is the turn_detection member of a
+	// TypeInputTurnDetection, as sent: a JSON object, or null (turn
+	// detection off). The bridge checks only its JSON type.
+	TurnDetection json.RawMessage
 }
 
 // controlMsg is the wire form of Control; members a type does not use are
@@ -97,6 +123,10 @@ type controlMsg struct {
 	Cleared  bool    `json:"cleared,omitempty"`
 	Code     string  `json:"code,omitempty"`
 	Message  string  `json:"message,omitempty"`
+	AudioMs  *int64  `json:"audio_ms,omitempty"`
+	// TurnDetection is written for TypeInputTurnDetection only, null
+	// included.
+	TurnDetection *json.RawMessage `json:"turn_detection,omitempty"`
 }
 
 // SendControl sends c. It returns an error without sending when c.Type is
@@ -122,6 +152,17 @@ func wireControl(ctl Control) (controlMsg, error) {
 		m.ID = &ctl.ID
 	case TypeError:
 		m.Code, m.Message = ctl.Code, ctl.Message
+	case TypeInputSpeechStarted, TypeInputSpeechStopped:
+		m.AudioMs = &ctl.AudioMs
+	case TypeInputTurnDetection:
+		td := ctl.TurnDetection
+		if td == nil {
+			td = json.RawMessage("null")
+		}
+		if !IsJSONObject(td) && !bytes.Equal(bytes.TrimSpace(td), []byte("null")) {
+			return m, fmt.Errorf("bridge: SendControl: %s: turn_detection is neither a JSON object nor null", ctl.Type)
+		}
+		m.TurnDetection = &td
 	default:
 		return m, fmt.Errorf("bridge: SendControl: unknown type %q", ctl.Type)
 	}
@@ -153,6 +194,16 @@ func parseControl(m inMsg) (*Control, error) {
 			return nil, fmt.Errorf("%w: %s without an integer \"played_ms\"", ErrProtocol, m.Type)
 		}
 		ctl.PlayedMs = *m.PlayedMs
+	case TypeInputSpeechStarted, TypeInputSpeechStopped:
+		if m.AudioMs == nil {
+			return nil, fmt.Errorf("%w: %s without an integer \"audio_ms\"", ErrProtocol, m.Type)
+		}
+		ctl.AudioMs = *m.AudioMs
+	case TypeInputTurnDetection:
+		if !isObjectOrNull(m.TurnDetection) {
+			return nil, fmt.Errorf("%w: %s without a \"turn_detection\" object or null", ErrProtocol, m.Type)
+		}
+		ctl.TurnDetection = m.TurnDetection
 	case TypeError:
 		ctl.Code, ctl.Message = m.Code, m.Message
 	}

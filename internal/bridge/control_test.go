@@ -2,6 +2,7 @@ package bridge_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"reflect"
@@ -24,8 +25,12 @@ func TestControlRoundTrip(t *testing.T) {
 		{Type: bridge.TypeOutputResponse, ID: "resp_1"},
 		{Type: bridge.TypeOutputMark, Name: "m1"},
 		{Type: bridge.TypeOutputClear},
+		{Type: bridge.TypeInputTurnDetection, TurnDetection: json.RawMessage(`{"type":"server_vad","silence_duration_ms":300}`)},
+		{Type: bridge.TypeInputTurnDetection, TurnDetection: json.RawMessage(`null`)},
 	}
 	toBackend := []bridge.Control{
+		{Type: bridge.TypeInputSpeechStarted, AudioMs: 0},
+		{Type: bridge.TypeInputSpeechStopped, AudioMs: 2340},
 		{Type: bridge.TypeOutputStarted},
 		{Type: bridge.TypeOutputMark, Name: "m1"},
 		{Type: bridge.TypeOutputMark, Name: "m2", Cleared: true},
@@ -34,7 +39,8 @@ func TestControlRoundTrip(t *testing.T) {
 		{Type: bridge.TypeError, Code: bridge.ErrCodeQueueFull, Message: "full"},
 	}
 	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sc, err := bridge.Accept(w, r, bridge.AcceptOptions{Formats: []string{bridge.FormatPCM16k}, NoOutputAudioBufferEvents: true})
+		sc, err := bridge.Accept(w, r, bridge.AcceptOptions{Formats: []string{bridge.FormatPCM16k}, NoOutputAudioBufferEvents: true,
+			NoInputAudioBufferEvents: true, TurnDetection: json.RawMessage(`{"type":"server_vad","interrupt_response":false}`)})
 		if err != nil {
 			backendGot <- got{err: err}
 			return
@@ -72,6 +78,12 @@ func TestControlRoundTrip(t *testing.T) {
 	if c.OutputAudioBufferEvents() {
 		t.Error("OutputAudioBufferEvents() = true, the backend's hello said false")
 	}
+	if c.InputAudioBufferEvents() {
+		t.Error("InputAudioBufferEvents() = true, the backend's hello said false")
+	}
+	if got := string(c.TurnDetection()); got != `{"type":"server_vad","interrupt_response":false}` {
+		t.Errorf("TurnDetection() = %s, want the hello's object", got)
+	}
 	for _, want := range toTransceiver {
 		m, err := c.Recv(ctx)
 		if err != nil {
@@ -104,6 +116,9 @@ func TestControlRoundTrip(t *testing.T) {
 	if err := c.SendControl(ctx, bridge.Control{Type: "output.bogus"}); err == nil {
 		t.Error("SendControl of an unknown type succeeded")
 	}
+	if err := c.SendControl(ctx, bridge.Control{Type: bridge.TypeInputTurnDetection, TurnDetection: json.RawMessage(`"server_vad"`)}); err == nil {
+		t.Error("SendControl of a turn_detection that is a string succeeded")
+	}
 }
 
 // TestControlMalformed: a control message without its required member is a
@@ -114,6 +129,10 @@ func TestControlMalformed(t *testing.T) {
 		`{"type":"output.mark","name":5}`,
 		`{"type":"output.response"}`,
 		`{"type":"output.cleared"}`,
+		`{"type":"input.speech_started"}`,
+		`{"type":"input.speech_stopped","audio_ms":"5"}`,
+		`{"type":"input.turn_detection"}`,
+		`{"type":"input.turn_detection","turn_detection":"server_vad"}`,
 	} {
 		t.Run(msg, func(t *testing.T) {
 			closed := make(chan websocket.StatusCode, 1)
@@ -128,8 +147,8 @@ func TestControlMalformed(t *testing.T) {
 			if c.Format() != bridge.FormatPCM24k {
 				t.Fatalf("format %q", c.Format())
 			}
-			if !c.OutputAudioBufferEvents() {
-				t.Error("OutputAudioBufferEvents() = false without the hello member")
+			if !c.OutputAudioBufferEvents() || !c.InputAudioBufferEvents() || c.TurnDetection() != nil {
+				t.Error("hello without the members: want both event kinds on and no turn detection")
 			}
 			if _, err := c.Recv(testCtx(t)); !errors.Is(err, bridge.ErrProtocol) {
 				t.Fatalf("Recv = %v, want ErrProtocol", err)

@@ -22,6 +22,12 @@ type core struct {
 	// noClientEvents: the backend's hello had
 	// "output_audio_buffer_events": false.
 	noClientEvents bool
+	// noInputEvents: the backend's hello had
+	// "input_audio_buffer_events": false.
+	noInputEvents bool
+	// turnDetection: the backend hello's turn_detection, as sent (nil
+	// when absent).
+	turnDetection json.RawMessage
 
 	// wmu guards wbuf, the reused encode buffer for outgoing messages.
 	// Holding it across ws.Write also keeps messages in call order.
@@ -55,6 +61,18 @@ func (c *core) Format() string { return c.format }
 // .stopped and .cleared events (true unless its hello said
 // "output_audio_buffer_events": false).
 func (c *core) OutputAudioBufferEvents() bool { return !c.noClientEvents }
+
+// InputAudioBufferEvents reports whether the backend lets the
+// transceiver send the client OpenAI's input_audio_buffer.speech_started
+// and .speech_stopped events (true unless its hello said
+// "input_audio_buffer_events": false).
+func (c *core) InputAudioBufferEvents() bool { return !c.noInputEvents }
+
+// TurnDetection returns the turn_detection member of the backend's hello
+// exactly as sent: nil when absent, "null" for off, else a JSON object
+// (OpenAI's turn_detection, docs/bridge.md §4.2). The bridge does not
+// interpret it.
+func (c *core) TurnDetection() json.RawMessage { return c.turnDetection }
 
 // Ignored returns how many messages from the peer were ignored because
 // their "type" (text) or kind byte (binary) is unknown to v1.
@@ -183,7 +201,8 @@ func (c *core) Recv(ctx context.Context) (Message, error) {
 		case typeSessionEnd:
 			c.peerEnded.Store(true)
 			return Message{End: &SessionEnd{Reason: m.Reason}}, nil
-		case TypeOutputClear, TypeOutputCleared, TypeOutputMark, TypeOutputStarted, TypeOutputStopped, TypeOutputResponse, TypeError:
+		case TypeOutputClear, TypeOutputCleared, TypeOutputMark, TypeOutputStarted, TypeOutputStopped, TypeOutputResponse, TypeError,
+			TypeInputSpeechStarted, TypeInputSpeechStopped, TypeInputTurnDetection:
 			ctl, err := parseControl(m)
 			if err != nil {
 				return Message{}, c.protocolError(err)

@@ -3,6 +3,7 @@ package bridge
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -27,6 +28,16 @@ type AcceptOptions struct {
 	// for a backend that sends its own. Default: the transceiver sends
 	// them.
 	NoOutputAudioBufferEvents bool
+	// NoInputAudioBufferEvents: the same ("input_audio_buffer_events":
+	// false) for OpenAI's input_audio_buffer.speech_started and
+	// .speech_stopped events.
+	NoInputAudioBufferEvents bool
+	// TurnDetection, when set, is sent in the hello as "turn_detection":
+	// OpenAI's turn_detection object (docs/bridge.md §4.8), asking the
+	// transceiver to detect turns on the input and send
+	// input.speech_started / input.speech_stopped. It must be a JSON
+	// object (Accept fails before upgrading otherwise). Default: none.
+	TurnDetection json.RawMessage
 }
 
 // ServerConn is the backend side of one bridge session, returned by
@@ -57,6 +68,11 @@ func Accept(w http.ResponseWriter, r *http.Request, opts AcceptOptions) (*Server
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return nil, err
 	}
+	if opts.TurnDetection != nil && !IsJSONObject(opts.TurnDetection) {
+		err := fmt.Errorf("bridge: AcceptOptions.TurnDetection is not a JSON object: %.64q", opts.TurnDetection)
+		http.Error(w, "backend misconfigured", http.StatusInternalServerError)
+		return nil, err
+	}
 	formats := opts.Formats
 	if len(formats) == 0 {
 		formats = []string{FormatOpus}
@@ -72,7 +88,7 @@ func Accept(w http.ResponseWriter, r *http.Request, opts AcceptOptions) (*Server
 	c := newCore(ws)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	start, err := c.acceptHandshake(ctx, formats, opts.NoOutputAudioBufferEvents)
+	start, err := c.acceptHandshake(ctx, formats, opts)
 	if err != nil {
 		_ = c.Close()
 		return nil, err
@@ -80,7 +96,7 @@ func Accept(w http.ResponseWriter, r *http.Request, opts AcceptOptions) (*Server
 	return &ServerConn{core: c, session: start}, nil
 }
 
-func (c *core) acceptHandshake(ctx context.Context, formats []string, noClientEvents bool) (SessionStart, error) {
+func (c *core) acceptHandshake(ctx context.Context, formats []string, opts AcceptOptions) (SessionStart, error) {
 	m, err := c.readText(ctx)
 	if err != nil {
 		return SessionStart{}, err
@@ -96,10 +112,14 @@ func (c *core) acceptHandshake(ctx context.Context, formats []string, noClientEv
 		return SessionStart{}, c.fail(CloseFormat, fmt.Errorf("%w: backend accepts %q, transceiver offered %q", ErrFormat, formats, m.AudioFormats))
 	}
 	c.format = formats[i]
-	c.noClientEvents = noClientEvents
-	answer := helloAnswer{Type: typeHello, Version: Version, AudioFormat: c.format}
-	if noClientEvents {
+	c.noClientEvents, c.noInputEvents = opts.NoOutputAudioBufferEvents, opts.NoInputAudioBufferEvents
+	c.turnDetection = opts.TurnDetection
+	answer := helloAnswer{Type: typeHello, Version: Version, AudioFormat: c.format, TurnDetection: opts.TurnDetection}
+	if c.noClientEvents {
 		answer.OutputAudioBufferEvents = new(bool)
+	}
+	if c.noInputEvents {
+		answer.InputAudioBufferEvents = new(bool)
 	}
 	if err := c.sendJSON(ctx, answer); err != nil {
 		return SessionStart{}, err

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -104,6 +105,11 @@ type (
 		// transceiver not to send the client output_audio_buffer.* events;
 		// omitted (true) otherwise.
 		OutputAudioBufferEvents *bool `json:"output_audio_buffer_events,omitempty"`
+		// InputAudioBufferEvents: the same for input_audio_buffer.*.
+		InputAudioBufferEvents *bool `json:"input_audio_buffer_events,omitempty"`
+		// TurnDetection is OpenAI's turn_detection object; omitted when
+		// the backend wants none.
+		TurnDetection json.RawMessage `json:"turn_detection,omitempty"`
 	}
 	sessionStartMsg struct {
 		Type      string            `json:"type"`
@@ -135,6 +141,13 @@ type inMsg struct {
 	Reason       string            `json:"reason"`
 	// output_audio_buffer_events in the backend's hello; nil means true.
 	OutputAudioBufferEvents *bool `json:"output_audio_buffer_events"`
+	// input_audio_buffer_events in the backend's hello; nil means true.
+	InputAudioBufferEvents *bool `json:"input_audio_buffer_events"`
+	// turn_detection in the backend's hello or an input.turn_detection:
+	// nil when absent, "null" when null.
+	TurnDetection json.RawMessage `json:"turn_detection"`
+	// AudioMs of input.speech_started / input.speech_stopped.
+	AudioMs *int64 `json:"audio_ms"`
 	// Members of the output.* and error messages (control.go).
 	Name     *string `json:"name"`
 	ID       *string `json:"id"`
@@ -143,6 +156,11 @@ type inMsg struct {
 	Code     string  `json:"code"`
 	Message  string  `json:"message"`
 	State    string  `json:"state"`
+}
+
+// isObjectOrNull reports whether b is a JSON object or null.
+func isObjectOrNull(b json.RawMessage) bool {
+	return IsJSONObject(b) || bytes.Equal(bytes.TrimSpace(b), []byte("null"))
 }
 
 // parseText decodes a text message. A message that is not a JSON object

@@ -8,7 +8,6 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/audio"
-	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/demo"
 	"github.com/switchboard-rtc/switchboard/internal/director"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
@@ -48,12 +47,14 @@ func done(fs *flag.FlagSet, fileOnly ...FileOnly) *flag.FlagSet {
 type Demo struct {
 	HTTP  string `yaml:"http"`
 	Relay string `yaml:"relay"`
+	Mode  string `yaml:"mode"`
 	Log   Log    `yaml:",inline"`
 }
 
 // Flags returns the demo's flag set, bound to c.
 func (c *Demo) Flags() *flag.FlagSet {
 	fs := newFlagSet("demo")
+	fs.StringVar(&c.Mode, "mode", agent.ModeParrot, "agent: parrot (a conversation: it answers with what you said, and stops when you talk over it) or echo")
 	fs.StringVar(&c.HTTP, "http", demo.DefaultHTTPAddr, "address of the web page, signaling API and /metrics")
 	fs.StringVar(&c.Relay, "relay", demo.DefaultRelayAddr, "relay public UDP address (advertised in answers)")
 	c.Log.RegisterFlags(fs, "text", "the -http address")
@@ -192,6 +193,7 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 // Agent configures `switchboard agent`.
 type Agent struct {
 	Listen string `yaml:"listen"`
+	Mode   string `yaml:"mode"`
 	Format string `yaml:"format"`
 	Log    Log    `yaml:",inline"`
 }
@@ -200,7 +202,8 @@ type Agent struct {
 func (c *Agent) Flags() *flag.FlagSet {
 	fs := newFlagSet("agent")
 	fs.StringVar(&c.Listen, "listen", agent.DefaultListenAddr, "address serving the bridge at /v1/bridge")
-	fs.StringVar(&c.Format, "format", bridge.FormatOpus, "audio format to echo in: opus/48000/2, pcm16/24000/1 or pcm16/16000/1")
+	fs.StringVar(&c.Mode, "mode", agent.ModeParrot, "parrot (turn detection at the edge; replies with what the user said) or echo (sends every frame back)")
+	fs.StringVar(&c.Format, "format", "", "audio format: parrot pcm16/24000/1 (default) or pcm16/16000/1; echo opus/48000/2 (default), pcm16/24000/1 or pcm16/16000/1")
 	c.Log.RegisterFlags(fs, "json", "the metrics address")
 	return done(fs)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/chromium"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
@@ -46,6 +47,7 @@ func TestBrowserCall(t *testing.T) {
 	d, err := Start(Config{
 		HTTPAddr:  "127.0.0.1:0",
 		RelayAddr: "127.0.0.1:0",
+		Agent:     agent.ModeEcho, // the test hears its own audio back
 		Logger:    slog.New(slog.NewTextHandler(&serverLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {
@@ -298,6 +300,7 @@ type pageState struct {
 		ConnectedMs *float64 `json:"connectedMs"`
 		Error       *string  `json:"error"`
 	} `json:"restart"`
+	Talk  talkState `json:"talk"`
 	Stats struct {
 		PacketsSent      int64    `json:"packetsSent"`
 		PacketsReceived  int64    `json:"packetsReceived"`
@@ -315,7 +318,7 @@ const pageStateJS = `(() => {
 	const s = window.switchboard;
 	return {state: s.state, bodyState: document.body.dataset.state, dcEcho: s.dcEcho,
 		setupMs: s.setupMs, echoMs: s.echoMs, location: s.location, etag: s.etag, error: s.error,
-		stats: s.stats, restart: s.restart};
+		stats: s.stats, restart: s.restart, talk: s.talk};
 })()`
 
 // waitPage polls the page until cond holds, and fails the test when the call

@@ -38,15 +38,18 @@ const (
 
 // Config configures the demo. Zero values take the defaults.
 type Config struct {
-	// HTTPAddr serves the page, signaling, the echo agent's bridge and
+	// HTTPAddr serves the page, signaling, the agent's bridge and
 	// /metrics. Default "127.0.0.1:8080".
 	HTTPAddr string
 	// RelayAddr is the relay's public UDP address. Default "127.0.0.1:3478".
 	RelayAddr string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Backend, if set, serves the bridge at /v1/bridge instead of the echo
-	// agent (tests plug in their own backends).
+	// Agent is the reference agent serving the bridge: agent.ModeParrot
+	// (the default: a conversation) or agent.ModeEcho.
+	Agent string
+	// Backend, if set, serves the bridge at /v1/bridge instead of Agent
+	// (tests plug in their own backends).
 	Backend http.Handler
 	// Pprof serves Go's profiles (net/http/pprof) at /debug/pprof/ on
 	// HTTPAddr. Off by default: keep it off public networks.
@@ -127,7 +130,13 @@ func Start(cfg Config) (*Demo, error) {
 	mux.Handle("/ready", signaling)
 	backend := cfg.Backend
 	if backend == nil {
-		backend = agent.NewEcho(log.With("component", "agent"))
+		var err error
+		if backend, err = agent.NewMode(cfg.Agent, "", log.With("component", "agent")); err != nil {
+			_ = trx.Close()
+			_ = rly.Close()
+			_ = ln.Close()
+			return nil, fmt.Errorf("demo: %w", err)
+		}
 	}
 	mux.Handle("/v1/bridge", backend)
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))

@@ -20,6 +20,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
@@ -99,6 +100,7 @@ func startInteropDemo(t *testing.T, ip string) *Demo {
 	d, err := Start(Config{
 		HTTPAddr:  net.JoinHostPort(ip, "0"),
 		RelayAddr: net.JoinHostPort(ip, "0"),
+		Agent:     agent.ModeEcho, // the clients check they hear their audio back
 		Logger:    slog.New(slog.NewTextHandler(&serverLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	if err != nil {

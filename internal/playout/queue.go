@@ -1,6 +1,7 @@
 package playout
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -27,6 +28,17 @@ type QueueConfig struct {
 	// owner may push the last, partial frame of a reply now (padded), and
 	// it is sent in the same tick. Called at most once per underrun.
 	OnUnderrun func()
+	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
+	// Clear which cuts a run sends ClearTailTicks times on the next
+	// ticks, continuing the run's RTP numbering, outside any run (no
+	// events, not counted in played_ms). A receiver whose jitter buffer
+	// runs dry conceals the missing audio (Opus PLC, WebRTC NetEq's
+	// expand) and keeps sounding the reply for a while; a few packets of
+	// real silence end the talkspurt at once. The payload is not copied.
+	ClearTail []byte
+	// ClearTailTicks is how many ClearTail packets a clear sends
+	// (default 3: 60 ms).
+	ClearTailTicks int
 	// Paused makes the queue hold its audio, sending nothing, until
 	// Resume: for a session whose client is not connected yet.
 	Paused bool
@@ -77,6 +89,11 @@ type Queue struct {
 	respID    string
 	underrun  bool // OnUnderrun was called for the current underrun
 	events    []Event
+	// The clear tail (QueueConfig.ClearTail): set once; tailLeft, guarded
+	// by mu, is how many packets of it are still to send.
+	tail      []byte
+	tailTicks int
+	tailLeft  int
 }
 
 // NewQueue returns an empty queue drained by c that sends to sink.
@@ -98,6 +115,8 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		paused:     cfg.Paused,
 		seq:        uint16(rand.Uint32()),
 		ts:         rand.Uint32(),
+		tail:       cfg.ClearTail,
+		tailTicks:  cmp.Or(max(cfg.ClearTailTicks, 0), 3),
 	}
 }
 
@@ -170,6 +189,10 @@ func (q *Queue) Clear() (playedMs int64) {
 		}
 	}
 	q.events = append(q.events, Event{Type: EventCleared, PlayedMs: playedMs, ResponseID: q.respID})
+	if q.running && q.tail != nil {
+		q.tailLeft = q.tailTicks
+		q.schedule()
+	}
 	q.reset()
 	q.running, q.played, q.respID, q.underrun = false, 0, "", false
 	q.signal()
@@ -332,7 +355,7 @@ func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
 	if events {
 		q.signal()
 	}
-	if q.closed || (!q.running && q.head == len(q.items)) {
+	if q.closed || (!q.running && q.head == len(q.items) && q.tailLeft == 0) {
 		q.scheduled = false
 		return false
 	}
@@ -388,6 +411,7 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 		marker := false
 		if !q.running {
 			q.running, q.played, marker = true, 0, true
+			q.tailLeft = 0
 			q.events = append(q.events, Event{Type: EventStarted, ResponseID: q.respID})
 		}
 		start := len(w.buf)
@@ -401,6 +425,21 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 		q.queued -= int64(it.dur)
 		q.underrun = false
 		q.head++
+	}
+	if q.tailLeft > 0 && q.head == len(q.items) && !q.running && q.tl < now+TickSamples && !q.closed {
+		// The clear tail: silence where the cut reply was, on its timeline.
+		if q.tl < first {
+			q.ts += uint32(now - q.tl)
+			q.tl = now
+		}
+		start := len(w.buf)
+		w.buf = append(w.buf, q.tail...)
+		w.batch = append(w.batch, Packet{Seq: q.seq, Timestamp: q.ts})
+		w.batch[len(w.batch)-1].Payload = w.buf[start:len(w.buf):len(w.buf)]
+		q.seq++
+		q.ts += TickSamples
+		q.tl += TickSamples
+		q.tailLeft--
 	}
 	if q.head == len(q.items) {
 		q.reset()

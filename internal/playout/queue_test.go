@@ -159,6 +159,51 @@ func TestClear(t *testing.T) {
 	}
 }
 
+// TestClearTail: a clear that cuts a run sends the configured silence
+// packets on the next ticks, continuing the RTP numbering, with no events
+// and nothing counted; an idle clear sends none; a new reply starts its
+// own talkspurt after them.
+func TestClearTail(t *testing.T) {
+	h := newHarness(t, QueueConfig{ClearTail: []byte("quiet"), ClearTailTicks: 3})
+	for i := range 100 {
+		h.push(fmt.Sprint(i), 960)
+	}
+	h.run(10)
+	if played := h.q.Clear(); played != 200 {
+		t.Fatalf("Clear = %d ms, want 200", played)
+	}
+	h.run(10)
+	if n := len(h.rec.pkts); n != 13 {
+		t.Fatalf("%d packets after the clear and 10 ticks, want 10 of the reply and 3 of silence", n)
+	}
+	for i, p := range h.rec.pkts[10:] {
+		prev := h.rec.pkts[9+i]
+		if p.data != "quiet" || p.marker || p.seq != prev.seq+1 || p.ts != prev.ts+960 || p.tick != prev.tick+1 {
+			t.Fatalf("tail packet %d %+v after %+v: want silence, numbered on, one per tick", i, p, prev)
+		}
+	}
+	want := []Event{{Type: EventStarted}, {Type: EventCleared, PlayedMs: 200}}
+	if ev := h.events(); !reflect.DeepEqual(ev, want) {
+		t.Fatalf("events %+v, want %+v", ev, want)
+	}
+	// Idle: no tail.
+	h.q.Clear()
+	h.run(5)
+	if n := len(h.rec.pkts); n != 13 {
+		t.Fatalf("an idle clear sent %d packets", n-13)
+	}
+	// A reply pushed during a tail ends it and starts a talkspurt.
+	h.push("a", 960)
+	h.run(1)
+	h.q.Clear()
+	h.push("b", 960)
+	h.run(3)
+	got := h.rec.pkts[13:]
+	if len(got) != 2 || got[0].data != "a" || got[1].data != "b" || !got[1].marker {
+		t.Fatalf("packets %+v, want a, then b starting a talkspurt and no tail", got)
+	}
+}
+
 func TestMarksAfterTheirAudio(t *testing.T) {
 	h := newHarness(t, QueueConfig{})
 	_ = h.q.PushMark("idle") // empty idle queue: back at once

@@ -36,9 +36,12 @@ const (
 	refusedUnknown     = "unknown_type"        // a message type v1 does not know (ignored)
 	refusedClearIdle   = "clear_idle"          // output.clear with nothing queued (answered played_ms 0)
 	refusedResponseID  = "invalid_response_id" // overlong output.response id
+	// turn_detection (hello or input.turn_detection) that does not
+	// validate, or a detector that could not be made
+	refusedTurnDetection = "invalid_turn_detection"
 )
 
-var refusedReasons = []string{refusedOddLength, refusedInvalidOpus, refusedQueueFull, refusedMarkName, refusedUnexpected, refusedUnknown, refusedClearIdle, refusedResponseID}
+var refusedReasons = []string{refusedOddLength, refusedInvalidOpus, refusedQueueFull, refusedMarkName, refusedUnexpected, refusedUnknown, refusedClearIdle, refusedResponseID, refusedTurnDetection}
 
 // clientClearType is the OpenAI Realtime client event that clears the
 // output audio buffer, accepted on oai-events.
@@ -73,6 +76,32 @@ type media struct {
 	decLast     audio.DecoderStats
 }
 
+// opusSilence is one 20 ms Opus packet of silence, sent a few times after
+// a clear cuts a reply (playout.QueueConfig.ClearTail), so the client's
+// decoder plays silence instead of concealing the missing reply. Opus
+// packets describe themselves (RFC 6716 §3.1), so one packet suits every
+// session, whatever the backend's own Opus settings.
+var opusSilence = sync.OnceValues(func() ([]byte, error) {
+	enc, err := audio.NewEncoder(16000, 16000)
+	if err != nil {
+		return nil, err
+	}
+	pkts, err := enc.Write(make([]byte, 2*audio.FrameSamples(16000)))
+	if err != nil {
+		return nil, err
+	}
+	if len(pkts) != 1 {
+		return nil, fmt.Errorf("encoding 20 ms of silence gave %d packets", len(pkts))
+	}
+	return bytes.Clone(pkts[0].Payload), nil
+})
+
+// ClearTailPacket returns the Opus payload of the silence packets a clear
+// sends the client after cutting a reply (docs/bridge.md §6.3), for
+// clients and tests that count the reply's packets. The caller must not
+// modify it.
+func ClearTailPacket() ([]byte, error) { return opusSilence() }
+
 // newMedia sets up the media path for the bridge's agreed format.
 func (sess *session) newMedia() error {
 	cfg := sess.srv.cfg
@@ -92,11 +121,19 @@ func (sess *session) newMedia() error {
 	// at session.start) waits: playout starts when ICE and DTLS are up
 	// (startPlayout).
 	qcfg := playout.QueueConfig{MaxQueued: cfg.OutputQueueMax, Paused: true}
+	if silence, err := opusSilence(); err == nil {
+		qcfg.ClearTail = silence
+	} else {
+		sess.log.Warn("no silence packet for clears", "err", err)
+	}
 	if m.enc != nil {
 		qcfg.OnUnderrun = sess.flushTail
 	}
 	m.q = sess.srv.clock.NewQueue(sess, qcfg)
 	sess.media = m
+	if td := sess.be.TurnDetection(); td != nil {
+		sess.setTurnDetection(td, "hello")
+	}
 	return nil
 }
 
@@ -118,13 +155,19 @@ func (sess *session) claimAudioTrack() bool {
 // into 20 ms PCM frames (losses concealed) for the PCM formats.
 func (sess *session) toBackend(pkt *rtp.Packet) error {
 	m := sess.media
+	sess.applyTurns()
 	if m.dec == nil {
-		return sess.be.SendAudio(sess.ctx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload})
+		if err := sess.be.SendAudio(sess.ctx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}); err != nil {
+			return err
+		}
+		sess.opusTurns(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload)
+		return nil
 	}
 	for _, f := range m.dec.Push(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload) {
 		if err := sess.be.SendAudio(sess.ctx, bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM, Concealed: f.Concealed}); err != nil {
 			return err
 		}
+		sess.feedTurns(f.Timestamp, f.PCM)
 	}
 	st := m.dec.Stats()
 	if st != m.decLast {
@@ -274,6 +317,8 @@ func (sess *session) onControl(c *bridge.Control) {
 		if err != nil {
 			sess.refuse(refusedQueueFull, bridge.ErrCodeQueueFull, fmt.Sprintf("response tag %q refused: the output queue holds its cap", c.ID))
 		}
+	case bridge.TypeInputTurnDetection:
+		sess.setTurnDetection(c.TurnDetection, bridge.TypeInputTurnDetection)
 	default:
 		sess.refuse(refusedUnexpected, bridge.ErrCodeUnexpected, fmt.Sprintf("%s is sent by the transceiver, not to it; ignored", c.Type))
 	}
@@ -293,7 +338,7 @@ func (sess *session) reportTail(err error) {
 // The backend is told with output.cleared and the client with
 // output_audio_buffer.cleared, in order with the other playout events.
 // source labels the metric: "backend" (output.clear), "client"
-// (output_audio_buffer.clear); turn detection's barge-in calls it too.
+// (output_audio_buffer.clear), "turn" (turn detection's barge-in).
 func (sess *session) clearOutput(source string) int64 {
 	m := sess.media
 	m.encMu.Lock()
@@ -351,10 +396,14 @@ func (sess *session) playoutEvents() {
 			sess.reportTail(playout.ErrFull)
 			continue
 		}
+		// turnMu: a barge-in's input.speech_started goes out before
+		// the output.cleared its clear caused (turns.go).
+		sess.turnMu.Lock()
 		evs = q.Events(evs[:0])
 		for _, e := range evs {
 			sess.reportPlayout(e)
 		}
+		sess.turnMu.Unlock()
 	}
 }
 

@@ -30,7 +30,8 @@ type metrics struct {
 	iceRestarts *prometheus.CounterVec
 	// Media path (media.go).
 	backendRefused     *prometheus.CounterVec // by reason: bad backend input
-	clears             *prometheus.CounterVec // by source: backend, client
+	clears             *prometheus.CounterVec // by source: backend, client, turn
+	turns              *prometheus.CounterVec // turn detection events, by event: speech_started, speech_stopped
 	clientAudioDropped *prometheus.CounterVec // by reason: invalid_opus, late
 	concealed          *prometheus.CounterVec // seconds, by method: fec, plc
 	// clientConnection counts clients going silent and coming back (consent.go).
@@ -103,11 +104,14 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_ice_restarts_total", Help: "ICE restarts requested with PATCH (RFC 9725 4.3), by result: ok, failed.",
 		}, []string{"result"}),
 		backendRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_backend_input_refused_total", Help: "Backend input refused or ignored, by reason (docs/bridge.md 8.1): pcm_odd_length, invalid_opus, output_queue_full, invalid_mark_name, invalid_response_id, unexpected_type, unknown_type, clear_idle.",
+			Name: "switchboard_transceiver_backend_input_refused_total", Help: "Backend input refused or ignored, by reason (docs/bridge.md 8.1): pcm_odd_length, invalid_opus, output_queue_full, invalid_mark_name, invalid_response_id, unexpected_type, unknown_type, clear_idle, invalid_turn_detection.",
 		}, []string{"reason"}),
 		clears: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_output_clears_total", Help: "Output queue clears, by source: backend (output.clear), client (output_audio_buffer.clear).",
+			Name: "switchboard_transceiver_output_clears_total", Help: "Output queue clears, by source: backend (output.clear), client (output_audio_buffer.clear), turn (barge-in: turn detection heard the user start talking).",
 		}, []string{"source"}),
+		turns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_turn_events_total", Help: "Turn detection events sent to backends (docs/bridge.md 4.8), by event: speech_started, speech_stopped.",
+		}, []string{"event"}),
 		clientAudioDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_audio_dropped_total", Help: "Client audio packets not decoded for a PCM backend, by reason: invalid_opus, late (reordered or duplicated).",
 		}, []string{"reason"}),
@@ -142,8 +146,11 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for _, r := range refusedReasons {
 		m.backendRefused.WithLabelValues(r)
 	}
-	for _, src := range []string{"backend", "client"} {
+	for _, src := range []string{"backend", "client", clearSourceTurn} {
 		m.clears.WithLabelValues(src)
+	}
+	for _, e := range []string{"speech_started", "speech_stopped"} {
+		m.turns.WithLabelValues(e)
 	}
 	for _, r := range []string{"invalid_opus", "late"} {
 		m.clientAudioDropped.WithLabelValues(r)
@@ -177,6 +184,6 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	}, func() float64 { return float64(s.pion.Suppressed()) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
 		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, lateTicks, active, newHopCollector(s.HopStats), pionSuppressed)
+		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, lateTicks, active, newHopCollector(s.HopStats), pionSuppressed)
 	return m
 }

@@ -44,6 +44,10 @@ type session struct {
 	outSSRC uint32                      // out's SSRC, for the media delay probe
 	be      *bridge.Conn
 	media   *media // codecs and paced playout (media.go)
+	turns   turns  // turn detection (turns.go)
+	// turnMu orders a barge-in's input.speech_started before the
+	// playout events its clear causes (turns.go, media.go).
+	turnMu  sync.Mutex
 	created time.Time
 	ctx     context.Context // cancelled when the session ends
 	cancel  context.CancelFunc
@@ -238,6 +242,7 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 	if tr.Kind() != webrtc.RTPCodecTypeAudio || !sess.claimAudioTrack() {
 		return
 	}
+	defer sess.stopTurns()
 	for {
 		pkt, _, err := tr.ReadRTP()
 		if err != nil {

@@ -1,7 +1,7 @@
 // Package web serves the Switchboard demo page: one self-contained HTML
 // file (inline CSS and vanilla JS, no external assets) in which a person
-// clicks "Call", grants the microphone and hears themselves through the
-// echo agent.
+// clicks "Call", grants the microphone and talks with the agent (the
+// parrot, which answers with what it heard; or the echo).
 //
 // The page speaks the signaling contract of docs/design.md §6: it POSTs a
 // complete offer (ICE gathering finished) as application/sdp to
@@ -21,6 +21,14 @@
 //	messages  data-channel messages received
 //	timing    ms from the POST: gathering, answer, ICE connected, DTLS
 //	          connected, peer connected, data channel open, first inbound packet
+//	talk      the conversation as heard in the page: youDb, agentDb (RMS of
+//	          the last 10 ms of the microphone and of the agent's stream,
+//	          dBFS), speaking ("you" | "agent" | ""), events (the
+//	          input_audio_buffer.* and output_audio_buffer.* events, with
+//	          performance.now() times), turns [{n, onsetAt, endAt, replyMs,
+//	          interrupted, quietMs, audioStartMs, audioEndMs}]: replyMs is
+//	          the end of your speech to the agent's first sound, quietMs
+//	          your onset to 250 ms of agent quiet when you talked over it
 //	call(opts), hangup(), ping()   opts: optional {url, iceServers, iceTransportPolicy}
 //
 // "ended" means the server ended the call (a switchboard.session.end event

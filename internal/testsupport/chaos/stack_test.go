@@ -65,7 +65,7 @@ func startStack(t *testing.T, cfg stackConfig) *stack {
 		s.startRedis(t)
 	}
 	s.agentAddr = freeTCP(t)
-	s.agent = s.h.start("agent", bins.switchboard, "agent", "-listen", s.agentAddr)
+	s.agent = s.h.start("agent", bins.switchboard, "agent", "-mode", "echo", "-listen", s.agentAddr)
 	s.public = freeUDP(t)
 	internal := freeUDP(t)
 	s.relayOps = freeTCP(t)

@@ -406,7 +406,7 @@ func (m *multiHost) writeFile(name, text string) string {
 
 func (m *multiHost) startAll() {
 	sig := mhIP("sig")
-	m.start("sig", "agent", "agent", "-listen", sig+":8081")
+	m.start("sig", "agent", "agent", "-mode", "echo", "-listen", sig+":8081")
 	director := m.writeFile("director.yaml", fmt.Sprintf(`listen: %s:8443
 mode: proxy
 region_header: X-Region

@@ -486,7 +486,10 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 	dropped := b.next(t, bridge.TypeOutputMark, 2*time.Second)
 	cleared := b.next(t, bridge.TypeOutputCleared, 2*time.Second)
 	time.Sleep(500 * time.Millisecond)
-	rx := c.received()[before:]
+	rx, tail := withoutClearTail(t, c.received()[before:])
+	if tail != 3 {
+		t.Errorf("the clear sent %d silence packets after the reply, want 3 (docs/bridge.md §6.3)", tail)
+	}
 	after := len(rx) - countBefore(rx, clearAt)
 	t.Logf("backend clear after ~1 s: played_ms %d, client received %d packets (%d ms), %d after the clear was sent; answer in %v",
 		cleared.ctl.PlayedMs, len(rx), 20*len(rx), after, cleared.at.Sub(clearAt).Round(time.Microsecond))
@@ -519,7 +522,7 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 	c.send(map[string]string{"type": "output_audio_buffer.clear"})
 	cleared = b.next(t, bridge.TypeOutputCleared, 2*time.Second)
 	time.Sleep(300 * time.Millisecond)
-	rx = c.received()[before:]
+	rx, _ = withoutClearTail(t, c.received()[before:])
 	if d := cleared.ctl.PlayedMs - int64(20*len(rx)); d < -20 || d > 20 {
 		t.Errorf("client clear: played_ms %d, the client received %d ms", cleared.ctl.PlayedMs, 20*len(rx))
 	}
@@ -608,6 +611,22 @@ func countBefore(pkts []rxPacket, at time.Time) int {
 		}
 	}
 	return n
+}
+
+// withoutClearTail returns the packets before the silence a clear sends
+// after the cut reply (docs/bridge.md §6.3), and how many of those there
+// were.
+func withoutClearTail(t *testing.T, rx []rxPacket) ([]rxPacket, int) {
+	t.Helper()
+	silence, err := transceiver.ClearTailPacket()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(rx)
+	for n > 0 && string(rx[n-1].payload) == string(silence) {
+		n--
+	}
+	return rx[:n], len(rx) - n
 }
 
 // waitEvents waits until the client's output_audio_buffer.* events are

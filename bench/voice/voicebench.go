@@ -1,0 +1,431 @@
+// Package voicebench measures turn-taking as a user feels it: headless
+// Chromium runs the demo page through the relay with a round-trip time
+// added (an impair.UDP proxy in front of the relay, half the RTT each
+// way), its fake microphone plays espeak-ng speech with pauses, and the
+// parrot agent answers. Per turn:
+//
+//	(a) speech end → the turn's stop at the backend, minus the silence
+//	    window: the detector's share. Measured at the backend on its own
+//	    clock: the time the stop reached the agent, minus the time the
+//	    frame that ends at the detected speech end (audio_ms −
+//	    silence_duration_ms) reached it, minus the silence window.
+//	(b) speech end → the first reply audio heard in the page, minus the
+//	    silence window: on the page's clock, from the last moment its
+//	    microphone analyser heard the user (before speech_stopped) to the
+//	    first moment its analyser on the agent's stream heard sound
+//	    (internal/web's window.switchboard.talk).
+//	(c) the user's onset → the agent silent in the page, for turns that
+//	    began while the agent was sounding: from the start of the
+//	    microphone's stretch of sound to the start of 250 ms of quiet on
+//	    the agent's stream.
+//
+// Two modes run the same script: "edge" (the transceiver's turn
+// detection clears the reply: barge-in at the edge) and "backend" (the
+// agent runs the same detector on the PCM it receives and sends
+// output.clear; the edge still detects turns, with interrupt_response
+// false, so that the page gets the same events).
+package voicebench
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/switchboard-rtc/switchboard/internal/agent"
+	"github.com/switchboard-rtc/switchboard/internal/membership"
+	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/chromium"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/impair"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
+	"github.com/switchboard-rtc/switchboard/internal/token"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+	"github.com/switchboard-rtc/switchboard/internal/vad"
+	"github.com/switchboard-rtc/switchboard/internal/web"
+)
+
+// Modes.
+const (
+	ModeEdge    = "edge"    // the transceiver clears on the user's onset
+	ModeBackend = "backend" // the agent's own VAD sends output.clear
+)
+
+// Options configures Run.
+type Options struct {
+	// RTT is added between the browser and the relay (half each way).
+	RTT time.Duration
+	// Cycles of the script to run per mode; each has two user turns, the
+	// second of which talks over the reply to the first.
+	Cycles int
+	// Modes to run, in order (default edge, backend).
+	Modes []string
+	// Logger gets progress; nil discards it.
+	Logger *slog.Logger
+}
+
+// Mode is one mode's measurements, ms.
+type Mode struct {
+	Name string
+	// StopAtBackend is (a), Reply (b), Quiet (c), one value per turn.
+	StopAtBackend, Reply, Quiet []float64
+	// Heard is, per interruption, the user's onset → the page's receipt
+	// of input_audio_buffer.speech_started: detection plus one RTT, the
+	// part of (c) before the clear can act; the rest of (c) is the reply
+	// already on its way and the browser's playout.
+	Heard []float64
+	Turns int
+}
+
+// Result is what Run measured.
+type Result struct {
+	Opts     Options
+	Modes    []Mode
+	Browser  string
+	Silence  int // silence_duration_ms
+	Duration time.Duration
+}
+
+// The script's utterances: a longer first one the agent repeats, and a
+// short second one said over the reply.
+var (
+	firsts = []string{
+		"The quick brown fox jumps over the lazy dog.",
+		"Please book a table for two at seven tonight.",
+		"What is the weather going to be like tomorrow?",
+		"I would like to change my delivery address.",
+	}
+	seconds = []string{"Wait, stop.", "Hold on a moment.", "No, listen.", "Sorry, one thing."}
+)
+
+const (
+	leadMs       = 600  // silence before the first cycle
+	overMs       = 1100 // pause after the first utterance: the reply starts, then is cut
+	afterMs      = 3200 // pause after the second: its reply plays out
+	cyclesInFile = 4
+)
+
+// script builds the fake microphone's file: cyclesInFile cycles; Chromium
+// loops it. ends are where the cycles end, ms.
+func script() (sc *speech.Script, ends []int, err error) {
+	sc = &speech.Script{Rate: 48000, Samples: make([]int16, leadMs*48)}
+	for i := range cyclesInFile {
+		for j, text := range []string{firsts[i%len(firsts)], seconds[i%len(seconds)]} {
+			s, err := speech.Say(text, 48000)
+			if err != nil {
+				return nil, nil, err
+			}
+			sc.Samples = append(sc.Samples, s...)
+			sc.Samples = append(sc.Samples, make([]int16, []int{overMs, afterMs}[j]*48)...)
+		}
+		ends = append(ends, len(sc.Samples)/48)
+	}
+	return sc, ends, nil
+}
+
+// Run runs the modes one after the other and returns what they measured.
+func Run(ctx context.Context, opts Options) (*Result, error) {
+	if opts.Cycles < 1 {
+		return nil, errors.New("voicebench: Cycles must be at least 1")
+	}
+	if len(opts.Modes) == 0 {
+		opts.Modes = []string{ModeEdge, ModeBackend}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	bin, err := chromiumPath()
+	if err != nil {
+		return nil, err
+	}
+	sc, ends, err := script()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "voicebench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	wav := filepath.Join(dir, "conversation.wav")
+	if err := sc.WriteWAV(wav); err != nil {
+		return nil, err
+	}
+	res := &Result{Opts: opts, Silence: vad.DefaultSilenceDurationMs, Browser: chromiumVersion(bin)}
+	start := time.Now()
+	// Listen until the last cycle's second reply has played out.
+	last := opts.Cycles - 1
+	listenMs := last/cyclesInFile*(len(sc.Samples)/48) + ends[last%cyclesInFile]
+	listen := time.Duration(listenMs)*time.Millisecond + 2*time.Second
+	for _, mode := range opts.Modes {
+		if mode != ModeEdge && mode != ModeBackend {
+			return nil, fmt.Errorf("voicebench: mode %q: want %s or %s", mode, ModeEdge, ModeBackend)
+		}
+		opts.Logger.Info("voice bench: mode", "mode", mode, "listen", listen.Round(time.Second))
+		m, err := runMode(ctx, opts, mode, bin, wav, listen)
+		if err != nil {
+			return nil, fmt.Errorf("voicebench: %s: %w", mode, err)
+		}
+		res.Modes = append(res.Modes, *m)
+	}
+	res.Duration = time.Since(start)
+	return res, nil
+}
+
+// tracer keeps, for the agent's session, when each input frame and each
+// turn stop reached the agent.
+type tracer struct {
+	mu     sync.Mutex
+	frames map[int64]time.Time // frame end, ms → arrival
+	stops  []stopAt
+}
+
+type stopAt struct {
+	ms int64
+	at time.Time
+}
+
+func (tr *tracer) trace(ev agent.TraceEvent) {
+	now := time.Now()
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	switch ev.Kind {
+	case agent.TraceFrame:
+		tr.frames[ev.Ms] = now
+	case agent.TraceSpeechStopped:
+		tr.stops = append(tr.stops, stopAt{ev.Ms, now})
+	}
+}
+
+// stopLatencies returns (a) per stop, ms.
+func (tr *tracer) stopLatencies(silenceMs int) []float64 {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var out []float64
+	for _, s := range tr.stops {
+		// The frame that ends at the speech end, to the nearest frame.
+		end := s.ms - int64(silenceMs)
+		end -= end % vad.FrameMs
+		f, ok := tr.frames[end]
+		if !ok {
+			continue
+		}
+		out = append(out, float64(s.at.Sub(f))/float64(time.Millisecond)-float64(silenceMs))
+	}
+	return out
+}
+
+// runMode builds a stack (relay, transceiver, parrot agent, the page),
+// calls it from Chromium for listen, and reads the measurements.
+func runMode(ctx context.Context, opts Options, mode, bin, wav string, listen time.Duration) (*Mode, error) {
+	log := slog.New(minLevel{opts.Logger.Handler(), slog.LevelWarn})
+	var closers []func()
+	defer func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}()
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	keys, err := token.NewKeyring(token.Key{ID: 1, Secret: secret})
+	if err != nil {
+		return nil, err
+	}
+	tr := &tracer{frames: map[int64]time.Time{}}
+	parrot, err := agent.NewParrotAgent(agent.ParrotAgentConfig{Logger: log, OwnVAD: mode == ModeBackend, Trace: tr.trace})
+	if err != nil {
+		return nil, err
+	}
+	be := httptest.NewServer(parrot)
+	closers = append(closers, be.Close)
+	members := &membership.Table{}
+	rly, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: 7, Workers: 1}, keys, members, nil, log)
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { _ = rly.Close() })
+	px, err := impair.NewUDP("127.0.0.1:0", rly.PublicAddr(), impair.Config{Delay: opts.RTT / 2}, 1)
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { _ = px.Close() })
+	trx, err := transceiver.New(transceiver.Config{
+		ID: 1, Cluster: 7, ListenAddr: "127.0.0.1:0",
+		Advertise:   px.Addr().String(),
+		AllowRelays: []string{netip.PrefixFrom(rly.InternalAddr().Addr(), 32).String()},
+		BackendURL:  "ws" + strings.TrimPrefix(be.URL, "http") + "/v1/bridge",
+	}, keys, nil, log)
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { _ = trx.Close() })
+	if err := members.Set(map[uint32]netip.AddrPort{1: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
+		return nil, err
+	}
+	api, page := trx.Handler(), web.Handler()
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/" {
+			page.ServeHTTP(w, r)
+			return
+		}
+		api.ServeHTTP(w, r)
+	}))
+	closers = append(closers, hs.Close)
+
+	out := &logbuf.Buffer{Max: 1 << 20}
+	allocCtx, allocCancel := chromedp.NewExecAllocator(ctx, chromium.Options(bin, wav, out)...)
+	bctx, cancel := chromedp.NewContext(allocCtx)
+	closers = append(closers, func() {
+		cctx, ccancel := context.WithTimeout(bctx, 10*time.Second)
+		_ = chromedp.Cancel(cctx)
+		ccancel()
+		cancel()
+		allocCancel()
+	})
+	if err := chromedp.Do(bctx, chromedp.Navigate(hs.URL+"/")); err != nil {
+		return nil, fmt.Errorf("chromium: %w (output: %s)", err, out.Tail(2000))
+	}
+	if err := chromedp.Do(bctx, chromedp.Evaluate[chromedp.Void](`void window.switchboard.call()`)); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := chromedp.Run(bctx, chromedp.Evaluate[string](`window.switchboard.state`))
+		if err != nil {
+			return nil, err
+		}
+		if st == "connected" {
+			break
+		}
+		if st == "failed" || time.Now().After(deadline) {
+			return nil, fmt.Errorf("the page did not connect: state %q", st)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case <-time.After(listen):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	talk, err := chromedp.Run(bctx, chromedp.Evaluate[pageTalk](`window.switchboard.talk`))
+	if err != nil {
+		return nil, err
+	}
+	_ = chromedp.Do(bctx, chromedp.Evaluate[chromedp.Void](`window.switchboard.hangup()`, chromedp.EvalAwaitPromise))
+	m := &Mode{Name: mode, Turns: len(talk.Turns), StopAtBackend: tr.stopLatencies(vad.DefaultSilenceDurationMs)}
+	for _, t := range talk.Turns {
+		if t.ReplyMs != nil {
+			m.Reply = append(m.Reply, *t.ReplyMs-vad.DefaultSilenceDurationMs)
+		}
+		if t.Interrupted && t.QuietMs != nil {
+			m.Quiet = append(m.Quiet, *t.QuietMs)
+			for _, ev := range talk.Events {
+				if ev.Type == "input_audio_buffer.speech_started" && ev.At >= t.OnsetAt {
+					m.Heard = append(m.Heard, ev.At-t.OnsetAt)
+					break
+				}
+			}
+		}
+	}
+	opts.Logger.Info("voice bench: mode done", "mode", mode, "turns", m.Turns, "stops", len(m.StopAtBackend), "replies", len(m.Reply), "interruptions", len(m.Quiet))
+	return m, nil
+}
+
+// pageTalk is the part of window.switchboard.talk the bench reads.
+type pageTalk struct {
+	Turns []struct {
+		OnsetAt     float64  `json:"onsetAt"`
+		ReplyMs     *float64 `json:"replyMs"`
+		Interrupted bool     `json:"interrupted"`
+		QuietMs     *float64 `json:"quietMs"`
+	} `json:"turns"`
+	Events []struct {
+		Type string  `json:"type"`
+		At   float64 `json:"at"`
+	} `json:"events"`
+}
+
+// Stats are the median and 90th percentile of xs (nearest rank).
+func Stats(xs []float64) (median, p90 float64) {
+	if len(xs) == 0 {
+		return math.NaN(), math.NaN()
+	}
+	s := slices.Sorted(slices.Values(xs))
+	rank := func(q float64) float64 { return s[min(len(s)-1, int(math.Ceil(q*float64(len(s))))-1)] }
+	return rank(0.5), rank(0.9)
+}
+
+// Markdown writes the results table.
+func (r *Result) Markdown(w io.Writer) {
+	rtt := float64(r.Opts.RTT) / float64(time.Millisecond)
+	fmt.Fprintf(w, "RTT %s added between Chromium and the relay (%s each way), %d cycles per mode (two user turns each, the second over the reply), silence window %d ms subtracted from (a) and (b); %s; %s in all.\n\n",
+		r.Opts.RTT, r.Opts.RTT/2, r.Opts.Cycles, r.Silence, r.Browser, r.Duration.Round(time.Second))
+	fmt.Fprintln(w, "| who cuts the reply | (a) speech end → stop at the backend, ms | (b) speech end → reply heard, ms | (c) user's onset → agent quiet in the page, ms | of which: onset → speech_started in the page, ms |")
+	fmt.Fprintln(w, "|---|---|---|---|---|")
+	cell := func(xs []float64) string {
+		if len(xs) == 0 {
+			return "–"
+		}
+		m, p := Stats(xs)
+		return fmt.Sprintf("%.0f / %.0f (n=%d)", m, p, len(xs))
+	}
+	for _, m := range r.Modes {
+		name := map[string]string{ModeEdge: "edge (turn detection in the transceiver)", ModeBackend: "backend (its own VAD, output.clear)"}[m.Name]
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", name, cell(m.StopAtBackend), cell(m.Reply), cell(m.Quiet), cell(m.Heard))
+	}
+	fmt.Fprintf(w, "| target (issue 12) | ≤ 30 | ≤ 1 RTT + 60 = %.0f | ≤ 1 RTT + 80 = %.0f | |\n", rtt+60, rtt+80)
+	fmt.Fprintln(w, "| reference: LiveKit Agents default (0.5 s of speech before an interruption) | | | ≥ 500 + the same path | |")
+	fmt.Fprintln(w, "| reference: Pipecat default (VAD start 0.2 s) | | | ≥ 200 + the same path | |")
+	fmt.Fprintln(w, "\nCells: median / p90 (n = turns measured).")
+}
+
+func chromiumPath() (string, error) {
+	for _, name := range []string{"chromium", "chromium-browser", "/usr/bin/chromium"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("voicebench: chromium not found on PATH")
+}
+
+func chromiumVersion(bin string) string {
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return "Chromium"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// minLevel drops records under a level.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return minLevel{h.Handler.WithAttrs(attrs), h.min}
+}
+
+func (h minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{h.Handler.WithGroup(name), h.min}
+}

@@ -1,0 +1,48 @@
+package voicebench
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestShortRun is the CI version of `switchboard-bench voice`: two cycles
+// (four user turns, two of them over the agent's reply) in each mode, 50
+// ms RTT. It checks that every figure was measured, not how fast: speed
+// is the benchmark's business (docs/benchmarks.md).
+func TestShortRun(t *testing.T) {
+	if _, err := exec.LookPath("chromium"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("chromium is not installed; in CI it must be")
+		}
+		t.Skip("chromium not installed")
+	}
+	for _, tool := range []string{"espeak-ng", "sox"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s is not installed; in CI it must be", tool)
+			}
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	res, err := Run(t.Context(), Options{RTT: 50 * time.Millisecond, Cycles: 2, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	res.Markdown(&b)
+	t.Logf("\n%s", b.String())
+	for _, m := range res.Modes {
+		if len(m.StopAtBackend) < 3 || len(m.Reply) < 3 || len(m.Quiet) < 1 {
+			t.Errorf("%s: measured %d stops, %d replies, %d interruptions over %d turns; want at least 3, 3 and 1",
+				m.Name, len(m.StopAtBackend), len(m.Reply), len(m.Quiet), m.Turns)
+		}
+	}
+}

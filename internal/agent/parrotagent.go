@@ -1,0 +1,356 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/vad"
+)
+
+// ParrotAgentConfig configures NewParrotAgent.
+type ParrotAgentConfig struct {
+	// Logger receives session start and end; nil means slog.Default().
+	Logger *slog.Logger
+	// Format is the PCM format the agent asks for: bridge.FormatPCM24k
+	// (the default) or bridge.FormatPCM16k.
+	Format string
+	// TurnDetection is the turn_detection the agent asks the transceiver
+	// for in its hello; nil means vad.DefaultTurnDetection() (OpenAI's
+	// server VAD defaults, interruption on). Its InterruptResponse says
+	// whether the edge cuts the reply on a speech start (barge-in) or the
+	// agent does, with output.clear.
+	TurnDetection *vad.TurnDetection
+	// OwnVAD makes the agent detect turns itself on the PCM it receives,
+	// with a vad.Detector configured by TurnDetection, and cut its reply
+	// with output.clear: what a backend does when the edge does not cut.
+	// The transceiver is still asked for turn detection, with
+	// interrupt_response false, so that the client gets its
+	// input_audio_buffer.* events; the agent ignores the edge's
+	// input.speech_* messages. It exists to measure the edge against it
+	// (bench/voice).
+	OwnVAD bool
+	// Trace, when set, is called on the session's goroutine for each
+	// input frame (TraceFrame, with the frame's end on the input clock)
+	// and each turn the agent acts on (TraceSpeechStarted,
+	// TraceSpeechStopped, with audio_ms), for benchmarks. It must not
+	// block.
+	Trace func(ev TraceEvent)
+	// MaxUtteranceMs bounds one reply, ms (0: DefaultMaxUtteranceMs).
+	MaxUtteranceMs int
+}
+
+// TraceEvent is what ParrotAgentConfig.Trace reports.
+type TraceEvent struct {
+	Session string
+	Kind    TraceKind
+	// Ms is the frame's end (TraceFrame) or the turn's audio_ms, on the
+	// session's input clock.
+	Ms int64
+}
+
+// TraceKind says what a TraceEvent reports.
+type TraceKind uint8
+
+// Trace kinds.
+const (
+	TraceFrame TraceKind = iota
+	TraceSpeechStarted
+	TraceSpeechStopped
+)
+
+// parrotAgent is the handler returned by NewParrotAgent.
+type parrotAgent struct {
+	cfg  ParrotAgentConfig
+	td   vad.TurnDetection
+	rate int
+	// hello is the turn_detection sent in the hello (nil with OwnVAD).
+	hello json.RawMessage
+}
+
+// NewParrotAgent returns an http.Handler serving the bridge (one session
+// per WebSocket; mount it at "/v1/bridge") with the parrot: it asks for
+// PCM and turn detection in its hello, and when the user stops talking
+// (input.speech_stopped) it plays back what they said, sent in one burst
+// that the transceiver's paced playout spreads over real time (from 10 ms
+// before the first sound: the prefix padding's quiet start is not played,
+// as a voice agent starts its reply with speech), tagged
+// with output.response "resp_sb_N". When the user talks over a reply the
+// edge cuts it (turn detection with interrupt_response), or the agent
+// sends output.clear (interrupt_response false, or OwnVAD). Events from
+// the client are dropped.
+//
+// It returns an error naming the field of cfg to fix. Sessions end as
+// NewEcho's do.
+func NewParrotAgent(cfg ParrotAgentConfig) (http.Handler, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Format == "" {
+		cfg.Format = bridge.FormatPCM24k
+	}
+	rate := bridge.SampleRate(cfg.Format)
+	if rate == 0 {
+		return nil, fmt.Errorf("agent: parrot format %q: want %s or %s", cfg.Format, bridge.FormatPCM24k, bridge.FormatPCM16k)
+	}
+	td := vad.DefaultTurnDetection()
+	if cfg.TurnDetection != nil {
+		td = *cfg.TurnDetection
+	}
+	if err := td.Validate(); err != nil {
+		return nil, fmt.Errorf("agent: parrot turn detection: %w", err)
+	}
+	if cfg.MaxUtteranceMs < 0 {
+		return nil, fmt.Errorf("agent: parrot max utterance %d ms: must not be negative", cfg.MaxUtteranceMs)
+	}
+	a := &parrotAgent{cfg: cfg, td: td, rate: rate}
+	edge := td
+	if cfg.OwnVAD {
+		edge.InterruptResponse = false
+	}
+	a.hello, _ = json.Marshal(edge)
+	return a, nil
+}
+
+func (a *parrotAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	sc, err := bridge.Accept(w, r, bridge.AcceptOptions{Formats: []string{a.cfg.Format}, TurnDetection: a.hello})
+	if err != nil {
+		a.cfg.Logger.Warn("bridge handshake failed", "remote", r.RemoteAddr, "err", err)
+		return
+	}
+	defer sc.Close()
+	log := a.cfg.Logger.With("session_id", sc.Session().SessionID)
+	log.Info("session start", "format", sc.Format(), "turn_detection", a.td.String(), "own_vad", a.cfg.OwnVAD)
+	s, err := a.newSession(sc)
+	if err != nil {
+		log.Warn("parrot session", "err", err)
+		_ = sc.End(context.Background(), bridge.ReasonError)
+		return
+	}
+	defer s.close()
+	reason, err := s.run()
+	attrs := []any{"replies", s.replies, "ignored", sc.Ignored()}
+	switch {
+	case err == nil:
+		log.Info("session end", append(attrs, "reason", reason)...)
+	case errors.Is(err, bridge.ErrClosed):
+		log.Info("session end", append(attrs, "reason", "connection_closed", "err", err)...)
+	default:
+		log.Warn("session end", append(attrs, "reason", "error", "err", err)...)
+	}
+}
+
+// parrotSession is one bridge session of the parrot agent.
+type parrotSession struct {
+	a   *parrotAgent
+	sc  *bridge.ServerConn
+	id  string
+	p   *Parrot
+	det *vad.Detector // OwnVAD only
+	// OwnVAD: the detector's clock against the frames' timestamps.
+	detStarted bool
+	detBase    int64 // input ms of the detector's first frame
+	silence    []byte
+
+	seq     uint16
+	ts      uint32
+	replies int
+}
+
+func (a *parrotAgent) newSession(sc *bridge.ServerConn) (*parrotSession, error) {
+	p, err := NewParrot(ParrotConfig{
+		Rate:              a.rate,
+		SilenceDurationMs: a.td.SilenceDurationMs,
+		EdgeInterrupts:    !a.cfg.OwnVAD && a.td.InterruptResponse,
+		MaxUtteranceMs:    a.cfg.MaxUtteranceMs,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s := &parrotSession{a: a, sc: sc, p: p, id: sc.Session().SessionID}
+	if a.cfg.OwnVAD {
+		if s.det, err = vad.NewDetector(a.td, a.rate); err != nil {
+			return nil, err
+		}
+		s.silence = make([]byte, s.det.FrameBytes())
+	}
+	return s, nil
+}
+
+func (s *parrotSession) close() {
+	if s.det != nil {
+		s.det.Close()
+	}
+}
+
+// run serves the session until the transceiver ends it (it returns its
+// reason) or the connection fails.
+func (s *parrotSession) run() (string, error) {
+	ctx := context.Background() // the connection is hijacked
+	for {
+		m, err := s.sc.Recv(ctx)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case m.Audio != nil:
+			if err := s.p.Audio(m.Audio.Timestamp, m.Audio.Payload); err != nil {
+				continue // odd length: the transceiver never sends one
+			}
+			if s.a.cfg.Trace != nil {
+				end := (int64(m.Audio.Timestamp) + int64(len(m.Audio.Payload)/2)) * 1000 / int64(s.a.rate)
+				s.a.cfg.Trace(TraceEvent{s.id, TraceFrame, end})
+			}
+			if s.det != nil {
+				if err := s.ownVAD(ctx, m.Audio); err != nil {
+					return "", err
+				}
+			}
+		case m.Control != nil:
+			if s.det != nil && (m.Control.Type == MsgSpeechStarted || m.Control.Type == MsgSpeechStopped) {
+				continue // OwnVAD: the edge's turns are not ours
+			}
+			ms := m.Control.AudioMs
+			if m.Control.Type == MsgOutputCleared || m.Control.Type == MsgOutputStopped {
+				ms = m.Control.PlayedMs
+			}
+			s.trace(m.Control.Type, ms)
+			if r, ok := s.p.Handle(m.Control.Type, ms); ok {
+				if err := s.send(ctx, r); err != nil {
+					return "", err
+				}
+			}
+		case m.End != nil:
+			_ = s.sc.End(ctx, m.End.Reason)
+			return m.End.Reason, nil
+		}
+	}
+}
+
+// ownVAD feeds the agent's own detector with frame f (silence for time
+// the timestamps skip) and acts on its events as on the edge's.
+func (s *parrotSession) ownVAD(ctx context.Context, f *bridge.AudioFrame) error {
+	at := int64(f.Timestamp) * 1000 / int64(s.a.rate)
+	if !s.detStarted {
+		s.detStarted, s.detBase = true, at
+	}
+	frames := [][]byte{}
+	if gap := (at - s.detBase - s.det.PositionMs()) / vad.FrameMs; gap > 0 {
+		for range min(gap, 500) {
+			frames = append(frames, s.silence)
+		}
+		s.detBase += max(0, gap-500) * vad.FrameMs
+	}
+	frames = append(frames, f.Payload)
+	for _, fr := range frames {
+		ev, err := s.det.Process(fr)
+		if err != nil {
+			return nil // a frame of another size: not ours to judge
+		}
+		var r Reply
+		switch ev.Kind {
+		case vad.SpeechStarted:
+			s.trace(MsgSpeechStarted, ev.AudioMs+s.detBase)
+			r = s.p.SpeechStarted(ev.AudioMs + s.detBase)
+		case vad.SpeechStopped:
+			s.trace(MsgSpeechStopped, ev.AudioMs+s.detBase)
+			r = s.p.SpeechStopped(ev.AudioMs + s.detBase)
+		default:
+			continue
+		}
+		if err := s.send(ctx, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// trace reports a turn the agent acts on to Trace.
+func (s *parrotSession) trace(typ string, ms int64) {
+	if s.a.cfg.Trace == nil {
+		return
+	}
+	switch typ {
+	case MsgSpeechStarted:
+		s.a.cfg.Trace(TraceEvent{s.id, TraceSpeechStarted, ms})
+	case MsgSpeechStopped:
+		s.a.cfg.Trace(TraceEvent{s.id, TraceSpeechStopped, ms})
+	}
+}
+
+// send carries out r: output.clear first, then the reply's audio in one
+// burst, tagged with a fresh response id.
+func (s *parrotSession) send(ctx context.Context, r Reply) error {
+	if r.Clear {
+		if err := s.sc.SendControl(ctx, bridge.Control{Type: bridge.TypeOutputClear}); err != nil {
+			return err
+		}
+	}
+	audio := trimLeadingQuiet(r.Audio, s.a.rate)
+	if len(audio) == 0 {
+		return nil
+	}
+	s.replies++
+	if err := s.sc.SendControl(ctx, bridge.Control{Type: bridge.TypeOutputResponse, ID: "resp_sb_" + strconv.Itoa(s.replies)}); err != nil {
+		return err
+	}
+	const chunk = 64 << 10 // bytes per message, well under bridge.MaxMessageSize
+	for b := audio; len(b) > 0; {
+		n := min(len(b), chunk)
+		if err := s.sc.SendAudio(ctx, bridge.AudioFrame{Seq: s.seq, Timestamp: s.ts, Payload: b[:n]}); err != nil {
+			return err
+		}
+		s.seq++
+		s.ts += uint32(n / 2)
+		b = b[n:]
+	}
+	return nil
+}
+
+// Agent modes, the values of `switchboard agent -mode` and demo.Config.Agent.
+const (
+	// ModeParrot is the turn-taking parrot (NewParrotAgent), the default.
+	ModeParrot = "parrot"
+	// ModeEcho sends every frame and event back (NewEchoConfig).
+	ModeEcho = "echo"
+)
+
+// NewMode returns the reference agent for mode (ModeParrot when empty) in
+// format (empty: the mode's default, PCM at 24 kHz for the parrot, Opus
+// for the echo). It returns an error naming the modes or formats when
+// either is not one of them.
+func NewMode(mode, format string, logger *slog.Logger) (http.Handler, error) {
+	switch mode {
+	case "", ModeParrot:
+		return NewParrotAgent(ParrotAgentConfig{Logger: logger, Format: format})
+	case ModeEcho:
+		return NewEchoConfig(EchoConfig{Logger: logger, Format: format})
+	}
+	return nil, fmt.Errorf("agent: mode %q: want %s or %s", mode, ModeParrot, ModeEcho)
+}
+
+// quietPeak is the largest sample, in magnitude, of a 10 ms block that
+// trimLeadingQuiet counts as quiet: −40 dBFS.
+const quietPeak = 328
+
+// trimLeadingQuiet returns pcm (PCM16 little-endian at rate Hz) from 10 ms
+// before its first block of 10 ms whose peak reaches quietPeak; all of it
+// when it starts with sound, nothing when it has none.
+func trimLeadingQuiet(pcm []byte, rate int) []byte {
+	block := 2 * rate / 100
+	for off := 0; off < len(pcm); off += block {
+		end := min(len(pcm), off+block)
+		for i := off; i+1 < end; i += 2 {
+			v := int(int16(uint16(pcm[i]) | uint16(pcm[i+1])<<8))
+			if v >= quietPeak || v <= -quietPeak {
+				return pcm[max(0, off-block):]
+			}
+		}
+	}
+	return nil
+}

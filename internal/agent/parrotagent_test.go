@@ -1,0 +1,145 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"log/slog"
+	"math"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/vad"
+)
+
+// pcmFrames returns n 20 ms frames at 24 kHz: a 300 Hz tone when loud,
+// else digital silence.
+func pcmFrames(n int, loud bool) []byte {
+	b := make([]byte, 0, n*960)
+	for i := range n * 480 {
+		v := 0.0
+		if loud {
+			v = 9000 * math.Sin(2*math.Pi*300*float64(i)/24000)
+		}
+		b = binary.LittleEndian.AppendUint16(b, uint16(int16(v)))
+	}
+	return b
+}
+
+// TestParrotAgentBridge plays the transceiver's side of the bridge against
+// the parrot agent: its hello asks for PCM and turn detection; after a
+// speech stop it sends the utterance back in one burst, tagged, without
+// the quiet before the sound; when the user talks over it, it leaves the
+// clear to the edge (interrupt_response) and sends nothing.
+func TestParrotAgentBridge(t *testing.T) {
+	h, err := NewParrotAgent(ParrotAgentConfig{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := bridge.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/bridge", bridge.SessionStart{SessionID: "p1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Format() != bridge.FormatPCM24k {
+		t.Errorf("format %q, want %q", c.Format(), bridge.FormatPCM24k)
+	}
+	var td vad.TurnDetection
+	if err := json.Unmarshal(c.TurnDetection(), &td); err != nil || td != vad.DefaultTurnDetection() {
+		t.Errorf("hello turn_detection %s (%v), want OpenAI's defaults", c.TurnDetection(), err)
+	}
+
+	// 0.5 s of silence, 1 s of "speech", 0.5 s of silence; the edge saw
+	// the start at 200 ms (prefix padding) and the stop at 2000 ms.
+	var ts uint32
+	send := func(pcm []byte) {
+		for off := 0; off < len(pcm); off += 960 {
+			if err := c.SendAudio(ctx, bridge.AudioFrame{Timestamp: ts, Payload: pcm[off : off+960]}); err != nil {
+				t.Fatal(err)
+			}
+			ts += 480
+		}
+	}
+	send(pcmFrames(25, false))
+	speech := pcmFrames(50, true)
+	send(speech)
+	send(pcmFrames(25, false))
+	ctl := func(typ string, ms int64) {
+		if err := c.SendControl(ctx, bridge.Control{Type: typ, AudioMs: ms}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctl(bridge.TypeInputSpeechStarted, 200)
+	ctl(bridge.TypeInputSpeechStopped, 2000)
+
+	var reply []byte
+	var tags []string
+	for len(reply) < len(speech) {
+		m, err := c.Recv(ctx)
+		if err != nil {
+			t.Fatalf("recv after %d bytes of reply: %v", len(reply), err)
+		}
+		switch {
+		case m.Control != nil && m.Control.Type == bridge.TypeOutputResponse:
+			tags = append(tags, m.Control.ID)
+		case m.Control != nil:
+			t.Errorf("unexpected %+v", m.Control)
+		case m.Audio != nil:
+			reply = append(reply, m.Audio.Payload...)
+		}
+	}
+	if len(tags) != 1 || tags[0] != "resp_sb_1" {
+		t.Errorf("response tags %q, want [resp_sb_1]", tags)
+	}
+	// The reply is the sound, from 10 ms before it (the padding's quiet
+	// start is trimmed), to the speech's end.
+	want := append(make([]byte, 480), speech...)
+	if !bytes.Equal(reply, want) {
+		t.Errorf("reply is %d bytes, want the %d bytes of speech after 10 ms of quiet", len(reply), len(want))
+	}
+
+	// The user talks over the reply: the edge clears; the parrot must
+	// not send output.clear (a clear of the emptied queue is an error).
+	ctl(bridge.TypeInputSpeechStarted, 2100)
+	if err := c.SendControl(ctx, bridge.Control{Type: bridge.TypeOutputCleared, PlayedMs: 400}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.End(ctx, bridge.ReasonClientHangup); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := c.Recv(ctx)
+		if err != nil {
+			break
+		}
+		if m.Control != nil || m.Audio != nil {
+			t.Errorf("after the interruption the parrot sent %+v", m)
+		}
+	}
+}
+
+func TestTrimLeadingQuiet(t *testing.T) {
+	quiet, loud := pcmFrames(5, false), pcmFrames(1, true)
+	for _, tt := range []struct {
+		name string
+		in   []byte
+		want int // bytes kept
+	}{
+		{"quiet then sound", append(append([]byte{}, quiet...), loud...), len(loud) + 480},
+		{"sound first", loud, len(loud)},
+		{"quiet only", quiet, 0},
+		{"empty", nil, 0},
+	} {
+		if got := len(trimLeadingQuiet(tt.in, 24000)); got != tt.want {
+			t.Errorf("%s: kept %d bytes, want %d", tt.name, got, tt.want)
+		}
+	}
+}

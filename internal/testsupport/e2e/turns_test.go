@@ -1,0 +1,394 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pion/webrtc/v4/pkg/media"
+	"gopkg.in/hraban/opus.v2"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	speechgen "github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
+	"github.com/switchboard-rtc/switchboard/internal/vad"
+)
+
+// turnBackend is a scripted PCM backend that asks for turn detection in
+// its hello, counts the audio frames it receives, and records each
+// control message with the number of frames that came before it: a
+// position on the input clock that needs no wall clock.
+type turnBackend struct {
+	mu     sync.Mutex
+	frames int
+	msgs   []turnMsg
+	got    chan struct{} // a control message arrived
+}
+
+type turnMsg struct {
+	frames int // audio frames received before the message
+	ctl    bridge.Control
+}
+
+func (b *turnBackend) serve(t *testing.T, sc *bridge.ServerConn, reply []byte) {
+	ctx := context.Background()
+	replied := false
+	for {
+		m, err := sc.Recv(ctx)
+		if err != nil {
+			return
+		}
+		switch {
+		case m.Audio != nil:
+			b.mu.Lock()
+			b.frames++
+			b.mu.Unlock()
+		case m.Control != nil:
+			b.mu.Lock()
+			b.msgs = append(b.msgs, turnMsg{b.frames, *m.Control})
+			b.mu.Unlock()
+			select {
+			case b.got <- struct{}{}:
+			default:
+			}
+			// The reply: one burst after the first utterance.
+			if m.Control.Type == bridge.TypeInputSpeechStopped && !replied {
+				replied = true
+				_ = sc.SendControl(ctx, bridge.Control{Type: bridge.TypeOutputResponse, ID: "resp_1"})
+				for off := 0; off < len(reply); off += 64 << 10 {
+					_ = sc.SendAudio(ctx, bridge.AudioFrame{Payload: reply[off:min(len(reply), off+64<<10)]})
+				}
+			}
+		case m.End != nil:
+			_ = sc.End(ctx, m.End.Reason)
+			return
+		}
+	}
+}
+
+func (b *turnBackend) messages() []turnMsg {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]turnMsg(nil), b.msgs...)
+}
+
+// TestTurnDetectionBargeIn: a Pion client speaks, pauses, and speaks again
+// over the agent's reply. The backend (PCM, turn detection asked for in
+// its hello) gets input.speech_started / input.speech_stopped in order,
+// then input.speech_started and the barge-in's output.cleared; the reply
+// stops at the client within one frame of the frame that the onset was
+// detected on; played_ms is the reply audio the client received; the
+// client gets OpenAI's input_audio_buffer.speech_* events.
+func TestTurnDetectionBargeIn(t *testing.T) {
+	speechgen.Require(t)
+	script, err := speechgen.NewScript(48000, 400, 0, "Hello there, how are you doing today?", "Wait, stop right there please.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := script.Utterances[0], script.Utterances[1]
+	td, _ := json.Marshal(vad.DefaultTurnDetection())
+	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{bridge.FormatPCM24k}, TurnDetection: td}, conns: make(chan *bridge.ServerConn, 1)}
+	s := startPCMStack(t, be, nil)
+	c := dialClient(t, s.calls)
+	var sc *bridge.ServerConn
+	select {
+	case sc = <-be.conns:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no backend session")
+	}
+	tb := &turnBackend{got: make(chan struct{}, 1)}
+	done := make(chan struct{})
+	go func() { defer close(done); tb.serve(t, sc, tone(6*time.Second)) }()
+	t.Cleanup(func() { _ = sc.Close(); <-done })
+
+	enc, err := opus.NewEncoder(48000, 1, opus.AppVoIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1275)
+	silence := make([]int16, 960)
+	var sentAt []time.Time // when the client sent input frame i
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	send := func(pcm []int16) {
+		n, err := enc.Encode(pcm, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-tick.C
+		if err := c.track.WriteSample(media.Sample{Data: buf[:n], Duration: 20 * time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		sentAt = append(sentAt, time.Now())
+	}
+	sendSpan := func(fromMs, toMs int) {
+		for i := fromMs * 48; i+960 <= toMs*48; i += 960 {
+			send(script.Samples[i : i+960])
+		}
+	}
+	// The first utterance and the pause after it, until 1 s of the reply
+	// has reached the client (bounded: the test fails below if it never
+	// comes).
+	sendSpan(0, second.StartMs) // the script has no pause: it is sent here
+	for i := 0; i < 500 && len(c.received()) < 50; i++ {
+		send(silence)
+	}
+	if len(c.received()) < 50 {
+		t.Fatalf("the reply did not play: %d packets after the first utterance; backend got %+v", len(c.received()), tb.messages())
+	}
+	// The second utterance, over the reply, then a pause.
+	secondAt := len(sentAt) * 20 // its first frame on the input clock, ms
+	sendSpan(second.StartMs, second.EndMs)
+	for range 50 {
+		send(silence)
+	}
+	deadline := time.After(5 * time.Second)
+	for len(tb.messages()) < 6 {
+		select {
+		case <-tb.got:
+		case <-deadline:
+			t.Fatalf("backend messages: %+v", tb.messages())
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // stragglers in flight on loopback
+
+	msgs := tb.messages()
+	var turns []turnMsg
+	var cleared *turnMsg
+	for i, m := range msgs {
+		t.Logf("backend: after %4d frames: %+v", m.frames, m.ctl)
+		switch m.ctl.Type {
+		case bridge.TypeInputSpeechStarted, bridge.TypeInputSpeechStopped:
+			turns = append(turns, m)
+		case bridge.TypeOutputCleared:
+			if cleared == nil {
+				cleared = &msgs[i]
+			}
+		}
+	}
+	want := []string{bridge.TypeInputSpeechStarted, bridge.TypeInputSpeechStopped, bridge.TypeInputSpeechStarted, bridge.TypeInputSpeechStopped}
+	if len(turns) != len(want) {
+		t.Fatalf("turn messages %+v, want %v", turns, want)
+	}
+	for i, m := range turns {
+		if m.ctl.Type != want[i] {
+			t.Fatalf("turn message %d is %s, want %s", i, m.ctl.Type, want[i])
+		}
+		if i > 0 && m.ctl.AudioMs < turns[i-1].ctl.AudioMs {
+			t.Errorf("audio_ms goes back: %d after %d", m.ctl.AudioMs, turns[i-1].ctl.AudioMs)
+		}
+	}
+	// Positions on the input clock: the starts lie around the onsets (the
+	// prefix padding before them), the first stop after the speech ended.
+	pad := int64(vad.DefaultPrefixPaddingMs)
+	for i, on := range []int64{int64(first.StartMs), int64(secondAt)} {
+		got := turns[2*i].ctl.AudioMs + pad
+		if got < on-100 || got > on+200 {
+			t.Errorf("utterance %d starts at %d ms; speech_started audio_ms %d + padding %d = %d, want within -100/+200 ms", i+1, on, turns[2*i].ctl.AudioMs, pad, got)
+		}
+	}
+	if stop := turns[1].ctl.AudioMs - vad.DefaultSilenceDurationMs; stop < int64(first.EndMs)-100 || stop > int64(first.EndMs)+200 {
+		t.Errorf("utterance 1 ends at %d ms; speech_stopped audio_ms %d − silence %d = %d", first.EndMs, turns[1].ctl.AudioMs, vad.DefaultSilenceDurationMs, stop)
+	}
+
+	// Barge-in: output.cleared after the second start, without the
+	// backend asking.
+	if cleared == nil {
+		t.Fatal("no output.cleared: the reply was not cut")
+	}
+	onset := turns[2]
+	if cleared.frames < onset.frames || slicesIndex(msgs, *cleared) < slicesIndex(msgs, onset) {
+		t.Errorf("output.cleared (after %d frames) came before input.speech_started (after %d)", cleared.frames, onset.frames)
+	}
+	rx, tail := withoutClearTail(t, c.received())
+	if tail != 3 {
+		t.Errorf("the barge-in's clear sent %d silence packets after the reply, want 3 (docs/bridge.md §6.3)", tail)
+	}
+	if got := int64(len(rx)) * 20; cleared.ctl.PlayedMs != got {
+		t.Errorf("played_ms %d, but the client received %d ms of the reply", cleared.ctl.PlayedMs, got)
+	}
+	if cleared.ctl.PlayedMs <= 1000 || cleared.ctl.PlayedMs >= 6000 {
+		t.Errorf("played_ms %d: want the part of the 6 s reply before the interruption", cleared.ctl.PlayedMs)
+	}
+	// The onset was detected on input frame onset.frames-1 (the message
+	// follows the frame that caused it). Reply packets that reached the
+	// client after the client had sent that frame: the one in flight on
+	// the clock's tick, and at most one more sent while the frame crossed
+	// the relay.
+	detected := sentAt[onset.frames-1]
+	after := 0
+	for _, p := range rx {
+		if p.at.After(detected) {
+			after++
+		}
+	}
+	t.Logf("onset detected on input frame %d (%d ms after the second utterance began); reply packets received after the client sent it: %d; played_ms %d",
+		onset.frames-1, (onset.frames-1)*20-secondAt, after, cleared.ctl.PlayedMs)
+	if after > 2 {
+		t.Errorf("%d reply packets reached the client after the frame the onset was detected on; want at most 2 (one frame)", after)
+	}
+
+	// The client's OpenAI events.
+	waitAudioBufferEvents(t, c, "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "output_audio_buffer.started",
+		"input_audio_buffer.speech_started", "output_audio_buffer.cleared", "input_audio_buffer.speech_stopped")
+	for _, ev := range c.eventTypes() {
+		switch ev["type"] {
+		case "input_audio_buffer.speech_started":
+			if _, ok := ev["audio_start_ms"].(float64); !ok || ev["item_id"] == "" || ev["event_id"] == "" {
+				t.Errorf("speech_started event %v: want audio_start_ms, item_id, event_id", ev)
+			}
+		case "input_audio_buffer.speech_stopped":
+			if _, ok := ev["audio_end_ms"].(float64); !ok || ev["item_id"] == "" || ev["event_id"] == "" {
+				t.Errorf("speech_stopped event %v: want audio_end_ms, item_id, event_id", ev)
+			}
+		}
+	}
+	if v := counterValue(t, s.reg, "switchboard_transceiver_output_clears_total", "turn"); v != 1 {
+		t.Errorf("clears{source=turn} = %v, want 1", v)
+	}
+}
+
+func slicesIndex(msgs []turnMsg, m turnMsg) int {
+	for i, x := range msgs {
+		if x.frames == m.frames && x.ctl.Type == m.ctl.Type && x.ctl.AudioMs == m.ctl.AudioMs && x.ctl.PlayedMs == m.ctl.PlayedMs {
+			return i
+		}
+	}
+	return -1
+}
+
+// waitAudioBufferEvents waits until the client's input_audio_buffer.* and
+// output_audio_buffer.* events are exactly want, in order.
+func waitAudioBufferEvents(t *testing.T, c *testClient, want ...string) {
+	t.Helper()
+	var got []string
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		got = got[:0]
+		for _, ev := range c.eventTypes() {
+			if typ, _ := ev["type"].(string); strings.HasPrefix(typ, "output_audio_buffer.") || strings.HasPrefix(typ, "input_audio_buffer.") {
+				got = append(got, typ)
+			}
+		}
+		if slices.Equal(got, want) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("client events %q, want %q", got, want)
+}
+
+// TestTurnDetectionAcrossDTX: the client stops sending for 2 s after an
+// utterance, as with Opus DTX (the RTP timestamp jumps, the sequence
+// numbers do not). The stop is placed where the speech ended (plus the
+// silence window), not where the packets resumed, and the next
+// utterance's start is on the input clock that includes the gap.
+func TestTurnDetectionAcrossDTX(t *testing.T) {
+	speechgen.Require(t)
+	script, err := speechgen.NewScript(48000, 400, 0, "Hello there, how are you doing today?", "Fine, thanks.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := script.Utterances[0], script.Utterances[1]
+	td, _ := json.Marshal(vad.DefaultTurnDetection())
+	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{bridge.FormatPCM16k}, TurnDetection: td}, conns: make(chan *bridge.ServerConn, 1)}
+	s := startPCMStack(t, be, nil)
+	c := dialClient(t, s.calls)
+	var sc *bridge.ServerConn
+	select {
+	case sc = <-be.conns:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no backend session")
+	}
+	tb := &turnBackend{got: make(chan struct{}, 1)}
+	done := make(chan struct{})
+	go func() { defer close(done); tb.serve(t, sc, nil) }()
+	t.Cleanup(func() { _ = sc.Close(); <-done })
+
+	enc, err := opus.NewEncoder(48000, 1, opus.AppVoIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1275)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	clockMs := 0 // the input clock of the next frame
+	send := func(pcm []int16, dur time.Duration) {
+		n, err := enc.Encode(pcm, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-tick.C
+		if err := c.track.WriteSample(media.Sample{Data: buf[:n], Duration: dur}); err != nil {
+			t.Fatal(err)
+		}
+		clockMs += int(dur / time.Millisecond)
+	}
+	const gap = 2 * time.Second
+	// The first utterance, then what an Opus DTX encoder does: 200 ms of
+	// silence sent (libopus enters DTX after 10 silent frames), the last
+	// of which carries the gap, so the next packet's timestamp jumps by
+	// it.
+	silence := make([]int16, 960)
+	for i := 0; i+960 <= first.EndMs*48; i += 960 {
+		send(script.Samples[i:i+960], 20*time.Millisecond)
+	}
+	for i := range 10 {
+		dur := 20 * time.Millisecond
+		if i == 9 {
+			dur += gap
+		}
+		send(silence, dur)
+	}
+	time.Sleep(gap)
+	for range 25 {
+		send(silence, 20*time.Millisecond)
+	}
+	secondAt := clockMs
+	for i := second.StartMs * 48; i+960 <= second.EndMs*48; i += 960 {
+		send(script.Samples[i:i+960], 20*time.Millisecond)
+	}
+	for range 40 {
+		send(silence, 20*time.Millisecond)
+	}
+	deadline := time.After(5 * time.Second)
+	var turns []turnMsg
+	for len(turns) < 4 {
+		select {
+		case <-tb.got:
+		case <-deadline:
+			t.Fatalf("backend messages: %+v", tb.messages())
+		}
+		turns = turns[:0]
+		for _, m := range tb.messages() {
+			if m.ctl.Type == bridge.TypeInputSpeechStarted || m.ctl.Type == bridge.TypeInputSpeechStopped {
+				turns = append(turns, m)
+			}
+		}
+	}
+	for _, m := range turns {
+		t.Logf("backend: after %4d frames: %s audio_ms %d", m.frames, m.ctl.Type, m.ctl.AudioMs)
+	}
+	want := []string{bridge.TypeInputSpeechStarted, bridge.TypeInputSpeechStopped, bridge.TypeInputSpeechStarted, bridge.TypeInputSpeechStopped}
+	for i, m := range turns[:4] {
+		if m.ctl.Type != want[i] {
+			t.Fatalf("turn message %d is %s, want %s", i, m.ctl.Type, want[i])
+		}
+	}
+	// The first stop: speech end + the silence window, inside the gap.
+	if stop := turns[1].ctl.AudioMs - vad.DefaultSilenceDurationMs; stop < int64(first.EndMs)-100 || stop > int64(first.EndMs)+100 {
+		t.Errorf("utterance 1 ends at %d ms; speech_stopped audio_ms %d − silence = %d, want within ±100 ms (not at the end of the gap)", first.EndMs, turns[1].ctl.AudioMs, stop)
+	}
+	// It was sent when the packets resumed, with the first frame after
+	// the gap.
+	if got, resumed := turns[1].frames, first.EndMs/20+10; got > resumed+3 {
+		t.Errorf("speech_stopped came after %d frames, want it with the first frame after the gap (about %d)", got, resumed+1)
+	}
+	// The second start on the input clock, gap included.
+	if got := turns[2].ctl.AudioMs + vad.DefaultPrefixPaddingMs; got < int64(secondAt)-100 || got > int64(secondAt)+200 {
+		t.Errorf("utterance 2 starts at %d ms on the input clock; speech_started audio_ms %d + padding = %d", secondAt, turns[2].ctl.AudioMs, got)
+	}
+}
