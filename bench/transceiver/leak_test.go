@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 )
 
@@ -60,7 +61,7 @@ func TestSessionsLeaveNothingBehind(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	ctx := context.Background()
-	st, err := startStack(ctx, Options{Bin: bin, TrxCPU: -1, GenCPU: -1})
+	st, err := startStack(ctx, Options{Bin: bin, TrxCPU: -1, GenCPU: -1}, bridge.FormatOpus)
 	if err != nil {
 		t.Fatal(err)
 	}
