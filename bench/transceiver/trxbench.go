@@ -19,7 +19,9 @@
 //   - its goroutines per session, (goroutines at N − at 0) ÷ N;
 //   - the delay a packet spends inside it, from its
 //     switchboard_transceiver_media_delay_seconds histogram over the
-//     window (hop socket in → bridge out, bridge in → hop socket out);
+//     window (hop socket in → bridge write; paced send on the playout
+//     tick → hop socket out, which leaves out the wait in the playout
+//     queue);
 //   - from the generator's summary: setup failures, setup time, and the
 //     packets of audio that did not come back (counted by RTP sequence
 //     number, not matched by payload: the transceiver numbers its paced
