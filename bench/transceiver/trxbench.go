@@ -475,8 +475,12 @@ func startStack(ctx context.Context, opt Options, format string) (st *stack, err
 		"-new-flows-per-ip", "1000000", "-max-pending-per-ip", "1000000", "-new-flows-per-second", "1000000"); err != nil {
 		return st, err
 	}
+	// And the transceiver's cap on sessions not yet connected per client
+	// address: at a 10–20 ms ramp on a busy machine more than its default
+	// 64 are between the answer and DTLS, and it would answer 429.
 	if _, err := st.start("transceiver", opt.TrxCPU, append([]string{"transceiver", "-id", "1", "-listen", hop, "-advertise", public,
-		"-backend", "ws://" + agentAddr + "/v1/bridge", "-http", st.trxHTTP, "-pprof", "-drain-timeout", "1s"}, opt.TrxArgs...)...); err != nil {
+		"-backend", "ws://" + agentAddr + "/v1/bridge", "-http", st.trxHTTP, "-pprof", "-drain-timeout", "1s",
+		"-max-pending-per-client", "1000000"}, opt.TrxArgs...)...); err != nil {
 		return st, err
 	}
 	for _, u := range []string{"http://" + st.trxHTTP + "/ready", "http://" + st.relayOps + "/ready"} {
