@@ -30,7 +30,7 @@ func Markdown(res Result, opt Options) string {
 	}
 	b.WriteString("\n\"Packets not back\" counts the echoed packets by distinct RTP sequence number, not by payload: the transceiver numbers its paced packets itself, and a PCM session re-encodes the agent's audio, so it is audio received against audio sent, not an echo matched packet for packet.\n")
 	if len(res.PCMRatio) > 0 {
-		b.WriteString("\nPCM ÷ Opus passthrough, transceiver CPU per session, within each run (median):\n\n| N | ratio | runs |\n|---:|---:|---:|\n")
+		b.WriteString("\nPCM ÷ Opus passthrough, transceiver CPU per carried session, within each run (median):\n\n| N | ratio | runs |\n|---:|---:|---:|\n")
 		for _, r := range res.PCMRatio {
 			fmt.Fprintf(&b, "| %d | %.2f× | %d |\n", r.N, r.Ratio, r.Runs)
 		}

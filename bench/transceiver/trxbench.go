@@ -162,17 +162,19 @@ type Result struct {
 	// Spread is, per step (as Steps), the largest relative deviation of a
 	// run's sessions-per-core from the median: how noisy the machine was.
 	Spread []float64 `json:"spread"`
-	// PCMRatio is, per N, the transceiver's CPU per session with the
-	// first PCM format of Options.Formats divided by that with Opus
-	// passthrough, taken within each run and then the median; nil unless
-	// both were measured.
+	// PCMRatio is, per N, the transceiver's CPU per carried session (see
+	// Step.Carried: a session whose audio did not all reach the backend
+	// counts for the part that did) with the first PCM format of
+	// Options.Formats divided by that with Opus passthrough, taken within
+	// each run and then the median; nil unless both were measured.
 	PCMRatio []Ratio `json:"pcm_ratio,omitempty"`
 	Runs     int     `json:"runs"`
 	Window   time.Duration
 	Started  time.Time
 }
 
-// Ratio is the median over runs of PCM ÷ Opus CPU per session at N.
+// Ratio is the median over runs of PCM ÷ Opus CPU per carried session at
+// N.
 type Ratio struct {
 	N     int     `json:"n"`
 	Ratio float64 `json:"ratio"`
@@ -259,15 +261,16 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 	return res, nil
 }
 
-// ratios returns, per N, the median over runs of b's CPU per session ÷
-// a's, each run's a and b measured one after the other.
+// ratios returns, per N, the median over runs of b's CPU per carried
+// session ÷ a's, each run's a and b measured one after the other.
 func ratios(steps []int, a, b [][]sample) []Ratio {
 	var out []Ratio
 	for i, n := range steps {
 		var xs []float64
 		for run := range min(len(a), len(b)) {
-			if i < len(a[run]) && i < len(b[run]) && a[run][i].trxCores > 0 {
-				xs = append(xs, b[run][i].trxCores/a[run][i].trxCores) // same N: per session cancels
+			x, y := a[run], b[run]
+			if i < len(x) && i < len(y) && x[i].trxCores > 0 && y[i].carried > 0 {
+				xs = append(xs, (y[i].trxCores/y[i].carried)/(x[i].trxCores/x[i].carried))
 			}
 		}
 		if len(xs) == 0 {

@@ -40,11 +40,11 @@ func TestQuantileDiff(t *testing.T) {
 
 func TestRatios(t *testing.T) {
 	// Two runs of two steps; the second run of the PCM format stopped
-	// after its first step.
-	opus := [][]sample{{{n: 10, trxCores: 0.1}, {n: 20, trxCores: 0.2}}, {{n: 10, trxCores: 0.2}, {n: 20, trxCores: 0.4}}}
-	pcm := [][]sample{{{n: 10, trxCores: 0.3}, {n: 20, trxCores: 0.5}}, {{n: 10, trxCores: 0.4}}}
+	// after its first step; its first run carried only half of N = 20.
+	opus := [][]sample{{{n: 10, carried: 10, trxCores: 0.1}, {n: 20, carried: 20, trxCores: 0.2}}, {{n: 10, carried: 10, trxCores: 0.2}, {n: 20, carried: 20, trxCores: 0.4}}}
+	pcm := [][]sample{{{n: 10, carried: 10, trxCores: 0.3}, {n: 20, carried: 10, trxCores: 0.5}}, {{n: 10, carried: 10, trxCores: 0.4}}}
 	got := ratios([]int{10, 20}, opus, pcm)
-	want := []Ratio{{N: 10, Ratio: 2.5, Runs: 2}, {N: 20, Ratio: 2.5, Runs: 1}} // median of 3 and 2; 0.5/0.2
+	want := []Ratio{{N: 10, Ratio: 2.5, Runs: 2}, {N: 20, Ratio: 5, Runs: 1}} // median of 3 and 2; (0.5/10)/(0.2/20)
 	if len(got) != len(want) {
 		t.Fatalf("ratios = %+v, want %+v", got, want)
 	}
