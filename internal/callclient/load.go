@@ -140,10 +140,11 @@ const loadPayloadSize = 60
 
 // loadTOC is the counter payload's first byte, an Opus TOC byte (RFC 6716
 // §3.1): configuration 15 (Hybrid fullband, 20 ms frames, the mode libopus
-// picks for speech at this bitrate), mono, frame count code 0 (one frame).
-// A payload starting with 0x00 would announce a 10 ms SILK frame, and a
-// transceiver pacing its echo would play 20 ms of packets in 10 ms.
-const loadTOC = 15<<3 | 0<<2 | 0
+// picks for speech at this bitrate) in the top 5 bits, then s = 0 (mono)
+// and frame count code 0 (one frame). A payload starting with 0x00 would
+// announce a 10 ms SILK frame, and a transceiver pacing its echo would
+// play 20 ms of packets in 10 ms.
+const loadTOC = 15 << 3
 
 // SessionResult is one session's outcome. Times are unix nanoseconds on
 // the load generator's clock, 0 when the event did not happen.
