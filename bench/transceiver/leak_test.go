@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 )
 
@@ -20,8 +22,53 @@ var flagLeakSessions = flag.Int("trxbench.leak-sessions", 200, "sessions of each
 // footprint is the transceiver's goroutines and live heap after a GC.
 type footprint struct{ goroutines, liveKiB float64 }
 
+// parseLoadOutput reads `switchboard load -sessions-json` output: one
+// SessionResult per line as each session ended, then the summary.
+func parseLoadOutput(out string) (callclient.LoadSummary, []callclient.SessionResult, error) {
+	dec := json.NewDecoder(strings.NewReader(out))
+	var raw []json.RawMessage
+	for dec.More() {
+		var m json.RawMessage
+		if err := dec.Decode(&m); err != nil {
+			return callclient.LoadSummary{}, nil, fmt.Errorf("load output: %w: %q", err, out)
+		}
+		raw = append(raw, m)
+	}
+	if len(raw) == 0 {
+		return callclient.LoadSummary{}, nil, fmt.Errorf("load output: no summary: %q", out)
+	}
+	var sum callclient.LoadSummary
+	if err := json.Unmarshal(raw[len(raw)-1], &sum); err != nil {
+		return sum, nil, fmt.Errorf("load summary: %w: %q", err, raw[len(raw)-1])
+	}
+	results := make([]callclient.SessionResult, len(raw)-1)
+	for i, m := range raw[:len(raw)-1] {
+		if err := json.Unmarshal(m, &results[i]); err != nil {
+			return sum, nil, fmt.Errorf("load session result: %w: %q", err, m)
+		}
+	}
+	return sum, results, nil
+}
+
+// setupErrors lists the sessions that did not connect, with their reason
+// and error, one a line.
+func setupErrors(results []callclient.SessionResult) string {
+	var b strings.Builder
+	for _, r := range results {
+		if r.ConnectedNS == 0 {
+			fmt.Fprintf(&b, "  session %d: %s: %s\n", r.I, r.Failure, r.Error)
+		}
+	}
+	return b.String()
+}
+
+// measureFootprint forces two GCs, so that sync.Pool's victim cache (kept
+// through one) is gone too, and reads goroutines and live heap.
 func measureFootprint(t *testing.T, addr string) footprint {
 	t.Helper()
+	if _, err := liveKiB(addr); err != nil {
+		t.Fatal(err)
+	}
 	live, err := liveKiB(addr)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +107,7 @@ func TestSessionsLeaveNothingBehind(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	ctx := context.Background()
-	st, err := startStack(ctx, Options{Bin: bin, TrxCPU: -1, GenCPU: -1})
+	st, err := startStack(ctx, Options{Bin: bin, TrxCPU: -1, GenCPU: -1}, bridge.FormatOpus)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,23 +131,21 @@ func TestSessionsLeaveNothingBehind(t *testing.T) {
 			}
 		})
 		gen, err := st.start("load", -1, "load", "http://"+st.trxHTTP+"/v1/calls",
-			"-sessions", strconv.Itoa(sessions), "-duration", d.String(), "-ramp", "10ms", "-progress", "0")
+			"-sessions", strconv.Itoa(sessions), "-duration", d.String(), "-ramp", "10ms", "-progress", "0", "-sessions-json")
 		if err != nil {
 			t.Fatal(err)
 		}
 		<-gen.done
 		close(stop)
 		sampler.Wait()
-		var sum callclient.LoadSummary
-		out := gen.cmd.Stdout.(*strings.Builder).String()
-		if err := json.Unmarshal([]byte(out), &sum); err != nil {
-			t.Fatalf("load summary: %v: %q", err, out)
+		sum, results, err := parseLoadOutput(gen.cmd.Stdout.(*strings.Builder).String())
+		if err != nil {
+			t.Fatal(err)
 		}
-		// What is checked is the cleanup, of sessions that went through and
-		// of those that failed alike; on a busy CI machine some fail to
-		// set up, but most must have existed for the test to mean much.
-		if sum.Connected < sessions/2 {
-			t.Fatalf("only %d of %d sessions connected: %+v", sum.Connected, sessions, sum)
+		// The target is 0 setup failures (issue 13), and every session
+		// must have existed for its cleanup to be checked.
+		if sum.Connected != sessions {
+			t.Fatalf("%d of %d sessions did not connect (failures %v):\n%s", sessions-sum.Connected, sessions, sum.Failures, setupErrors(results))
 		}
 		if err := st.waitSessions(ctx, 0, 30*time.Second); err != nil {
 			t.Fatal(err)
@@ -109,7 +154,18 @@ func TestSessionsLeaveNothingBehind(t *testing.T) {
 	}
 
 	load(2, time.Second) // warm-up: pools, HTTP connections, the DTLS certificate
+	// Sessions leave the table before their teardown ends (it runs on a
+	// goroutine of its own): the baseline is taken once the goroutine
+	// count holds still.
 	base := measureFootprint(t, st.trxHTTP)
+	for range 20 {
+		time.Sleep(500 * time.Millisecond)
+		f := measureFootprint(t, st.trxHTTP)
+		if f.goroutines == base.goroutines {
+			break
+		}
+		base = f
+	}
 	var after [2]footprint
 	for round := range 2 {
 		sum, peak := load(n, 5*time.Second)
@@ -131,7 +187,19 @@ func TestSessionsLeaveNothingBehind(t *testing.T) {
 		t.Logf("load %d: %d sessions connected (failures %v); peak %.0f goroutines; after: %.0f goroutines, %.0f KiB live heap (baseline %.0f, %.0f KiB)",
 			round+1, sum.Connected, sum.Failures, peak, f.goroutines, f.liveKiB, base.goroutines, base.liveKiB)
 	}
-	if grew := after[1].liveKiB - after[0].liveKiB; grew > repeatGrowKiB {
-		t.Errorf("the second identical load left %.0f KiB more live heap than the first: a leak per session", grew)
+	// The first reading with the goroutines back at the baseline can
+	// still hold some of the last sessions' memory on its way out (in
+	// our runs it was 1–4 MiB above the first load's and gone a second
+	// later); a reading above the first load's is given up to 35 s to come
+	// down, which a leak does not.
+	deadline := time.Now().Add(35 * time.Second)
+	for after[1].liveKiB-after[0].liveKiB > repeatGrowKiB {
+		if time.Now().After(deadline) {
+			t.Fatalf("the second identical load left %.0f KiB more live heap than the first, 35 s after it ended: a leak per session",
+				after[1].liveKiB-after[0].liveKiB)
+		}
+		time.Sleep(time.Second)
+		after[1] = measureFootprint(t, st.trxHTTP)
+		t.Logf("after load 2: %.0f KiB live heap", after[1].liveKiB)
 	}
 }

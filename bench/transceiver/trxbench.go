@@ -4,8 +4,13 @@
 // alone to its own core (taskset); a load generator, `switchboard load`
 // in a process of its own on the other core, drives N real sessions
 // through the relay (ICE, DTLS, SRTP, the oai-events data channel, 50
-// packets a second each way, echoed by the agent). For each N, once every
-// session is up, it measures over a window:
+// packets a second each way, echoed by the agent). It measures each of
+// Options.Formats, the bridge format the echo agent asks for: Opus
+// passthrough (opus/48000/2: the transceiver forwards Opus frames and
+// paces them) and PCM (pcm16/24000/1: each session also decodes the
+// client's Opus, resamples, and encodes the agent's PCM back to Opus
+// before pacing it). For each N, once every session is up, it measures
+// over a window:
 //
 //   - the transceiver's CPU (utime+stime from /proc/PID/stat) as cores
 //     used, and sessions per fully busy core = N ÷ cores used;
@@ -14,12 +19,19 @@
 //   - its goroutines per session, (goroutines at N − at 0) ÷ N;
 //   - the delay a packet spends inside it, from its
 //     switchboard_transceiver_media_delay_seconds histogram over the
-//     window (hop socket in → bridge out, bridge in → hop socket out);
-//   - from the generator's summary: setup failures, loss and setup time;
+//     window (hop socket in → bridge write; paced send on the playout
+//     tick → hop socket out, which leaves out the wait in the playout
+//     queue);
+//   - from the generator's summary: setup failures, setup time, and the
+//     packets of audio that did not come back (counted by RTP sequence
+//     number, not matched by payload: the transceiver numbers its paced
+//     packets itself and a PCM session re-encodes them);
 //   - the generator's own CPU: when it is near one full core, the
 //     generator, not the transceiver, is the limit, and the row says so.
 //
-// Each run starts fresh processes; figures are medians over Options.Runs.
+// Each run starts fresh processes for each format in turn, so that both
+// formats see the same machine; figures are medians over Options.Runs, and
+// the ratio of PCM to Opus CPU per session is taken within each run first.
 package trxbench
 
 import (
@@ -42,6 +54,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 )
 
@@ -59,6 +72,11 @@ type Options struct {
 	// Steps are the session counts N, measured in rising order within
 	// one set of processes. Default 50, 100, 200.
 	Steps []int
+	// Formats are the bridge audio formats to measure, each with its own
+	// processes (the echo agent's -format): bridge.FormatOpus (Opus
+	// passthrough), bridge.FormatPCM24k or bridge.FormatPCM16k. Default
+	// Opus then PCM 24 kHz.
+	Formats []string
 	// Runs is the number of fresh runs; figures are medians. Default 3.
 	Runs int
 	// Window is how long CPU and delay are measured at each N once every
@@ -70,9 +88,9 @@ type Options struct {
 	// the generator, the relay and the agent. Defaults 1 and 0; -1 does
 	// not pin. Pinning is skipped when taskset is missing.
 	TrxCPU, GenCPU int
-	// ProfileDir, if set, receives a 10 s CPU profile and a heap profile
-	// of the transceiver at the largest N of the first run
-	// (trx-cpu-N.pprof, trx-heap-N.pprof).
+	// ProfileDir, if set, receives a CPU profile over the window and a
+	// heap profile of the transceiver at the largest N of the first run,
+	// per format (trx-cpu-opus-48000-2-N.pprof, trx-heap-…).
 	ProfileDir string
 	// TrxArgs are extra transceiver flags.
 	TrxArgs []string
@@ -80,9 +98,10 @@ type Options struct {
 	Log io.Writer
 }
 
-// Step is one N's figures (medians over runs).
+// Step is one N's figures for one format (medians over runs).
 type Step struct {
-	N int `json:"n"`
+	Format string `json:"format"`
+	N      int    `json:"n"`
 	// TrxCores is the transceiver's CPU over the window, in cores.
 	TrxCores float64 `json:"trx_cores"`
 	// PerCore is N ÷ TrxCores: sessions per fully busy core.
@@ -115,11 +134,14 @@ type Step struct {
 	ToBackendP50, ToBackendP99 float64
 	ToClientP50, ToClientP99   float64
 	// From the generator.
-	SetupFailures int     `json:"setup_failures"` // sessions that did not connect (summed over runs)
-	Failures      int     `json:"failures"`       // sessions with any failure (summed over runs)
-	Loss          float64 `json:"loss"`           // round trip, worst run
-	SetupP50MS    float64 `json:"setup_p50_ms"`
-	SetupP99MS    float64 `json:"setup_p99_ms"`
+	SetupFailures int `json:"setup_failures"` // sessions that did not connect (summed over runs)
+	Failures      int `json:"failures"`       // sessions with any failure (summed over runs)
+	// Loss is 1 − packets back ÷ packets sent over the round trip, worst
+	// run: packets counted by distinct RTP sequence number, not matched
+	// by payload (see callclient.Load).
+	Loss       float64 `json:"loss"`
+	SetupP50MS float64 `json:"setup_p50_ms"`
+	SetupP99MS float64 `json:"setup_p99_ms"`
 	// GenCores is the CPU of the generator's core (generator, relay and
 	// agent together), in cores; GenBound is set when it was at least 0.9,
 	// the generator's side then being the limit.
@@ -131,16 +153,32 @@ type Step struct {
 
 // Result is the outcome of Run.
 type Result struct {
+	// Steps holds every format's steps, formats in Options.Formats order,
+	// N rising within each.
 	Steps []Step `json:"steps"`
-	// Idle figures at 0 sessions (medians).
-	IdleRSSKiB     float64 `json:"idle_rss_kib"`
-	IdleGoroutines float64 `json:"idle_goroutines"`
-	// Spread is, per step, the largest relative deviation of a run's
-	// sessions-per-core from the median: how noisy the machine was.
-	Spread  []float64 `json:"spread"`
-	Runs    int       `json:"runs"`
-	Window  time.Duration
-	Started time.Time
+	// Idle figures at 0 sessions (medians), by format.
+	IdleRSSKiB     map[string]float64 `json:"idle_rss_kib"`
+	IdleGoroutines map[string]float64 `json:"idle_goroutines"`
+	// Spread is, per step (as Steps), the largest relative deviation of a
+	// run's sessions-per-core from the median: how noisy the machine was.
+	Spread []float64 `json:"spread"`
+	// PCMRatio is, per N, the transceiver's CPU per carried session (see
+	// Step.Carried: a session whose audio did not all reach the backend
+	// counts for the part that did) with the first PCM format of
+	// Options.Formats divided by that with Opus passthrough, taken within
+	// each run and then the median; nil unless both were measured.
+	PCMRatio []Ratio `json:"pcm_ratio,omitempty"`
+	Runs     int     `json:"runs"`
+	Window   time.Duration
+	Started  time.Time
+}
+
+// Ratio is the median over runs of PCM ÷ Opus CPU per carried session at
+// N.
+type Ratio struct {
+	N     int     `json:"n"`
+	Ratio float64 `json:"ratio"`
+	Runs  int     `json:"runs"` // runs in which both formats reached N
 }
 
 // sample is one run's raw figures at one N.
@@ -170,6 +208,19 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 	if opt.Runs <= 0 {
 		opt.Runs = 3
 	}
+	if len(opt.Formats) == 0 {
+		opt.Formats = []string{bridge.FormatOpus, bridge.FormatPCM24k}
+	}
+	for _, f := range opt.Formats {
+		switch f {
+		case bridge.FormatOpus, bridge.FormatPCM24k, bridge.FormatPCM16k:
+		default:
+			return Result{}, fmt.Errorf("%w: format %q is none of %s, %s, %s", ErrOptions, f, bridge.FormatOpus, bridge.FormatPCM24k, bridge.FormatPCM16k)
+		}
+	}
+	if len(slices.Compact(slices.Sorted(slices.Values(opt.Formats)))) != len(opt.Formats) {
+		return Result{}, fmt.Errorf("%w: format listed twice in %v", ErrOptions, opt.Formats)
+	}
 	if opt.Window <= 0 {
 		opt.Window = 10 * time.Second
 	}
@@ -182,18 +233,59 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 	if opt.Log == nil {
 		opt.Log = io.Discard
 	}
-	res := Result{Runs: opt.Runs, Window: opt.Window, Started: time.Now()}
-	var all [][]sample
+	res := Result{Runs: opt.Runs, Window: opt.Window, Started: time.Now(),
+		IdleRSSKiB: map[string]float64{}, IdleGoroutines: map[string]float64{}}
+	// all[format][run] holds one run's samples, a step each.
+	all := map[string][][]sample{}
 	for run := range opt.Runs {
-		fmt.Fprintf(opt.Log, "trxbench: run %d/%d\n", run+1, opt.Runs)
-		ss, err := runOnce(ctx, opt, run == 0)
-		if err != nil {
-			return res, fmt.Errorf("run %d: %w", run+1, err)
+		for _, f := range opt.Formats {
+			fmt.Fprintf(opt.Log, "trxbench: run %d/%d, %s\n", run+1, opt.Runs, f)
+			ss, err := runOnce(ctx, opt, f, run == 0)
+			if err != nil {
+				return res, fmt.Errorf("run %d, %s: %w", run+1, f, err)
+			}
+			all[f] = append(all[f], ss)
 		}
-		all = append(all, ss)
 	}
-	res.IdleRSSKiB = median(col(all, 0, func(s sample) float64 { return s.idleRSSKiB }))
-	res.IdleGoroutines = median(col(all, 0, func(s sample) float64 { return s.idleGoroutines }))
+	for _, f := range opt.Formats {
+		steps, spread := aggregate(opt, f, all[f])
+		res.IdleRSSKiB[f] = median(col(all[f], 0, func(s sample) float64 { return s.idleRSSKiB }))
+		res.IdleGoroutines[f] = median(col(all[f], 0, func(s sample) float64 { return s.idleGoroutines }))
+		res.Steps = append(res.Steps, steps...)
+		res.Spread = append(res.Spread, spread...)
+	}
+	pcm := slices.IndexFunc(opt.Formats, func(f string) bool { return f != bridge.FormatOpus })
+	if pcm >= 0 && slices.Contains(opt.Formats, bridge.FormatOpus) {
+		res.PCMRatio = ratios(opt.Steps, all[bridge.FormatOpus], all[opt.Formats[pcm]])
+	}
+	return res, nil
+}
+
+// ratios returns, per N, the median over runs of b's CPU per carried
+// session ÷ a's, each run's a and b measured one after the other.
+func ratios(steps []int, a, b [][]sample) []Ratio {
+	var out []Ratio
+	for i, n := range steps {
+		var xs []float64
+		for run := range min(len(a), len(b)) {
+			x, y := a[run], b[run]
+			if i < len(x) && i < len(y) && x[i].trxCores > 0 && y[i].carried > 0 {
+				xs = append(xs, (y[i].trxCores/y[i].carried)/(x[i].trxCores/x[i].carried))
+			}
+		}
+		if len(xs) == 0 {
+			break
+		}
+		out = append(out, Ratio{N: n, Ratio: median(xs), Runs: len(xs)})
+	}
+	return out
+}
+
+// aggregate turns one format's samples (per run, per step) into steps of
+// medians and their spreads.
+func aggregate(opt Options, format string, all [][]sample) ([]Step, []float64) {
+	var steps []Step
+	var spreads []float64
 	for i, n := range opt.Steps {
 		var rows []sample
 		for _, ss := range all {
@@ -226,7 +318,7 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 			}
 			return median(xs)
 		}
-		st := Step{N: n, Runs: len(rows)}
+		st := Step{Format: format, N: n, Runs: len(rows)}
 		st.TrxCores = m(func(s sample) float64 { return s.trxCores })
 		st.PerCore = m(func(s sample) float64 { return float64(s.n) / s.trxCores })
 		st.Carried = m(func(s sample) float64 { return s.carried })
@@ -255,10 +347,10 @@ func Run(ctx context.Context, opt Options) (Result, error) {
 				spread = max(spread, math.Abs(float64(r.n)/r.trxCores-st.PerCore)/st.PerCore)
 			}
 		}
-		res.Steps = append(res.Steps, st)
-		res.Spread = append(res.Spread, spread)
+		steps = append(steps, st)
+		spreads = append(spreads, spread)
 	}
-	return res, nil
+	return steps, spreads
 }
 
 func col(all [][]sample, i int, f func(sample) float64) []float64 {
@@ -345,6 +437,7 @@ func freeAddr(network string) (string, error) {
 // stack is the echo agent, the relay and the transceiver, each a process
 // of Options.Bin, with their logs in a temporary directory.
 type stack struct {
+	format   string // the agent's bridge format
 	opt      Options
 	dir      string
 	env      []string
@@ -353,15 +446,16 @@ type stack struct {
 	relayOps string
 }
 
-// startStack starts the processes and waits until they are ready.
-func startStack(ctx context.Context, opt Options) (st *stack, err error) {
+// startStack starts the processes, the echo agent asking for format, and
+// waits until they are ready.
+func startStack(ctx context.Context, opt Options, format string) (st *stack, err error) {
 	dir, err := os.MkdirTemp("", "trxbench-")
 	if err != nil {
 		return nil, err
 	}
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	st = &stack{opt: opt, dir: dir, env: []string{"SWITCHBOARD_TOKEN_KEY=" + base64.StdEncoding.EncodeToString(key)}}
+	st = &stack{format: format, opt: opt, dir: dir, env: []string{"SWITCHBOARD_TOKEN_KEY=" + base64.StdEncoding.EncodeToString(key)}}
 	defer func() {
 		if err != nil {
 			st.close()
@@ -375,7 +469,7 @@ func startStack(ctx context.Context, opt Options) (st *stack, err error) {
 	}
 	agentAddr, public, internal, hop := addrs[0], addrs[1], addrs[2], addrs[4]
 	st.relayOps, st.trxHTTP = addrs[3], addrs[5]
-	if _, err := st.start("agent", opt.GenCPU, "agent", "-mode", "echo", "-listen", agentAddr, "-log-level", "warn"); err != nil {
+	if _, err := st.start("agent", opt.GenCPU, "agent", "-mode", "echo", "-listen", agentAddr, "-format", format, "-log-level", "warn"); err != nil {
 		return st, err
 	}
 	// Every client is 127.0.0.1: lift the relay's per-source caps.
@@ -384,8 +478,12 @@ func startStack(ctx context.Context, opt Options) (st *stack, err error) {
 		"-new-flows-per-ip", "1000000", "-max-pending-per-ip", "1000000", "-new-flows-per-second", "1000000"); err != nil {
 		return st, err
 	}
+	// And the transceiver's cap on sessions not yet connected per client
+	// address: at a 10–20 ms ramp on a busy machine more than its default
+	// 64 are between the answer and DTLS, and it would answer 429.
 	if _, err := st.start("transceiver", opt.TrxCPU, append([]string{"transceiver", "-id", "1", "-listen", hop, "-advertise", public,
-		"-backend", "ws://" + agentAddr + "/v1/bridge", "-http", st.trxHTTP, "-pprof", "-drain-timeout", "1s"}, opt.TrxArgs...)...); err != nil {
+		"-backend", "ws://" + agentAddr + "/v1/bridge", "-http", st.trxHTTP, "-pprof", "-drain-timeout", "1s",
+		"-max-pending-per-client", "1000000"}, opt.TrxArgs...)...); err != nil {
 		return st, err
 	}
 	for _, u := range []string{"http://" + st.trxHTTP + "/ready", "http://" + st.relayOps + "/ready"} {
@@ -439,9 +537,9 @@ func (st *stack) close() {
 	_ = os.RemoveAll(st.dir)
 }
 
-// runOnce starts the processes and measures every step.
-func runOnce(ctx context.Context, opt Options, profile bool) ([]sample, error) {
-	st, err := startStack(ctx, opt)
+// runOnce starts the processes for format and measures every step.
+func runOnce(ctx context.Context, opt Options, format string, profile bool) ([]sample, error) {
+	st, err := startStack(ctx, opt, format)
 	if err != nil {
 		return nil, err
 	}
@@ -473,8 +571,8 @@ func runOnce(ctx context.Context, opt Options, profile bool) ([]sample, error) {
 		if err := step(ctx, st, &s, prof); err != nil {
 			return out, fmt.Errorf("with %d sessions: %w", n, err)
 		}
-		fmt.Fprintf(opt.Log, "trxbench: N=%d: transceiver %.3f cores (%.0f sessions/core, %.0f carried), RSS %.0f KiB, live heap %.0f KiB, %.0f goroutines, generator %.2f cores, to_backend p50 %.3f ms p99 %.3f ms, failures %v, loss %.4f\n",
-			n, s.trxCores, float64(n)/s.trxCores, s.carried, s.rssKiB, s.liveKiB, s.goroutines, s.genCores, s.toBackend[0], s.toBackend[1], s.summary.Failures, s.summary.Loss)
+		fmt.Fprintf(opt.Log, "trxbench: %s N=%d: transceiver %.3f cores (%.0f sessions/core, %.0f carried), RSS %.0f KiB, live heap %.0f KiB, %.0f goroutines, generator %.2f cores, to_backend p50 %.3f ms p99 %.3f ms, failures %v, not back %.4f\n",
+			format, n, s.trxCores, float64(n)/s.trxCores, s.carried, s.rssKiB, s.liveKiB, s.goroutines, s.genCores, s.toBackend[0], s.toBackend[1], s.summary.Failures, s.summary.Loss)
 		out = append(out, s)
 	}
 	return out, nil
@@ -525,7 +623,7 @@ func step(ctx context.Context, st *stack, s *sample, profileDir string) error {
 	profDone := make(chan error, 1)
 	if profileDir != "" {
 		go func() {
-			profDone <- fetchProfile(trxHTTP, "profile?seconds="+strconv.Itoa(int(opt.Window.Seconds())), filepath.Join(profileDir, fmt.Sprintf("trx-cpu-%d.pprof", n)))
+			profDone <- fetchProfile(trxHTTP, "profile?seconds="+strconv.Itoa(int(opt.Window.Seconds())), filepath.Join(profileDir, fmt.Sprintf("trx-cpu-%s-%d.pprof", fileFormat(st.format), n)))
 		}()
 	} else {
 		profDone <- nil
@@ -564,7 +662,7 @@ func step(ctx context.Context, st *stack, s *sample, profileDir string) error {
 		return err
 	}
 	if profileDir != "" {
-		if err := fetchProfile(trxHTTP, "heap", filepath.Join(profileDir, fmt.Sprintf("trx-heap-%d.pprof", n))); err != nil {
+		if err := fetchProfile(trxHTTP, "heap", filepath.Join(profileDir, fmt.Sprintf("trx-heap-%s-%d.pprof", fileFormat(st.format), n))); err != nil {
 			return err
 		}
 	}
@@ -582,6 +680,9 @@ func step(ctx context.Context, st *stack, s *sample, profileDir string) error {
 	// The next step starts from no sessions.
 	return st.waitSessions(ctx, 0, 30*time.Second)
 }
+
+// fileFormat names a bridge format in a file name: "opus-48000-2".
+func fileFormat(f string) string { return strings.ReplaceAll(f, "/", "-") }
 
 // liveKiB forces a GC in the process serving addr (its heap profile with
 // gc=1) and returns its live heap, KiB.

@@ -1,6 +1,8 @@
 package trxbench
 
 import (
+	"context"
+	"errors"
 	"math"
 	"testing"
 )
@@ -33,5 +35,30 @@ func TestQuantileDiff(t *testing.T) {
 	}
 	if got := quantileDiff(before, before, 0.5); !math.IsNaN(got) {
 		t.Errorf("no observations: %v, want NaN", got)
+	}
+}
+
+func TestRatios(t *testing.T) {
+	// Two runs of two steps; the second run of the PCM format stopped
+	// after its first step; its first run carried only half of N = 20.
+	opus := [][]sample{{{n: 10, carried: 10, trxCores: 0.1}, {n: 20, carried: 20, trxCores: 0.2}}, {{n: 10, carried: 10, trxCores: 0.2}, {n: 20, carried: 20, trxCores: 0.4}}}
+	pcm := [][]sample{{{n: 10, carried: 10, trxCores: 0.3}, {n: 20, carried: 10, trxCores: 0.5}}, {{n: 10, carried: 10, trxCores: 0.4}}}
+	got := ratios([]int{10, 20}, opus, pcm)
+	want := []Ratio{{N: 10, Ratio: 2.5, Runs: 2}, {N: 20, Ratio: 5, Runs: 1}} // median of 3 and 2; (0.5/10)/(0.2/20)
+	if len(got) != len(want) {
+		t.Fatalf("ratios = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i].N != want[i].N || got[i].Runs != want[i].Runs || math.Abs(got[i].Ratio-want[i].Ratio) > 1e-9 {
+			t.Errorf("ratios[%d] = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestRunRejectsFormats(t *testing.T) {
+	for _, formats := range [][]string{{"pcm16/8000/1"}, {"opus/48000/2", "opus/48000/2"}} {
+		if _, err := Run(context.Background(), Options{Bin: "unused", Formats: formats}); !errors.Is(err, ErrOptions) {
+			t.Errorf("formats %q: err %v, want ErrOptions", formats, err)
+		}
 	}
 }

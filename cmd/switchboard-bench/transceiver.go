@@ -19,13 +19,15 @@ import (
 // runBenchTransceiver is `switchboard-bench transceiver`: what one voice
 // session costs a transceiver (CPU, memory, goroutines, delay inside), with
 // agent, relay and a pinned transceiver as processes of one switchboard
-// binary and `switchboard load` driving N sessions (bench/transceiver).
+// binary and `switchboard load` driving N sessions (bench/transceiver),
+// for Opus passthrough and PCM sessions (-format).
 // Without -bin it builds ./cmd/switchboard, so run it from the repository
 // root. The Markdown table goes to stdout, progress to stderr.
 func runBenchTransceiver(ctx context.Context, args []string, stdout io.Writer) error {
 	var opt trxbench.Options
 	fs := flag.NewFlagSet("transceiver", flag.ContinueOnError)
 	steps := fs.String("steps", "50,100,200", "session counts N, rising, comma separated")
+	formats := fs.String("format", "opus/48000/2,pcm16/24000/1", "bridge formats the echo agent asks for, comma separated, each measured with its own processes: opus/48000/2 (Opus passthrough), pcm16/24000/1, pcm16/16000/1 (the transceiver decodes, encodes and paces)")
 	fs.IntVar(&opt.Runs, "runs", 3, "fresh runs (medians)")
 	fs.DurationVar(&opt.Window, "window", 10*time.Second, "measurement window per N")
 	fs.DurationVar(&opt.Ramp, "ramp", 20*time.Millisecond, "delay between session starts")
@@ -44,6 +46,9 @@ func runBenchTransceiver(ctx context.Context, args []string, stdout io.Writer) e
 			return fmt.Errorf("-steps: %q is not a positive session count", s)
 		}
 		opt.Steps = append(opt.Steps, n)
+	}
+	for _, f := range strings.Split(*formats, ",") {
+		opt.Formats = append(opt.Formats, strings.TrimSpace(f))
 	}
 	if *trxArgs != "" {
 		opt.TrxArgs = strings.Fields(*trxArgs)

@@ -30,14 +30,21 @@ import (
 // LoadOptions.Duration.
 //
 // Audio is either LoadOptions.Audio, encoded to Opus once and shared by
-// every session, or, without it, a 60-byte payload whose first 8 bytes are
-// the packet's index (big endian): a size typical of 20 ms of speech, at
-// no encoding cost, which an echo backend returns untouched. Either way a
-// packet is told apart by its RTP sequence number, which an echo backend
-// and a passthrough transceiver keep, extended past 16 bits by counting
-// wraps; the loss is the fraction of packets sent that never came back.
-// Against a backend that does not echo, loss and gaps describe the
-// backend's own audio, not the round trip.
+// every session, or, without it, a 60-byte counter payload: a TOC byte
+// announcing one 20 ms Opus frame (loadTOC), then the packet's index (8
+// bytes, big endian), then filler. It is the size of 20 ms of speech at
+// about 24 kbit/s, costs nothing to encode, and parses as 20 ms of Opus,
+// so a transceiver paces its echo at the rate it was sent; its frame is
+// not speech (a PCM session decodes it to noise), and an echo backend
+// returns it untouched.
+//
+// Echoes are counted, not matched: a packet coming back is told apart by
+// its RTP sequence number, extended past 16 bits by counting wraps. The
+// transceiver's paced playout numbers the packets it sends itself, and a
+// PCM session re-encodes the audio, so what is counted is the distinct
+// packets of audio that came back, whatever their payload; the loss is
+// 1 − received ÷ sent. Against a backend that does not echo, loss and gaps
+// describe the backend's own audio, not the round trip.
 //
 // After streaming, a session sends a ping on the data channel
 // ({"type":"ping","id":"load-<i>-<random>"}), waits up to 5 s for the
@@ -130,6 +137,14 @@ const LoadTail = 300 * time.Millisecond
 
 // loadPayloadSize is the counter payload's size in bytes.
 const loadPayloadSize = 60
+
+// loadTOC is the counter payload's first byte, an Opus TOC byte (RFC 6716
+// §3.1): configuration 15 (Hybrid fullband, 20 ms frames, the mode libopus
+// picks for speech at this bitrate) in the top 5 bits, then s = 0 (mono)
+// and frame count code 0 (one frame). A payload starting with 0x00 would
+// announce a 10 ms SILK frame, and a transceiver pacing its echo would
+// play 20 ms of packets in 10 ms.
+const loadTOC = 15 << 3
 
 // SessionResult is one session's outcome. Times are unix nanoseconds on
 // the load generator's clock, 0 when the event did not happen.
@@ -627,10 +642,7 @@ func (l *Load) stream(ctx context.Context, track *webrtc.TrackLocalStaticRTP, fa
 	var ssrc [4]byte
 	_, _ = rand.Read(ssrc[:])
 	pkt := &rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: OpusPayloadType, SSRC: binary.BigEndian.Uint32(ssrc[:])}}
-	counter := make([]byte, loadPayloadSize)
-	for i := range counter {
-		counter[i] = byte(i * 7)
-	}
+	counter := newCounterPayload()
 	tick := time.NewTicker(frameDuration)
 	defer tick.Stop()
 	stop := time.NewTimer(l.opts.Duration)
@@ -649,7 +661,7 @@ func (l *Load) stream(ctx context.Context, track *webrtc.TrackLocalStaticRTP, fa
 		if l.frames != nil {
 			pkt.Payload = l.frames[idx%uint64(len(l.frames))]
 		} else {
-			binary.BigEndian.PutUint64(counter, idx)
+			binary.BigEndian.PutUint64(counter[1:], idx)
 			pkt.Payload = counter
 		}
 		pkt.SequenceNumber = uint16(idx)
@@ -660,6 +672,18 @@ func (l *Load) stream(ctx context.Context, track *webrtc.TrackLocalStaticRTP, fa
 		r.Sent++
 		l.sent.Add(1)
 	}
+}
+
+// newCounterPayload returns a counter payload with index 0: loadTOC, the
+// index, filler.
+func newCounterPayload() []byte {
+	p := make([]byte, loadPayloadSize)
+	for i := range p {
+		p[i] = byte(i * 7)
+	}
+	p[0] = loadTOC
+	binary.BigEndian.PutUint64(p[1:], 0)
+	return p
 }
 
 // signal POSTs the complete offer and applies the answer; it returns the

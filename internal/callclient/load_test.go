@@ -1,9 +1,12 @@
 package callclient
 
 import (
+	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/audio"
 )
 
 func TestExtendSeq(t *testing.T) {
@@ -68,5 +71,28 @@ func TestNewLoadOptions(t *testing.T) {
 		if _, err := NewLoad(o); !errors.Is(err, ErrOptions) {
 			t.Errorf("NewLoad(%+v) = %v, want ErrOptions", o, err)
 		}
+	}
+}
+
+// TestCounterPayloadIsOpus20ms checks that the counter payload parses as
+// one 20 ms Opus frame (RFC 6716 §3.1), the duration a transceiver paces
+// its echo by, whatever index it carries.
+func TestCounterPayloadIsOpus20ms(t *testing.T) {
+	p := newCounterPayload()
+	for _, idx := range []uint64{0, 1, 255, 1 << 40} {
+		binary.BigEndian.PutUint64(p[1:], idx)
+		got, err := audio.PacketDuration(p)
+		if err != nil {
+			t.Fatalf("index %d: %v", idx, err)
+		}
+		if got != 960 { // 20 ms at 48 kHz
+			t.Errorf("index %d: Opus duration %d samples, want 960 (20 ms)", idx, got)
+		}
+		if i := binary.BigEndian.Uint64(p[1:]); i != idx {
+			t.Errorf("index read back %d, want %d", i, idx)
+		}
+	}
+	if len(p) != loadPayloadSize {
+		t.Errorf("payload %d bytes, want %d", len(p), loadPayloadSize)
 	}
 }

@@ -12,12 +12,24 @@ import (
 )
 
 // The media delay probe measures how long an audio packet spends inside
-// the transceiver: from the hop socket read to the bridge write (client to
-// backend), and from the bridge read to the hop socket write (backend to
-// client): DTLS-SRTP demultiplexing, SRTP, Pion's buffers and goroutine
-// hand-offs, and the bridge's framing. An SRTP packet's header is in the
-// clear (RFC 3711 §3.1), so the socket side names a packet by its SSRC and
-// sequence number as the RTP side does, with no per-packet state in Pion.
+// the transceiver's own machinery, each way:
+//
+//   - to_backend: from the hop socket read to the bridge write returning:
+//     ICE and DTLS-SRTP demultiplexing, SRTP decryption, Pion's buffers
+//     and goroutine hand-offs, for PCM formats the Opus decode, and the
+//     bridge's framing and write.
+//   - to_client: from the paced send (SendPacket, on the playout clock's
+//     tick) to the hop socket write: Pion's RTCP report interceptor, SRTP
+//     encryption and the socket write. It leaves out, on purpose, the time
+//     a packet waits in the session's playout queue for its tick (the
+//     pacing that plays audio in real time, up to the queue's depth), and
+//     for PCM formats the Opus encode, done when the backend's frame
+//     arrives, before it is queued.
+//
+// An SRTP packet's header is in the clear (RFC 3711 §3.1), so the socket
+// side names a packet by its SSRC and sequence number as the RTP side
+// does, with no per-packet state in Pion. On the way out the sequence
+// number is the one the playout queue gave the packet.
 //
 // One packet in delaySample (by sequence number) is measured: a stamp
 // table of delaySlots entries per direction, indexed by a hash of SSRC and

@@ -98,7 +98,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		}, []string{"op"}),
 		mediaDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_media_delay_seconds",
-			Help: "Time a sampled audio packet spends inside the transceiver, by direction: to_backend (hop socket read to bridge write), to_client (bridge read to hop socket write).", Buckets: delayBuckets,
+			Help: "Time a sampled audio packet spends inside the transceiver, by direction: to_backend (hop socket read to bridge write), to_client (paced send on the playout tick to hop socket write; the wait in the playout queue is not counted).", Buckets: delayBuckets,
 		}, []string{"direction"}),
 		iceRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_ice_restarts_total", Help: "ICE restarts requested with PATCH (RFC 9725 4.3), by result: ok, failed.",
