@@ -79,20 +79,35 @@ func main() {
 	os.Exit(2)
 }
 
-// newLogger returns a JSON or text slog logger at the given level.
+// newLogger returns a JSON or text slog logger at the given level that
+// writes to stderr.
 func newLogger(format, level string) (*slog.Logger, error) {
+	return newLoggerTo(os.Stderr, format, level)
+}
+
+// newLoggerTo is newLogger writing to w.
+func newLoggerTo(w io.Writer, format, level string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: durationString}
 	switch format {
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("-log-format %q: want json or text", format)
+}
+
+// durationString logs a time.Duration as its String form ("30s", "1.5ms"),
+// which the JSON handler would otherwise write as integer nanoseconds.
+func durationString(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // LogConfig is shared by every server subcommand: logging and profiling.
