@@ -32,8 +32,9 @@ func runBinary(t *testing.T, bin string, args ...string) cliResult {
 	return cliResult{cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()}
 }
 
-// TestCommandLine runs the real binary the way a user does: servers whose
-// ports are taken fail before they log that they run.
+// TestCommandLine runs the real binary the way a user does: asking for
+// help succeeds, and servers whose ports are taken fail before they log
+// that they run.
 func TestCommandLine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
@@ -42,6 +43,31 @@ func TestCommandLine(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
+
+	t.Run("help", func(t *testing.T) {
+		for _, tt := range []struct {
+			args   []string
+			code   int
+			stdout string // "" means nothing on stdout
+			stderr string // "" means nothing on stderr
+		}{
+			{[]string{"-h"}, 0, "Usage: switchboard <command>", ""},
+			{[]string{"--help"}, 0, "Usage: switchboard <command>", ""},
+			{[]string{"help"}, 0, "Usage: switchboard <command>", ""},
+			{[]string{"help", "relay"}, 0, "", "-public"},
+			{[]string{"relay", "-h"}, 0, "", "-public"},
+			{nil, 2, "", "Usage: switchboard <command>"},
+			{[]string{"nosuch"}, 2, "", `unknown command "nosuch"`},
+		} {
+			r := runBinary(t, bin, tt.args...)
+			if r.code != tt.code ||
+				!strings.Contains(r.stdout, tt.stdout) || (tt.stdout == "") != (r.stdout == "") ||
+				!strings.Contains(r.stderr, tt.stderr) || (tt.stderr == "") != (r.stderr == "") {
+				t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q",
+					tt.args, r.code, r.stdout, r.stderr, tt.code, tt.stdout, tt.stderr)
+			}
+		}
+	})
 
 	t.Run("busy ports", func(t *testing.T) {
 		tcp, err := net.Listen("tcp4", "127.0.0.1:0")

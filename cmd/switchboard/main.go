@@ -54,17 +54,26 @@ func usage(w io.Writer) {
 }
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+	args := os.Args[1:]
+	if len(args) == 0 {
 		usage(os.Stderr)
 		os.Exit(2)
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		if len(args) == 1 || args[0] != "help" {
+			usage(os.Stdout)
+			os.Exit(0)
+		}
+		args = []string{args[1], "-h"} // switchboard help relay = switchboard relay -h
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	for _, c := range commands {
-		if c.name != os.Args[1] {
+		if c.name != args[0] {
 			continue
 		}
-		err := c.run(ctx, os.Args[2:], os.Stdout)
+		err := c.run(ctx, args[1:], os.Stdout)
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
@@ -74,7 +83,7 @@ func main() {
 		}
 		return
 	}
-	fmt.Fprintf(os.Stderr, "switchboard: unknown command %q\n\n", os.Args[1])
+	fmt.Fprintf(os.Stderr, "switchboard: unknown command %q\n\n", args[0])
 	usage(os.Stderr)
 	os.Exit(2)
 }
