@@ -404,6 +404,9 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 		return errors.New("need a signaling URL and --audio FILE.wav")
 	}
 	report, err := callclient.Run(ctx, opts)
+	if errors.Is(err, callclient.ErrOptions) {
+		return err // a usage error (say, no such WAV file): no call, no report
+	}
 	fmt.Fprintln(stdout, report.String())
 	return err
 }
