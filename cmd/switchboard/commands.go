@@ -359,7 +359,7 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	var opts callclient.Options
 	fs := flag.NewFlagSet("call", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: switchboard call URL --audio FILE.wav [flags]\n\nRuns one session against the signaling URL (e.g. http://127.0.0.1:8080/v1/calls),\nsends the file as Opus, and prints a JSON report.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: switchboard call URL -audio FILE.wav [flags]\n\nRuns one session against the signaling URL (e.g. http://127.0.0.1:8080/v1/calls),\nsends the file as Opus, and prints a JSON report.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&opts.AudioPath, "audio", "", "16-bit PCM WAV file to send (required)")
@@ -401,7 +401,7 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if opts.URL == "" || opts.AudioPath == "" {
 		fs.Usage()
-		return errors.New("need a signaling URL and --audio FILE.wav")
+		return errors.New("need a signaling URL and -audio FILE.wav")
 	}
 	report, err := callclient.Run(ctx, opts)
 	if errors.Is(err, callclient.ErrOptions) {

@@ -251,8 +251,8 @@ func separateProcesses(t *testing.T, bin, redisAddr string) {
 	waitHTTP(t, "http://"+trxHTTP+"/live")
 	waitHTTP(t, "http://"+relayOps+"/live")
 
-	out, err := exec.Command(bin, "call", "http://"+trxHTTP+"/v1/calls", "--audio", "../../testdata/speech.wav",
-		"--duration", "1s", "--ipv4").Output()
+	out, err := exec.Command(bin, "call", "http://"+trxHTTP+"/v1/calls", "-audio", "../../testdata/speech.wav",
+		"-duration", "1s", "-ipv4").Output()
 	if err != nil {
 		t.Fatalf("call: %v\n%s", err, out)
 	}
