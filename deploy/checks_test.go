@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"encoding/base64"
+	"flag"
 	"fmt"
 	"net"
 	"net/netip"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
+	"github.com/switchboard-rtc/switchboard/internal/config"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
@@ -151,9 +153,8 @@ func containerPort(t *testing.T, c corev1.Container, name string) corev1.Contain
 func checkAll(t *testing.T, r *rendered, over map[string]any) {
 	t.Helper()
 	v := values(t, over)
-	src := parseCmd(t)
 	t.Run("objects", func(t *testing.T) { checkObjects(t, r) })
-	t.Run("pods", func(t *testing.T) { checkPods(t, r, src) })
+	t.Run("pods", func(t *testing.T) { checkPods(t, r, config.FlagSets()) })
 	t.Run("services", func(t *testing.T) { checkServices(t, r) })
 	t.Run("disruption and scaling", func(t *testing.T) { checkPDBAndHPA(t, r) })
 	t.Run("relay", func(t *testing.T) { checkRelay(t, r, v) })
@@ -212,7 +213,7 @@ func checkLabels(t *testing.T, where string, l map[string]string) {
 // checkPods checks every pod template: selectors, security, ports, probes,
 // and that each switchboard container runs a real subcommand with flags
 // (as SWITCHBOARD_<FLAG> variables) it has.
-func checkPods(t *testing.T, r *rendered, src *cmdSource) {
+func checkPods(t *testing.T, r *rendered, sets map[string]*flag.FlagSet) {
 	for _, w := range r.workloads() {
 		where := w.kind + "/" + w.name
 		sel, err := metav1.LabelSelectorAsSelector(w.selector)
@@ -257,14 +258,14 @@ func checkPods(t *testing.T, r *rendered, src *cmdSource) {
 				t.Errorf("%s: no subcommand", cw)
 				continue
 			}
-			if _, ok := src.cmds[c.Args[0]]; !ok {
-				t.Errorf("%s: switchboard has no subcommand %q", cw, c.Args[0])
+			if _, ok := sets[c.Args[0]]; !ok {
+				t.Errorf("%s: switchboard has no server subcommand %q", cw, c.Args[0])
 				continue
 			}
-			flags := src.flags(t, c.Args[0])
+			flags := flagsOf(t, sets, c.Args[0])
 			byEnv := map[string]string{}
 			for f := range flags {
-				byEnv[envName(f)] = f
+				byEnv[config.EnvName(f)] = f
 			}
 			for _, e := range c.Env {
 				if strings.HasPrefix(e.Name, "SWITCHBOARD_") {
@@ -741,7 +742,7 @@ func checkRBAC(t *testing.T, r *rendered) {
 // defaults, so the docs, the README and a bare `switchboard relay` agree.
 func TestDefaultsAgreeWithFlags(t *testing.T) {
 	v := values(t, nil)
-	src := parseCmd(t)
+	sets := config.FlagSets()
 	for _, tt := range []struct {
 		value, cmd, flag string
 	}{
@@ -755,10 +756,7 @@ func TestDefaultsAgreeWithFlags(t *testing.T) {
 		{"director.port", "director", "listen"},
 	} {
 		t.Run(tt.value, func(t *testing.T) {
-			def, err := strconv.Unquote(src.flags(t, tt.cmd)[tt.flag].Default)
-			if err != nil {
-				t.Fatalf("-%s default is not a string literal: %v", tt.flag, err)
-			}
+			def := flagsOf(t, sets, tt.cmd)[tt.flag].DefValue
 			if got := valInt(t, v, tt.value); int32(got) != portOf(t, def) {
 				t.Errorf("%s = %d, `switchboard %s -%s` defaults to %s", tt.value, got, tt.cmd, tt.flag, def)
 			}
@@ -772,7 +770,7 @@ func TestDefaultsAgreeWithFlags(t *testing.T) {
 	}
 	// The relay's flow timeouts default as in the binary, whose flags take
 	// their defaults from the relay package's constants.
-	flags := src.flags(t, "relay")
+	flags := flagsOf(t, sets, "relay")
 	for _, tt := range []struct {
 		value, flag, constant string
 		want                  time.Duration
@@ -784,8 +782,8 @@ func TestDefaultsAgreeWithFlags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := flags[tt.flag].Default; got != tt.constant {
-			t.Errorf("-%s defaults to %s, want %s", tt.flag, got, tt.constant)
+		if got := flags[tt.flag].DefValue; got != tt.want.String() {
+			t.Errorf("-%s defaults to %s, want %s (%v)", tt.flag, got, tt.constant, tt.want)
 		}
 		if d != tt.want {
 			t.Errorf("%s = %v, %s is %v", tt.value, d, tt.constant, tt.want)

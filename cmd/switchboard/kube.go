@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -16,14 +15,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/switchboard-rtc/switchboard/internal/config"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
-)
-
-// Membership sources a relay can fill its table from (-membership).
-const (
-	membershipStatic     = "static"
-	membershipKubernetes = "kubernetes"
-	membershipRedis      = "redis"
 )
 
 // kubeSyncTimeout bounds the wait for the first list of EndpointSlices at
@@ -34,34 +27,13 @@ const kubeSyncTimeout = time.Minute
 // serviceAccountNamespace is where Kubernetes mounts the pod's namespace.
 const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
-// MembershipConfig selects and configures the relay's membership source.
-type MembershipConfig struct {
-	Source     string `yaml:"membership"`
-	Kubeconfig string `yaml:"kubeconfig"`
-	Namespace  string `yaml:"kube_namespace"`
-	Service    string `yaml:"kube_service"`
-	PortName   string `yaml:"kube_port"`
-	IDOffset   uint   `yaml:"kube_id_offset"`
-	Redis      string `yaml:"redis"`
-}
-
-func (m *MembershipConfig) register(fs *flag.FlagSet) {
-	fs.StringVar(&m.Source, "membership", membershipStatic, "membership source: static (-members), kubernetes (EndpointSlices of -kube-service) or redis (transceivers registered with -redis)")
-	fs.StringVar(&m.Kubeconfig, "kubeconfig", "", "kubeconfig file for -membership kubernetes (empty: the in-cluster service account)")
-	fs.StringVar(&m.Namespace, "kube-namespace", "", "namespace of -kube-service (empty: the pod's own namespace)")
-	fs.StringVar(&m.Service, "kube-service", "", "headless Service of the transceiver StatefulSet, for -membership kubernetes")
-	fs.StringVar(&m.PortName, "kube-port", membership.DefaultKubePortName, "name of the internal-hop UDP port in that Service")
-	fs.UintVar(&m.IDOffset, "kube-id-offset", 0, "transceiver id = pod ordinal + this offset")
-	fs.StringVar(&m.Redis, "redis", "", "Redis host:port of the membership registry, for -membership redis")
-}
-
 // relayMembership builds the relay's membership table from the configured
 // source. With kubernetes it waits for the first complete membership and
 // keeps the table current in the background until the returned stop
 // function is called.
-func relayMembership(ctx context.Context, m MembershipConfig, static string, cluster uint16, reg prometheus.Registerer, log *slog.Logger) (*membership.Table, func(), error) {
+func relayMembership(ctx context.Context, m config.Membership, static string, cluster uint16, reg prometheus.Registerer, log *slog.Logger) (*membership.Table, func(), error) {
 	switch m.Source {
-	case membershipStatic, "":
+	case config.MembershipStatic, "":
 		entries, err := membership.Static(static)
 		if err != nil {
 			return nil, nil, fmt.Errorf("-members: %w", err)
@@ -73,11 +45,11 @@ func relayMembership(ctx context.Context, m MembershipConfig, static string, clu
 		if err != nil {
 			return nil, nil, fmt.Errorf("-members: %w", err)
 		}
-		registerMembers(reg, t, membershipStatic)
+		registerMembers(reg, t, config.MembershipStatic)
 		return t, func() {}, nil
-	case membershipRedis:
+	case config.MembershipRedis:
 		return redisMembership(ctx, m, static, cluster, reg, log)
-	case membershipKubernetes:
+	case config.MembershipKubernetes:
 	default:
 		return nil, nil, fmt.Errorf("-membership %q: want static, kubernetes or redis", m.Source)
 	}
@@ -128,7 +100,7 @@ func relayMembership(ctx context.Context, m MembershipConfig, static string, clu
 		_ = k.Close()
 		return nil, nil, err
 	}
-	registerMembers(reg, t, membershipKubernetes)
+	registerMembers(reg, t, config.MembershipKubernetes)
 	log.Info("membership from kubernetes", "namespace", ns, "service", m.Service, "port", m.PortName, "members", t.Len())
 	return t, func() { _ = k.Close() }, nil
 }
@@ -150,7 +122,7 @@ func registerMembers(reg prometheus.Registerer, t *membership.Table, source stri
 // keeps it current in the background. A Redis that is down at start-up is
 // not fatal: the table starts empty (or from -members, if given) and fills
 // once Redis answers.
-func redisMembership(ctx context.Context, m MembershipConfig, static string, cluster uint16, reg prometheus.Registerer, log *slog.Logger) (*membership.Table, func(), error) {
+func redisMembership(ctx context.Context, m config.Membership, static string, cluster uint16, reg prometheus.Registerer, log *slog.Logger) (*membership.Table, func(), error) {
 	if m.Redis == "" {
 		return nil, nil, errors.New("-membership redis needs -redis host:port")
 	}
@@ -169,7 +141,7 @@ func redisMembership(ctx context.Context, m MembershipConfig, static string, clu
 	if err != nil {
 		log.Warn("membership registry unreachable at start; retrying in the background", "redis", m.Redis, "err", err)
 	}
-	registerMembers(reg, t, membershipRedis)
+	registerMembers(reg, t, config.MembershipRedis)
 	if reg != nil {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "switchboard_relay_membership_read_failures_total",

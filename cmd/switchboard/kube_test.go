@@ -10,6 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/switchboard-rtc/switchboard/internal/config"
 )
 
 func TestRelayMembership(t *testing.T) {
@@ -20,20 +22,20 @@ func TestRelayMembership(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		m       MembershipConfig
+		m       config.Membership
 		static  string
 		wantErr string
 		want    int
 	}{
-		{"static", MembershipConfig{Source: "static"}, "1=127.0.0.1:4000,2=127.0.0.1:4001", "", 2},
-		{"default is static", MembershipConfig{}, "1=127.0.0.1:4000", "", 1},
-		{"static empty", MembershipConfig{Source: "static"}, "", "-members is empty", 0},
-		{"static invalid", MembershipConfig{Source: "static"}, "1=localhost:4000", "-members: membership: invalid entry", 0},
-		{"unknown source", MembershipConfig{Source: "etcd"}, "", `-membership "etcd": want static, kubernetes or redis`, 0},
-		{"redis without address", MembershipConfig{Source: "redis"}, "", "-membership redis needs -redis", 0},
-		{"kubernetes with members", MembershipConfig{Source: "kubernetes"}, "1=127.0.0.1:4000", "exclude each other", 0},
-		{"kubernetes bad kubeconfig", MembershipConfig{Source: "kubernetes", Namespace: "ns", Service: "s", Kubeconfig: badKubeconfig}, "", "-membership kubernetes:", 0},
-		{"kubernetes outside a cluster", MembershipConfig{Source: "kubernetes", Namespace: "ns", Service: "s"}, "", "-membership kubernetes:", 0},
+		{"static", config.Membership{Source: "static"}, "1=127.0.0.1:4000,2=127.0.0.1:4001", "", 2},
+		{"default is static", config.Membership{}, "1=127.0.0.1:4000", "", 1},
+		{"static empty", config.Membership{Source: "static"}, "", "-members is empty", 0},
+		{"static invalid", config.Membership{Source: "static"}, "1=localhost:4000", "-members: membership: invalid entry", 0},
+		{"unknown source", config.Membership{Source: "etcd"}, "", `-membership "etcd": want static, kubernetes or redis`, 0},
+		{"redis without address", config.Membership{Source: "redis"}, "", "-membership redis needs -redis", 0},
+		{"kubernetes with members", config.Membership{Source: "kubernetes"}, "1=127.0.0.1:4000", "exclude each other", 0},
+		{"kubernetes bad kubeconfig", config.Membership{Source: "kubernetes", Namespace: "ns", Service: "s", Kubeconfig: badKubeconfig}, "", "-membership kubernetes:", 0},
+		{"kubernetes outside a cluster", config.Membership{Source: "kubernetes", Namespace: "ns", Service: "s"}, "", "-membership kubernetes:", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

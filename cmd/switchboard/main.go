@@ -119,19 +119,6 @@ func durationString(_ []string, a slog.Attr) slog.Attr {
 	return a
 }
 
-// LogConfig is shared by every server subcommand: logging and profiling.
-type LogConfig struct {
-	Format string `yaml:"log_format"`
-	Level  string `yaml:"log_level"`
-	Pprof  bool   `yaml:"pprof"`
-}
-
-func (l *LogConfig) register(fs *flag.FlagSet, defFormat string) {
-	fs.StringVar(&l.Format, "log-format", defFormat, "log format: json or text")
-	fs.StringVar(&l.Level, "log-level", "info", "log level: debug, info, warn or error")
-	fs.BoolVar(&l.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the metrics address (keep it off public networks)")
-}
-
 // handleOps mounts /metrics, and /debug/pprof/ when pprof is set, on mux.
 func handleOps(mux *http.ServeMux, reg *prometheus.Registry, pprofOn bool) {
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -19,140 +17,13 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/switchboard-rtc/switchboard/internal/config"
+
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/redistest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func TestParseConfigPrecedence(t *testing.T) {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "c.yaml")
-	if err := os.WriteFile(file, []byte("a: from-file\nb: from-file\nc: from-file\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var cfg struct {
-		A string `yaml:"a"`
-		B string `yaml:"b"`
-		C string `yaml:"c"`
-		D string `yaml:"d"`
-	}
-	fs := flag.NewFlagSet("x", flag.ContinueOnError)
-	fs.StringVar(&cfg.A, "a", "default", "")
-	fs.StringVar(&cfg.B, "b", "default", "")
-	fs.StringVar(&cfg.C, "c", "default", "")
-	fs.StringVar(&cfg.D, "d", "default", "")
-	t.Setenv("SWITCHBOARD_A", "from-env")
-	t.Setenv("SWITCHBOARD_B", "from-env")
-	if err := parseConfig(fs, []string{"-config", file, "-a", "from-flag"}, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	want := [4]string{"from-flag", "from-env", "from-file", "default"}
-	if got := [4]string{cfg.A, cfg.B, cfg.C, cfg.D}; got != want {
-		t.Fatalf("got %v, want %v", got, want)
-	}
-}
-
-// TestConfigFromEnvironment: SWITCHBOARD_CONFIG names the file as -config
-// does, and -config on the command line wins over it.
-func TestConfigFromEnvironment(t *testing.T) {
-	dir := t.TempDir()
-	envFile, flagFile := filepath.Join(dir, "env.yaml"), filepath.Join(dir, "flag.yaml")
-	if err := os.WriteFile(envFile, []byte("a: from-env-file\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(flagFile, []byte("a: from-flag-file\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("SWITCHBOARD_CONFIG", envFile)
-	for _, tt := range []struct {
-		name string
-		args []string
-		want string
-	}{
-		{"environment", nil, "from-env-file"},
-		{"flag wins", []string{"-config", flagFile}, "from-flag-file"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			var cfg struct {
-				A string `yaml:"a"`
-			}
-			fs := flag.NewFlagSet("x", flag.ContinueOnError)
-			fs.StringVar(&cfg.A, "a", "default", "")
-			if err := parseConfig(fs, tt.args, &cfg); err != nil {
-				t.Fatal(err)
-			}
-			if cfg.A != tt.want {
-				t.Fatalf("a = %q, want %q", cfg.A, tt.want)
-			}
-		})
-	}
-}
-
-// TestUsageListsFileOnlySettings: -h shows the settings only the YAML file
-// sets, after the flags.
-func TestUsageListsFileOnlySettings(t *testing.T) {
-	var out strings.Builder
-	fs := flag.NewFlagSet("x", flag.ContinueOnError)
-	fs.SetOutput(&out)
-	fs.String("a", "", "flag a")
-	err := parseConfig(fs, []string{"-h"}, &struct{}{}, yamlOnly{"regions", "region name → cluster"})
-	if !errors.Is(err, flag.ErrHelp) {
-		t.Fatalf("-h: %v", err)
-	}
-	if u := out.String(); !strings.Contains(u, "-a") || !strings.Contains(u, "only in the YAML file") || !strings.Contains(u, "regions") || strings.Index(u, "regions") < strings.Index(u, "-a") {
-		t.Fatalf("usage:\n%s", u)
-	}
-}
-
-func TestParseConfigErrors(t *testing.T) {
-	dir := t.TempDir()
-	bad := filepath.Join(dir, "bad.yaml")
-	_ = os.WriteFile(bad, []byte("nosuchkey: 1\n"), 0o600)
-	tests := []struct {
-		name    string
-		args    []string
-		mention string
-	}{
-		{"unknown yaml key", []string{"-config", bad}, "nosuchkey"},
-		{"missing file", []string{"-config", filepath.Join(dir, "none.yaml")}, "none.yaml"},
-		{"stray argument", []string{"extra"}, "extra"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var cfg struct {
-				A string `yaml:"a"`
-			}
-			fs := flag.NewFlagSet("x", flag.ContinueOnError)
-			fs.StringVar(&cfg.A, "a", "", "")
-			err := parseConfig(fs, tt.args, &cfg)
-			if err == nil || !strings.Contains(err.Error(), tt.mention) {
-				t.Fatalf("error %v does not mention %q", err, tt.mention)
-			}
-		})
-	}
-}
-
-func TestKeyConfigErrors(t *testing.T) {
-	tests := []struct {
-		name    string
-		k       KeyConfig
-		mention string
-	}{
-		{"missing", KeyConfig{}, "SWITCHBOARD_TOKEN_KEY"},
-		{"not base64", KeyConfig{Key: "!!!"}, "hex or base64"},
-		{"short", KeyConfig{Key: "AAAA"}, "at least 16"},
-		{"id too large", KeyConfig{Key: strings.Repeat("ab", 32), KeyID: 99}, "0-63"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := tt.k.keyring()
-			if err == nil || !strings.Contains(err.Error(), tt.mention) {
-				t.Fatalf("error %v does not mention %q", err, tt.mention)
-			}
-		})
-	}
-}
 
 func freeUDP(t *testing.T) string {
 	t.Helper()
@@ -302,5 +173,19 @@ func TestCallArgs(t *testing.T) {
 	err := runCall(context.Background(), []string{"http://a/v1/calls", "http://b/v1/calls", "-audio", missing}, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "one signaling URL") {
 		t.Errorf("two URLs: %v", err)
+	}
+}
+
+// TestServerCommandsHaveFlagSets: each flag set package config builds (and
+// deploy/ checks the chart against) is a subcommand of this binary.
+func TestServerCommandsHaveFlagSets(t *testing.T) {
+	have := map[string]bool{}
+	for _, c := range commands {
+		have[c.name] = true
+	}
+	for name := range config.FlagSets() {
+		if !have[name] {
+			t.Errorf("config has flags of %q, which is no subcommand", name)
+		}
 	}
 }

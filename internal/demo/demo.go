@@ -28,6 +28,14 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/web"
 )
 
+// Default addresses of `switchboard demo`, ip:port.
+const (
+	// DefaultHTTPAddr serves the web page, the signaling API and /metrics.
+	DefaultHTTPAddr = "127.0.0.1:8080"
+	// DefaultRelayAddr is the relay's public UDP address, STUN's port.
+	DefaultRelayAddr = "127.0.0.1:3478"
+)
+
 // Config configures the demo. Zero values take the defaults.
 type Config struct {
 	// HTTPAddr serves the page, signaling, the echo agent's bridge and
@@ -61,10 +69,10 @@ const TransceiverID = 1
 // Start starts every part and returns once all are listening.
 func Start(cfg Config) (*Demo, error) {
 	if cfg.HTTPAddr == "" {
-		cfg.HTTPAddr = "127.0.0.1:8080"
+		cfg.HTTPAddr = DefaultHTTPAddr
 	}
 	if cfg.RelayAddr == "" {
-		cfg.RelayAddr = "127.0.0.1:3478"
+		cfg.RelayAddr = DefaultRelayAddr
 	}
 	log := cfg.Logger
 	if log == nil {

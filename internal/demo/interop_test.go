@@ -20,8 +20,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
 // Interop tests: real clients other than the demo page call the demo, each

@@ -102,6 +102,15 @@ type Director struct {
 	auth      *auth.Authority
 }
 
+// Defaults of `switchboard director`.
+const (
+	// DefaultListenAddr serves the signaling API, /metrics, /live and
+	// /ready, ip:port.
+	DefaultListenAddr = "127.0.0.1:8443"
+	// DefaultMode is Config.Mode's default: forward the offer.
+	DefaultMode = "proxy"
+)
+
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("director: invalid config")
 
@@ -117,7 +126,7 @@ func New(cfg Config, log *slog.Logger) (*Director, error) {
 	}
 	switch cfg.Mode {
 	case "":
-		d.cfg.Mode = "proxy"
+		d.cfg.Mode = DefaultMode
 	case "proxy", "redirect":
 	default:
 		return nil, fmt.Errorf("%w: mode %q must be proxy or redirect", ErrConfig, cfg.Mode)

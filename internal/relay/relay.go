@@ -41,6 +41,16 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
+// Default addresses of the relay's sockets, in ip:port form (the flags of
+// `switchboard relay` start from them). The public port is STUN's, 3478
+// (RFC 8489 §18.1.1), the internal hop's the next one.
+const (
+	DefaultPublicAddr   = "0.0.0.0:3478"
+	DefaultInternalAddr = "0.0.0.0:3479"
+	// DefaultMetricsAddr serves /metrics, /live and /ready: loopback only.
+	DefaultMetricsAddr = "127.0.0.1:9090"
+)
+
 // Defaults filled in by Config.Validate.
 const (
 	DefaultPendingTimeout = 10 * time.Second

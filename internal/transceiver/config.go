@@ -16,6 +16,29 @@ import (
 // address space (some Kubernetes networks), and IPv6 unique-local.
 var DefaultAllowRelays = []string{"127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "::1/128", "fc00::/7"}
 
+// Defaults of Config's sockets and session limits; Validate fills the
+// zero values of ListenAddr, DTLSRole, SetupTimeout and MaxSessions with
+// them. The flags of `switchboard transceiver` start from these and from
+// the other Default… constants.
+const (
+	// DefaultListenAddr is the internal-hop UDP socket, ip:port.
+	DefaultListenAddr = "127.0.0.1:4000"
+	// DefaultBackendURL is the bridge of a `switchboard agent` on the
+	// same host (docs/bridge.md).
+	DefaultBackendURL = "ws://127.0.0.1:8081/v1/bridge"
+	// DefaultDTLSRole is the role taken in answers to actpass offers:
+	// "client" (a=setup:active, RFC 8842 §5.3).
+	DefaultDTLSRole     = "client"
+	DefaultSetupTimeout = 30 * time.Second
+	DefaultMaxSessions  = 10000
+	// DefaultHTTPAddr serves the signaling API, /metrics, /live and
+	// /ready, ip:port.
+	DefaultHTTPAddr = "127.0.0.1:8080"
+	// DefaultDrainTimeout is how long live sessions may run on after
+	// SIGTERM before they are ended (Server.Drain).
+	DefaultDrainTimeout = 30 * time.Second
+)
+
 // Defaults for a client that goes silent (consent.go).
 const (
 	// DefaultDisconnectedTimeout is Config.DisconnectedTimeout's default.
@@ -134,7 +157,7 @@ func (c *Config) Validate() error {
 		c.Cluster = 1
 	}
 	if c.ListenAddr == "" {
-		c.ListenAddr = "127.0.0.1:4000"
+		c.ListenAddr = DefaultListenAddr
 	}
 	switch {
 	case c.Advertise == "" && c.Direct:
@@ -174,16 +197,16 @@ func (c *Config) Validate() error {
 	}
 	switch c.DTLSRole {
 	case "":
-		c.DTLSRole = "client"
+		c.DTLSRole = DefaultDTLSRole
 	case "client", "server":
 	default:
 		return fmt.Errorf("transceiver: dtls_role %q must be client or server", c.DTLSRole)
 	}
 	if c.SetupTimeout <= 0 {
-		c.SetupTimeout = 30 * time.Second
+		c.SetupTimeout = DefaultSetupTimeout
 	}
 	if c.MaxSessions <= 0 {
-		c.MaxSessions = 10000
+		c.MaxSessions = DefaultMaxSessions
 	}
 	switch {
 	case c.OutputBitrate == 0:

@@ -37,8 +37,8 @@ type metrics struct {
 	clientConnection *prometheus.CounterVec
 	// offersRefused counts offers refused before any work, by reason (pending.go).
 	offersRefused *prometheus.CounterVec
-	outputDropped      prometheus.Counter     // paced packets the client's track refused
-	tracksIgnored      prometheus.Counter     // client audio tracks after the first
+	outputDropped prometheus.Counter // paced packets the client's track refused
+	tracksIgnored prometheus.Counter // client audio tracks after the first
 }
 
 // Setup phases, the values of the phase label.

@@ -12,8 +12,8 @@ import (
 	"github.com/pion/webrtc/v4"
 
 	"github.com/switchboard-rtc/switchboard/internal/relay"
-	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 )
 
 // TestManyClientsFromOneAddress: fifty Pion clients on one IP address (an

@@ -7,9 +7,11 @@
 // Mode "media" (the default) runs -sessions sessions, started -ramp apart
 // and spread round-robin over -urls. Each offers one sendrecv Opus m-line
 // and an "oai-events" data channel, like callclient, streams one RTP
-// packet every 20 ms for -duration, and checks the echo: each payload
-// starts with the packet's index (8 bytes, big endian), so every echoed
-// packet names the packet it echoes. After streaming it sends a ping on
+// packet every 20 ms for -duration, and checks the echo: each payload is
+// an Opus TOC byte for one 20 ms frame (RFC 6716 §3.1; the transceiver
+// paces backend audio by the duration its TOC declares) followed by the
+// packet's index (8 bytes, big endian), so every echoed packet names the
+// packet it echoes. After streaming it sends a ping on
 // the data channel, waits for it to come back, DELETEs the session and
 // closes the peer connection. Audio is not Opus-encoded: the transceiver
 // and the echo agent pass Opus payloads through untouched, and a counter
@@ -36,6 +38,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -66,6 +69,9 @@ import (
 const (
 	frameInterval = 20 * time.Millisecond
 	payloadSize   = 60 // a typical 20 ms Opus frame at speech bitrates
+	// toc20ms is an Opus TOC byte (RFC 6716 §3.1): configuration 1 (SILK
+	// narrowband, 20 ms), mono, code 0 (one frame).
+	toc20ms       = 1 << 3
 	markWindow    = 30 * time.Second
 	preMarkWindow = 5 * time.Second
 )
@@ -343,6 +349,12 @@ func media(target string, duration time.Duration, s *Session) error {
 	})
 	dc.OnOpen(func() { openOnce.Do(func() { close(dcOpen) }) })
 	dc.OnMessage(func(m webrtc.DataChannelMessage) {
+		// Only the ping's echo is awaited; the playout events the
+		// transceiver also sends here (output_audio_buffer.*) must not
+		// crowd it out of the small buffer.
+		if !bytes.HasPrefix(m.Data, []byte(`{"type":"ping"`)) {
+			return
+		}
 		select {
 		case pong <- string(m.Data):
 		default:
@@ -359,10 +371,10 @@ func media(target string, duration time.Duration, s *Session) error {
 			if err != nil {
 				return
 			}
-			if p.Unmarshal(buf[:n]) != nil || len(p.Payload) < 8 {
+			if p.Unmarshal(buf[:n]) != nil || len(p.Payload) < 1+8 {
 				continue
 			}
-			idx := binary.BigEndian.Uint64(p.Payload)
+			idx := binary.BigEndian.Uint64(p.Payload[1:])
 			now := time.Now().UnixNano()
 			mu.Lock()
 			if seen[idx] {
@@ -409,6 +421,7 @@ func media(target string, duration time.Duration, s *Session) error {
 	for i := range payload {
 		payload[i] = byte(i * 7)
 	}
+	payload[0] = toc20ms
 	pkt := &rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: 111, SSRC: rand.Uint32()}, Payload: payload}
 	tick := time.NewTicker(frameInterval)
 	stop := time.After(duration)
@@ -422,7 +435,7 @@ stream:
 		case <-failed:
 			break stream
 		}
-		binary.BigEndian.PutUint64(payload, idx)
+		binary.BigEndian.PutUint64(payload[1:], idx)
 		pkt.SequenceNumber = uint16(idx)
 		pkt.Timestamp = uint32(idx * 960)
 		if err := track.WriteRTP(pkt); err != nil && sendErr == nil {

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"strings"
@@ -20,8 +20,8 @@ func TestKeyringMaxAge(t *testing.T) {
 		{"-1h", 0, true},
 		{"soon", 0, true},
 	} {
-		k := KeyConfig{Key: key, MaxAge: tc.in}
-		kr, err := k.keyring()
+		k := Keys{Key: key, MaxAge: tc.in}
+		kr, err := k.Keyring()
 		if tc.wantErr {
 			if err == nil || !strings.Contains(err.Error(), "-token-max-age") {
 				t.Errorf("%q: err %v, want one naming -token-max-age", tc.in, err)

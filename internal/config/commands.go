@@ -1,0 +1,236 @@
+package config
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/agent"
+	"github.com/switchboard-rtc/switchboard/internal/audio"
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/demo"
+	"github.com/switchboard-rtc/switchboard/internal/director"
+	"github.com/switchboard-rtc/switchboard/internal/membership"
+	"github.com/switchboard-rtc/switchboard/internal/playout"
+	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+)
+
+// FlagSets returns a new flag set of each server subcommand, keyed by the
+// subcommand's name, bound to a zero config: what `switchboard <name> -h`
+// lists, -config included.
+func FlagSets() map[string]*flag.FlagSet {
+	return map[string]*flag.FlagSet{
+		"demo":        new(Demo).Flags(),
+		"relay":       new(Relay).Flags(),
+		"transceiver": new(Transceiver).Flags(),
+		"agent":       new(Agent).Flags(),
+		"director":    new(Director).Flags(),
+	}
+}
+
+// newFlagSet returns an empty flag set of subcommand name that returns
+// errors (flag.ContinueOnError).
+func newFlagSet(name string) *flag.FlagSet {
+	return flag.NewFlagSet(name, flag.ContinueOnError)
+}
+
+// done adds -config with the file-only settings, and names each flag's
+// environment variable in its help.
+func done(fs *flag.FlagSet, fileOnly ...FileOnly) *flag.FlagSet {
+	AddFileFlag(fs, fileOnly...)
+	nameEnv(fs)
+	return fs
+}
+
+// Demo configures `switchboard demo`.
+type Demo struct {
+	HTTP  string `yaml:"http"`
+	Relay string `yaml:"relay"`
+	Log   Log    `yaml:",inline"`
+}
+
+// Flags returns the demo's flag set, bound to c.
+func (c *Demo) Flags() *flag.FlagSet {
+	fs := newFlagSet("demo")
+	fs.StringVar(&c.HTTP, "http", demo.DefaultHTTPAddr, "address of the web page, signaling API and /metrics")
+	fs.StringVar(&c.Relay, "relay", demo.DefaultRelayAddr, "relay public UDP address (advertised in answers)")
+	c.Log.RegisterFlags(fs, "text", "the -http address")
+	return done(fs)
+}
+
+// Membership sources a relay can fill its table from (-membership).
+const (
+	MembershipStatic     = "static"
+	MembershipKubernetes = "kubernetes"
+	MembershipRedis      = "redis"
+)
+
+// Membership selects and configures the relay's membership source.
+type Membership struct {
+	Source     string `yaml:"membership"`
+	Kubeconfig string `yaml:"kubeconfig"`
+	Namespace  string `yaml:"kube_namespace"`
+	Service    string `yaml:"kube_service"`
+	PortName   string `yaml:"kube_port"`
+	IDOffset   uint   `yaml:"kube_id_offset"`
+	Redis      string `yaml:"redis"`
+}
+
+// RegisterFlags adds -membership, -kube-* and -redis to fs, writing into m.
+func (m *Membership) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&m.Source, "membership", MembershipStatic, "membership source: static (-members), kubernetes (EndpointSlices of -kube-service) or redis (transceivers registered with -redis)")
+	fs.StringVar(&m.Kubeconfig, "kubeconfig", "", "kubeconfig file for -membership kubernetes (empty: the in-cluster service account)")
+	fs.StringVar(&m.Namespace, "kube-namespace", "", "namespace of -kube-service (empty: the pod's own namespace)")
+	fs.StringVar(&m.Service, "kube-service", "", "headless Service of the transceiver StatefulSet, for -membership kubernetes")
+	fs.StringVar(&m.PortName, "kube-port", membership.DefaultKubePortName, "name of the internal-hop UDP port in that Service")
+	fs.UintVar(&m.IDOffset, "kube-id-offset", 0, "transceiver id = pod ordinal + this offset")
+	fs.StringVar(&m.Redis, "redis", "", "Redis host:port of the membership registry, for -membership redis")
+}
+
+// Relay configures `switchboard relay`.
+type Relay struct {
+	Relay     relay.Config `yaml:",inline"`
+	FlowCache string       `yaml:"flow_cache"`
+	Members   string       `yaml:"members"`
+	Source    Membership   `yaml:",inline"`
+	Metrics   string       `yaml:"metrics"`
+	Keys      Keys         `yaml:",inline"`
+	Log       Log          `yaml:",inline"`
+}
+
+// Flags returns the relay's flag set, bound to c.
+func (c *Relay) Flags() *flag.FlagSet {
+	fs := newFlagSet("relay")
+	r := &c.Relay
+	fs.StringVar(&r.PublicAddr, "public", relay.DefaultPublicAddr, "public UDP address clients send to (the VIP:port)")
+	fs.StringVar(&r.InternalAddr, "internal", relay.DefaultInternalAddr, "UDP address of the internal hop to and from transceivers")
+	clusterVar(fs, &r.Cluster)
+	fs.IntVar(&r.Workers, "workers", 0, "public-socket read loops sharing the port with SO_REUSEPORT (0 = one per CPU)")
+	fs.DurationVar(&r.PendingTimeout, "pending-timeout", relay.DefaultPendingTimeout, "lifetime of a flow the transceiver has not answered yet")
+	fs.DurationVar(&r.IdleTimeout, "idle-timeout", relay.DefaultIdleTimeout, "idle timeout of a confirmed flow (longer than ICE consent, 30s)")
+	fs.IntVar(&r.MaxFlows, "max-flows", relay.DefaultMaxFlows, "flow table capacity; new flows beyond it are dropped and counted")
+	fs.IntVar(&r.MaxPendingPerIP, "max-pending-per-ip", relay.DefaultMaxPendingPerIP, "pending (unanswered) flows one source IP (IPv6: /64) may hold; beyond it its new flows are dropped and counted")
+	fs.IntVar(&r.NewFlowsPerIP, "new-flows-per-ip", relay.DefaultNewFlowsPerIP, "flows per second one source IP (IPv6: /64) may create beyond its burst; a client over it is delayed (given a turn up to 1 s ahead), beyond that refused, both counted")
+	fs.IntVar(&r.NewFlowBurstPerIP, "new-flow-burst-per-ip", 0, "flows one source IP (IPv6: /64) may create at once before -new-flows-per-ip paces it (0 = -new-flows-per-ip)")
+	fs.IntVar(&r.NewFlowsPerSecond, "new-flows-per-second", relay.DefaultNewFlowsPerSecond, "flows all sources together may create per second; beyond it new flows are dropped and counted")
+	fs.BoolVar(&r.Relearn, "relearn", true, "rebuild a lost flow (relay restart) from a transceiver's datagram for the client, trusting members to name only their clients")
+	fs.BoolVar(&r.Ingress, "ingress", false, "run as a Global Relay: route tokens by cluster; -members then lists cluster id=cluster relay public ip:port")
+	fs.Func("trusted-ingress", "comma-separated CIDR prefixes of Global Relays whose hop-framed datagrams the public socket accepts", func(v string) error {
+		r.TrustedIngress = strings.Split(v, ",")
+		return nil
+	})
+	fs.StringVar(&c.FlowCache, "flow-cache", "", "Redis of the cluster's flow cache, as host:port, redis://[[user]:password@]host[:port][/db], or rediss://… (TLS): confirmed flows are written there, and a client's DTLS/RTP without a flow is held while it is looked up (docs/relay.md); empty: no cache")
+	fs.StringVar(&c.Members, "members", "", "static membership: transceiver id=internal ip:port, comma separated, e.g. 1=10.0.0.5:4000,2=10.0.0.6:4000")
+	fs.StringVar(&c.Metrics, "metrics", relay.DefaultMetricsAddr, "address serving /metrics, /live and /ready (empty disables)")
+	c.Source.RegisterFlags(fs)
+	c.Keys.RegisterFlags(fs)
+	c.Log.RegisterFlags(fs, "json", "the -metrics address")
+	return done(fs,
+		FileOnly{"batch", fmt.Sprintf("datagrams per recvmmsg/sendmmsg of each read loop; 1: one per system call, 64 KiB datagrams (default %d)", relay.DefaultBatch)},
+		FileOnly{"no_thread_lock", "leave the read loops unpinned from their OS threads; for measurement only (default false)"},
+	)
+}
+
+// Transceiver configures `switchboard transceiver`. Allow and Proxy are
+// the comma-separated flag forms of Trx.AllowRelays and Trx.TrustedProxies
+// (the YAML file takes lists); the caller splits them.
+type Transceiver struct {
+	Trx   transceiver.Config `yaml:",inline"`
+	HTTP  string             `yaml:"http"`
+	Drain time.Duration      `yaml:"drain_timeout"`
+	Allow string             `yaml:"-"`
+	Proxy string             `yaml:"-"`
+	Redis string             `yaml:"redis"`
+	HopAd string             `yaml:"hop_advertise"`
+	Keys  Keys               `yaml:",inline"`
+	Log   Log                `yaml:",inline"`
+}
+
+// Flags returns the transceiver's flag set, bound to c.
+func (c *Transceiver) Flags() *flag.FlagSet {
+	fs := newFlagSet("transceiver")
+	t := &c.Trx
+	fs.Func("id", "transceiver id carried in tokens; relays map it to -listen (required, 1-4294967295)", func(s string) error {
+		var v uint32
+		if _, err := fmt.Sscan(s, &v); err != nil || v == 0 {
+			return fmt.Errorf("want a number from 1 to 4294967295")
+		}
+		t.ID = v
+		return nil
+	})
+	clusterVar(fs, &t.Cluster)
+	fs.StringVar(&t.ListenAddr, "listen", transceiver.DefaultListenAddr, "UDP address of the internal-hop socket relays send to")
+	fs.StringVar(&t.Advertise, "advertise", "", "relay public ip:port put in answers as the one candidate (required unless -direct)")
+	fs.StringVar(&c.Allow, "allow-relays", "", "comma-separated CIDR prefixes relays may send from (default: loopback and private ranges)")
+	fs.StringVar(&t.BackendURL, "backend", transceiver.DefaultBackendURL, "backend bridge WebSocket URL")
+	fs.DurationVar(&t.SetupTimeout, "setup-timeout", transceiver.DefaultSetupTimeout, "end sessions not connected this long after the offer")
+	fs.IntVar(&t.MaxSessions, "max-sessions", transceiver.DefaultMaxSessions, "concurrent session cap; offers beyond it get 503")
+	fs.DurationVar(&t.DisconnectedTimeout, "disconnected-timeout", transceiver.DefaultDisconnectedTimeout, "tell the backend a client is disconnected after it sent nothing this long")
+	fs.DurationVar(&t.ConsentTimeout, "consent-timeout", transceiver.DefaultConsentTimeout, "end a session whose client sent nothing this long (RFC 7675 consent expiry: 30s)")
+	fs.IntVar(&t.MaxPendingPerClient, "max-pending-per-client", transceiver.DefaultMaxPendingPerClient, "sessions not yet connected per client address (IPv4, IPv6 /64); offers beyond get 429")
+	fs.IntVar(&t.MaxPending, "max-pending", transceiver.DefaultMaxPending, "sessions not yet connected in total; offers beyond get 503")
+	fs.DurationVar(&t.CheckTimeout, "check-timeout", transceiver.DefaultCheckTimeout, "end a session whose client sent no authenticated connectivity check this long after the answer")
+	fs.StringVar(&c.Proxy, "trusted-proxies", "", "comma-separated CIDR prefixes of proxies (director, load balancer) whose X-Forwarded-For names the client")
+	fs.StringVar(&t.DTLSRole, "dtls-role", transceiver.DefaultDTLSRole, "DTLS role in answers to actpass offers: client (active) or server (passive, no HelloVerify)")
+	fs.StringVar(&c.HTTP, "http", transceiver.DefaultHTTPAddr, "address of the signaling API, /metrics, /live and /ready")
+	fs.DurationVar(&c.Drain, "drain-timeout", transceiver.DefaultDrainTimeout, "on SIGTERM, how long live sessions may run on before they are ended")
+	fs.BoolVar(&t.Direct, "direct", false, "clients send straight to -listen (no relay, no internal hop); -advertise defaults to -listen")
+	fs.StringVar(&c.Redis, "redis", "", "Redis host:port to register in (relays with -membership redis find this transceiver there); empty: no registration")
+	fs.IntVar(&t.OutputBitrate, "output-bitrate", audio.DefaultBitrate, "Opus bitrate (bit/s) of audio encoded from PCM backends")
+	fs.DurationVar(&t.OutputQueueMax, "output-queue-max", playout.DefaultMaxQueued, "cap on a session's queued output audio; past it backend audio is refused (error output_queue_full)")
+	fs.StringVar(&c.HopAd, "hop-advertise", "", "internal-hop ip:port registered for relays (default: -listen, which must then be a concrete IP)")
+	RegisterAuthFlags(fs, &t.Auth)
+	c.Keys.RegisterFlags(fs)
+	c.Log.RegisterFlags(fs, "json", "the -http address")
+	return done(fs,
+		FileOnly{"ingress_by_region", "region → Global Relay ip:port advertised to that region's clients (docs/director.md)"},
+	)
+}
+
+// Agent configures `switchboard agent`.
+type Agent struct {
+	Listen string `yaml:"listen"`
+	Format string `yaml:"format"`
+	Log    Log    `yaml:",inline"`
+}
+
+// Flags returns the agent's flag set, bound to c.
+func (c *Agent) Flags() *flag.FlagSet {
+	fs := newFlagSet("agent")
+	fs.StringVar(&c.Listen, "listen", agent.DefaultListenAddr, "address serving the bridge at /v1/bridge")
+	fs.StringVar(&c.Format, "format", bridge.FormatOpus, "audio format to echo in: opus/48000/2, pcm16/24000/1 or pcm16/16000/1")
+	c.Log.RegisterFlags(fs, "json", "the metrics address")
+	return done(fs)
+}
+
+// Director configures `switchboard director`.
+type Director struct {
+	Director director.Config `yaml:",inline"`
+	Listen   string          `yaml:"listen"`
+	Log      Log             `yaml:",inline"`
+}
+
+// Flags returns the director's flag set, bound to c.
+func (c *Director) Flags() *flag.FlagSet {
+	fs := newFlagSet("director")
+	fs.StringVar(&c.Listen, "listen", director.DefaultListenAddr, "address serving the signaling API (/v1/calls), /metrics, /live and /ready")
+	fs.StringVar(&c.Director.Mode, "mode", director.DefaultMode, "proxy (forward the offer) or redirect (307 to the transceiver)")
+	fs.StringVar(&c.Director.RegionHeader, "region-header", "", "request header a trusted CDN sets to the client's region (empty: ignore)")
+	fs.StringVar(&c.Director.DefaultRegion, "default-region", "", "region used when neither header nor client IP decides (required)")
+	RegisterAuthFlags(fs, &c.Director.Auth)
+	c.Log.RegisterFlags(fs, "json", "the -listen address")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: switchboard director -config director.yaml [flags]\n\n"+
+			"Routes each offer to a transceiver of the cluster serving the client's region.\n"+
+			"Regions, their prefixes and clusters come from the YAML file (keys regions,\n"+
+			"clusters, trusted_proxies; see docs/director.md).\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	return done(fs,
+		FileOnly{"regions", "region name → {cluster, prefixes}: the client IP prefixes that place a client in the region"},
+		FileOnly{"clusters", "cluster name → signaling base URLs of its transceivers, picked round-robin"},
+		FileOnly{"trusted_proxies", "CIDR prefixes of proxies whose X-Forwarded-For is believed"},
+	)
+}

@@ -1,0 +1,291 @@
+// Package config holds the settings of the server subcommands of
+// cmd/switchboard: each one's config struct, its flag set with defaults
+// taken from the component packages' Default… constants, and Parse, which
+// layers the defaults, a YAML file, SWITCHBOARD_<FLAG> environment
+// variables and the command line. Tests (deploy/) build the same flag sets
+// to check the Helm chart against them.
+package config
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/switchboard-rtc/switchboard/internal/auth"
+	"github.com/switchboard-rtc/switchboard/internal/token"
+)
+
+// FileOnly is a setting that only the YAML file sets (no flag): its key
+// and what it does, for -h.
+type FileOnly struct{ Key, Help string }
+
+// AddFileFlag adds -config, the YAML file, to fs, and has fs's usage list
+// fileOnly after the flags.
+func AddFileFlag(fs *flag.FlagSet, fileOnly ...FileOnly) {
+	fs.String("config", "", "YAML config file; environment variables and flags override it")
+	if len(fileOnly) == 0 {
+		return
+	}
+	usage := fs.Usage
+	fs.Usage = func() {
+		if usage != nil {
+			usage()
+		} else {
+			fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+			fs.PrintDefaults()
+		}
+		fmt.Fprintln(fs.Output(), "\nSettings only in the YAML file (-config):")
+		for _, y := range fileOnly {
+			fmt.Fprintf(fs.Output(), "  %s\n    \t%s\n", y.Key, y.Help)
+		}
+	}
+}
+
+// nameEnv appends to each flag's help the environment variable that sets
+// it, for -h.
+func nameEnv(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) { f.Usage += " [$" + EnvName(f.Name) + "]" })
+}
+
+// Parse fills a subcommand's config from, in rising precedence: flag
+// defaults, the YAML file named by -config, SWITCHBOARD_<FLAG> environment
+// variables (EnvName), and flags given on the command line. The file
+// itself is named like any flag: -config or SWITCHBOARD_CONFIG. dst is the
+// struct the flags of fs are bound to, whose yaml tags name the file's
+// keys; an unknown key is an error. Parse adds -config (AddFileFlag) if fs
+// lacks it.
+func Parse(fs *flag.FlagSet, args []string, dst any) error {
+	if fs.Lookup("config") == nil {
+		AddFileFlag(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q; run with -h for usage", fs.Arg(0))
+	}
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	configPath := fs.Lookup("config").Value.String()
+	if !explicit["config"] {
+		if v, ok := os.LookupEnv(EnvName("config")); ok {
+			configPath = v
+		}
+	}
+	if configPath != "" {
+		b, err := os.ReadFile(configPath)
+		if err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+		dec := yaml.NewDecoder(strings.NewReader(string(b)))
+		dec.KnownFields(true)
+		if err := dec.Decode(dst); err != nil {
+			return fmt.Errorf("config %s: %w", configPath, fileError(err, dst))
+		}
+	}
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if explicit[f.Name] || err != nil || f.Name == "config" {
+			return
+		}
+		env := EnvName(f.Name)
+		if v, ok := os.LookupEnv(env); ok {
+			if serr := fs.Set(f.Name, v); serr != nil {
+				err = fmt.Errorf("%s=%q: %w", env, v, serr)
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	// Parse again so that flags given on the command line win over the
+	// file and the environment.
+	return fs.Parse(args)
+}
+
+// unknownField is how yaml.v3 reports a key that dst has no field for.
+var unknownField = regexp.MustCompile(`^(line \d+: )field (\S+) not found in type \S+$`)
+
+// fileError rewrites yaml.v3's "field x not found in type struct {…}"
+// lines of err as unknown key "x", with a known key of dst that x is part
+// of, if there is one.
+func fileError(err error, dst any) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	known := yamlKeys(reflect.TypeOf(dst), nil)
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		sub := unknownField.FindStringSubmatch(m)
+		if sub == nil {
+			msgs[i] = m
+			continue
+		}
+		msgs[i] = fmt.Sprintf("%sunknown key %q", sub[1], sub[2])
+		for _, k := range known {
+			if strings.Contains(k, sub[2]) || strings.Contains(sub[2], k) {
+				msgs[i] += fmt.Sprintf(" (did you mean %s?)", k)
+				break
+			}
+		}
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// yamlKeys appends the top-level YAML keys of struct type t (inline
+// fields' keys included) to keys.
+func yamlKeys(t reflect.Type, keys []string) []string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return keys
+	}
+	for f := range t.Fields() {
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		switch {
+		case name == "-" || !f.IsExported():
+		case strings.Contains(opts, "inline"):
+			keys = yamlKeys(f.Type, keys)
+		case name != "":
+			keys = append(keys, name)
+		default:
+			keys = append(keys, strings.ToLower(f.Name))
+		}
+	}
+	return keys
+}
+
+// EnvName is the environment variable that sets flag name: SWITCHBOARD_
+// and the name in upper case, dashes as underscores (-token-key:
+// SWITCHBOARD_TOKEN_KEY).
+func EnvName(name string) string {
+	return "SWITCHBOARD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// Keys names the fleet token keys (package token) of relays and
+// transceivers. Secrets are base64 (standard or URL alphabet) or hex, at
+// least 16 bytes.
+type Keys struct {
+	Key           string `yaml:"token_key"`
+	KeyID         uint   `yaml:"token_key_id"`
+	PreviousKey   string `yaml:"token_previous_key"`
+	PreviousKeyID uint   `yaml:"token_previous_key_id"`
+	MaxAge        string `yaml:"token_max_age"`
+}
+
+// RegisterFlags adds the -token-* flags to fs, writing into k.
+func (k *Keys) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&k.Key, "token-key", "", "current fleet token secret (base64 or hex, >= 16 bytes); required")
+	fs.UintVar(&k.KeyID, "token-key-id", 0, "id of the current token key (0-63)")
+	fs.StringVar(&k.PreviousKey, "token-previous-key", "", "previous fleet token secret, still accepted during a rotation")
+	fs.UintVar(&k.PreviousKeyID, "token-previous-key-id", 0, "id of the previous token key (0-63)")
+	fs.StringVar(&k.MaxAge, "token-max-age", "", "relays drop tokens older than this (token_expired), e.g. 24h; keep it above the longest session; empty or 0: no bound")
+}
+
+func decodeSecret(s string) ([]byte, error) {
+	s = strings.TrimSpace(s)
+	for _, dec := range []func(string) ([]byte, error){
+		hex.DecodeString,
+		base64.StdEncoding.DecodeString,
+		base64.RawStdEncoding.DecodeString,
+		base64.URLEncoding.DecodeString,
+		base64.RawURLEncoding.DecodeString,
+	} {
+		if b, err := dec(s); err == nil {
+			return b, nil
+		}
+	}
+	return nil, errors.New("not hex or base64")
+}
+
+// Keyring builds the token keyring. Its errors say what to fix: a missing
+// key, ids beyond token.MaxKeyID, a secret that is not hex or base64 or
+// shorter than 16 bytes, a bad -token-max-age.
+func (k *Keys) Keyring() (*token.Keyring, error) {
+	if k.Key == "" {
+		return nil, errors.New("a fleet token key is required: set -token-key or SWITCHBOARD_TOKEN_KEY to 32 random bytes in base64 (e.g. `openssl rand -base64 32`), the same on every relay and transceiver")
+	}
+	if k.KeyID > token.MaxKeyID || k.PreviousKeyID > token.MaxKeyID {
+		return nil, fmt.Errorf("token key ids must be 0-%d", token.MaxKeyID)
+	}
+	cur, err := decodeSecret(k.Key)
+	if err != nil {
+		return nil, fmt.Errorf("-token-key: %w", err)
+	}
+	var prev []token.Key
+	if k.PreviousKey != "" {
+		b, err := decodeSecret(k.PreviousKey)
+		if err != nil {
+			return nil, fmt.Errorf("-token-previous-key: %w", err)
+		}
+		prev = append(prev, token.Key{ID: uint8(k.PreviousKeyID), Secret: b})
+	}
+	kr, err := token.NewKeyring(token.Key{ID: uint8(k.KeyID), Secret: cur}, prev...)
+	if err != nil || k.MaxAge == "" {
+		return kr, err
+	}
+	if kr.MaxAge, err = time.ParseDuration(k.MaxAge); err != nil || kr.MaxAge < 0 {
+		return nil, fmt.Errorf("-token-max-age %q: want a duration such as 24h, or 0 for no bound", k.MaxAge)
+	}
+	return kr, nil
+}
+
+// RegisterAuthFlags adds the signaling authentication flags (package auth)
+// to fs, writing into a. Secrets are better set through the environment
+// (SWITCHBOARD_AUTH_SIGNING_KEY, SWITCHBOARD_AUTH_API_KEYS) or the YAML
+// file's auth section than on a command line.
+func RegisterAuthFlags(fs *flag.FlagSet, a *auth.Config) {
+	fs.StringVar(&a.SigningKey, "auth-signing-key", "", "base64 HS256 key (>= 32 bytes) of client tokens, shared by every transceiver and director; empty with no -auth-api-keys: signaling is open")
+	fs.StringVar(&a.PreviousSigningKey, "auth-previous-signing-key", "", "a second HS256 key that verifies (never signs) client tokens during a signing-key rotation")
+	fs.Func("auth-api-keys", "comma-separated server-side API keys (>= 32 bytes each) that mint client tokens at POST /v1/client_tokens", func(v string) error {
+		a.APIKeys = nil
+		for k := range strings.SplitSeq(v, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				a.APIKeys = append(a.APIKeys, k)
+			}
+		}
+		return nil
+	})
+	fs.DurationVar(&a.TokenTTL, "auth-token-ttl", auth.DefaultTokenTTL, "lifetime of a client token")
+}
+
+// Log is shared by every server subcommand: logging and profiling.
+type Log struct {
+	Format string `yaml:"log_format"`
+	Level  string `yaml:"log_level"`
+	Pprof  bool   `yaml:"pprof"`
+}
+
+// RegisterFlags adds -log-format (default defFormat), -log-level and
+// -pprof to fs, writing into l. pprofWhere names the address that serves
+// the profiles, for -h.
+func (l *Log) RegisterFlags(fs *flag.FlagSet, defFormat, pprofWhere string) {
+	fs.StringVar(&l.Format, "log-format", defFormat, "log format: json or text")
+	fs.StringVar(&l.Level, "log-level", "info", "log level: debug, info, warn or error")
+	fs.BoolVar(&l.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on "+pprofWhere+" (keep it off public networks)")
+}
+
+// clusterVar adds -cluster, a cluster id of 1-65535 (default 1), writing
+// into dst.
+func clusterVar(fs *flag.FlagSet, dst *uint16) {
+	*dst = 1
+	fs.Func("cluster", "cluster id carried in tokens (1-65535, default 1)", func(s string) error {
+		var v uint
+		if _, err := fmt.Sscan(s, &v); err != nil || v == 0 || v > 65535 {
+			return fmt.Errorf("want a number from 1 to 65535")
+		}
+		*dst = uint16(v)
+		return nil
+	})
+}

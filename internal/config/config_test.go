@@ -1,0 +1,200 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/switchboard-rtc/switchboard/internal/relay"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestParseConfigPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(file, []byte("a: from-file\nb: from-file\nc: from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		A string `yaml:"a"`
+		B string `yaml:"b"`
+		C string `yaml:"c"`
+		D string `yaml:"d"`
+	}
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.StringVar(&cfg.A, "a", "default", "")
+	fs.StringVar(&cfg.B, "b", "default", "")
+	fs.StringVar(&cfg.C, "c", "default", "")
+	fs.StringVar(&cfg.D, "d", "default", "")
+	t.Setenv("SWITCHBOARD_A", "from-env")
+	t.Setenv("SWITCHBOARD_B", "from-env")
+	if err := Parse(fs, []string{"-config", file, "-a", "from-flag"}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	want := [4]string{"from-flag", "from-env", "from-file", "default"}
+	if got := [4]string{cfg.A, cfg.B, cfg.C, cfg.D}; got != want {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+// TestConfigFromEnvironment: SWITCHBOARD_CONFIG names the file as -config
+// does, and -config on the command line wins over it.
+func TestConfigFromEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	envFile, flagFile := filepath.Join(dir, "env.yaml"), filepath.Join(dir, "flag.yaml")
+	if err := os.WriteFile(envFile, []byte("a: from-env-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(flagFile, []byte("a: from-flag-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SWITCHBOARD_CONFIG", envFile)
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"environment", nil, "from-env-file"},
+		{"flag wins", []string{"-config", flagFile}, "from-flag-file"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var cfg struct {
+				A string `yaml:"a"`
+			}
+			fs := flag.NewFlagSet("x", flag.ContinueOnError)
+			fs.StringVar(&cfg.A, "a", "default", "")
+			if err := Parse(fs, tt.args, &cfg); err != nil {
+				t.Fatal(err)
+			}
+			if cfg.A != tt.want {
+				t.Fatalf("a = %q, want %q", cfg.A, tt.want)
+			}
+		})
+	}
+}
+
+// TestUsageListsFileOnlySettings: -h shows the settings only the YAML file
+// sets, after the flags.
+func TestUsageListsFileOnlySettings(t *testing.T) {
+	var out strings.Builder
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.SetOutput(&out)
+	fs.String("a", "", "flag a")
+	AddFileFlag(fs, FileOnly{"regions", "region name → cluster"})
+	err := Parse(fs, []string{"-h"}, &struct{}{})
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	if u := out.String(); !strings.Contains(u, "-a") || !strings.Contains(u, "only in the YAML file") || !strings.Contains(u, "regions") || strings.Index(u, "regions") < strings.Index(u, "-a") {
+		t.Fatalf("usage:\n%s", u)
+	}
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	_ = os.WriteFile(bad, []byte("nosuchkey: 1\n"), 0o600)
+	tests := []struct {
+		name    string
+		args    []string
+		mention string
+	}{
+		{"unknown yaml key", []string{"-config", bad}, "nosuchkey"},
+		{"missing file", []string{"-config", filepath.Join(dir, "none.yaml")}, "none.yaml"},
+		{"stray argument", []string{"extra"}, "extra"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var cfg struct {
+				A string `yaml:"a"`
+			}
+			fs := flag.NewFlagSet("x", flag.ContinueOnError)
+			fs.StringVar(&cfg.A, "a", "", "")
+			err := Parse(fs, tt.args, &cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.mention) {
+				t.Fatalf("error %v does not mention %q", err, tt.mention)
+			}
+		})
+	}
+}
+
+func TestKeysErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		k       Keys
+		mention string
+	}{
+		{"missing", Keys{}, "SWITCHBOARD_TOKEN_KEY"},
+		{"not base64", Keys{Key: "!!!"}, "hex or base64"},
+		{"short", Keys{Key: "AAAA"}, "at least 16"},
+		{"id too large", Keys{Key: strings.Repeat("ab", 32), KeyID: 99}, "0-63"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tt.k.Keyring()
+			if err == nil || !strings.Contains(err.Error(), tt.mention) {
+				t.Fatalf("error %v does not mention %q", err, tt.mention)
+			}
+		})
+	}
+}
+
+// TestFlagSetsNameTheirEnvironment: every server subcommand has -config,
+// and each flag's help names the variable that sets it, as Parse reads it.
+func TestFlagSetsNameTheirEnvironment(t *testing.T) {
+	for name, fs := range FlagSets() {
+		if fs.Name() != name {
+			t.Errorf("flag set %q is named %q", name, fs.Name())
+		}
+		if fs.Lookup("config") == nil {
+			t.Errorf("%s: no -config", name)
+		}
+		fs.VisitAll(func(f *flag.Flag) {
+			if want := "[$" + EnvName(f.Name) + "]"; !strings.HasSuffix(f.Usage, want) {
+				t.Errorf("%s -%s: help %q does not end in %s", name, f.Name, f.Usage, want)
+			}
+		})
+	}
+}
+
+// TestRelayDefaults: a relay given nothing runs on the relay package's
+// defaults, and SWITCHBOARD_PUBLIC moves its public socket.
+func TestRelayDefaults(t *testing.T) {
+	var cfg Relay
+	if err := Parse(cfg.Flags(), nil, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Relay
+	if r.PublicAddr != relay.DefaultPublicAddr || r.InternalAddr != relay.DefaultInternalAddr || cfg.Metrics != relay.DefaultMetricsAddr ||
+		r.PendingTimeout != relay.DefaultPendingTimeout || r.Cluster != 1 || !r.Relearn || cfg.Source.Source != MembershipStatic {
+		t.Errorf("defaults: %+v", cfg)
+	}
+	t.Setenv("SWITCHBOARD_PUBLIC", "127.0.0.1:3480")
+	cfg = Relay{}
+	if err := Parse(cfg.Flags(), nil, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Relay.PublicAddr != "127.0.0.1:3480" {
+		t.Errorf("SWITCHBOARD_PUBLIC: public %q", cfg.Relay.PublicAddr)
+	}
+}
+
+// TestUnknownKeyNamesIt: a key the file should not have is named as a key
+// (not as a Go struct field), with the key it most likely meant.
+func TestUnknownKeyNamesIt(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(file, []byte("members: 1=127.0.0.1:4000\npublic: 127.0.0.1:3478\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg Relay
+	err := Parse(cfg.Flags(), []string{"-config", file}, &cfg)
+	if err == nil || !strings.Contains(err.Error(), `line 2: unknown key "public" (did you mean public_addr?)`) || strings.Contains(err.Error(), "struct") {
+		t.Fatalf("error %v", err)
+	}
+}
