@@ -26,4 +26,14 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 command -v go >/dev/null || export PATH=$PATH:/usr/local/go/bin
-command -v go >/dev/null || { echo "Go 1.26 is required (https://go.dev/doc/install)" >&2; exit 1; }
+# The Go version go.mod asks for is the minimum; `go env` in the module may
+# switch to that toolchain itself (GOTOOLCHAIN=auto) when it can download it.
+deps_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+go_need=$(awk '$1 == "go" { print $2; exit }' "$deps_root/go.mod")
+command -v go >/dev/null || { echo "Go >= $go_need is required (https://go.dev/doc/install)" >&2; exit 1; }
+go_have=$(cd "$deps_root" && go env GOVERSION 2>/dev/null) || go_have=""
+go_have=${go_have#go}
+if [[ -z "$go_have" ]] || ! printf '%s\n%s\n' "$go_need" "$go_have" | sort -V -C; then
+  echo "Go >= $go_need is required, found ${go_have:-an unusable go ($(command -v go))} (https://go.dev/doc/install)" >&2
+  exit 1
+fi

@@ -48,6 +48,9 @@ func runBenchVoice(ctx context.Context, args []string, stdout io.Writer) error {
 // `switchboard-bench setup`, `switchboard-bench transceiver` and
 // `switchboard-bench serve` (one system under
 // test, started by the relay benchmark as a pinned child process).
+// errUnknownBench is runBench's error for a benchmark name it lacks.
+var errUnknownBench = errors.New("unknown benchmark")
+
 func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	switch args[0] {
 	case "relay", "serve":
@@ -58,8 +61,7 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 	case "voice":
 		return runBenchVoice(ctx, args[1:], stdout)
 	default:
-		usage()
-		return fmt.Errorf("unknown benchmark %q", args[0])
+		return fmt.Errorf("%w %q", errUnknownBench, args[0])
 	}
 	if args[0] == "serve" {
 		return relaybench.Serve(ctx, args[1:], stdout)

@@ -17,13 +17,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
 )
 
-func usage() {
-	fmt.Fprintln(os.Stderr, `Usage: switchboard-bench <benchmark> [flags]
+func usage(w io.Writer) {
+	fmt.Fprintln(w, `Usage: switchboard-bench <benchmark> [flags]
 
 Benchmarks:
   relay   the relay against a raw UDP loop, a naive Go proxy and coturn (-quick: about a minute)
@@ -35,18 +36,36 @@ Run 'switchboard-bench <benchmark> -h' for its flags; docs/benchmarks.md has the
 }
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		usage()
-		os.Exit(2)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := runBench(ctx, os.Args[1:], os.Stdout)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs the benchmark args name and returns the exit code: 0 for help
+// (usage on stdout), 2 for no or an unknown benchmark, 1 when it fails.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(stdout)
+		return 0
+	}
+	err := runBench(ctx, args, stdout)
 	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
+		return 0
+	}
+	if errors.Is(err, errUnknownBench) {
+		fmt.Fprintf(stderr, "switchboard-bench: %v\n\n", err)
+		usage(stderr)
+		return 2
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "switchboard-bench %s: %v\n", os.Args[1], err)
-		os.Exit(1)
+		fmt.Fprintf(stderr, "switchboard-bench %s: %v\n", args[0], err)
+		return 1
 	}
+	return 0
 }

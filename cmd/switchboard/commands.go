@@ -77,6 +77,13 @@ func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logge
 	if err != nil {
 		return err
 	}
+	return serveListener(ctx, ln, h, log)
+}
+
+// serveListener is serveHTTP on a listener the caller bound already (so
+// that a busy port fails the command before it logs that it runs). It
+// closes ln.
+func serveListener(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -122,15 +129,21 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 		return err
 	}
 	defer r.Close()
+	var ops net.Listener
+	if cfg.Metrics != "" {
+		if ops, err = net.Listen("tcp", cfg.Metrics); err != nil {
+			return err
+		}
+	}
 	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "members", members.Len())
-	return serveOps(ctx, cfg.Metrics, reg, cfg.Log.Pprof, r.Ready, log)
+	return serveOps(ctx, ops, reg, cfg.Log.Pprof, r.Ready, log)
 }
 
-// serveOps serves /metrics, /live and /ready on addr until ctx ends, or
-// just waits if addr is empty. /ready answers 503 with ready's error while
+// serveOps serves /metrics, /live and /ready on ln until ctx ends, or
+// just waits if ln is nil. /ready answers 503 with ready's error while
 // it returns one.
-func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofOn bool, ready func() error, log *slog.Logger) error {
-	if addr == "" {
+func serveOps(ctx context.Context, ln net.Listener, reg *prometheus.Registry, pprofOn bool, ready func() error, log *slog.Logger) error {
+	if ln == nil {
 		<-ctx.Done()
 		return nil
 	}
@@ -144,7 +157,7 @@ func serveOps(ctx context.Context, addr string, reg *prometheus.Registry, pprofO
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
-	return serveHTTP(ctx, addr, mux, log)
+	return serveListener(ctx, ln, mux, log)
 }
 
 func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
@@ -167,7 +180,12 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 		return err
 	}
 	defer t.Close()
-	log.Info("transceiver running", "id", cfg.Trx.ID, "hop", t.HopAddr().String(), "advertise", cfg.Trx.Advertise,
+	ln, err := net.Listen("tcp", cfg.HTTP)
+	if err != nil {
+		return err
+	}
+	defer ln.Close() // serveListener closes it too; this covers the returns before it runs
+	log.Info("transceiver running", "id", cfg.Trx.ID, "hop", t.HopAddr().String(), "http", ln.Addr().String(), "advertise", cfg.Trx.Advertise,
 		"auth", cfg.Trx.Auth.Enabled())
 	if cfg.Redis != "" {
 		hopAddr := t.HopAddr().(*net.UDPAddr).AddrPort()
@@ -195,7 +213,7 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	httpCtx, stopHTTP := context.WithCancel(context.Background())
 	defer stopHTTP()
 	httpErr := make(chan error, 1)
-	go func() { httpErr <- serveHTTP(httpCtx, cfg.HTTP, mux, log) }()
+	go func() { httpErr <- serveListener(httpCtx, ln, mux, log) }()
 	select {
 	case err := <-httpErr:
 		return err
@@ -233,7 +251,7 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	var opts callclient.Options
 	fs := flag.NewFlagSet("call", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: switchboard call URL --audio FILE.wav [flags]\n\nRuns one session against the signaling URL (e.g. http://127.0.0.1:8080/v1/calls),\nsends the file as Opus, and prints a JSON report.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: switchboard call URL -audio FILE.wav [flags]\n\nRuns one session against the signaling URL (e.g. http://127.0.0.1:8080/v1/calls),\nsends the file as Opus, and prints a JSON report.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&opts.AudioPath, "audio", "", "16-bit PCM WAV file to send (required)")
@@ -275,9 +293,12 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if opts.URL == "" || opts.AudioPath == "" {
 		fs.Usage()
-		return errors.New("need a signaling URL and --audio FILE.wav")
+		return errors.New("need a signaling URL and -audio FILE.wav")
 	}
 	report, err := callclient.Run(ctx, opts)
+	if errors.Is(err, callclient.ErrOptions) {
+		return err // a usage error (say, no such WAV file): no call, no report
+	}
 	fmt.Fprintln(stdout, report.String())
 	return err
 }

@@ -54,17 +54,26 @@ func usage(w io.Writer) {
 }
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+	args := os.Args[1:]
+	if len(args) == 0 {
 		usage(os.Stderr)
 		os.Exit(2)
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		if len(args) == 1 || args[0] != "help" {
+			usage(os.Stdout)
+			os.Exit(0)
+		}
+		args = []string{args[1], "-h"} // switchboard help relay = switchboard relay -h
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	for _, c := range commands {
-		if c.name != os.Args[1] {
+		if c.name != args[0] {
 			continue
 		}
-		err := c.run(ctx, os.Args[2:], os.Stdout)
+		err := c.run(ctx, args[1:], os.Stdout)
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
 		}
@@ -74,25 +83,40 @@ func main() {
 		}
 		return
 	}
-	fmt.Fprintf(os.Stderr, "switchboard: unknown command %q\n\n", os.Args[1])
+	fmt.Fprintf(os.Stderr, "switchboard: unknown command %q\n\n", args[0])
 	usage(os.Stderr)
 	os.Exit(2)
 }
 
-// newLogger returns a JSON or text slog logger at the given level.
+// newLogger returns a JSON or text slog logger at the given level that
+// writes to stderr.
 func newLogger(format, level string) (*slog.Logger, error) {
+	return newLoggerTo(os.Stderr, format, level)
+}
+
+// newLoggerTo is newLogger writing to w.
+func newLoggerTo(w io.Writer, format, level string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: durationString}
 	switch format {
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("-log-format %q: want json or text", format)
+}
+
+// durationString logs a time.Duration as its String form ("30s", "1.5ms"),
+// which the JSON handler would otherwise write as integer nanoseconds.
+func durationString(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // handleOps mounts /metrics, and /debug/pprof/ when pprof is set, on mux.

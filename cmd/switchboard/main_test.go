@@ -122,8 +122,8 @@ func separateProcesses(t *testing.T, bin, redisAddr string) {
 	waitHTTP(t, "http://"+trxHTTP+"/live")
 	waitHTTP(t, "http://"+relayOps+"/live")
 
-	out, err := exec.Command(bin, "call", "http://"+trxHTTP+"/v1/calls", "--audio", "../../testdata/speech.wav",
-		"--duration", "1s", "--ipv4").Output()
+	out, err := exec.Command(bin, "call", "http://"+trxHTTP+"/v1/calls", "-audio", "../../testdata/speech.wav",
+		"-duration", "1s", "-ipv4").Output()
 	if err != nil {
 		t.Fatalf("call: %v\n%s", err, out)
 	}
@@ -159,10 +159,15 @@ func TestCallArgs(t *testing.T) {
 		{"-audio", missing, "http://127.0.0.1:1/v1/calls"},
 		{"-ice-restart-after", "2s", "http://127.0.0.1:1/v1/calls", "-audio", missing},
 	} {
-		err := runCall(context.Background(), args, io.Discard)
+		var stdout strings.Builder
+		err := runCall(context.Background(), args, &stdout)
 		// Parsing succeeded when the call gets as far as reading the WAV.
 		if err == nil || !strings.Contains(err.Error(), "none.wav") {
 			t.Errorf("call %q: %v, want the missing WAV reported (flags and URL parsed)", args, err)
+		}
+		// A usage error prints no report: there was no call.
+		if stdout.Len() > 0 {
+			t.Errorf("call %q printed a report for a usage error:\n%s", args, stdout.String())
 		}
 	}
 	err := runCall(context.Background(), []string{"http://a/v1/calls", "http://b/v1/calls", "-audio", missing}, io.Discard)

@@ -391,7 +391,7 @@ func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometh
 		go r.fc.writeLoop(ctx)
 	}
 	r.log.Info("relay: listening", "public", r.publicAddr, "internal", r.intAddr,
-		"cluster", cfg.Cluster, "workers", cfg.Workers, "batch", cfg.Batch, "members", members.Len(),
+		"cluster", cfg.Cluster, "workers", cfg.Workers, "batch", cfg.Batch,
 		"flow_cache", r.fc != nil)
 	return r, nil
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -352,6 +353,21 @@ func TestRelayNewAndClose(t *testing.T) {
 	// The metrics are registered once: a second relay on the same registry fails cleanly.
 	if _, err := New(cfg, keys, members, reg, nil); err == nil {
 		t.Fatal("second registration succeeded")
+	}
+	// A second relay on the first one's addresses (both groups would set
+	// SO_REUSEPORT) fails and names the address instead of splitting its
+	// traffic with the first.
+	for _, second := range []Config{
+		{PublicAddr: r.PublicAddr().String(), InternalAddr: "127.0.0.1:0", Workers: 3},
+		{PublicAddr: "127.0.0.1:0", InternalAddr: r.InternalAddr().String(), Workers: 3},
+	} {
+		_, err := New(second, keys, members, nil, nil)
+		if err == nil {
+			t.Fatalf("second relay on %+v started", second)
+		}
+		if want := "is in use by another process"; !strings.Contains(err.Error(), want) || !errors.Is(err, syscall.EADDRINUSE) {
+			t.Errorf("second relay: error %q, want EADDRINUSE and %q", err, want)
+		}
 	}
 	// Port taken without SO_REUSEPORT on our side.
 	busy := udp(t)

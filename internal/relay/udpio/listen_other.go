@@ -13,14 +13,16 @@ import (
 // sockets.
 const MaxGroup = 1
 
-// ListenGroup binds one UDP socket on addr (n must be 1 on this OS).
+// ListenGroup binds one UDP socket on addr (n must be 1 on this OS). If
+// another socket holds addr the error names addr and wraps
+// syscall.EADDRINUSE.
 func ListenGroup(addr string, n int) ([]*net.UDPConn, error) {
 	if n != 1 {
 		return nil, fmt.Errorf("udpio: %d sockets on one port need Linux SO_REUSEPORT; use 1", n)
 	}
 	pc, err := (&net.ListenConfig{}).ListenPacket(context.Background(), "udp", addr)
 	if err != nil {
-		return nil, err
+		return nil, bindError(addr, err)
 	}
 	c := pc.(*net.UDPConn)
 	_ = c.SetReadBuffer(4 << 20)

@@ -13,10 +13,20 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"syscall"
 )
 
 // IsClosed reports whether err means the socket was closed (net.ErrClosed).
 func IsClosed(err error) bool { return errors.Is(err, net.ErrClosed) }
+
+// bindError names addr when err says another socket holds it
+// (EADDRINUSE), and returns err unchanged otherwise.
+func bindError(addr string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("udpio: %s is in use by another process: %w", addr, syscall.EADDRINUSE)
+	}
+	return err
+}
 
 // checkSize validates NewBatch's size and buffers.
 func checkSize(size int, bufs [][]byte) error {

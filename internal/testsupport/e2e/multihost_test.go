@@ -590,7 +590,7 @@ func (m *multiHost) call(t *testing.T, client, region string) mhReport {
 	ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", m.ns+client, m.bin, "call",
-		"http://"+mhIP("sig")+":8443/v1/calls", "--audio", audio, "--duration", "2s", "--ipv4",
+		"http://"+mhIP("sig")+":8443/v1/calls", "-audio", audio, "-duration", "2s", "-ipv4",
 		"-header", "X-Region: "+region)
 	cmd.Env = m.env
 	var stderr strings.Builder

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// cliResult is one run of the built binary.
+type cliResult struct {
+	code           int
+	stdout, stderr string
+}
+
+// runBinary runs bin with args and the fleet key in the environment, and
+// returns its exit code and output.
+func runBinary(t *testing.T, bin string, args ...string) cliResult {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "SWITCHBOARD_TOKEN_KEY=c3dpdGNoYm9hcmQtdGVzdC1mbGVldC1rZXktMzItYnl0ZXM=")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("%q: %v", args, err)
+	}
+	return cliResult{cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()}
+}
+
+// TestCommandLine runs the real binary the way a user does: asking for
+// help succeeds, and servers whose ports are taken fail before they log
+// that they run.
+func TestCommandLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "switchboard")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+
+	t.Run("help", func(t *testing.T) {
+		for _, tt := range []struct {
+			args   []string
+			code   int
+			stdout string // "" means nothing on stdout
+			stderr string // "" means nothing on stderr
+		}{
+			{[]string{"-h"}, 0, "Usage: switchboard <command>", ""},
+			{[]string{"--help"}, 0, "Usage: switchboard <command>", ""},
+			{[]string{"help"}, 0, "Usage: switchboard <command>", ""},
+			{[]string{"help", "relay"}, 0, "", "-public"},
+			{[]string{"relay", "-h"}, 0, "", "-public"},
+			{nil, 2, "", "Usage: switchboard <command>"},
+			{[]string{"nosuch"}, 2, "", `unknown command "nosuch"`},
+		} {
+			r := runBinary(t, bin, tt.args...)
+			if r.code != tt.code ||
+				!strings.Contains(r.stdout, tt.stdout) || (tt.stdout == "") != (r.stdout == "") ||
+				!strings.Contains(r.stderr, tt.stderr) || (tt.stderr == "") != (r.stderr == "") {
+				t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q",
+					tt.args, r.code, r.stdout, r.stderr, tt.code, tt.stdout, tt.stderr)
+			}
+		}
+	})
+
+	t.Run("busy ports", func(t *testing.T) {
+		tcp, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tcp.Close()
+		udp, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer udp.Close()
+		busyTCP, busyUDP := tcp.Addr().String(), udp.LocalAddr().String()
+		for _, tt := range []struct {
+			args          []string
+			want, running string
+		}{
+			{[]string{"transceiver", "-id", "1", "-listen", "127.0.0.1:0", "-advertise", "127.0.0.1:3478", "-http", busyTCP},
+				busyTCP, "transceiver running"},
+			{[]string{"relay", "-public", "127.0.0.1:0", "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-metrics", busyTCP},
+				busyTCP, "relay running"},
+			{[]string{"relay", "-public", busyUDP, "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-workers", "2", "-metrics", ""},
+				busyUDP + " is in use by another process", "relay running"},
+		} {
+			r := runBinary(t, bin, tt.args...)
+			if r.code != 1 || !strings.Contains(r.stderr, tt.want) {
+				t.Errorf("%q: exit %d, stderr:\n%s\nwant exit 1 and %q", tt.args, r.code, r.stderr, tt.want)
+			}
+			if strings.Contains(r.stderr, tt.running) {
+				t.Errorf("%q logged %q before failing:\n%s", tt.args, tt.running, r.stderr)
+			}
+		}
+	})
+}
