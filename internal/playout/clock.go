@@ -20,6 +20,7 @@ type Clock struct {
 	next      atomic.Uint32 // round-robin worker assignment
 	tick      atomic.Int64  // latest tick number
 	late      atomic.Uint64 // ticks a worker missed because it was still busy
+	caughtUp  atomic.Uint64 // audio played ahead of the timeline to shed backlog, 48 kHz samples
 	closeOnce sync.Once
 }
 
@@ -28,6 +29,10 @@ type ClockStats struct {
 	// LateTicks counts ticks a worker played late, together with a later
 	// one, because it was busy or not scheduled in time.
 	LateTicks uint64
+	// CaughtUp is the audio, in 48 kHz samples, that queues played in a
+	// tick beyond its own to shed the backlog of a backend streaming at
+	// about real time (docs/bridge.md §6.1).
+	CaughtUp uint64
 }
 
 // NewClock starts a clock with the given number of workers (0: one per
@@ -55,7 +60,9 @@ func newClock(workers int) *Clock {
 }
 
 // Stats returns the clock's counters.
-func (c *Clock) Stats() ClockStats { return ClockStats{LateTicks: c.late.Load()} }
+func (c *Clock) Stats() ClockStats {
+	return ClockStats{LateTicks: c.late.Load(), CaughtUp: c.caughtUp.Load()}
+}
 
 // Close stops the clock and waits for its goroutines. Queues stop playing;
 // their methods keep working. Idempotent.

@@ -26,6 +26,19 @@
 // §5.1), and the first packet of each run has the marker bit set (RFC 3551
 // §4.1: the first packet of a talkspurt).
 //
+// # Catch-up
+//
+// A backend that streams in real time and stalls sends what it owed in a
+// bunch when it resumes; played at one packet per tick, the bunch would
+// stay as added delay for the rest of the stream. So while a run is
+// playing, its queue holds more than CatchUpTarget plus one tick, and the
+// backend pushed about real time over the last PaceWindow (at least half
+// of it, at most all of it plus CatchUpTarget), each tick plays one more
+// tick's worth than is due, without advancing the timeline: the backlog
+// drains at twice real time down to the target. Sequence numbers and
+// timestamps stay continuous and the caught-up packets count as played. A
+// backend ahead of real time (a burst) or quiet is never caught up.
+//
 // # Runs, clear, marks
 //
 // A run starts when the first packet is sent from idle (EventStarted) and

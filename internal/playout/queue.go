@@ -94,6 +94,8 @@ type Queue struct {
 	tail      []byte
 	tailTicks int
 	tailLeft  int
+	inflow    int64      // audio pushed since the worker last looked, 48 kHz samples
+	pace      paceWindow // the backend's pushes over the last PaceWindow
 }
 
 // NewQueue returns an empty queue drained by c that sends to sink.
@@ -132,6 +134,7 @@ func (q *Queue) PushAudio(payload []byte, dur int) error {
 	q.items = append(q.items, item{kind: itemAudio, off: len(q.arena), n: len(payload), dur: dur})
 	q.arena = append(q.arena, payload...)
 	q.queued += int64(dur)
+	q.inflow += int64(dur)
 	q.schedule()
 	return nil
 }
@@ -383,9 +386,19 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	nev := len(q.events)
+	q.pace.add(now/TickSamples, q.inflow)
+	q.inflow = 0
 	if q.paused {
 		return false
 	}
+	// Catch-up (docs/bridge.md §6.1): a run whose backlog is over the
+	// target while the backend streams at about real time plays one more
+	// tick's worth now; those packets do not advance the timeline.
+	due := now + TickSamples
+	if q.running && q.tl >= first && q.queued > CatchUpTarget+TickSamples && q.pace.realTime() {
+		due += TickSamples
+	}
+	var extra int64
 	for q.head < len(q.items) && !q.closed {
 		it := &q.items[q.head]
 		if it.kind != itemAudio {
@@ -401,8 +414,11 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 			q.head++
 			continue
 		}
-		if q.tl >= now+TickSamples {
+		if q.tl >= due {
 			break // not due in this tick
+		}
+		if q.tl >= now+TickSamples {
+			extra += int64(it.dur) // due only for the catch-up
 		}
 		if q.tl < first { // nothing was due for a while: follow real time
 			q.ts += uint32(now - q.tl)
@@ -426,6 +442,10 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 		q.underrun = false
 		q.head++
 	}
+	if extra > 0 {
+		q.tl -= extra
+		w.c.caughtUp.Add(uint64(extra))
+	}
 	if q.tailLeft > 0 && q.head == len(q.items) && !q.running && q.tl < now+TickSamples && !q.closed {
 		// The clear tail: silence where the cut reply was, on its timeline.
 		if q.tl < first {
@@ -447,4 +467,52 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 		q.compact()
 	}
 	return len(q.events) > nev
+}
+
+// CatchUpTarget is the backlog (48 kHz samples, 60 ms) a queue keeps
+// while its backend streams at about real time: above it, playout catches
+// up (docs/bridge.md §6.1).
+const CatchUpTarget = 3 * TickSamples
+
+// PaceWindow is how far back a queue looks to tell whether its backend
+// streams at about real time: it pushed between half of PaceWindow and
+// PaceWindow plus CatchUpTarget of audio in the last PaceWindow. Twice the
+// longest stall whose backlog is caught up without a pause.
+const PaceWindow = 2 * time.Second
+
+const paceTicks = int64(PaceWindow / Tick)
+
+// paceWindow is the audio pushed in each of the last paceTicks ticks (a
+// ring indexed by tick number) and their sum, in 48 kHz samples.
+type paceWindow struct {
+	slots [paceTicks]int64
+	last  int64 // the latest tick recorded
+	sum   int64
+}
+
+// add records samples pushed by tick n (n never decreases).
+func (p *paceWindow) add(n, samples int64) {
+	if n > p.last {
+		if n-p.last >= paceTicks {
+			clear(p.slots[:])
+			p.sum = 0
+		} else {
+			for t := p.last + 1; t <= n; t++ {
+				i := t % paceTicks
+				p.sum -= p.slots[i]
+				p.slots[i] = 0
+			}
+		}
+		p.last = n
+	}
+	p.slots[p.last%paceTicks] += samples
+	p.sum += samples
+}
+
+// realTime reports whether the pushes of the window were about real time:
+// neither a backend that is silent or stalled (less than half of it) nor
+// one sending ahead (a burst, a faster-than-real-time TTS).
+func (p *paceWindow) realTime() bool {
+	const window = paceTicks * TickSamples
+	return p.sum >= window/2 && p.sum <= window+CatchUpTarget
 }

@@ -470,3 +470,96 @@ func TestClockRuns(t *testing.T) {
 type sinkFunc func(*Packet)
 
 func (f sinkFunc) SendPacket(p *Packet) { f(p) }
+
+// TestCatchUpAfterStall: a backend streaming in real time (one 20 ms
+// packet per tick, an echo) stalls for half a second, then sends what it
+// owed at once and goes on in real time. Playout sheds that backlog, two
+// packets a tick, down to CatchUpTarget, instead of keeping the stall as
+// added latency for the rest of the stream; nothing is dropped, the
+// sequence and timestamps stay continuous, played_ms stays exact.
+func TestCatchUpAfterStall(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	i := 0
+	push := func() { h.push(fmt.Sprint(i), 960); i++ }
+	stream := func(ticks int) {
+		for range ticks {
+			push()
+			h.run(1)
+		}
+	}
+	stream(150) // 3 s: the pace window sees real time
+	if q := h.q.Queued(); q != 0 {
+		t.Fatalf("%v queued while streaming in real time", q)
+	}
+	h.run(25) // the stall: the run stops
+	for range 25 {
+		push() // what the backend owed, at once
+	}
+	stream(20)
+	if q := h.q.Queued(); q < 100*time.Millisecond {
+		t.Fatalf("%v queued 20 ticks after the stall: caught up faster than one extra packet a tick", q)
+	}
+	stream(80)
+	if q, limit := h.q.Queued(), time.Duration(CatchUpTarget+TickSamples)*time.Second/48000; q > limit {
+		t.Fatalf("%v still queued 100 ticks after the stall, want at most %v: the stall stayed as latency", q, limit)
+	}
+	h.run(10)
+	if len(h.rec.pkts) != i {
+		t.Fatalf("%d packets sent of %d", len(h.rec.pkts), i)
+	}
+	for k, p := range h.rec.pkts {
+		if p.data != fmt.Sprint(k) || p.seq != h.rec.pkts[0].seq+uint16(k) {
+			t.Fatalf("packet %d: %+v", k, p)
+		}
+	}
+	// The run after the stall: timestamps +960 a packet, whatever the
+	// ticks they left in.
+	restart := slices.IndexFunc(h.rec.pkts[1:], func(p sent) bool { return p.marker }) + 1
+	after := h.rec.pkts[restart:]
+	for k, p := range after {
+		if p.ts != after[0].ts+uint32(960*k) {
+			t.Fatalf("packet %d after the stall: timestamp %d, want %d", k, p.ts, after[0].ts+uint32(960*k))
+		}
+	}
+	caught := int(h.c.Stats().CaughtUp / 960)
+	if caught < 20 || caught > 25 {
+		t.Fatalf("caught up %d packets, want the stall's 25 less the target", caught)
+	}
+	var played []int64
+	for _, e := range h.events() {
+		if e.Type == EventStopped {
+			played = append(played, e.PlayedMs)
+		}
+	}
+	if want := []int64{int64(20 * restart), int64(20 * len(after))}; !slices.Equal(played, want) {
+		t.Fatalf("runs played %v ms, want %v", played, want)
+	}
+}
+
+// TestNoCatchUpForBurst: a backend that streamed in real time and then
+// sends a 10 s reply in one go (ahead of real time) has it paced at one
+// packet per tick: catch-up is for a backend that fell behind, never for
+// one that is ahead.
+func TestNoCatchUpForBurst(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	for k := range 150 {
+		h.push(fmt.Sprint(k), 960)
+		h.run(1)
+	}
+	for k := range 500 {
+		h.push(fmt.Sprint(150+k), 960)
+	}
+	h.run(500)
+	burst := h.rec.pkts[150:]
+	if len(burst) != 500 {
+		t.Fatalf("%d packets of the burst in 500 ticks", len(burst))
+	}
+	for k, p := range burst {
+		if p.tick != burst[0].tick+int64(k) {
+			t.Fatalf("burst packet %d sent at tick %d, want %d: one per tick", k, p.tick, burst[0].tick+int64(k))
+		}
+	}
+	if c := h.c.Stats().CaughtUp; c != 0 {
+		t.Fatalf("caught up %d samples of a burst", c)
+	}
+}

@@ -179,11 +179,14 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	lateTicks := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_playout_late_ticks_total", Help: "Playout clock ticks a worker played late, together with the next one, because it was busy or not scheduled in time (their packets leave back to back).",
 	}, func() float64 { return float64(s.clock.Stats().LateTicks) })
+	caughtUp := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "switchboard_transceiver_playout_caught_up_seconds_total", Help: "Audio the playout clock sent ahead of its timeline to shed the backlog of backends streaming at about real time (docs/bridge.md 6.1).",
+	}, func() float64 { return float64(s.clock.Stats().CaughtUp) / 48000 })
 	pionSuppressed := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_pion_log_suppressed_total", Help: "Pion log lines dropped over the per-scope limit (20 at once, then 5 a second).",
 	}, func() float64 { return float64(s.pion.Suppressed()) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
 		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, lateTicks, active, newHopCollector(s.HopStats), pionSuppressed)
+		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, lateTicks, caughtUp, active, newHopCollector(s.HopStats), pionSuppressed)
 	return m
 }
