@@ -487,6 +487,7 @@ const paceTicks = int64(PaceWindow / Tick)
 type paceWindow struct {
 	slots [paceTicks]int64
 	last  int64 // the latest tick recorded
+	since int64 // the tick of the first push after the window was empty
 	sum   int64
 }
 
@@ -505,14 +506,19 @@ func (p *paceWindow) add(n, samples int64) {
 		}
 		p.last = n
 	}
+	if p.sum == 0 && samples > 0 {
+		p.since = n
+	}
 	p.slots[p.last%paceTicks] += samples
 	p.sum += samples
 }
 
 // realTime reports whether the pushes of the window were about real time:
 // neither a backend that is silent or stalled (less than half of it) nor
-// one sending ahead (a burst, a faster-than-real-time TTS).
+// one sending ahead (a burst, a faster-than-real-time TTS). The pushes
+// must span the whole window: a reply of up to PaceWindow sent in one
+// burst into an idle queue would otherwise look like real time.
 func (p *paceWindow) realTime() bool {
 	const window = paceTicks * TickSamples
-	return p.sum >= window/2 && p.sum <= window+CatchUpTarget
+	return p.last-p.since >= paceTicks-1 && p.sum >= window/2 && p.sum <= window+CatchUpTarget
 }

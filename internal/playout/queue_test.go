@@ -563,3 +563,27 @@ func TestNoCatchUpForBurst(t *testing.T) {
 		t.Fatalf("caught up %d samples of a burst", c)
 	}
 }
+
+// TestNoCatchUpForShortReply: a reply no longer than the pace window, sent
+// in one burst into an idle queue, is paced one packet per tick: its
+// pushes look like real time over a full window, but they do not span it.
+func TestNoCatchUpForShortReply(t *testing.T) {
+	for _, n := range []int{50, 100, 110} { // 1 s, 2 s (the window), 2.2 s
+		h := newHarness(t, QueueConfig{})
+		for k := range n {
+			h.push(fmt.Sprint(k), 960)
+		}
+		h.run(n + 10)
+		if len(h.rec.pkts) != n {
+			t.Fatalf("%d packets of a %d-packet reply", len(h.rec.pkts), n)
+		}
+		for k, p := range h.rec.pkts {
+			if p.tick != h.rec.pkts[0].tick+int64(k) {
+				t.Fatalf("%d-packet reply: packet %d sent at tick %d, want %d: one per tick", n, k, p.tick, h.rec.pkts[0].tick+int64(k))
+			}
+		}
+		if c := h.c.Stats().CaughtUp; c != 0 {
+			t.Fatalf("%d-packet reply: caught up %d samples", n, c)
+		}
+	}
+}
