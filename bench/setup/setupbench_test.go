@@ -153,7 +153,16 @@ func checkPhases(t *testing.T, r Result, rtt time.Duration) {
 		if v <= 0 {
 			t.Errorf("%s/%s: phase %d is %v: %+v", r.Path, r.DTLSRole, i, v, r)
 		}
-		if i > 0 && v < phases[i-1] {
+		// First audio at the backend is taken on the backend's clock; the
+		// phase before it is when the client reported DTLS connected,
+		// which a browser does in an event that may run after its first
+		// SRTP packet has left: that packet can reach a backend on the
+		// same host before the page sees the event. Allow one RTT there.
+		slack := 0.0
+		if i == 3 {
+			slack = ms(rtt)
+		}
+		if i > 0 && v < phases[i-1]-slack {
 			t.Errorf("%s/%s: phases out of order %v", r.Path, r.DTLSRole, phases)
 		}
 	}
