@@ -324,7 +324,10 @@ func (d *Detector) onset(cur int64) Event {
 	if count < d.tune.startCount {
 		return Event{}
 	}
-	lim := max(0, cur-histLen+1)
+	// Neither the onset nor its padding reaches back into the previous
+	// utterance: frames before lastStop were counted in its silence.
+	first = max(first, d.lastStop)
+	lim := max(0, cur-histLen+1, d.lastStop)
 	for first > lim && float64(d.hist[(first-1)%histLen].energy) > d.floor+backtrackDB {
 		first--
 	}
