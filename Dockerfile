@@ -6,10 +6,9 @@
 #   docker build -t switchboard .
 #   docker run --rm switchboard relay -h
 #
-# `switchboard call` encodes Opus through libopus (cgo), and turn detection
-# (internal/vad) runs WebRTC's VAD from libwebrtc-audio-processing (cgo), so
-# the binary is built with cgo and linked statically against Debian's
-# libopus.a and libwebrtc_audio_processing.a (and libm, which they need); the
+# `switchboard call` encodes Opus through libopus (cgo), so the binary is
+# built with cgo and linked statically against Debian's libopus.a (and
+# libm, which it needs); the
 # nolibopusfile tag leaves out the Ogg-file reader, which nothing uses.
 # netgo and osusergo keep glibc's resolver and user lookup (which cannot be
 # linked statically) out of the binary.
@@ -17,6 +16,8 @@
 ARG GO_VERSION=1.26.8
 
 FROM golang:${GO_VERSION}-bookworm AS build
+# libwebrtc-audio-processing-dev: WebRTC's voice activity detector for turn
+# detection (internal/vad, cgo), linked statically like libopus.
 RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libopus-dev libwebrtc-audio-processing-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*

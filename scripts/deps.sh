@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Switchboard needs, only those missing.
-#   scripts/deps.sh build   libopus for the Opus encoder in `switchboard call`,
-#                           libwebrtc-audio-processing for WebRTC's VAD (internal/vad)
+#   scripts/deps.sh build   libopus for the Opus encoder in `switchboard call`
 #   scripts/deps.sh test    build + chromium (browser tests) + coturn (relay bench)
-#                           + espeak-ng and sox (speech for the VAD and voice tests)
 set -euo pipefail
-want=(gcc pkg-config libopus-dev libopusfile-dev libwebrtc-audio-processing-dev)
+want=(gcc pkg-config libopus-dev libopusfile-dev)
+# WebRTC's voice activity detector (internal/vad, through cgo).
+want+=(libwebrtc-audio-processing-dev)
 if [[ "${1:-build}" == test ]]; then
-  want+=(chromium coturn iproute2 redis-server espeak-ng sox)
+  want+=(chromium coturn iproute2 redis-server)
+fi
+# Speech for the VAD and voice tests: espeak-ng speaks, sox converts.
+if [[ "${1:-build}" == test ]]; then
+  want+=(espeak-ng sox)
 fi
 missing=()
 for p in "${want[@]}"; do
