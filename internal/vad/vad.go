@@ -22,9 +22,10 @@
 //     talking) speech; the floor and margin are what keep the room from
 //     starting a turn. Threshold also picks the engine's aggressiveness.
 //   - an onset rule: speech starts when 3 of the last 4 frames count;
-//     the reported onset is the first of them, moved back over the
-//     frames just before it that stand 3 dB above the floor (up to
-//     100 ms);
+//     the reported onset is the first of them, moved back (up to 100 ms)
+//     over the frames just before it whose own energy, over the whole
+//     input band, stands 3 dB above its floor: an unvoiced start (/s/)
+//     has its energy above 4 kHz, where the engine does not look;
 //   - an end rule: speech stops after SilenceDurationMs without a frame
 //     that counts;
 //   - a floor that keeps learning in speech when the energy has been
@@ -77,7 +78,7 @@ const (
 	startWindow  = 4 // frames looked at for an onset
 	maxBacktrack = 5 // frames the onset may move back over
 	histLen      = startWindow + maxBacktrack
-	backtrackDB  = 3.0  // dB above the floor a frame needs to be moved back over
+	backtrackDB  = 3.0  // dB above onsetFloor a frame needs to be moved back over
 	floorStep    = 0.5  // dB per frame the floor moves by
 	floorRise    = 0.02 // of the distance to a frame above the floor, the most it rises by
 	floorMin     = -80  // dBFS, the lowest floor
@@ -146,7 +147,8 @@ type Event struct {
 
 // frameStat is what the onset rule remembers of one recent frame.
 type frameStat struct {
-	energy float32 // dBFS
+	energy float32 // dBFS, the gate's energy (band the engine sees, 60 ms)
+	onset  float32 // dBFS above onsetFloor: this frame alone, whole input band
 	counts bool    // voiced and clear of the margin
 }
 
@@ -173,6 +175,7 @@ type Detector struct {
 	down       [maxFrameSamples / 3]int16
 	frames     int64               // frames processed so far
 	floor      float64             // noise floor, dBFS
+	onsetFloor float64             // the same for the whole-band energy of single frames
 	power      [maxSmooth]float64  // meanPower of recent frames, by index mod maxSmooth
 	hist       [histLen]frameStat  // by frame index mod histLen
 	statE      [statFrames]float32 // frame energies, dBFS, by frame index mod statFrames
@@ -263,6 +266,13 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 	copy(d.ring[int(d.frames%int64(d.ringFrames))*d.frameBytes:], frame)
 
 	in := d.samples[:n]
+	// The onset is looked for in the whole input band, frame by frame:
+	// an unvoiced start (/s/, /f/) has its energy above 4 kHz, where the
+	// engine does not look at 24 kHz.
+	onsetE := powerDB(meanPower(in))
+	if d.frames == 0 {
+		d.onsetFloor = max(floorMin, onsetE)
+	}
 	if d.rate == Rate24k {
 		in = d.dec.process(in, d.down[:])
 	}
@@ -287,10 +297,12 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 	}
 	counts := voiced && energy > d.floor+d.margin
 	d.statE[d.frames%statFrames] = float32(energy)
-	d.trackFloor(energy)
+	onsetAbove := onsetE - d.onsetFloor
+	d.floor = d.trackFloor(d.floor, energy)
+	d.onsetFloor = d.trackFloor(d.onsetFloor, onsetE)
 
 	cur := d.frames
-	d.hist[cur%histLen] = frameStat{energy: float32(energy), counts: counts}
+	d.hist[cur%histLen] = frameStat{energy: float32(energy), onset: float32(onsetAbove), counts: counts}
 	d.frames++
 
 	if !d.inSpeech {
@@ -328,7 +340,7 @@ func (d *Detector) onset(cur int64) Event {
 	// utterance: frames before lastStop were counted in its silence.
 	first = max(first, d.lastStop)
 	lim := max(0, cur-histLen+1, d.lastStop)
-	for first > lim && float64(d.hist[(first-1)%histLen].energy) > d.floor+backtrackDB {
+	for first > lim && d.hist[(first-1)%histLen].onset > backtrackDB {
 		first--
 	}
 	d.inSpeech = true
@@ -338,7 +350,7 @@ func (d *Detector) onset(cur int64) Event {
 	return Event{Kind: SpeechStarted, AudioMs: audio * FrameMs, SpeechMs: first * FrameMs}
 }
 
-// trackFloor moves the noise floor one step toward the floorQ quantile
+// trackFloor returns floor moved one step toward the floorQ quantile
 // of frame energy (a stochastic quantile estimate: a single quiet frame
 // does not drag it down), never under floorMin. Outside speech it rises
 // faster the further the energy is above it, so that a session that
@@ -349,16 +361,14 @@ func (d *Detector) onset(cur int64) Event {
 // not the syllabic rise and fall of a talker), which is how a "speech"
 // that is really noise switched on mid-session ends within seconds
 // (the stationarity test of classic codec VADs such as AMR's).
-func (d *Detector) trackFloor(energy float64) {
-	if energy < d.floor {
-		d.floor = max(floorMin, d.floor-floorStep*(1-d.tune.floorQ))
-		return
+func (d *Detector) trackFloor(floor, energy float64) float64 {
+	if energy < floor {
+		return max(floorMin, floor-floorStep*(1-d.tune.floorQ))
 	}
 	if d.inSpeech && !d.stationary() {
-		d.floor += d.tune.speechRise
-		return
+		return floor + d.tune.speechRise
 	}
-	d.floor += max(floorStep*d.tune.floorQ, floorRise*(energy-d.floor))
+	return floor + max(floorStep*d.tune.floorQ, floorRise*(energy-floor))
 }
 
 // stationary reports whether the energy of the last statFrames frames

@@ -1,0 +1,99 @@
+package vad
+
+import (
+	"encoding/binary"
+	"fmt"
+	"testing"
+
+	"gopkg.in/hraban/opus.v2"
+)
+
+// throughOpus encodes pcm (PCM16 mono at rate) as a WebRTC client would,
+// Opus VoIP in 20 ms packets at bitrate, and decodes it at the same rate,
+// as the transceiver does before turn detection.
+func throughOpus(t testing.TB, rate, bitrate int, pcm []byte) []byte {
+	t.Helper()
+	enc, err := opus.NewEncoder(rate, 1, opus.AppVoIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := enc.SetBitrate(bitrate); err != nil {
+		t.Fatal(err)
+	}
+	dec, err := opus.NewDecoder(rate, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := rate / 50
+	in := make([]int16, n)
+	out := make([]int16, n)
+	pkt := make([]byte, 1500)
+	res := make([]byte, 0, len(pcm))
+	for off := 0; off+2*n <= len(pcm); off += 2 * n {
+		for i := range in {
+			in[i] = int16(binary.LittleEndian.Uint16(pcm[off+2*i:]))
+		}
+		m, err := enc.Encode(in, pkt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, err := dec.Decode(pkt[:m], out)
+		if err != nil || k != n {
+			t.Fatalf("decode: %d samples, %v", k, err)
+		}
+		for _, v := range out {
+			res = binary.LittleEndian.AppendUint16(res, uint16(v))
+		}
+	}
+	return res
+}
+
+// TestAccuracyThroughOpus runs part of the accuracy test on audio that
+// went through Opus at a low WebRTC bitrate (24 kbit/s), as the
+// detector sees it behind the transceiver's decoder: the same bounds
+// hold.
+func TestAccuracyThroughOpus(t *testing.T) {
+	requireTools(t)
+	if testing.Short() {
+		t.Skip("generates minutes of audio")
+	}
+	const bitrate = 32000
+	for _, rate := range []int{Rate16k, Rate24k} {
+		st := &accuracyStats{}
+		t.Run(fmt.Sprint(rate), func(t *testing.T) {
+			t.Run("silence", func(t *testing.T) {
+				t.Parallel()
+				sc := makeScene(t, rate, nil)
+				sc.pcm = throughOpus(t, rate, bitrate, sc.pcm)
+				checkScene(t, sc, st)
+			})
+			for _, k := range noiseKinds {
+				t.Run(k.name+"0", func(t *testing.T) {
+					t.Parallel()
+					sc := makeScene(t, rate, func(n int) []float64 { return k.noise(t, rate, n, 0) })
+					sc.pcm = throughOpus(t, rate, bitrate, sc.pcm)
+					checkScene(t, sc, st)
+				})
+				t.Run(k.name+"0_alone", func(t *testing.T) {
+					t.Parallel()
+					evs, _ := run(t, rate, throughOpus(t, rate, bitrate, toPCM(k.noise(t, rate, 60*rate, 0))))
+					if len(evs) != 0 {
+						t.Errorf("%d events on 60 s of noise alone, want none: %v", len(evs), evs)
+					}
+				})
+			}
+		})
+		if len(st.onsetErr) > 0 {
+			t.Logf("%d Hz through Opus: %d onsets: |onset error| p50 %d ms, max %d ms; start reported after the true onset p50 %d ms, max %d ms",
+				rate, len(st.onsetErr), pct(st.onsetErr, 50), maxOf(st.onsetErr), pct(st.latency, 50), maxOf(st.latency))
+		}
+	}
+}
+
+func maxOf(v []int64) int64 {
+	m := v[0]
+	for _, x := range v {
+		m = max(m, x)
+	}
+	return m
+}
