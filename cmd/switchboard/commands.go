@@ -260,29 +260,10 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&opts.AuthToken, "token", "", "bearer token for signaling")
 	fs.BoolVar(&opts.IPv4Only, "ipv4", false, "gather IPv4 candidates only")
 	fs.DurationVar(&opts.ICERestartAfter, "ice-restart-after", 0, "restart ICE once (PATCH, RFC 9725) this long after connecting; 0 = never")
-	fs.Func("header", `extra "Name: value" header on the POST and the DELETE (repeatable), e.g. a region header a CDN would set`, func(v string) error {
-		name, value, ok := strings.Cut(v, ":")
-		if name = strings.TrimSpace(name); !ok || name == "" {
-			return errors.New(`want "Name: value"`)
-		}
-		if opts.Header == nil {
-			opts.Header = http.Header{}
-		}
-		opts.Header.Add(name, strings.TrimSpace(value))
-		return nil
-	})
-	// Accept the URL anywhere among the flags: the flag package stops at
-	// the first non-flag argument, so parse on after it.
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
+	headerFlag(fs, &opts.Header, `extra "Name: value" header on the POST and the DELETE (repeatable), e.g. a region header a CDN would set`)
+	positional, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
 	}
 	switch len(positional) {
 	case 0:

@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -52,28 +50,10 @@ Flags:`)
 	fs.DurationVar(&opts.ConnectTimeout, "connect-timeout", 30*time.Second, "bound on signaling, ICE and DTLS per session")
 	fs.DurationVar(&interval, "progress", 2*time.Second, "interval of the progress line on stderr (0 = none)")
 	fs.BoolVar(&jsonl, "sessions-json", false, "also print each session's result as a JSON line on stdout as it ends")
-	fs.Func("header", `extra "Name: value" header on the POST and the DELETE (repeatable)`, func(v string) error {
-		name, value, ok := strings.Cut(v, ":")
-		if name = strings.TrimSpace(name); !ok || name == "" {
-			return errors.New(`want "Name: value"`)
-		}
-		if opts.Header == nil {
-			opts.Header = http.Header{}
-		}
-		opts.Header.Add(name, strings.TrimSpace(value))
-		return nil
-	})
-	// The URL may come anywhere among the flags.
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
+	headerFlag(fs, &opts.Header, `extra "Name: value" header on the POST and the DELETE (repeatable)`)
+	positional, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
 	}
 	if len(positional) != 1 {
 		fs.Usage()
