@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -696,5 +697,57 @@ func TestAudioPathAllocs(t *testing.T) {
 	t.Logf("%.2f allocs per audio round trip", allocs)
 	if allocs > 0 {
 		t.Errorf("audio round trip: %.2f allocs, want 0", allocs)
+	}
+}
+
+// TestEndUnblocksStalledSend: a backend that stops reading blocks a send
+// made with context.Background() once the socket buffers are full; End
+// with a bounded context must close the connection, fail that send with
+// ErrClosed and return, instead of waiting for the send's write lock for
+// as long as the backend stalls.
+func TestEndUnblocksStalledSend(t *testing.T) {
+	release := make(chan struct{})
+	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sc, err := bridge.Accept(w, r, bridge.AcceptOptions{})
+		if err != nil {
+			t.Errorf("Accept: %v", err)
+			return
+		}
+		defer sc.Close()
+		<-release // never reads
+	}))
+	defer close(release)
+	c := dial(t, url)
+	var sent atomic.Int64
+	sendErr := make(chan error, 1)
+	go func() {
+		f := bridge.AudioFrame{Payload: make([]byte, 256<<10)}
+		for {
+			if err := c.SendAudio(context.Background(), f); err != nil {
+				sendErr <- err
+				return
+			}
+			sent.Add(1)
+		}
+	}()
+	// Wait until the sender is stuck: no progress for a while.
+	for last := int64(-1); ; {
+		time.Sleep(200 * time.Millisecond)
+		n := sent.Load()
+		if n == last {
+			break
+		}
+		last = n
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := c.End(ctx, bridge.ReasonShutdown); !errors.Is(err, bridge.ErrClosed) {
+		t.Errorf("End = %v, want ErrClosed", err)
+	}
+	if err := <-sendErr; !errors.Is(err, bridge.ErrClosed) {
+		t.Errorf("stalled SendAudio = %v, want ErrClosed", err)
+	}
+	if err := c.SendAudio(context.Background(), bridge.AudioFrame{}); !errors.Is(err, bridge.ErrClosed) {
+		t.Errorf("SendAudio after End = %v, want ErrClosed", err)
 	}
 }

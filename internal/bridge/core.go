@@ -301,13 +301,17 @@ func (c *core) closeWith(code websocket.StatusCode, reason string) {
 // after it. It is
 // idempotent: later calls return the first call's result. The close
 // handshake waits for the peer's reply for at most about 10 s (library
-// bound); ctx bounds only the session.end write.
+// bound); ctx bounds the session.end write and the wait for a send in
+// progress: if a send is blocked on a backend that does not read (a send
+// with context.Background() waits for as long as the connection lives)
+// and ctx ends first, the connection is closed at once, as by Close, that
+// send fails with ErrClosed, and End returns an error wrapping ErrClosed.
 func (c *core) End(ctx context.Context, reason string) error {
 	c.endOnce.Do(func() {
 		b, err := json.Marshal(sessionEndMsg{Type: typeSessionEnd, Reason: reason})
 		// Under the write lock, so that no send from another goroutine
 		// can follow session.end: later sends fail with ErrClosed.
-		c.wmu.Lock()
+		c.lockForEnd(ctx)
 		if !c.peerEnded.Load() {
 			c.endErr = err
 			if err == nil {
@@ -319,6 +323,17 @@ func (c *core) End(ctx context.Context, reason string) error {
 		c.closeWith(websocket.StatusNormalClosure, typeSessionEnd)
 	})
 	return c.endErr
+}
+
+// lockForEnd takes wmu. A send holding it blocks only while the peer does
+// not read; when ctx ends first, Close fails that send, which frees wmu.
+func (c *core) lockForEnd(ctx context.Context) {
+	if c.wmu.TryLock() {
+		return
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	c.wmu.Lock()
+	stop()
 }
 
 // Close closes the connection at once, without session.end and without
