@@ -2,6 +2,7 @@ package transceiver
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,6 +55,13 @@ const (
 	clientStoppedType = "output_audio_buffer.stopped"
 	clientClearedType = "output_audio_buffer.cleared"
 )
+
+// bridgeCtx is the context of the media path's bridge calls (audio both
+// ways, playout reports). It never ends, so the WebSocket library arms no
+// context.AfterFunc per message (docs/bridge.md §10). The session's
+// teardown unblocks them: bridge End closes the connection, at once when a
+// send is stuck on a backend that does not read.
+var bridgeCtx = context.Background()
 
 // media is a session's codec and playout state.
 type media struct {
@@ -157,14 +165,14 @@ func (sess *session) toBackend(pkt *rtp.Packet) error {
 	m := sess.media
 	sess.applyTurns()
 	if m.dec == nil {
-		if err := sess.be.SendAudio(sess.ctx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}); err != nil {
+		if err := sess.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}); err != nil {
 			return err
 		}
 		sess.opusTurns(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload)
 		return nil
 	}
 	for _, f := range m.dec.Push(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload) {
-		if err := sess.be.SendAudio(sess.ctx, bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM, Concealed: f.Concealed}); err != nil {
+		if err := sess.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM, Concealed: f.Concealed}); err != nil {
 			return err
 		}
 		sess.feedTurns(f.Timestamp, f.PCM)
@@ -364,7 +372,7 @@ func (sess *session) refuse(reason, code, msg string) {
 }
 
 func (sess *session) sendControl(c bridge.Control) {
-	if err := sess.be.SendControl(sess.ctx, c); err != nil && sess.ctx.Err() == nil && !sess.ending.Load() {
+	if err := sess.be.SendControl(bridgeCtx, c); err != nil && sess.ctx.Err() == nil && !sess.ending.Load() {
 		sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
 	}
 }

@@ -32,7 +32,7 @@ type metrics struct {
 	backendRefused     *prometheus.CounterVec // by reason: bad backend input
 	clears             *prometheus.CounterVec // by source: backend, client, turn
 	turns              *prometheus.CounterVec // turn detection events, by event: speech_started, speech_stopped
-	clientAudioDropped *prometheus.CounterVec // by reason: invalid_opus, late
+	clientAudioDropped *prometheus.CounterVec // by reason: invalid_rtp, invalid_opus, late
 	concealed          *prometheus.CounterVec // seconds, by method: fec, plc
 	// clientConnection counts clients going silent and coming back (consent.go).
 	clientConnection *prometheus.CounterVec
@@ -113,7 +113,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_turn_events_total", Help: "Turn detection events sent to backends (docs/bridge.md 4.8), by event: speech_started, speech_stopped.",
 		}, []string{"event"}),
 		clientAudioDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_client_audio_dropped_total", Help: "Client audio packets not decoded for a PCM backend, by reason: invalid_opus, late (reordered or duplicated).",
+			Name: "switchboard_transceiver_client_audio_dropped_total", Help: "Client audio packets dropped, by reason: invalid_rtp (an RTP packet that does not parse after SRTP, e.g. a bad padding length; any format), and for a PCM backend invalid_opus, late (reordered or duplicated).",
 		}, []string{"reason"}),
 		outputDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_output_packets_dropped_total", Help: "Paced audio packets the client's track could not send (write error).",
@@ -152,7 +152,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for _, e := range []string{"speech_started", "speech_stopped"} {
 		m.turns.WithLabelValues(e)
 	}
-	for _, r := range []string{"invalid_opus", "late"} {
+	for _, r := range []string{"invalid_rtp", "invalid_opus", "late"} {
 		m.clientAudioDropped.WithLabelValues(r)
 	}
 	for _, r := range []string{"fec", "plc"} {

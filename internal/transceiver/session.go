@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"github.com/pion/rtcp"
+	"github.com/pion/rtp"
 	"github.com/pion/webrtc/v4"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/hop"
 )
 
 // Session end reasons added to the bridge's list.
@@ -243,10 +245,22 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 		return
 	}
 	defer sess.stopTurns()
+	// One buffer and one packet for the session's life: TrackRemote.ReadRTP
+	// allocates both per packet. pkt.Payload aliases buf until the next
+	// Read; toBackend does not keep it (the bridge copies the frame).
+	buf := make([]byte, hop.MaxPayload)
+	var rp rtp.Packet
+	pkt := &rp
 	for {
-		pkt, _, err := tr.ReadRTP()
+		n, _, err := tr.Read(buf)
 		if err != nil {
 			return
+		}
+		if err := pkt.Unmarshal(buf[:n]); err != nil {
+			// SRTP authenticated the header; a bad padding length still
+			// fails here.
+			sess.srv.metrics.clientAudioDropped.WithLabelValues("invalid_rtp").Inc()
+			continue
 		}
 		if len(pkt.Payload) == 0 {
 			continue // padding-only packet
@@ -382,7 +396,7 @@ func (sess *session) fromBackend() {
 	defer sess.srv.wg.Done()
 	ignored := uint64(0)
 	for {
-		m, err := sess.be.Recv(sess.ctx)
+		m, err := sess.be.Recv(bridgeCtx)
 		if n := sess.be.Ignored(); n != ignored {
 			sess.srv.metrics.backendRefused.WithLabelValues(refusedUnknown).Add(float64(n - ignored))
 			ignored = n
