@@ -40,7 +40,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		want = append(want, `switchboard_relay_drops_total{reason="`+r.String()+`"} 0`)
 	}
 	// The transceiver's hop counters, by reason, present before any traffic.
-	for _, r := range []string{"not_hop", "untrusted", "too_big"} {
+	for _, r := range []string{"not_hop", "untrusted", "too_big", "send_failed"} {
 		want = append(want, `switchboard_transceiver_hop_dropped_total{reason="`+r+`"} 0`)
 	}
 	for r := hop.MoveReason(0); r < hop.NumMoveReasons; r++ {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
 )
 
 // ErrNoRoute is returned by Conn writes to a client that no relay has
@@ -51,6 +53,10 @@ type ConnStats struct {
 	// from a relay (dropped before Pion sees them) or written by Pion
 	// (refused with ErrTooBig).
 	DroppedTooBig uint64
+	// DroppedSendFailed counts RTP packets queued between Hold and Flush
+	// that the kernel refused (batch.go); an immediate write's failure is
+	// its caller's error instead.
+	DroppedSendFailed uint64
 	// Sessions is the number of sessions registered for latching
 	// (AddSession, less RemoveSession): one per live ICE session.
 	Sessions int
@@ -103,7 +109,7 @@ type Conn struct {
 	closeOnce  sync.Once
 	wg         sync.WaitGroup
 
-	received, sent, droppedNotHop, droppedUntrusted, droppedNoRoute, droppedTooBig atomic.Uint64
+	received, sent, droppedNotHop, droppedUntrusted, droppedNoRoute, droppedTooBig, droppedSendFailed atomic.Uint64
 
 	mu sync.RWMutex
 	// routes maps a client's wire address to the relay that last delivered
@@ -121,6 +127,13 @@ type Conn struct {
 	moves    [NumMoveReasons]atomic.Uint64
 
 	bufs sync.Pool // *[]byte of MaxHeaderLen + MaxPayload for writes
+
+	// Batched RTP sends (batch.go). holds counts Holds not yet flushed;
+	// it changes under bmu, which guards out and obufs.
+	holds atomic.Int32
+	bmu   sync.Mutex
+	out   *udpio.Batch
+	obufs [][]byte // one datagram buffer per slot of out
 }
 
 type route struct {
@@ -156,6 +169,9 @@ func NewConn(sock *net.UDPConn, cfg ConnConfig) (*Conn, error) {
 		wire:       make(map[netip.AddrPort]netip.AddrPort),
 	}
 	c.bufs.New = func() any { b := make([]byte, MaxHeaderLen+MaxPayload); return &b }
+	if err := c.newSendBatch(); err != nil {
+		return nil, fmt.Errorf("hop: send batch: %w", err)
+	}
 	c.wg.Add(1)
 	go c.sweep()
 	return c, nil
@@ -225,7 +241,8 @@ func (c *Conn) learn(client, relay netip.AddrPort) {
 
 // WriteToAddrPort sends b to client through the relay that last delivered
 // the client's traffic. It returns ErrNoRoute if there is none, ErrTooBig if
-// b is longer than MaxPayload.
+// b is longer than MaxPayload. Between Hold and Flush an RTP packet is
+// queued instead, and sent by Flush (batch.go).
 func (c *Conn) WriteToAddrPort(b []byte, client netip.AddrPort) (int, error) {
 	if len(b) > MaxPayload {
 		c.droppedTooBig.Add(1)
@@ -244,12 +261,16 @@ func (c *Conn) WriteToAddrPort(b []byte, client netip.AddrPort) (int, error) {
 		c.droppedNoRoute.Add(1)
 		return 0, ErrNoRoute
 	}
+	relay := *r.relay.Load()
+	if c.holds.Load() > 0 && IsRTP(b) && c.queue(b, client, relay) {
+		return len(b), nil
+	}
 	bp := c.bufs.Get().(*[]byte)
 	defer c.bufs.Put(bp)
 	buf := *bp
 	n := PutHeader(buf, TypeData, client)
 	n += copy(buf[n:], b)
-	if _, err := c.sock.WriteToUDPAddrPort(buf[:n], *r.relay.Load()); err != nil {
+	if _, err := c.sock.WriteToUDPAddrPort(buf[:n], relay); err != nil {
 		return 0, err
 	}
 	c.sent.Add(1)
@@ -313,16 +334,17 @@ func (c *Conn) Stats() ConnStats {
 		moves[i] = c.moves[i].Load()
 	}
 	return ConnStats{
-		Moves:            moves,
-		Sessions:         sessions,
-		Received:         c.received.Load(),
-		Sent:             c.sent.Load(),
-		DroppedNotHop:    c.droppedNotHop.Load(),
-		DroppedUntrusted: c.droppedUntrusted.Load(),
-		DroppedNoRoute:   c.droppedNoRoute.Load(),
-		DroppedTooBig:    c.droppedTooBig.Load(),
-		Latched:          c.latched.Load(),
-		Routes:           routes,
+		Moves:             moves,
+		Sessions:          sessions,
+		Received:          c.received.Load(),
+		Sent:              c.sent.Load(),
+		DroppedNotHop:     c.droppedNotHop.Load(),
+		DroppedUntrusted:  c.droppedUntrusted.Load(),
+		DroppedNoRoute:    c.droppedNoRoute.Load(),
+		DroppedTooBig:     c.droppedTooBig.Load(),
+		DroppedSendFailed: c.droppedSendFailed.Load(),
+		Latched:           c.latched.Load(),
+		Routes:            routes,
 	}
 }
 

@@ -14,6 +14,7 @@ type Clock struct {
 	// Set once (start by run, before the first tick).
 	start   time.Time
 	workers []*worker
+	batcher Batcher // nil: none
 	stop    chan struct{}
 	wg      sync.WaitGroup
 
@@ -37,8 +38,21 @@ type ClockStats struct {
 
 // NewClock starts a clock with the given number of workers (0: one per
 // CPU, runtime.GOMAXPROCS).
-func NewClock(workers int) *Clock {
+func NewClock(workers int) *Clock { return NewBatchedClock(workers, nil) }
+
+// Batcher brackets each worker's tick, so that the packets its Sinks send
+// in the tick can leave together: Hold before the tick's first SendPacket,
+// Flush after its last. Workers call them concurrently.
+type Batcher interface {
+	Hold()
+	Flush()
+}
+
+// NewBatchedClock is NewClock with every tick of every worker bracketed
+// by b's Hold and Flush (nil: none).
+func NewBatchedClock(workers int, b Batcher) *Clock {
 	c := newClock(workers)
+	c.batcher = b
 	for _, w := range c.workers {
 		c.wg.Go(w.run)
 	}
@@ -118,6 +132,12 @@ func (w *worker) run() {
 		case <-w.c.stop:
 			return
 		case <-w.wake:
+		}
+		if b := w.c.batcher; b != nil {
+			b.Hold()
+			w.runTick(w.c.tick.Load())
+			b.Flush()
+			continue
 		}
 		w.runTick(w.c.tick.Load())
 	}

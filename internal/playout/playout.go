@@ -11,7 +11,8 @@
 // a playout run is in progress: an idle session costs no timer and no
 // wake-up. Each tick, a worker walks its active list and sends what is due
 // through each queue's Sink, so the sends of many sessions happen together
-// on one goroutine: the place to batch them (sendmmsg) later.
+// on one goroutine, and a Batcher (NewBatchedClock) can send them together
+// (the transceiver's hop socket: one sendmmsg per batch).
 //
 // # Timeline
 //

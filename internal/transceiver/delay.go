@@ -5,10 +5,14 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-rtc/switchboard/internal/hop"
+	"github.com/switchboard-rtc/switchboard/internal/playout"
 )
 
 // The media delay probe measures how long an audio packet spends inside
@@ -121,11 +125,8 @@ func newDelayProbe(h *prometheus.HistogramVec) *delayProbe {
 // and false for anything else: STUN, DTLS, RTCP (RFC 7983 §7 and RFC 5761
 // §4 tell them apart by the first and second bytes).
 func rtpHeader(b []byte) (ssrc uint32, seq uint16, ok bool) {
-	if len(b) < 12 || b[0] < 128 || b[0] > 191 {
+	if !hop.IsRTP(b) {
 		return 0, 0, false
-	}
-	if pt := b[1] & 0x7f; pt >= 64 && pt <= 95 {
-		return 0, 0, false // RTCP 192-223 with the marker bit
 	}
 	return binary.BigEndian.Uint32(b[8:12]), binary.BigEndian.Uint16(b[2:4]), true
 }
@@ -139,10 +140,69 @@ type addrPortConn interface {
 }
 
 // probeConn stamps sampled RTP packets as they are read from the socket
-// and observes them as they are written to it.
+// and observes them as they are written to it. It is the playout clock's
+// Batcher (media.go): with a batching conn (hop.Conn), the RTP packets
+// written during a tick wait for the tick's Flush, and so do their
+// observations, so that to_client still ends at the socket write.
 type probeConn struct {
 	addrPortConn
 	probe *delayProbe
+	batch playout.Batcher // the conn's batching; nil: writes are immediate
+
+	holds atomic.Int32 // Holds in force
+	// mu guards held: sampled RTP packets written while held, observed at Flush.
+	mu   sync.Mutex
+	held []heldPacket
+}
+
+type heldPacket struct {
+	ssrc uint32
+	seq  uint16
+}
+
+func newProbeConn(c addrPortConn, p *delayProbe) *probeConn {
+	pc := &probeConn{addrPortConn: c, probe: p}
+	pc.batch, _ = c.(playout.Batcher)
+	return pc
+}
+
+// Hold starts a tick's batch (playout.Batcher).
+func (c *probeConn) Hold() {
+	if c.batch == nil {
+		return
+	}
+	c.holds.Add(1)
+	c.batch.Hold()
+}
+
+// Flush sends the tick's batch and observes its sampled packets.
+func (c *probeConn) Flush() {
+	if c.batch == nil {
+		return
+	}
+	c.batch.Flush()
+	c.mu.Lock()
+	for _, p := range c.held {
+		c.probe.toClient.leave(p.ssrc, p.seq)
+	}
+	c.held = c.held[:0]
+	c.holds.Add(-1)
+	c.mu.Unlock()
+}
+
+// sent observes an RTP packet written to the conn: now, or at Flush when
+// the conn held it.
+func (c *probeConn) sent(ssrc uint32, seq uint16) {
+	if c.holds.Load() == 0 {
+		c.probe.toClient.leave(ssrc, seq)
+		return
+	}
+	if _, ok := delayKey(ssrc, seq); !ok {
+		return // not sampled
+	}
+	c.mu.Lock()
+	c.held = append(c.held, heldPacket{ssrc, seq})
+	c.mu.Unlock()
 }
 
 func (c *probeConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
@@ -168,7 +228,7 @@ func (c *probeConn) ReadFrom(b []byte) (int, net.Addr, error) {
 func (c *probeConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 	n, err := c.addrPortConn.WriteToAddrPort(b, addr)
 	if ssrc, seq, ok := rtpHeader(b); ok && err == nil {
-		c.probe.toClient.leave(ssrc, seq)
+		c.sent(ssrc, seq)
 	}
 	return n, err
 }
@@ -176,7 +236,7 @@ func (c *probeConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) 
 func (c *probeConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	n, err := c.addrPortConn.WriteTo(b, addr)
 	if ssrc, seq, ok := rtpHeader(b); ok && err == nil {
-		c.probe.toClient.leave(ssrc, seq)
+		c.sent(ssrc, seq)
 	}
 	return n, err
 }

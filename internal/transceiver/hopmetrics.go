@@ -9,7 +9,7 @@ import (
 // hopCollector exports the internal-hop socket's counters (hop.ConnStats),
 // read at scrape time, every series present from the first scrape:
 //
-//	switchboard_transceiver_hop_dropped_total{reason}  not_hop, untrusted, too_big
+//	switchboard_transceiver_hop_dropped_total{reason}  not_hop, untrusted, too_big, send_failed
 //	switchboard_transceiver_hop_moves_total{reason}    nominated, quiet (hop/latch.go)
 type hopCollector struct {
 	stats          func() hop.ConnStats
@@ -20,7 +20,7 @@ func newHopCollector(stats func() hop.ConnStats) *hopCollector {
 	return &hopCollector{
 		stats: stats,
 		dropped: prometheus.NewDesc("switchboard_transceiver_hop_dropped_total",
-			"Datagrams on the internal-hop socket dropped, by reason: not_hop (no valid hop header), untrusted (from outside the allowed relay prefixes), too_big (a client datagram longer than hop.MaxPayload, either way).",
+			"Datagrams on the internal-hop socket dropped, by reason: not_hop (no valid hop header), untrusted (from outside the allowed relay prefixes), too_big (a client datagram longer than hop.MaxPayload, either way), send_failed (a paced RTP packet of a batched send the kernel refused).",
 			[]string{"reason"}, nil),
 		moves: prometheus.NewDesc("switchboard_transceiver_hop_moves_total",
 			"Moves of a session's media to another address of its client (NAT rebinding), by reason: nominated (an authenticated check with USE-CANDIDATE), quiet (an authenticated check after the current address sent nothing for the latch's quiet time).",
@@ -38,7 +38,7 @@ func (c *hopCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, d := range []struct {
 		reason string
 		n      uint64
-	}{{"not_hop", st.DroppedNotHop}, {"untrusted", st.DroppedUntrusted}, {"too_big", st.DroppedTooBig}} {
+	}{{"not_hop", st.DroppedNotHop}, {"untrusted", st.DroppedUntrusted}, {"too_big", st.DroppedTooBig}, {"send_failed", st.DroppedSendFailed}} {
 		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(d.n), d.reason)
 	}
 	for r := range hop.NumMoveReasons {

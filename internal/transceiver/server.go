@@ -74,6 +74,7 @@ type Server struct {
 	log     *slog.Logger
 	sock    *net.UDPConn // the one UDP socket
 	conn    *hop.Conn    // the internal hop over sock; nil when Config.Direct
+	udp     *probeConn   // what mux reads and writes: conn, or sock when Direct
 	mux     *ice.UDPMuxDefault
 	metrics *metrics
 	probe   *delayProbe     // samples the media delay inside (delay.go)
@@ -136,17 +137,19 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		if s.cfg.advertise.Port() == 0 {
 			s.cfg.advertise = sock.LocalAddr().(*net.UDPAddr).AddrPort()
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{udpAddrPort{sock}, s.probe}, Logger: s.pion.NewLogger("ice")})
+		s.udp = newProbeConn(udpAddrPort{sock}, s.probe)
 	} else {
 		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow, Logger: s.log})
 		if err != nil {
 			_ = sock.Close()
 			return nil, err
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{s.conn, s.probe}, Logger: s.pion.NewLogger("ice")})
+		s.udp = newProbeConn(s.conn, s.probe)
 	}
+	s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: s.udp, Logger: s.pion.NewLogger("ice")})
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.clock = playout.NewClock(0)
+	// Each tick's paced packets leave together (hop.Conn.Hold, Flush).
+	s.clock = playout.NewBatchedClock(0, s.udp)
 	return s, nil
 }
 

@@ -1,0 +1,72 @@
+package playout_test
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/switchboard-rtc/switchboard/internal/playout"
+)
+
+// logBatcher records Hold, Flush and the sends of its clock's sinks in
+// one log.
+type logBatcher struct {
+	mu    sync.Mutex
+	log   []string
+	sends int
+	done  chan struct{} // closed at the want-th send
+	want  int
+}
+
+func (b *logBatcher) add(s string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.log = append(b.log, s)
+	if s == "send" {
+		if b.sends++; b.sends == b.want {
+			close(b.done)
+		}
+	}
+}
+
+func (b *logBatcher) Hold()                      { b.add("hold") }
+func (b *logBatcher) Flush()                     { b.add("flush") }
+func (b *logBatcher) SendPacket(*playout.Packet) { b.add("send") }
+
+// TestBatchedClockBracketsTicks: every packet a tick sends is sent between
+// the Hold and the Flush of that tick, and every Hold is flushed.
+func TestBatchedClockBracketsTicks(t *testing.T) {
+	const queues, packets = 3, 4
+	b := &logBatcher{done: make(chan struct{}), want: queues * packets}
+	c := playout.NewBatchedClock(1, b)
+	for range queues {
+		q := c.NewQueue(b, playout.QueueConfig{})
+		for range packets {
+			if err := q.PushAudio([]byte{0xf8, 0xff, 0xfe}, playout.TickSamples); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	<-b.done
+	c.Close()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	held, ticks := false, 0
+	for i, e := range b.log {
+		switch {
+		case e == "hold" && !held:
+			held = true
+		case e == "flush" && held:
+			held = false
+			ticks++
+		case e == "send" && held:
+		default:
+			t.Fatalf("event %d %q out of place (held %v): %q", i, e, held, b.log)
+		}
+	}
+	if held {
+		t.Fatalf("a Hold was never flushed: %q", b.log)
+	}
+	if ticks < packets {
+		t.Fatalf("%d ticks for %d packets per queue", ticks, packets)
+	}
+}
