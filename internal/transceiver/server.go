@@ -27,6 +27,7 @@ import (
 
 	"github.com/pion/ice/v4"
 	"github.com/pion/interceptor"
+	"github.com/pion/transport/v5/stdnet"
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -75,6 +76,7 @@ type Server struct {
 	sock    *net.UDPConn // the one UDP socket
 	conn    *hop.Conn    // the internal hop over sock; nil when Config.Direct
 	mux     *ice.UDPMuxDefault
+	net     *stdnet.Net // the host's interfaces, listed once for every session's ICE agent
 	metrics *metrics
 	probe   *delayProbe           // samples the media delay inside (delay.go)
 	certs   certs                 // the DTLS certificate sessions share (cert.go)
@@ -130,6 +132,14 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		left:     make(chan struct{}, 1),
 		pending:  pending{byClient: make(map[netip.Prefix]int)},
 	}
+	// Pion lists the host's interfaces (a netlink dump) for every ICE
+	// agent and keeps the list for the agent's life unless it is given
+	// one; an ICE-lite agent on the shared mux gathers once, so one list
+	// serves every session.
+	if s.net, err = stdnet.NewNet(); err != nil {
+		_ = sock.Close()
+		return nil, fmt.Errorf("transceiver: list network interfaces: %w", err)
+	}
 	s.pion = newPionLogs(s.log)
 	s.metrics = newMetrics(s, reg)
 	s.probe = newDelayProbe(s.metrics.mediaDelay)
@@ -137,14 +147,14 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		if s.cfg.advertise.Port() == 0 {
 			s.cfg.advertise = sock.LocalAddr().(*net.UDPAddr).AddrPort()
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{udpAddrPort{sock}, s.probe}, Logger: s.pion.NewLogger("ice")})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{udpAddrPort{sock}, s.probe}, Logger: s.pion.NewLogger("ice"), Net: s.net})
 	} else {
 		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow, Logger: s.log})
 		if err != nil {
 			_ = sock.Close()
 			return nil, err
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{s.conn, s.probe}, Logger: s.pion.NewLogger("ice")})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{s.conn, s.probe}, Logger: s.pion.NewLogger("ice"), Net: s.net})
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.clock = playout.NewClock(0)
@@ -184,6 +194,7 @@ func (s *Server) newAPI(sess *session, ufrag, pwd string, role webrtc.DTLSRole) 
 	s.setICETimeouts(&se)
 	se.SetICEBindingRequestHandler(sess.onCheck)
 	se.SetICEUDPMux(s.mux)
+	se.SetNet(s.net)
 	se.SetICECredentials(ufrag, pwd)
 	se.SetReceiveMTU(hop.MaxPayload) // the path's one datagram limit (hop.Conn drops longer ones, counted)
 	se.SetIncludeLoopbackCandidate(true)
