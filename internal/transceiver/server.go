@@ -135,11 +135,12 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 	// Pion lists the host's interfaces (a netlink dump) for every ICE
 	// agent and keeps the list for the agent's life unless it is given
 	// one; an ICE-lite agent on the shared mux gathers once, so one list
-	// serves every session.
+	// serves every session (newAPI).
 	if s.net, err = stdnet.NewNet(); err != nil {
 		_ = sock.Close()
 		return nil, fmt.Errorf("transceiver: list network interfaces: %w", err)
 	}
+	s.reports = rtcpreport.NewGenerator(cfg.ReportInterval)
 	s.pion = newPionLogs(s.log)
 	s.metrics = newMetrics(s, reg)
 	s.probe = newDelayProbe(s.metrics.mediaDelay)
@@ -147,18 +148,17 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		if s.cfg.advertise.Port() == 0 {
 			s.cfg.advertise = sock.LocalAddr().(*net.UDPAddr).AddrPort()
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{udpAddrPort{sock}, s.probe}, Logger: s.pion.NewLogger("ice"), Net: s.net})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{udpAddrPort{sock}, s.probe}, Logger: s.pion.NewLogger("ice")})
 	} else {
 		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow, Logger: s.log})
 		if err != nil {
 			_ = sock.Close()
 			return nil, err
 		}
-		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{s.conn, s.probe}, Logger: s.pion.NewLogger("ice"), Net: s.net})
+		s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: &probeConn{s.conn, s.probe}, Logger: s.pion.NewLogger("ice")})
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.clock = playout.NewClock(0)
-	s.reports = rtcpreport.NewGenerator(cfg.ReportInterval)
 	return s, nil
 }
 
