@@ -9,6 +9,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/audio"
 	"github.com/switchboard-rtc/switchboard/internal/auth"
 	"github.com/switchboard-rtc/switchboard/internal/playout"
+	"github.com/switchboard-rtc/switchboard/internal/rtcpreport"
 )
 
 // DefaultAllowRelays are the prefixes internal-hop datagrams may come from
@@ -37,6 +38,8 @@ const (
 	// DefaultDrainTimeout is how long live sessions may run on after
 	// SIGTERM before they are ended (Server.Drain).
 	DefaultDrainTimeout = 30 * time.Second
+	// DefaultReportInterval is Config.ReportInterval's default.
+	DefaultReportInterval = rtcpreport.DefaultInterval
 )
 
 // Defaults for a client that goes silent (consent.go).
@@ -120,6 +123,12 @@ type Config struct {
 	// no internal hop: for a single host, and as the latency baseline the
 	// relay path is measured against. Advertise then defaults to ListenAddr.
 	Direct bool `yaml:"direct"`
+	// ReportInterval is how often each session sends its RTCP sender and
+	// receiver reports (RFC 3550 §6.4), which give the client loss,
+	// jitter and round-trip figures and give us the round trip to the
+	// client (rtcpreport, reports.go). Default 1s, as Pion's report
+	// interceptors; 100ms to 10s.
+	ReportInterval time.Duration `yaml:"report_interval"`
 	// DTLSRole is the DTLS role the transceiver takes in answers to offers
 	// that leave it to the answerer (a=setup:actpass, or none): "client"
 	// (default; a=setup:active, the transceiver sends the ClientHello the
@@ -219,6 +228,12 @@ func (c *Config) Validate() error {
 		c.OutputQueueMax = playout.DefaultMaxQueued
 	case c.OutputQueueMax < playout.Tick || c.OutputQueueMax > 10*time.Minute:
 		return fmt.Errorf("transceiver: output_queue_max %v must be 20ms to 10m (a whole reply should fit: 60s is the default)", c.OutputQueueMax)
+	}
+	switch {
+	case c.ReportInterval == 0:
+		c.ReportInterval = DefaultReportInterval
+	case c.ReportInterval < 100*time.Millisecond || c.ReportInterval > 10*time.Second:
+		return fmt.Errorf("transceiver: report_interval %v must be 100ms to 10s (1s is the default)", c.ReportInterval)
 	}
 	if c.DisconnectedTimeout <= 0 {
 		c.DisconnectedTimeout = DefaultDisconnectedTimeout

@@ -40,6 +40,7 @@ type metrics struct {
 	offersRefused *prometheus.CounterVec
 	outputDropped prometheus.Counter // paced packets the client's track refused
 	tracksIgnored prometheus.Counter // client audio tracks after the first
+	rtcpDropped   prometheus.Counter // client RTCP that did not parse after SRTCP decryption (reports.go)
 }
 
 // Setup phases, the values of the phase label.
@@ -118,6 +119,9 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		outputDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_output_packets_dropped_total", Help: "Paced audio packets the client's track could not send (write error).",
 		}),
+		rtcpDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_rtcp_malformed_total", Help: "Client RTCP packets dropped because they did not parse as RTCP (RFC 3550 6.1) once decrypted.",
+		}),
 		tracksIgnored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_tracks_ignored_total", Help: "Client audio tracks ignored because the session already has one (offers with several audio sections).",
 		}),
@@ -187,6 +191,6 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	}, func() float64 { return float64(s.pion.Suppressed()) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
 		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, lateTicks, caughtUp, active, newHopCollector(s.HopStats), pionSuppressed)
+		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.rtcpDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), pionSuppressed)
 	return m
 }

@@ -27,7 +27,7 @@ import (
 
 	"github.com/pion/ice/v4"
 	"github.com/pion/interceptor"
-	"github.com/pion/stun/v4"
+	"github.com/pion/transport/v5/stdnet"
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -35,6 +35,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/playout"
+	"github.com/switchboard-rtc/switchboard/internal/rtcpreport"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
@@ -76,12 +77,14 @@ type Server struct {
 	conn    *hop.Conn    // the internal hop over sock; nil when Config.Direct
 	udp     *probeConn   // what mux reads and writes: conn, or sock when Direct
 	mux     *ice.UDPMuxDefault
+	net     *stdnet.Net // the host's interfaces, listed once for every session's ICE agent
 	metrics *metrics
-	probe   *delayProbe     // samples the media delay inside (delay.go)
-	certs   certs           // the DTLS certificate sessions share (cert.go)
-	pion    *pionLogs       // Pion's log lines, through log (pionlog.go)
-	auth    *auth.Authority // nil: signaling is open
-	clock   *playout.Clock  // paces every session's output (media.go)
+	probe   *delayProbe           // samples the media delay inside (delay.go)
+	certs   certs                 // the DTLS certificate sessions share (cert.go)
+	pion    *pionLogs             // Pion's log lines, through log (pionlog.go)
+	auth    *auth.Authority       // nil: signaling is open
+	clock   *playout.Clock        // paces every session's output (media.go)
+	reports *rtcpreport.Generator // sends every session's RTCP reports (reports.go)
 	ctx     context.Context
 	cancel  context.CancelFunc
 
@@ -130,6 +133,15 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		left:     make(chan struct{}, 1),
 		pending:  pending{byClient: make(map[netip.Prefix]int)},
 	}
+	// Pion lists the host's interfaces (a netlink dump) for every ICE
+	// agent and keeps the list for the agent's life unless it is given
+	// one; an ICE-lite agent on the shared mux gathers once, so one list
+	// serves every session (newAPI).
+	if s.net, err = stdnet.NewNet(); err != nil {
+		_ = sock.Close()
+		return nil, fmt.Errorf("transceiver: list network interfaces: %w", err)
+	}
+	s.reports = rtcpreport.NewGenerator(cfg.ReportInterval)
 	s.pion = newPionLogs(s.log)
 	s.metrics = newMetrics(s, reg)
 	s.probe = newDelayProbe(s.metrics.mediaDelay)
@@ -174,16 +186,18 @@ func (s *Server) Sessions() int {
 }
 
 // newAPI builds the Pion API for one session: ICE-lite on the shared mux,
-// the session's credentials, Opus only. role is the DTLS role the offer
-// asked of the answer (offerInfo.dtlsRole); zero means Config.DTLSRole.
-// onCheck sees every authenticated Binding request (pending.go).
-func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole, onCheck func(*stun.Message, ice.Candidate, ice.Candidate, *ice.CandidatePair) bool) (*webrtc.API, error) {
+// the session's credentials, Opus only, its RTCP through reports.go. role
+// is the DTLS role the offer asked of the answer (offerInfo.dtlsRole);
+// zero means Config.DTLSRole. sess.onCheck sees every authenticated
+// Binding request (pending.go).
+func (s *Server) newAPI(sess *session, ufrag, pwd string, role webrtc.DTLSRole) (*webrtc.API, error) {
 	var se webrtc.SettingEngine
 	se.LoggerFactory = s.pion
 	se.SetLite(true)
 	s.setICETimeouts(&se)
-	se.SetICEBindingRequestHandler(onCheck)
+	se.SetICEBindingRequestHandler(sess.onCheck)
 	se.SetICEUDPMux(s.mux)
+	se.SetNet(s.net)
 	se.SetICECredentials(ufrag, pwd)
 	se.SetReceiveMTU(hop.MaxPayload) // the path's one datagram limit (hop.Conn drops longer ones, counted)
 	se.SetIncludeLoopbackCandidate(true)
@@ -207,23 +221,26 @@ func (s *Server) newAPI(ufrag, pwd string, role webrtc.DTLSRole, onCheck func(*s
 	// Data channels are read by readDataChannel (events.go) with a buffer
 	// the size of the messages, not Pion's 64 KiB per channel.
 	se.DetachDataChannels()
+	// RTCP from the client is handled as the SRTCP session decrypts it,
+	// with no goroutine reading it (reports.go).
+	se.BufferFactory = sess.bufferFactory
 
 	var me webrtc.MediaEngine
 	if err := me.RegisterCodec(opusCodec, webrtc.RTPCodecTypeAudio); err != nil {
 		return nil, err
 	}
 	// Interceptors: only the RTCP sender and receiver reports (RFC 3550
-	// §6.4), which give the client loss and jitter figures and us the RTT
-	// (readRTCP). Pion's defaults add NACK (a 1024-packet resend buffer
-	// per stream and a goroutine; Opus conceals a lost 20 ms frame better
-	// than a retransmission arrives), TWCC feedback (a goroutine; nothing
-	// to steer at 50 packets a second of one audio stream), the stats
+	// §6.4), which give the client loss, jitter and round-trip figures
+	// and us the round trip (reports.go), from the Server's one report
+	// generator instead of Pion's two ticker goroutines per session.
+	// Pion's defaults add NACK (a 1024-packet resend buffer per stream
+	// and a goroutine; Opus conceals a lost 20 ms frame better than a
+	// retransmission arrives), TWCC feedback (a goroutine; nothing to
+	// steer at 50 packets a second of one audio stream), the stats
 	// interceptor (a wrapper on every packet, for GetStats, unused) and
 	// video simulcast header extensions.
 	var ir interceptor.Registry
-	if err := webrtc.ConfigureRTCPReports(&ir); err != nil {
-		return nil, err
-	}
+	ir.Add(reportFactory{sess.reports})
 	return webrtc.NewAPI(webrtc.WithSettingEngine(se), webrtc.WithMediaEngine(&me), webrtc.WithInterceptorRegistry(&ir)), nil
 }
 
@@ -396,6 +413,7 @@ func (s *Server) Close() error {
 	s.ends.Wait()
 	s.wg.Wait()
 	s.clock.Close()
+	s.reports.Close()
 	s.cancel()
 	err := s.mux.Close()
 	if cerr := s.sock.Close(); err == nil && !errors.Is(cerr, net.ErrClosed) {

@@ -12,12 +12,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pion/rtcp"
 	"github.com/pion/rtp"
 	"github.com/pion/webrtc/v4"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/hop"
+	"github.com/switchboard-rtc/switchboard/internal/rtcpreport"
 )
 
 // Session end reasons added to the bridge's list.
@@ -45,8 +45,9 @@ type session struct {
 	out     *webrtc.TrackLocalStaticRTP // audio from the backend to the client
 	outSSRC uint32                      // out's SSRC, for the media delay probe
 	be      *bridge.Conn
-	media   *media // codecs and paced playout (media.go)
-	turns   turns  // turn detection (turns.go)
+	media   *media                  // codecs and paced playout (media.go)
+	reports *rtcpreport.Interceptor // the session's RTCP reports (reports.go)
+	turns   turns                   // turn detection (turns.go)
 	// turnMu orders a barge-in's input.speech_started before the
 	// playout events its clear causes (turns.go, media.go).
 	turnMu  sync.Mutex
@@ -62,6 +63,7 @@ type session struct {
 	// the session still holds it.
 	pendingKey  netip.Prefix
 	pendingHeld atomic.Bool
+	setupTimer  *time.Timer // ends the session if it does not connect in time (watchSetup)
 	// Setup phases reached, each observed once.
 	iceUp, dtlsUp, audioUp atomic.Bool
 	endOnce                sync.Once     // end (lifecycle.go)
@@ -131,7 +133,8 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		return nil, "", err
 	}
 
-	if sess.api, err = s.newAPI(ufrag, pwd, info.dtlsRole, sess.onCheck); err != nil {
+	sess.reports = s.reports.New()
+	if sess.api, err = s.newAPI(sess, ufrag, pwd, info.dtlsRole); err != nil {
 		return fail(err)
 	}
 	if s.conn != nil {
@@ -190,7 +193,8 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		return fail(ErrClosed)
 	}
 	s.sessions[id] = sess
-	s.wg.Add(4)
+	sess.watchSetup() // under s.mu: whoever finds the session in the table finds its timer
+	s.wg.Add(2)
 	s.mu.Unlock()
 	s.metrics.sessionsStarted.Inc()
 
@@ -199,10 +203,8 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	sess.pc.OnConnectionStateChange(sess.onConnectionState)
 	sess.pc.OnICEConnectionStateChange(sess.onICEState)
 	sess.pc.SCTP().Transport().OnStateChange(sess.onDTLSState)
-	go sess.readRTCP(sender)
 	go sess.fromBackend()
 	go sess.playoutEvents()
-	go sess.watchSetup()
 	sess.watchChecks()
 	sess.log.Info("session created", "ufrag", ufrag)
 	return sess, finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress), nil
@@ -297,6 +299,7 @@ func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
 	switch st {
 	case webrtc.PeerConnectionStateConnected:
 		if !sess.connected.Swap(true) {
+			sess.setupTimer.Stop()
 			sess.srv.metrics.connect.Observe(time.Since(sess.created).Seconds())
 		}
 		sess.leavePending()
@@ -333,61 +336,6 @@ func (sess *session) onDTLSState(st webrtc.DTLSTransportState) {
 			sess.srv.metrics.setupFailures.WithLabelValues(phaseDTLS, "failed").Inc()
 		}
 	}
-}
-
-// readRTCP drains RTCP from the sender, so that interceptors see it, and
-// turns the client's receiver reports into call-quality metrics.
-func (sess *session) readRTCP(sender *webrtc.RTPSender) {
-	defer sess.srv.wg.Done()
-	buf := make([]byte, 1500)
-	for {
-		n, _, err := sender.Read(buf)
-		if err != nil {
-			return
-		}
-		pkts, err := rtcp.Unmarshal(buf[:n])
-		if err != nil {
-			continue
-		}
-		now := time.Now()
-		for _, p := range pkts {
-			var reports []rtcp.ReceptionReport
-			switch p := p.(type) {
-			case *rtcp.ReceiverReport:
-				reports = p.Reports
-			case *rtcp.SenderReport:
-				reports = p.Reports
-			}
-			for _, rr := range reports {
-				sess.observeReport(rr, now)
-			}
-		}
-	}
-}
-
-// observeReport records one reception report about our audio: loss,
-// jitter (Opus RTP clock, 48 kHz) and, when it echoes one of our sender
-// reports, the round-trip time A - LSR - DLSR (RFC 3550 §6.4.1), in units
-// of 1/65536 s of the middle 32 bits of NTP time.
-func (sess *session) observeReport(rr rtcp.ReceptionReport, now time.Time) {
-	m := sess.srv.metrics
-	m.loss.Observe(float64(rr.FractionLost) / 256)
-	m.jitter.Observe(float64(rr.Jitter) / float64(opusCodec.ClockRate))
-	if rr.LastSenderReport == 0 {
-		return
-	}
-	rtt := ntpMiddle(now) - rr.LastSenderReport - rr.Delay
-	if rtt < 10<<16 { // a wrapped or bogus value would be huge
-		m.rtt.Observe(float64(rtt) / 65536)
-	}
-}
-
-// ntpMiddle returns the middle 32 bits of t as a 64-bit NTP timestamp.
-func ntpMiddle(t time.Time) uint32 {
-	const ntpEpochOffset = 2208988800 // seconds from 1900 to 1970
-	secs := uint64(t.Unix()) + ntpEpochOffset
-	frac := uint64(t.Nanosecond()) << 32 / 1e9
-	return uint32((secs<<32 | frac) >> 16)
 }
 
 // fromBackend queues backend audio for paced playout to the client's
@@ -453,20 +401,19 @@ func (sess *session) notifyClient(reason string) {
 	}
 }
 
-// watchSetup ends the session if it does not connect in time.
+// watchSetup ends the session if it does not connect within
+// Config.SetupTimeout. Like watchChecks, the timer holds no goroutine
+// while it waits; connecting or ending stops it, so that it does not keep
+// the session reachable for the rest of the timeout either.
 func (sess *session) watchSetup() {
-	defer sess.srv.wg.Done()
-	t := time.NewTimer(sess.srv.cfg.SetupTimeout)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		if !sess.connected.Load() {
-			sess.srv.metrics.setupFailures.WithLabelValues("connect", "timeout").Inc()
-			sess.log.Info("session did not connect in time", "timeout", sess.srv.cfg.SetupTimeout)
-			sess.end(ReasonSetupTimeout)
+	sess.setupTimer = time.AfterFunc(sess.srv.cfg.SetupTimeout, func() {
+		if sess.connected.Load() || sess.ending.Load() {
+			return
 		}
-	case <-sess.ctx.Done():
-	}
+		sess.srv.metrics.setupFailures.WithLabelValues("connect", "timeout").Inc()
+		sess.log.Info("session did not connect in time", "timeout", sess.srv.cfg.SetupTimeout)
+		sess.end(ReasonSetupTimeout)
+	})
 }
 
 // teardown ends the session: the backend is told why, the client gets
@@ -475,6 +422,7 @@ func (sess *session) watchSetup() {
 // the table.
 func (sess *session) teardown(reason string) {
 	s := sess.srv
+	sess.setupTimer.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	sess.media.q.Close() // no playout event after session.end
 	_ = sess.be.End(ctx, reason)

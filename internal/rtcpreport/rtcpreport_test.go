@@ -1,0 +1,382 @@
+package rtcpreport
+
+import (
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pion/interceptor"
+	"github.com/pion/rtcp"
+	"github.com/pion/rtp"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const opusRate = 48000
+
+// t0 is an arbitrary start for the tests' clocks.
+var t0 = time.Date(2026, 12, 1, 20, 0, 0, 0, time.UTC)
+
+// wire marshals an RTP packet as it would arrive: the tests feed the
+// trackers real packets, read back through rtpSeqTS.
+func wire(t *testing.T, seq uint16, ts uint32) []byte {
+	t.Helper()
+	b, err := (&rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: 111, SequenceNumber: seq, Timestamp: ts, SSRC: 0x1234}, Payload: make([]byte, 60)}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// arrive feeds one packet to s at time at.
+func arrive(t *testing.T, s *remoteStream, seq uint16, ts uint32, at time.Time) {
+	t.Helper()
+	seq2, ts2, ok := rtpSeqTS(wire(t, seq, ts))
+	if !ok || seq2 != seq || ts2 != ts {
+		t.Fatalf("rtpSeqTS(%d, %d) = %d, %d, %v", seq, ts, seq2, ts2, ok)
+	}
+	s.receivedPacket(seq2, ts2, at)
+}
+
+func newRemote() *remoteStream {
+	return &remoteStream{ssrc: 0x1234, clockRate: opusRate, epoch: t0}
+}
+
+func TestRTPSeqTS(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		b    []byte
+	}{
+		{"short", make([]byte, 11)},
+		{"version 0", make([]byte, 12)},
+		{"version 1", append([]byte{0x40}, make([]byte, 11)...)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, ok := rtpSeqTS(tc.b); ok {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
+
+// TestLoss: cumulative loss, the fraction lost per interval (RFC 3550
+// A.3) and the extended highest sequence number.
+func TestLoss(t *testing.T) {
+	s := newRemote()
+	at := t0
+	// 100 packets, seq 1000–1099, every 10th missing: 10 lost of 100.
+	for i := range 100 {
+		at = at.Add(20 * time.Millisecond)
+		if i%10 == 5 {
+			continue
+		}
+		arrive(t, s, uint16(1000+i), uint32(i*960), at)
+	}
+	b, _ := s.block(at)
+	if b.LastSequenceNumber != 1099 || b.TotalLost != 10 || b.FractionLost != 10*256/100 {
+		t.Fatalf("interval 1: highest %d lost %d fraction %d, want 1099, 10, %d", b.LastSequenceNumber, b.TotalLost, b.FractionLost, 10*256/100)
+	}
+	// 100 more, a quarter missing: the fraction is this interval's,
+	// the total cumulative.
+	for i := 100; i < 200; i++ {
+		at = at.Add(20 * time.Millisecond)
+		if i%4 == 0 {
+			continue
+		}
+		arrive(t, s, uint16(1000+i), uint32(i*960), at)
+	}
+	b, _ = s.block(at)
+	if b.LastSequenceNumber != 1199 || b.TotalLost != 35 || b.FractionLost != 64 {
+		t.Fatalf("interval 2: highest %d lost %d fraction %d, want 1199, 35, 64", b.LastSequenceNumber, b.TotalLost, b.FractionLost)
+	}
+	// No packet since: nothing expected, nothing lost.
+	b, _ = s.block(at)
+	if b.FractionLost != 0 || b.TotalLost != 35 {
+		t.Fatalf("empty interval: lost %d fraction %d, want 35, 0", b.TotalLost, b.FractionLost)
+	}
+}
+
+// TestSequenceWrap: the extended highest sequence number counts the
+// wraps of the 16-bit sequence number (A.1), and a late packet from
+// before the wrap neither moves it nor counts a cycle.
+func TestSequenceWrap(t *testing.T) {
+	s := newRemote()
+	at := t0
+	seq := uint16(65530)
+	for i := range 20 { // 65530 … 65535, 0 … 13
+		at = at.Add(20 * time.Millisecond)
+		if seq == 2 { // late: arrives after 3
+			seq++
+			continue
+		}
+		arrive(t, s, seq, uint32(i*960), at)
+		seq++
+	}
+	arrive(t, s, 2, 0, at)     // the late one
+	arrive(t, s, 65534, 0, at) // a duplicate from before the wrap
+	b, _ := s.block(at)
+	if want := uint32(1<<16 + 13); b.LastSequenceNumber != want {
+		t.Fatalf("extended highest %#x, want %#x", b.LastSequenceNumber, want)
+	}
+	// 20 expected, 21 received (one duplicate): a cumulative loss of −1,
+	// 24-bit two's complement; no fraction lost.
+	if b.TotalLost != 0xffffff || b.FractionLost != 0 {
+		t.Fatalf("lost %#x fraction %d, want 0xffffff, 0", b.TotalLost, b.FractionLost)
+	}
+}
+
+// TestSequenceRestart: a jump of more than MAX_DROPOUT is ignored until
+// a second sequential packet confirms it; then counting starts afresh
+// (A.1).
+func TestSequenceRestart(t *testing.T) {
+	s := newRemote()
+	at := t0
+	for i := range 10 {
+		arrive(t, s, uint16(100+i), uint32(i*960), at)
+	}
+	arrive(t, s, 40000, 0, at) // one stray packet: not counted
+	b, _ := s.block(at)
+	if b.LastSequenceNumber != 109 || b.TotalLost != 0 {
+		t.Fatalf("after a stray jump: highest %d lost %d, want 109, 0", b.LastSequenceNumber, b.TotalLost)
+	}
+	arrive(t, s, 50000, 0, at)
+	arrive(t, s, 50001, 960, at) // sequential after the jump: restart
+	arrive(t, s, 50002, 1920, at)
+	b, _ = s.block(at)
+	if b.LastSequenceNumber != 50002 || b.TotalLost != 0 {
+		t.Fatalf("after a restart: highest %d lost %d, want 50002, 0", b.LastSequenceNumber, b.TotalLost)
+	}
+}
+
+// TestJitter: interarrival jitter (A.8) against the defining recurrence
+// J += (|D| − J)/16 in floating point.
+func TestJitter(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		delay func(i int) time.Duration // network delay of packet i
+		want  func(float64) bool        // on the float reference
+	}{
+		{"constant delay", func(int) time.Duration { return 30 * time.Millisecond }, func(j float64) bool { return j == 0 }},
+		{"alternating 0 and 2 ms", func(i int) time.Duration { return time.Duration(i%2) * 2 * time.Millisecond }, func(j float64) bool { return j > 90 }},
+		{"ramp", func(i int) time.Duration { return time.Duration(i%7) * 700 * time.Microsecond }, func(j float64) bool { return j > 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newRemote()
+			var ref, prevTransit float64
+			for i := range 300 {
+				sent := time.Duration(i) * 20 * time.Millisecond
+				at := t0.Add(sent + tc.delay(i))
+				ts := uint32(1e6 + i*960)
+				arrive(t, s, uint16(i), ts, at)
+				transit := at.Sub(t0).Seconds()*opusRate - float64(ts)
+				if i > 0 {
+					ref += (math.Abs(transit-prevTransit) - ref) / 16
+				}
+				prevTransit = transit
+			}
+			b, _ := s.block(t0)
+			if !tc.want(ref) {
+				t.Fatalf("reference jitter %.2f: the case does not test what it says", ref)
+			}
+			// The integer form truncates the arrival clock and
+			// rounds each step; it stays within a unit or two.
+			if math.Abs(float64(b.Jitter)-ref) > 2 {
+				t.Fatalf("jitter %d, reference %.2f (48 kHz units)", b.Jitter, ref)
+			}
+		})
+	}
+}
+
+// TestLSRDLSR: a block echoes the middle 32 bits of the source's last SR
+// and the delay since it arrived, in 1/65536 s (§6.4.1); RoundTrip turns
+// the echo back into the round trip.
+func TestLSRDLSR(t *testing.T) {
+	s := newRemote()
+	arrive(t, s, 1, 960, t0)
+	if b, _ := s.block(t0); b.LastSenderReport != 0 || b.Delay != 0 {
+		t.Fatalf("no SR yet: LSR %#x DLSR %d, want 0, 0", b.LastSenderReport, b.Delay)
+	}
+	remoteClock := t0.Add(-3 * time.Second) // the source's clock is 3 s behind
+	sr := NTPTime(remoteClock)
+	srArrived := t0.Add(10 * time.Millisecond)
+	s.senderReport(sr, srArrived)
+	at := srArrived.Add(1500 * time.Millisecond)
+	b, _ := s.block(at)
+	if b.LastSenderReport != uint32(sr>>16) {
+		t.Fatalf("LSR %#x, want %#x", b.LastSenderReport, uint32(sr>>16))
+	}
+	if want := uint32(1.5 * 65536); b.Delay != want {
+		t.Fatalf("DLSR %d, want %d", b.Delay, want)
+	}
+	// The block reaches the source 40 ms after it left: the source's
+	// clock then reads remoteClock + 10 ms (one way) + 1.5 s + 40 ms.
+	back := remoteClock.Add(10*time.Millisecond + 1500*time.Millisecond + 40*time.Millisecond)
+	rtt, ok := RoundTrip(b, back)
+	if !ok || (rtt-50*time.Millisecond).Abs() > 100*time.Microsecond {
+		t.Fatalf("round trip %v %v, want 50ms", rtt, ok)
+	}
+	if _, ok := RoundTrip(rtcp.ReceptionReport{}, back); ok {
+		t.Fatal("round trip from a block with no LSR")
+	}
+	if _, ok := RoundTrip(b, remoteClock); ok { // earlier than the SR: negative
+		t.Fatal("negative round trip accepted")
+	}
+}
+
+// TestSenderReport: packet and octet counts, and the RTP timestamp
+// extrapolated to the report's NTP time.
+func TestSenderReport(t *testing.T) {
+	s := &localStream{ssrc: 7, clockRate: opusRate}
+	if _, ok := s.senderReport(t0); ok {
+		t.Fatal("SR before any packet")
+	}
+	at := t0
+	for i := range 50 {
+		s.sent(uint16(100+i), uint32(5000+i*960), 60+i%3, at)
+		at = at.Add(20 * time.Millisecond)
+	}
+	s.sent(90, 1, 60, at) // a late write (a lower seq) counts but does not move the timestamp pair
+	last := at.Add(-20 * time.Millisecond)
+	now := last.Add(100 * time.Millisecond)
+	sr, ok := s.senderReport(now)
+	if !ok {
+		t.Fatal("no SR")
+	}
+	wantOctets := uint32(0)
+	for i := range 50 {
+		wantOctets += uint32(60 + i%3)
+	}
+	wantOctets += 60
+	if sr.SSRC != 7 || sr.PacketCount != 51 || sr.OctetCount != wantOctets {
+		t.Fatalf("SR ssrc %d packets %d octets %d, want 7, 51, %d", sr.SSRC, sr.PacketCount, sr.OctetCount, wantOctets)
+	}
+	if want := uint32(5000 + 49*960 + 4800); sr.RTPTime != want {
+		t.Fatalf("RTP time %d, want %d (last + 100 ms at 48 kHz)", sr.RTPTime, want)
+	}
+	if sr.NTPTime != NTPTime(now) {
+		t.Fatalf("NTP time %#x, want %#x", sr.NTPTime, NTPTime(now))
+	}
+}
+
+func TestNTPTime(t *testing.T) {
+	// 2026-12-01 20:00:00.5 UTC: 3973521600 s since 1900, half a second.
+	got := NTPTime(t0.Add(500 * time.Millisecond))
+	if want := uint64(t0.Unix()+2208988800)<<32 | 1<<31; got != want {
+		t.Fatalf("NTPTime %#x, want %#x", got, want)
+	}
+}
+
+// rtcpCapture is an RTCP writer that keeps what is written, marshalled
+// and parsed back as a peer would.
+type rtcpCapture struct {
+	mu   sync.Mutex
+	pkts [][]rtcp.Packet
+	got  chan struct{}
+}
+
+func (c *rtcpCapture) Write(pkts []rtcp.Packet, _ interceptor.Attributes) (int, error) {
+	b, err := rtcp.Marshal(pkts)
+	if err != nil {
+		return 0, err
+	}
+	back, err := rtcp.Unmarshal(b)
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	c.pkts = append(c.pkts, back)
+	c.mu.Unlock()
+	select {
+	case c.got <- struct{}{}:
+	default:
+	}
+	return len(b), nil
+}
+
+// TestInterceptor: streams bound through Pion's interceptor interfaces,
+// fed real RTP both ways, give an SR with a report block on the wire from
+// the generator's own clock, until the interceptor closes.
+func TestInterceptor(t *testing.T) {
+	g := NewGenerator(100 * time.Millisecond)
+	defer g.Close()
+	var reg interceptor.Registry
+	reg.Add(g)
+	chain, err := reg.Build("pc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	capture := &rtcpCapture{got: make(chan struct{}, 1)}
+	chain.BindRTCPWriter(capture)
+
+	out := chain.BindLocalStream(&interceptor.StreamInfo{SSRC: 11, ClockRate: opusRate}, interceptor.RTPWriterFunc(
+		func(h *rtp.Header, p []byte, _ interceptor.Attributes) (int, error) { return len(p), nil }))
+	next := uint16(0)
+	in := chain.BindRemoteStream(&interceptor.StreamInfo{SSRC: 22, ClockRate: opusRate}, interceptor.RTPReaderFunc(
+		func(b []byte, a interceptor.Attributes) (int, interceptor.Attributes, error) {
+			p := wire(t, next, uint32(next)*960)
+			next += 2 // every other packet lost
+			return copy(b, p), a, nil
+		}))
+	buf := make([]byte, 1500)
+	for i := range 10 {
+		if _, err := out.Write(&rtp.Header{Version: 2, SSRC: 11, SequenceNumber: uint16(i), Timestamp: uint32(i * 960)}, make([]byte, 80), nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := in.Read(buf, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-capture.got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no report within 5 s")
+	}
+	capture.mu.Lock()
+	first := capture.pkts[0]
+	capture.mu.Unlock()
+	sr, ok := first[0].(*rtcp.SenderReport)
+	if len(first) != 1 || !ok {
+		t.Fatalf("report %v, want one SR", first)
+	}
+	if sr.SSRC != 11 || sr.PacketCount != 10 || sr.OctetCount != 800 || len(sr.Reports) != 1 {
+		t.Fatalf("SR %+v, want ssrc 11, 10 packets, 800 octets, one block", sr)
+	}
+	if b := sr.Reports[0]; b.SSRC != 22 || b.LastSequenceNumber != 18 || b.TotalLost != 9 {
+		t.Fatalf("block %+v, want ssrc 22, highest 18, 9 lost", b)
+	}
+	if err := chain.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, w := range g.wheel {
+		if len(w) != 0 {
+			t.Fatal("a closed interceptor is still in the wheel")
+		}
+	}
+}
+
+// TestReceiverReportOnly: with nothing sent, the blocks go in an RR
+// whose sender SSRC is the local stream's.
+func TestReceiverReportOnly(t *testing.T) {
+	g := NewGenerator(time.Hour)
+	defer g.Close()
+	i := g.New()
+	i.BindLocalStream(&interceptor.StreamInfo{SSRC: 5, ClockRate: opusRate}, nil)
+	s := &remoteStream{ssrc: 6, clockRate: opusRate, epoch: t0}
+	i.remote = append(i.remote, s)
+	if pkts := i.reports(t0); pkts != nil {
+		t.Fatalf("reports before anything moved: %v", pkts)
+	}
+	arrive(t, s, 1, 960, t0)
+	pkts := i.reports(t0)
+	rr, ok := pkts[0].(*rtcp.ReceiverReport)
+	if len(pkts) != 1 || !ok || rr.SSRC != 5 || len(rr.Reports) != 1 || rr.Reports[0].SSRC != 6 {
+		t.Fatalf("reports %v, want one RR from 5 about 6", pkts)
+	}
+	if err := i.report(t0); err != errNoWriter {
+		t.Fatalf("report with no writer: %v", err)
+	}
+}

@@ -1,0 +1,185 @@
+package transceiver
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pion/interceptor"
+	"github.com/pion/interceptor/pkg/stats"
+	"github.com/pion/rtp"
+	"github.com/pion/webrtc/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// histogram reads a histogram's sample count and sum.
+func histogram(t *testing.T, h prometheus.Histogram) (uint64, float64) {
+	t.Helper()
+	var m dto.Metric
+	if err := h.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+}
+
+// TestRTCPReportsWithPionClient: a Pion client with Pion's own report and
+// stats interceptors calls the transceiver, sends audio with every tenth
+// packet missing and reads the echo. The transceiver's reports
+// (rtcpreport, from the shared generator) must give the client what
+// Pion's report interceptors would: a round trip from our report blocks'
+// LSR/DLSR, its loss, and our sender counts; and the client's reports must
+// give the transceiver its round-trip metric (our SR's NTP time echoed).
+func TestRTCPReportsWithPionClient(t *testing.T) {
+	s, apiURL := directServer(t, func(c *Config) { c.ReportInterval = 200 * time.Millisecond })
+
+	var me webrtc.MediaEngine
+	if err := me.RegisterDefaultCodecs(); err != nil {
+		t.Fatal(err)
+	}
+	var ir interceptor.Registry
+	sf, err := stats.NewInterceptor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	getters := make(chan stats.Getter, 1)
+	sf.OnNewPeerConnection(func(_ string, g stats.Getter) { getters <- g })
+	ir.Add(sf)
+	// After the stats interceptor, so that it sees the SRs the report
+	// interceptor writes (the chain wraps the writer in order).
+	if err := webrtc.ConfigureRTCPReports(&ir); err != nil {
+		t.Fatal(err)
+	}
+	var se webrtc.SettingEngine
+	se.SetIncludeLoopbackCandidate(true)
+	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
+	pc, err := webrtc.NewAPI(webrtc.WithMediaEngine(&me), webrtc.WithInterceptorRegistry(&ir), webrtc.WithSettingEngine(se)).NewPeerConnection(webrtc.Configuration{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	getter := <-getters
+
+	track, err := webrtc.NewTrackLocalStaticRTP(webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2}, "audio", "client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sender, err := pc.AddTrack(track)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientSSRC := uint32(sender.GetParameters().Encodings[0].SSRC)
+	if _, err := pc.CreateDataChannel(EventsLabel, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The client's interceptors see RTCP only as it is read.
+	drain := func(r interface {
+		Read([]byte) (int, interceptor.Attributes, error)
+	}) {
+		buf := make([]byte, 1500)
+		for {
+			if _, _, err := r.Read(buf); err != nil {
+				return
+			}
+		}
+	}
+	go drain(sender)
+	echoSSRC := make(chan uint32, 1)
+	pc.OnTrack(func(tr *webrtc.TrackRemote, recv *webrtc.RTPReceiver) {
+		echoSSRC <- uint32(tr.SSRC())
+		go drain(recv)
+		for {
+			if _, _, err := tr.ReadRTP(); err != nil {
+				return
+			}
+		}
+	})
+	connected := make(chan struct{})
+	pc.OnConnectionStateChange(func(st webrtc.PeerConnectionState) {
+		if st == webrtc.PeerConnectionStateConnected {
+			close(connected)
+		}
+	})
+	offer, err := pc.CreateOffer(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gathered := webrtc.GatheringCompletePromise(pc)
+	if err := pc.SetLocalDescription(offer); err != nil {
+		t.Fatal(err)
+	}
+	<-gathered
+	resp, err := http.Post(apiURL+"/v1/calls", "application/sdp", strings.NewReader(pc.LocalDescription().SDP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("offer: status %d: %s", resp.StatusCode, answer)
+	}
+	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, connected, 10*time.Second, "connection")
+
+	// 20 ms Opus packets (one 20 ms frame, TOC configuration 15), every
+	// tenth never sent, until both sides have what they need.
+	payload := make([]byte, 60)
+	payload[0] = 15 << 3
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(20 * time.Second)
+	var echo uint32
+	for seq := uint16(0); ; seq++ {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			n, _ := histogram(t, s.metrics.rtt)
+			t.Fatalf("after 20 s: transceiver RTT samples %d; client sees %+v and %+v", n, getter.Get(clientSSRC), getter.Get(echo))
+		}
+		if seq%10 != 9 {
+			if err := track.WriteRTP(&rtp.Packet{Header: rtp.Header{Version: 2, SequenceNumber: seq, Timestamp: uint32(seq) * 960}, Payload: payload}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if echo == 0 {
+			select {
+			case echo = <-echoSSRC:
+			default:
+				continue
+			}
+		}
+		if seq%25 != 0 {
+			continue
+		}
+		rtts, sum := histogram(t, s.metrics.rtt)
+		out, in := getter.Get(clientSSRC), getter.Get(echo)
+		if rtts == 0 || out == nil || in == nil {
+			continue
+		}
+		ri, ro := out.RemoteInboundRTPStreamStats, in.RemoteOutboundRTPStreamStats
+		// Wait for a report over an interval long enough to have lost
+		// a tenth of its packets, after the first one.
+		if ri.RoundTripTimeMeasurements < 2 || ri.PacketsLost < 5 || ro.PacketsSent == 0 {
+			continue
+		}
+		if mean := sum / float64(rtts); mean <= 0 || mean > 0.5 {
+			t.Fatalf("transceiver RTT mean %.4f s over %d samples: not a loopback round trip", mean, rtts)
+		}
+		if ri.RoundTripTime <= 0 || ri.RoundTripTime > 500*time.Millisecond {
+			t.Fatalf("client's RTT from our report blocks: %v", ri.RoundTripTime)
+		}
+		// Every tenth packet missing: about 10% lost in each interval
+		// (a 200 ms interval of 10 packets loses exactly one).
+		if ri.FractionLost < 0.05 || ri.FractionLost > 0.2 {
+			t.Fatalf("client's fraction lost from our report blocks: %.3f, want about 0.1", ri.FractionLost)
+		}
+		if sent := out.OutboundRTPStreamStats.PacketsSent; uint64(ri.PacketsLost) > sent/5 || ri.PacketsLost > int64(sent) {
+			t.Fatalf("our block says %d lost of the client's %d sent", ri.PacketsLost, sent)
+		}
+		return
+	}
+}
