@@ -205,7 +205,7 @@ func (c *Agent) Flags() *flag.FlagSet {
 	fs.StringVar(&c.Listen, "listen", agent.DefaultListenAddr, "address serving the bridge at /v1/bridge")
 	fs.StringVar(&c.Mode, "mode", agent.ModeParrot, "parrot (turn detection at the edge; replies with what the user said) or echo (sends every frame back)")
 	fs.StringVar(&c.Format, "format", "", "audio format: parrot pcm16/24000/1 (default) or pcm16/16000/1; echo opus/48000/2 (default), pcm16/24000/1 or pcm16/16000/1")
-	c.Log.RegisterFlags(fs, "json", "the metrics address")
+	c.Log.RegisterFlags(fs, "json", "the -listen address")
 	return done(fs)
 }
 
