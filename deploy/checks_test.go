@@ -624,6 +624,12 @@ func checkTransceiver(t *testing.T, r *rendered, v map[string]any) {
 var transceiverSettings = []struct{ value, flag string }{
 	{"transceiver.maxSessions", "max-sessions"},
 	{"transceiver.setupTimeout", "setup-timeout"},
+	{"transceiver.checkTimeout", "check-timeout"},
+	{"transceiver.maxPendingPerClient", "max-pending-per-client"},
+	{"transceiver.maxPending", "max-pending"},
+	{"transceiver.disconnectedTimeout", "disconnected-timeout"},
+	{"transceiver.consentTimeout", "consent-timeout"},
+	{"transceiver.outputBitrate", "output-bitrate"},
 	{"transceiver.outputComplexity", "output-complexity"},
 }
 
