@@ -605,6 +605,32 @@ func checkTransceiver(t *testing.T, r *rendered, v map[string]any) {
 	if sts.Spec.ServiceName != hopService(t, r).Name {
 		t.Errorf("StatefulSet serviceName %q", sts.Spec.ServiceName)
 	}
+	// Each value reaches its flag through the flag's environment variable.
+	flags := flagsOf(t, config.FlagSets(), "transceiver")
+	for _, s := range transceiverSettings {
+		if _, ok := flags[s.flag]; !ok {
+			t.Errorf("%s: `switchboard transceiver` has no -%s", s.value, s.flag)
+		}
+		name := config.EnvName(s.flag)
+		if got, want := env[name].Value, fmt.Sprint(val(t, v, s.value)); got != want {
+			t.Errorf("%s = %q, want %s's %q", name, got, s.value, want)
+		}
+	}
+}
+
+// transceiverSettings are the chart's transceiver values passed as one
+// flag each, through the flag's environment variable (config.EnvName),
+// whose defaults are the binary's (TestDefaultsAgreeWithFlags).
+var transceiverSettings = []struct{ value, flag string }{
+	{"transceiver.maxSessions", "max-sessions"},
+	{"transceiver.setupTimeout", "setup-timeout"},
+	{"transceiver.checkTimeout", "check-timeout"},
+	{"transceiver.maxPendingPerClient", "max-pending-per-client"},
+	{"transceiver.maxPending", "max-pending"},
+	{"transceiver.disconnectedTimeout", "disconnected-timeout"},
+	{"transceiver.consentTimeout", "consent-timeout"},
+	{"transceiver.outputBitrate", "output-bitrate"},
+	{"transceiver.outputComplexity", "output-complexity"},
 }
 
 // checkTokenKeys: relays and transceivers read the fleet key from the same
@@ -761,6 +787,16 @@ func TestDefaultsAgreeWithFlags(t *testing.T) {
 				t.Errorf("%s = %d, `switchboard %s -%s` defaults to %s", tt.value, got, tt.cmd, tt.flag, def)
 			}
 		})
+	}
+	for _, s := range transceiverSettings {
+		def := flagsOf(t, sets, "transceiver")[s.flag].DefValue
+		got := fmt.Sprint(val(t, v, s.value))
+		if d, err := time.ParseDuration(got); err == nil {
+			got = d.String() // "30s" and "30s" alike, "1m" as "1m0s"
+		}
+		if got != def {
+			t.Errorf("%s = %s, `switchboard transceiver -%s` defaults to %s", s.value, got, s.flag, def)
+		}
 	}
 	if got := valInt(t, v, "relay.service.port"); got != 3478 {
 		t.Errorf("the VIP port is %d, want STUN's 3478", got)

@@ -43,3 +43,44 @@ func TestFlagSets(t *testing.T) {
 		t.Errorf("relay -public defaults to %s", got)
 	}
 }
+
+// transceiverFlagsNotInChart are the `switchboard transceiver` flags the
+// chart does not set, each with why; every other flag must reach the
+// transceiver's pod as its environment variable in the default or the
+// custom render (TestTransceiverFlagsInChart), so that a new flag is
+// either given a value or listed here.
+var transceiverFlagsNotInChart = map[string]string{
+	"config":           "the chart passes every setting as an environment variable, not a file",
+	"direct":           "no relay: a single-host setup, not a fleet; the chart always runs relays",
+	"dtls-role":        "the default (client) suits every browser tried (docs/interop.md); extraEnv SWITCHBOARD_DTLS_ROLE if a client needs another",
+	"output-queue-max": "the default (60 s of audio) bounds memory per session; extraEnv SWITCHBOARD_OUTPUT_QUEUE_MAX to change it",
+	"log-format":       "the binary's default for servers is JSON, what a cluster's log pipeline reads",
+	"pprof":            "profiles stay off in a fleet; extraEnv SWITCHBOARD_PPROF=true on one pod to profile it",
+	"hop-advertise":    "relays find transceivers through EndpointSlices, by pod IP and the hop port",
+	"redis":            "the chart's relays read membership from EndpointSlices (-membership kubernetes), not from a Redis registry; its Redis is the relays' flow cache",
+	"token-max-age":    "only relays open tokens and check their age; a transceiver mints them",
+}
+
+// TestTransceiverFlagsInChart: every transceiver flag is set by the chart
+// or listed, with a reason, in transceiverFlagsNotInChart.
+func TestTransceiverFlagsInChart(t *testing.T) {
+	set := map[string]bool{}
+	for _, vals := range []map[string]any{withPublicIP(nil), customValues()} {
+		r, err := render(t, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name := range envMap(r.component(t, "transceiver").tmpl.Spec.Containers[0]) {
+			set[name] = true
+		}
+	}
+	for name := range flagsOf(t, config.FlagSets(), "transceiver") {
+		_, listed := transceiverFlagsNotInChart[name]
+		switch inChart := set[config.EnvName(name)]; {
+		case !inChart && !listed:
+			t.Errorf("-%s: the chart does not set %s; add a transceiver value for it, or list it in transceiverFlagsNotInChart with why", name, config.EnvName(name))
+		case inChart && listed:
+			t.Errorf("-%s is set by the chart (%s) but listed as not in it", name, config.EnvName(name))
+		}
+	}
+}

@@ -212,7 +212,13 @@ func customValues() map[string]any {
 			"backendURL":   "wss://brain.example.com/v1/bridge",
 			"allowRelays":  "10.0.0.0/8,fd00::/8",
 			"drainSeconds": 1800,
-			"hpa":          map[string]any{"enabled": false},
+			// Behind the Ingress: offers are counted per client, not per
+			// Ingress controller pod.
+			"trustedProxies":      "10.0.0.0/8",
+			"maxPendingPerClient": 8,
+			"consentTimeout":      "20s",
+			"outputComplexity":    8,
+			"hpa":                 map[string]any{"enabled": false},
 			"ingress": map[string]any{
 				"enabled":   true,
 				"className": "nginx",
@@ -305,6 +311,12 @@ func TestRenderCustom(t *testing.T) {
 	}
 	if got := env["SWITCHBOARD_ALLOW_RELAYS"].Value; got != "10.0.0.0/8,fd00::/8" {
 		t.Errorf("allow-relays = %q", got)
+	}
+	if got := env["SWITCHBOARD_TRUSTED_PROXIES"].Value; got != "10.0.0.0/8" {
+		t.Errorf("trusted-proxies = %q", got)
+	}
+	if got := env["SWITCHBOARD_MAX_PENDING_PER_CLIENT"].Value; got != "8" {
+		t.Errorf("max-pending-per-client = %q", got)
 	}
 	if got := sts.Spec.Template.Spec.Containers[0].Image; got != "registry.example.com/switchboard:v9.9.9" {
 		t.Errorf("image = %q", got)

@@ -244,6 +244,9 @@ func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/bridge", backend)
 	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	if cfg.Log.Pprof {
+		handlePprof(mux)
+	}
 	return serveHTTP(ctx, cfg.Listen, mux, log)
 }
 

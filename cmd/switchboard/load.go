@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
@@ -24,6 +26,8 @@ func runLoad(ctx context.Context, args []string, stdout io.Writer) error {
 		audio    string
 		interval time.Duration
 		jsonl    bool
+
+		connectedJSON bool
 	)
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
 	fs.Usage = func() {
@@ -38,6 +42,12 @@ audio gap p50/p99. Loss and gaps are the round trip when the backend
 echoes (switchboard agent); with -echo=false (a real agent) nothing is
 checked for an echo and gaps describe the backend's own audio.
 
+SIGUSR1 marks the moment of a fault you cause (a pod killed, a link cut):
+the summary then adds mark_gap_ms, the largest audio gap each live
+session saw within 30 s after it. With -vanish, sessions do not stream:
+each connects, then drops off the network a random 0 to -vanish later
+(sockets closed, nothing said), to check that the servers clean up.
+
 Flags:`)
 		fs.PrintDefaults()
 	}
@@ -50,6 +60,8 @@ Flags:`)
 	fs.DurationVar(&opts.ConnectTimeout, "connect-timeout", 30*time.Second, "bound on signaling, ICE and DTLS per session")
 	fs.DurationVar(&interval, "progress", 2*time.Second, "interval of the progress line on stderr (0 = none)")
 	fs.BoolVar(&jsonl, "sessions-json", false, "also print each session's result as a JSON line on stdout as it ends")
+	fs.BoolVar(&connectedJSON, "connected-json", false, `also print {"event":"connected","i":N,"url":N,"session":URL,"setup_ms":X} on stdout as each session connects`)
+	fs.DurationVar(&opts.Vanish, "vanish", 0, "instead of streaming, each session vanishes (closes its sockets unannounced) a random 0 to this after ICE connects")
 	headerFlag(fs, &opts.Header, `extra "Name: value" header on the POST and the DELETE (repeatable)`)
 	positional, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -77,15 +89,35 @@ Flags:`)
 			_ = enc.Encode(r)
 		}
 	}
+	if connectedJSON {
+		opts.OnConnected = func(r callclient.SessionResult) {
+			encMu.Lock()
+			defer encMu.Unlock()
+			_ = enc.Encode(connectedEvent{Event: "connected", I: r.I, URL: r.URL, Session: r.Session, SetupMS: r.SetupMS})
+		}
+	}
 	l, err := callclient.NewLoad(opts)
 	if err != nil {
 		return err
 	}
+	marks := make(chan os.Signal, 1)
+	signal.Notify(marks, syscall.SIGUSR1)
+	go func() {
+		for range marks {
+			l.Mark()
+		}
+	}()
+	defer func() {
+		signal.Stop(marks) // no send after this returns
+		close(marks)
+	}()
 	var progress io.Writer
 	if interval > 0 {
 		progress = os.Stderr
 	}
 	sum := l.Run(ctx, progress, interval)
+	encMu.Lock()
+	defer encMu.Unlock()
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(sum); err != nil {
 		return err
@@ -94,4 +126,13 @@ Flags:`)
 		return fmt.Errorf("%d of %d sessions failed: %v", n, sum.Sessions, sum.Failures)
 	}
 	return nil
+}
+
+// connectedEvent is the line -connected-json prints as a session connects.
+type connectedEvent struct {
+	Event   string  `json:"event"` // "connected"
+	I       int     `json:"i"`     // the session's index, in start order
+	URL     int     `json:"url"`   // index into the URLs
+	Session string  `json:"session,omitempty"`
+	SetupMS float64 `json:"setup_ms"` // POST to peer connection "connected"
 }

@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
@@ -102,5 +104,74 @@ func TestLoadAgainstDemo(t *testing.T) {
 		if m == nil || string(m[1]) == "0" {
 			t.Errorf("media delay %s: no observations in /metrics", dir)
 		}
+	}
+}
+
+// TestLoadMarkAndVanish runs `switchboard load` against the demo with
+// -connected-json, sends it SIGUSR1 once both sessions connected, and
+// checks that the summary then carries the gaps after the mark; then a
+// -vanish run, whose sessions must all connect and vanish.
+func TestLoadMarkAndVanish(t *testing.T) {
+	d, err := demo.Start(demo.Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Agent: "echo", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	url := d.URL() + "/v1/calls"
+
+	pr, pw := io.Pipe()
+	errc := make(chan error, 1)
+	go func() {
+		err := runLoad(context.Background(), []string{url, "-sessions", "2", "-duration", "3s", "-progress", "0", "-connected-json"}, pw)
+		pw.Close()
+		errc <- err
+	}()
+	dec := json.NewDecoder(pr)
+	connected := 0
+	var sum callclient.LoadSummary
+	for dec.More() {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			t.Fatal(err)
+		}
+		var ev connectedEvent
+		if !bytes.Contains(raw, []byte(`"event":"connected"`)) {
+			if err := json.Unmarshal(raw, &sum); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := json.Unmarshal(raw, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Session == "" || ev.SetupMS <= 0 {
+			t.Errorf("connected event %s", raw)
+		}
+		if connected++; connected == 2 {
+			if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if connected != 2 || sum.OK != 2 {
+		t.Fatalf("%d connected events, summary %+v", connected, sum)
+	}
+	if sum.MarkGapMS == nil || sum.MarkGapMS.N != 2 || sum.MarkGapMS.P50 <= 0 {
+		t.Fatalf("mark_gap_ms after SIGUSR1: %+v", sum.MarkGapMS)
+	}
+
+	var out bytes.Buffer
+	if err := runLoad(context.Background(), []string{url, "-sessions", "3", "-vanish", "200ms", "-ramp", "20ms", "-progress", "0"}, &out); err != nil {
+		t.Fatalf("vanish: %v\n%s", err, out.String())
+	}
+	sum = callclient.LoadSummary{}
+	if err := json.Unmarshal(out.Bytes(), &sum); err != nil {
+		t.Fatal(err)
+	}
+	if sum.Sessions != 3 || sum.OK != 3 || sum.Vanished != 3 || sum.PacketsSent != 0 || sum.MarkGapMS != nil {
+		t.Fatalf("vanish summary %+v", sum)
 	}
 }

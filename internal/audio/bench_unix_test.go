@@ -3,6 +3,7 @@
 package audio
 
 import (
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
@@ -35,6 +36,28 @@ func BenchmarkEncode(b *testing.B) {
 		}
 	}
 	e, _ := NewEncoder(24000, 0)
+	benchmarkEncoder(b, e, frames)
+}
+
+// BenchmarkEncodeComplexity is BenchmarkEncode's cost at each complexity,
+// on the speech a PCM backend sends (24 kHz): the CPU column of
+// docs/benchmarks.md "Opus encoder complexity".
+func BenchmarkEncodeComplexity(b *testing.B) {
+	_, frames := backendSpeech(b)
+	for _, c := range complexities {
+		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
+			e, err := NewEncoderConfig(EncoderConfig{Rate: 24000, Complexity: c})
+			if err != nil {
+				b.Fatal(err)
+			}
+			benchmarkEncoder(b, e, frames)
+		})
+	}
+}
+
+// benchmarkEncoder writes frames to e, one 20 ms frame an iteration, and
+// reports the process's CPU time per frame.
+func benchmarkEncoder(b *testing.B, e *Encoder, frames [][]byte) {
 	b.ReportAllocs()
 	i := 0
 	cpu0 := processCPU()

@@ -1,6 +1,7 @@
 package callclient
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -8,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	mrand "math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -18,6 +21,8 @@ import (
 	"github.com/pion/ice/v4"
 	"github.com/pion/interceptor"
 	"github.com/pion/rtp"
+	"github.com/pion/transport/v5"
+	"github.com/pion/transport/v5/stdnet"
 	"github.com/pion/webrtc/v4"
 )
 
@@ -51,6 +56,10 @@ import (
 // same message to come back (an echo backend returns it; against another
 // backend the session reports FailDataChannel), lets echoes in flight
 // arrive for LoadTail, sends the DELETE and closes the peer connection.
+//
+// With LoadOptions.Vanish, a session instead stands for a client that
+// loses its network: it connects, waits a random while and closes its
+// sockets with nothing said to the server (see Vanish).
 type Load struct {
 	opts LoadOptions
 	api  *webrtc.API
@@ -95,6 +104,15 @@ type LoadOptions struct {
 	// Load includes loopback candidates, disables mDNS and gathers on
 	// udp4 only: one candidate per session keeps the offer small.
 	SettingEngine *webrtc.SettingEngine
+	// Vanish, if positive, makes every session a client that loses its
+	// network instead of one that streams audio: once ICE connects, it
+	// waits a uniform random 0 to Vanish, then closes its UDP sockets with
+	// no DELETE, no DTLS close_notify and no SCTP ABORT, as a phone that
+	// drops off its network does, so that the server must notice by
+	// itself (ICE consent freshness, RFC 7675). The moment is
+	// SessionResult.VanishedNS; Duration is not used. A vanished session
+	// has no Failure: only signaling and connecting can fail.
+	Vanish time.Duration
 	// NoEcho is for a backend that does not echo (a real agent): no
 	// closing ping is sent or required, and the summary's loss is left
 	// out (the gaps are then those of the backend's own audio).
@@ -175,6 +193,11 @@ type SessionResult struct {
 	DCOpen    bool `json:"dc_open"`
 	DCEchoEnd bool `json:"dc_echo_end"` // the closing ping was answered
 
+	// VanishedNS is when the session closed its sockets unannounced
+	// (LoadOptions.Vanish); ConnectedNS before it means DTLS was up, and
+	// DCOpen then says whether the data channel was open.
+	VanishedNS int64 `json:"vanished_ns,omitempty"`
+
 	// Failure is one of the Fail* reasons; "" for a session that went
 	// through.
 	Failure string `json:"failure,omitempty"`
@@ -226,8 +249,11 @@ func NewLoad(opts LoadOptions) (*Load, error) {
 	if opts.Sessions <= 0 {
 		return nil, fmt.Errorf("%w: sessions must be positive, got %d", ErrOptions, opts.Sessions)
 	}
-	if opts.Duration <= 0 {
+	if opts.Duration <= 0 && opts.Vanish <= 0 {
 		return nil, fmt.Errorf("%w: duration must be positive, got %v", ErrOptions, opts.Duration)
+	}
+	if opts.Vanish < 0 {
+		return nil, fmt.Errorf("%w: vanish must not be negative, got %v", ErrOptions, opts.Vanish)
 	}
 	if opts.Ramp < 0 {
 		return nil, fmt.Errorf("%w: ramp must not be negative, got %v", ErrOptions, opts.Ramp)
@@ -249,7 +275,7 @@ func NewLoad(opts LoadOptions) (*Load, error) {
 		l.frames = frames
 	}
 	var err error
-	if l.api, err = newLoadAPI(opts.SettingEngine); err != nil {
+	if l.api, err = newLoadAPI(opts.SettingEngine, nil); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -257,8 +283,9 @@ func NewLoad(opts LoadOptions) (*Load, error) {
 
 // newLoadAPI builds the API every session shares: Opus only, RTCP reports
 // (so that the server sees receiver reports with LSR/DLSR, as from a
-// browser), no NACK, TWCC or other interceptors.
-func newLoadAPI(se *webrtc.SettingEngine) (*webrtc.API, error) {
+// browser), no NACK, TWCC or other interceptors. With n set, the sessions
+// open their sockets on n.
+func newLoadAPI(se *webrtc.SettingEngine, n transport.Net) (*webrtc.API, error) {
 	var me webrtc.MediaEngine
 	codec := webrtc.RTPCodecParameters{
 		RTPCodecCapability: webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2, SDPFmtpLine: opusFmtp},
@@ -277,13 +304,19 @@ func newLoadAPI(se *webrtc.SettingEngine) (*webrtc.API, error) {
 		se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
 		se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
 	}
+	if n != nil {
+		own := *se
+		own.SetNet(n)
+		se = &own
+	}
 	return webrtc.NewAPI(webrtc.WithMediaEngine(&me), webrtc.WithInterceptorRegistry(&ir), webrtc.WithSettingEngine(*se)), nil
 }
 
 // Mark records now as the moment of a fault: each session then reports
 // the largest audio gap ending within 30 s after it (GapMarkMS) and the
-// largest in the 5 s before (PreMarkGapMS). It may be called once, from
-// any goroutine.
+// largest in the 5 s before (PreMarkGapMS), and the summary their
+// distribution (LoadSummary.MarkGapMS). The first call counts; it may be
+// made from any goroutine.
 func (l *Load) Mark() time.Time {
 	now := time.Now()
 	l.mark.CompareAndSwap(0, now.UnixNano())
@@ -363,7 +396,19 @@ starting:
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	slices.SortFunc(l.results, func(a, b SessionResult) int { return a.I - b.I })
-	return Summarize(l.opts, l.results, time.Since(start))
+	sum := Summarize(l.opts, l.results, time.Since(start))
+	if mark := l.mark.Load(); mark != 0 {
+		// Sessions live at the mark: connected before it, streaming after.
+		var gapsMS []float64
+		for _, r := range l.results {
+			if r.ConnectedNS != 0 && r.ConnectedNS < mark && r.StreamEndNS > mark {
+				gapsMS = append(gapsMS, r.GapMarkMS)
+			}
+		}
+		d := distribution(gapsMS)
+		sum.MarkGapMS = &d
+	}
+	return sum
 }
 
 // Results returns every ended session's result, in start order once Run
@@ -451,7 +496,21 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 		return r
 	}
 	l.started.Add(1)
-	pc, err := l.api.NewPeerConnection(webrtc.Configuration{})
+	api := l.api
+	var vn *vanishNet
+	if l.opts.Vanish > 0 {
+		// Its own sockets, to close at once: its own API.
+		std, err := stdnet.NewNet()
+		if err != nil {
+			return fail(FailClient, err)
+		}
+		vn = &vanishNet{Net: std}
+		defer vn.vanish()
+		if api, err = newLoadAPI(l.opts.SettingEngine, vn); err != nil {
+			return fail(FailClient, err)
+		}
+	}
+	pc, err := api.NewPeerConnection(webrtc.Configuration{})
 	if err != nil {
 		return fail(FailClient, err)
 	}
@@ -471,8 +530,9 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 
 	s := &loadSession{r: &r}
 	connected, failed, dcOpen := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	iceUp := make(chan struct{})
 	pong := make(chan string, 4)
-	var connOnce, failOnce, openOnce sync.Once
+	var connOnce, failOnce, openOnce, iceOnce sync.Once
 	pc.OnConnectionStateChange(func(st webrtc.PeerConnectionState) {
 		switch st {
 		case webrtc.PeerConnectionStateConnected:
@@ -485,6 +545,8 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 	})
 	pc.OnICEConnectionStateChange(func(st webrtc.ICEConnectionState) {
 		switch st {
+		case webrtc.ICEConnectionStateConnected:
+			iceOnce.Do(func() { close(iceUp) })
 		case webrtc.ICEConnectionStateDisconnected:
 			s.stamp(&r.DisconnectedNS)
 		case webrtc.ICEConnectionStateFailed:
@@ -501,6 +563,11 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 	})
 	dc.OnOpen(func() { openOnce.Do(func() { close(dcOpen) }) })
 	dc.OnMessage(func(m webrtc.DataChannelMessage) {
+		// Only the ping's echo is awaited: the events a transceiver also
+		// sends here (output_audio_buffer.*) must not crowd it out.
+		if !bytes.HasPrefix(m.Data, []byte(`{"type":"ping"`)) {
+			return
+		}
 		select {
 		case pong <- string(m.Data):
 		default:
@@ -551,6 +618,13 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 	if err != nil {
 		l.hangup(session)
 		return fail(FailSignaling, err)
+	}
+	if vn != nil {
+		return l.vanish(ctx, cctx, &r, s, vn, iceUp, failed, dcOpen, func() {
+			closing.Store(true)
+			_ = pc.Close()
+			readers.Wait()
+		}, fail)
 	}
 	select {
 	case <-connected:
@@ -634,6 +708,88 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 		l.failed.Add(1)
 	}
 	return r
+}
+
+// vanish runs a Vanish session from its signaling on: it waits for ICE
+// to connect, then a random 0 to Vanish, and closes the sockets; closePC
+// then closes the peer connection, whose goodbyes go nowhere.
+func (l *Load) vanish(ctx, cctx context.Context, r *SessionResult, s *loadSession, vn *vanishNet, iceUp, failed, dcOpen <-chan struct{}, closePC func(), fail func(string, error) SessionResult) SessionResult {
+	select {
+	case <-iceUp:
+	case <-failed:
+		return fail(FailConnect, errors.New("peer connection failed before ICE connected"))
+	case <-cctx.Done():
+		return fail(FailConnectTimeout, fmt.Errorf("ICE not connected after %v", l.opts.ConnectTimeout))
+	}
+	l.connected.Add(1)
+	select {
+	case <-time.After(time.Duration(mrand.Int64N(int64(l.opts.Vanish) + 1))):
+	case <-ctx.Done():
+	}
+	vn.vanish()
+	vanished := time.Now().UnixNano()
+	select {
+	case <-dcOpen:
+		r.DCOpen = true
+	default:
+	}
+	closePC()
+	l.ended.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r.VanishedNS = vanished
+	return *r
+}
+
+// vanishNet is a vanishing session's network: it remembers the UDP
+// sockets ICE opens, so that the session can close them all at once.
+type vanishNet struct {
+	*stdnet.Net
+	mu     sync.Mutex
+	conns  []io.Closer
+	closed bool
+}
+
+var _ transport.Net = (*vanishNet)(nil)
+
+// ListenUDP opens a socket as stdnet does and remembers it.
+func (n *vanishNet) ListenUDP(network string, laddr *net.UDPAddr) (transport.UDPConn, error) {
+	c, err := n.Net.ListenUDP(network, laddr)
+	if err == nil {
+		n.keep(c)
+	}
+	return c, err
+}
+
+// ListenPacket opens a socket as stdnet does and remembers it.
+func (n *vanishNet) ListenPacket(network, address string) (net.PacketConn, error) {
+	c, err := n.Net.ListenPacket(network, address)
+	if err == nil {
+		n.keep(c)
+	}
+	return c, err
+}
+
+// keep remembers c, or closes it at once after vanish.
+func (n *vanishNet) keep(c io.Closer) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		_ = c.Close()
+		return
+	}
+	n.conns = append(n.conns, c)
+}
+
+// vanish closes every socket, and any opened later.
+func (n *vanishNet) vanish() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.closed = true
+	for _, c := range n.conns {
+		_ = c.Close()
+	}
+	n.conns = nil
 }
 
 // stream sends one packet every 20 ms for Duration, until failed closes
@@ -742,6 +898,11 @@ func Summarize(opts LoadOptions, results []SessionResult, elapsed time.Duration)
 	for _, r := range results {
 		if r.Failure != "" {
 			sum.Failures[r.Failure]++
+		} else {
+			sum.OK++
+		}
+		if r.VanishedNS != 0 {
+			sum.Vanished++
 		}
 		if r.ConnectedNS == 0 {
 			continue
@@ -750,9 +911,6 @@ func Summarize(opts LoadOptions, results []SessionResult, elapsed time.Duration)
 		setup = append(setup, r.SetupMS)
 		sum.PacketsSent += r.Sent
 		sum.PacketsReceived += r.Received
-		if r.Failure == "" {
-			sum.OK++
-		}
 		if r.Sent > 0 {
 			gapsMS = append(gapsMS, r.MaxGapMS)
 		}
@@ -771,7 +929,11 @@ type LoadSummary struct {
 	URLs      []string `json:"urls"`
 	Sessions  int      `json:"sessions"`  // sessions started
 	Connected int      `json:"connected"` // sessions whose peer connection connected
-	OK        int      `json:"ok"`        // connected sessions with no failure
+	// OK counts sessions with no failure: connected and streamed to the
+	// end, or, with LoadOptions.Vanish, connected ICE and vanished.
+	OK int `json:"ok"`
+	// Vanished counts sessions that vanished (LoadOptions.Vanish).
+	Vanished int `json:"vanished,omitempty"`
 	// Failures counts sessions by failure reason (the Fail* constants).
 	Failures  map[string]int `json:"failures"`
 	DurationS float64        `json:"duration_s"` // audio per session, seconds
@@ -789,6 +951,11 @@ type LoadSummary struct {
 	// largest gap between two received audio packets (20 ms on a clean
 	// path).
 	MaxGapMS Distribution `json:"max_gap_ms"`
+	// MarkGapMS, present after Load.Mark (SIGUSR1 to `switchboard load`),
+	// is the distribution, over the sessions live at the mark, of each
+	// one's largest audio gap ending within 30 s after it: how long the
+	// audio stopped across the fault the mark stands for.
+	MarkGapMS *Distribution `json:"mark_gap_ms,omitempty"`
 }
 
 // Distribution summarizes a sample: nearest-rank percentiles.

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pion/webrtc/v4"
+
 	"github.com/switchboard-rtc/switchboard/internal/audio"
 )
 
@@ -94,5 +96,53 @@ func TestCounterPayloadIsOpus20ms(t *testing.T) {
 	}
 	if len(p) != loadPayloadSize {
 		t.Errorf("payload %d bytes, want %d", len(p), loadPayloadSize)
+	}
+}
+
+// TestLoadVanish runs vanishing sessions against the in-test echo server
+// and checks that each connected, then left with nothing said: no DELETE,
+// no DTLS close_notify (the server's DTLS transport is still up when its
+// ICE agent notices the silence), and a summary that counts them.
+func TestLoadVanish(t *testing.T) {
+	srv := newEchoServer(t)
+	const n = 3
+	l, err := NewLoad(LoadOptions{
+		URLs: []string{srv.srv.URL + "/v1/calls"}, Sessions: n, Vanish: 300 * time.Millisecond,
+		Ramp: 20 * time.Millisecond, SettingEngine: loopbackEngine(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := l.Run(t.Context(), nil, 0)
+	if sum.Sessions != n || sum.OK != n || sum.Vanished != n || len(sum.Failures) != 0 {
+		t.Fatalf("summary %+v, want %d sessions vanished with no failure", sum, n)
+	}
+	for _, r := range l.Results() {
+		if r.VanishedNS == 0 || r.VanishedNS < r.PostedNS || r.Sent != 0 {
+			t.Errorf("session %d: %+v", r.I, r)
+		}
+	}
+	srv.mu.Lock()
+	deleted := len(srv.deleted)
+	pcs := make([]*webrtc.PeerConnection, 0, len(srv.pcs))
+	for _, pc := range srv.pcs {
+		pcs = append(pcs, pc)
+	}
+	srv.mu.Unlock()
+	if deleted != 0 || len(pcs) != n {
+		t.Fatalf("server: %d DELETEs, %d sessions left; want 0 and %d", deleted, len(pcs), n)
+	}
+	// Pion's ICE agent calls a silent peer disconnected after 5 s.
+	deadline := time.Now().Add(15 * time.Second)
+	for _, pc := range pcs {
+		for pc.ICEConnectionState() != webrtc.ICEConnectionStateDisconnected && pc.ICEConnectionState() != webrtc.ICEConnectionStateFailed {
+			if time.Now().After(deadline) {
+				t.Fatalf("server session still %v 15 s after its client vanished", pc.ICEConnectionState())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if st := pc.SCTP().Transport().State(); st == webrtc.DTLSTransportStateClosed {
+			t.Errorf("server DTLS transport %v: the client said goodbye", st)
+		}
 	}
 }

@@ -180,6 +180,7 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 	fs.BoolVar(&t.Direct, "direct", false, "clients send straight to -listen (no relay, no internal hop); -advertise defaults to -listen")
 	fs.StringVar(&c.Redis, "redis", "", "Redis host:port to register in (relays with -membership redis find this transceiver there); empty: no registration")
 	fs.IntVar(&t.OutputBitrate, "output-bitrate", audio.DefaultBitrate, "Opus bitrate (bit/s) of audio encoded from PCM backends")
+	fs.IntVar(&t.OutputComplexity, "output-complexity", audio.DefaultComplexity, "Opus encoder complexity (1-10) of audio encoded from PCM backends: CPU per frame against search effort (libopus's default is 10)")
 	fs.DurationVar(&t.OutputQueueMax, "output-queue-max", playout.DefaultMaxQueued, "cap on a session's queued output audio; past it backend audio is refused (error output_queue_full)")
 	fs.DurationVar(&t.ReportInterval, "report-interval", transceiver.DefaultReportInterval, "interval of each session's RTCP sender and receiver reports (100ms to 10s)")
 	fs.StringVar(&c.HopAd, "hop-advertise", "", "internal-hop ip:port registered for relays (default: -listen, which must then be a concrete IP)")
@@ -205,7 +206,7 @@ func (c *Agent) Flags() *flag.FlagSet {
 	fs.StringVar(&c.Listen, "listen", agent.DefaultListenAddr, "address serving the bridge at /v1/bridge")
 	fs.StringVar(&c.Mode, "mode", agent.ModeParrot, "parrot (turn detection at the edge; replies with what the user said) or echo (sends every frame back)")
 	fs.StringVar(&c.Format, "format", "", "audio format: parrot pcm16/24000/1 (default) or pcm16/16000/1; echo opus/48000/2 (default), pcm16/24000/1 or pcm16/16000/1")
-	c.Log.RegisterFlags(fs, "json", "the metrics address")
+	c.Log.RegisterFlags(fs, "json", "the -listen address")
 	return done(fs)
 }
 

@@ -15,6 +15,8 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -86,6 +88,9 @@ func Parse(fs *flag.FlagSet, args []string, dst any) error {
 		if err != nil {
 			return fmt.Errorf("config: %w", err)
 		}
+		if b, err = listsFromStrings(b, dst); err != nil {
+			return fmt.Errorf("config %s: %w", configPath, err)
+		}
 		dec := yaml.NewDecoder(strings.NewReader(string(b)))
 		dec.KnownFields(true)
 		if err := dec.Decode(dst); err != nil {
@@ -112,6 +117,176 @@ func Parse(fs *flag.FlagSet, args []string, dst any) error {
 	return fs.Parse(args)
 }
 
+// listsFromStrings lets the YAML file give a list setting (a []string
+// field of dst, such as allow_relays or auth.api_keys) either as a YAML
+// list or as one comma-separated string, as its flag takes it: it rewrites
+// each such string, in place on its line, as a flow sequence of its
+// trimmed, non-empty items, so that later errors keep their line numbers.
+// A list setting given as a mapping, or as a string over several lines,
+// is an error naming the key and its line.
+func listsFromStrings(b []byte, dst any) ([]byte, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil || len(doc.Content) == 0 {
+		return b, nil // the decoder reports it
+	}
+	var edits []listEdit
+	if err := listify(doc.Content[0], reflect.TypeOf(dst), "", &edits); err != nil {
+		return nil, err
+	}
+	if len(edits) == 0 {
+		return b, nil
+	}
+	lines := strings.Split(string(b), "\n")
+	// Right to left, so that an edit does not move the next one.
+	slices.SortFunc(edits, func(x, y listEdit) int {
+		if x.n.Line != y.n.Line {
+			return y.n.Line - x.n.Line
+		}
+		return y.n.Column - x.n.Column
+	})
+	for _, e := range edits {
+		n := e.n
+		line := []rune(lines[n.Line-1])
+		start := n.Column - 1
+		end := scalarEnd(line, start, n)
+		if end < 0 {
+			return nil, fmt.Errorf("line %d: %s: write the list as a YAML list or as a comma-separated string on one line", n.Line, e.path)
+		}
+		var items []string
+		for it := range strings.SplitSeq(n.Value, ",") {
+			if it = strings.TrimSpace(it); it != "" {
+				items = append(items, strconv.Quote(it)) // a YAML double-quoted scalar
+			}
+		}
+		lines[n.Line-1] = string(line[:start]) + "[" + strings.Join(items, ", ") + "]" + string(line[end:])
+	}
+	return []byte(strings.Join(lines, "\n")), nil
+}
+
+// scalarEnd returns where the one-line scalar n that starts at line[start]
+// ends in the source, or -1 if it is not one whole line's plain or quoted
+// scalar.
+func scalarEnd(line []rune, start int, n *yaml.Node) int {
+	if start < 0 || start >= len(line) || strings.Contains(n.Value, "\n") {
+		return -1
+	}
+	switch n.Style {
+	case 0: // plain: the source is the value
+		v := []rune(n.Value)
+		if start+len(v) <= len(line) && string(line[start:start+len(v)]) == n.Value {
+			return start + len(v)
+		}
+	case yaml.DoubleQuotedStyle:
+		for i := start + 1; i < len(line); i++ {
+			switch line[i] {
+			case '\\':
+				i++
+			case '"':
+				return i + 1
+			}
+		}
+	case yaml.SingleQuotedStyle:
+		for i := start + 1; i < len(line); i++ {
+			if line[i] == '\'' {
+				if i+1 < len(line) && line[i+1] == '\'' {
+					i++
+					continue
+				}
+				return i + 1
+			}
+		}
+	}
+	return -1
+}
+
+// listEdit is a string given for a list setting, at key path.
+type listEdit struct {
+	n    *yaml.Node
+	path string
+}
+
+// listify collects, below n (a value of Go type t at key path), every
+// string given for a []string into edits.
+func listify(n *yaml.Node, t reflect.Type, path string, edits *[]listEdit) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if n.Kind == yaml.AliasNode {
+		return nil
+	}
+	switch {
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
+		switch {
+		case n.Kind == yaml.ScalarNode && n.Tag == "!!null", n.Kind == yaml.SequenceNode:
+		case n.Kind == yaml.ScalarNode:
+			*edits = append(*edits, listEdit{n, path})
+		default:
+			return fmt.Errorf("line %d: %s: want a list, or one comma-separated string, of values", n.Line, path)
+		}
+	case t.Kind() == reflect.Slice && n.Kind == yaml.SequenceNode:
+		for i, c := range n.Content {
+			if err := listify(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), edits); err != nil {
+				return err
+			}
+		}
+	case t.Kind() == reflect.Map && n.Kind == yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if err := listify(n.Content[i+1], t.Elem(), joinKey(path, n.Content[i].Value), edits); err != nil {
+				return err
+			}
+		}
+	case t.Kind() == reflect.Struct && n.Kind == yaml.MappingNode:
+		fields := yamlFields(t, nil)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			at := slices.IndexFunc(fields, func(f yamlField) bool { return f.key == n.Content[i].Value })
+			if at < 0 {
+				continue // an unknown key: the decoder names it
+			}
+			if err := listify(n.Content[i+1], fields[at].typ, joinKey(path, n.Content[i].Value), edits); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func joinKey(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// yamlField is one top-level YAML key of a struct and its field's type.
+type yamlField struct {
+	key string
+	typ reflect.Type
+}
+
+// yamlFields appends the top-level YAML keys of struct type t (inline
+// fields' keys included), in field order, to fields.
+func yamlFields(t reflect.Type, fields []yamlField) []yamlField {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return fields
+	}
+	for f := range t.Fields() {
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		switch {
+		case name == "-" || !f.IsExported():
+		case strings.Contains(opts, "inline"):
+			fields = yamlFields(f.Type, fields)
+		case name != "":
+			fields = append(fields, yamlField{name, f.Type})
+		default:
+			fields = append(fields, yamlField{strings.ToLower(f.Name), f.Type})
+		}
+	}
+	return fields
+}
+
 // unknownField is how yaml.v3 reports a key that dst has no field for.
 var unknownField = regexp.MustCompile(`^(line \d+: )field (\S+) not found in type \S+$`)
 
@@ -123,7 +298,7 @@ func fileError(err error, dst any) error {
 	if !errors.As(err, &te) {
 		return err
 	}
-	known := yamlKeys(reflect.TypeOf(dst), nil)
+	known := yamlFields(reflect.TypeOf(dst), nil)
 	msgs := make([]string, len(te.Errors))
 	for i, m := range te.Errors {
 		sub := unknownField.FindStringSubmatch(m)
@@ -132,38 +307,14 @@ func fileError(err error, dst any) error {
 			continue
 		}
 		msgs[i] = fmt.Sprintf("%sunknown key %q", sub[1], sub[2])
-		for _, k := range known {
-			if strings.Contains(k, sub[2]) || strings.Contains(sub[2], k) {
+		for _, f := range known {
+			if k := f.key; strings.Contains(k, sub[2]) || strings.Contains(sub[2], k) {
 				msgs[i] += fmt.Sprintf(" (did you mean %s?)", k)
 				break
 			}
 		}
 	}
 	return errors.New(strings.Join(msgs, "; "))
-}
-
-// yamlKeys appends the top-level YAML keys of struct type t (inline
-// fields' keys included) to keys.
-func yamlKeys(t reflect.Type, keys []string) []string {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if t.Kind() != reflect.Struct {
-		return keys
-	}
-	for f := range t.Fields() {
-		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		switch {
-		case name == "-" || !f.IsExported():
-		case strings.Contains(opts, "inline"):
-			keys = yamlKeys(f.Type, keys)
-		case name != "":
-			keys = append(keys, name)
-		default:
-			keys = append(keys, strings.ToLower(f.Name))
-		}
-	}
-	return keys
 }
 
 // EnvName is the environment variable that sets flag name: SWITCHBOARD_

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -197,4 +198,82 @@ func TestUnknownKeyNamesIt(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `line 2: unknown key "public" (did you mean public_addr?)`) || strings.Contains(err.Error(), "struct") {
 		t.Fatalf("error %v", err)
 	}
+}
+
+// TestListSettingsTakeCommaStrings: a list setting in the file is a YAML
+// list or, as its flag takes it, one comma-separated string; both give
+// the same list, and a mapping is refused with the key and its line.
+func TestListSettingsTakeCommaStrings(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	want := []string{"10.0.0.0/8", "192.168.0.0/16"}
+	keys := []string{strings.Repeat("a", 32), strings.Repeat("b", 32)}
+	for name, body := range map[string]string{
+		"comma strings": "allow_relays: 10.0.0.0/8, 192.168.0.0/16\ntrusted_proxies: \"10.0.0.0/8,192.168.0.0/16,\"\nauth:\n  api_keys: " + keys[0] + "," + keys[1] + "\n",
+		"yaml lists":    "allow_relays: [10.0.0.0/8, 192.168.0.0/16]\ntrusted_proxies:\n  - 10.0.0.0/8\n  - 192.168.0.0/16\nauth:\n  api_keys: [" + keys[0] + ", " + keys[1] + "]\n",
+	} {
+		t.Run("transceiver "+name, func(t *testing.T) {
+			var cfg Transceiver
+			if err := Parse(cfg.Flags(), []string{"-config", write("trx.yaml", body)}, &cfg); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(cfg.Trx.AllowRelays, want) || !slices.Equal(cfg.Trx.TrustedProxies, want) || !slices.Equal(cfg.Trx.Auth.APIKeys, keys) {
+				t.Errorf("allow_relays %q, trusted_proxies %q, api_keys %q", cfg.Trx.AllowRelays, cfg.Trx.TrustedProxies, cfg.Trx.Auth.APIKeys)
+			}
+		})
+	}
+	t.Run("relay trusted_ingress", func(t *testing.T) {
+		var cfg Relay
+		if err := Parse(cfg.Flags(), []string{"-config", write("relay.yaml", "trusted_ingress: 10.0.0.0/8,192.168.0.0/16\n")}, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cfg.Relay.TrustedIngress, want) {
+			t.Errorf("trusted_ingress %q", cfg.Relay.TrustedIngress)
+		}
+	})
+	t.Run("director trusted_proxies and clusters", func(t *testing.T) {
+		var cfg Director
+		body := "trusted_proxies: 10.0.0.0/8, 192.168.0.0/16\nclusters:\n  eu: http://a/v1/calls,http://b/v1/calls\n"
+		if err := Parse(cfg.Flags(), []string{"-config", write("director.yaml", body)}, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cfg.Director.TrustedProxies, want) || !slices.Equal(cfg.Director.Clusters["eu"], []string{"http://a/v1/calls", "http://b/v1/calls"}) {
+			t.Errorf("trusted_proxies %q, clusters %q", cfg.Director.TrustedProxies, cfg.Director.Clusters)
+		}
+	})
+	t.Run("mapping refused", func(t *testing.T) {
+		var cfg Transceiver
+		err := Parse(cfg.Flags(), []string{"-config", write("bad.yaml", "id: 1\nallow_relays:\n  a: 10.0.0.0/8\n")}, &cfg)
+		if err == nil || !strings.Contains(err.Error(), "line 3: allow_relays: want a list, or one comma-separated string") {
+			t.Fatalf("error %v", err)
+		}
+	})
+	t.Run("line numbers kept", func(t *testing.T) {
+		var cfg Transceiver
+		body := "allow_relays: 10.0.0.0/8,192.168.0.0/16 # pods\n\n# proxies\ntrusted_proxies: '10.0.0.0/8, 192.168.0.0/16'\n\nnosuchkey: 1\n"
+		err := Parse(cfg.Flags(), []string{"-config", write("lines.yaml", body)}, &cfg)
+		if err == nil || !strings.Contains(err.Error(), `line 6: unknown key "nosuchkey"`) {
+			t.Fatalf("error %v", err)
+		}
+		cfg = Transceiver{}
+		if err := Parse(cfg.Flags(), []string{"-config", write("lines.yaml", strings.TrimSuffix(body, "nosuchkey: 1\n"))}, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cfg.Trx.AllowRelays, want) || !slices.Equal(cfg.Trx.TrustedProxies, want) {
+			t.Errorf("allow_relays %q, trusted_proxies %q", cfg.Trx.AllowRelays, cfg.Trx.TrustedProxies)
+		}
+	})
+	t.Run("multi-line string refused", func(t *testing.T) {
+		var cfg Transceiver
+		err := Parse(cfg.Flags(), []string{"-config", write("block.yaml", "allow_relays: >\n  10.0.0.0/8,\n  192.168.0.0/16\n")}, &cfg)
+		if err == nil || !strings.Contains(err.Error(), "line 1: allow_relays: write the list as a YAML list or as a comma-separated string on one line") {
+			t.Fatalf("error %v", err)
+		}
+	})
 }

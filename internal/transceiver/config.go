@@ -146,6 +146,11 @@ type Config struct {
 	// transceiver encodes from a PCM backend (docs/bridge.md §5.1).
 	// Default 32000 (audio.DefaultBitrate); 6000 to 128000.
 	OutputBitrate int `yaml:"output_bitrate"`
+	// OutputComplexity is the libopus encoder complexity (1 to 10) of that
+	// audio: CPU per frame against search effort. Default 5
+	// (audio.DefaultComplexity; docs/benchmarks.md "Opus encoder
+	// complexity" measures it against 10, libopus's own default).
+	OutputComplexity int `yaml:"output_complexity"`
 	// OutputQueueMax caps the audio waiting in a session's output queue
 	// for paced playout (docs/bridge.md §6.1); audio past it is refused
 	// with an output_queue_full error. Default 60s (playout.DefaultMaxQueued).
@@ -222,6 +227,12 @@ func (c *Config) Validate() error {
 		c.OutputBitrate = audio.DefaultBitrate
 	case c.OutputBitrate < 6000 || c.OutputBitrate > 128000:
 		return fmt.Errorf("transceiver: output_bitrate %d must be 6000 to 128000 bits per second (32000 suits speech)", c.OutputBitrate)
+	}
+	switch {
+	case c.OutputComplexity == 0:
+		c.OutputComplexity = audio.DefaultComplexity
+	case c.OutputComplexity < 1 || c.OutputComplexity > 10:
+		return fmt.Errorf("transceiver: output_complexity %d must be 1 to 10 (5 suits speech; 10 is libopus's default)", c.OutputComplexity)
 	}
 	switch {
 	case c.OutputQueueMax == 0:

@@ -119,7 +119,7 @@ func (sess *session) newMedia() error {
 		if m.dec, err = audio.NewDecoder(rate); err != nil {
 			return err
 		}
-		if m.enc, err = audio.NewEncoder(rate, cfg.OutputBitrate); err != nil {
+		if m.enc, err = audio.NewEncoderConfig(audio.EncoderConfig{Rate: rate, Bitrate: cfg.OutputBitrate, Complexity: cfg.OutputComplexity}); err != nil {
 			return err
 		}
 		m.frameDur, m.frameLen = playout.TickSamples, audio.FrameSamples(rate)

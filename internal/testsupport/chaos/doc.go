@@ -7,10 +7,14 @@
 // with "FIGURE"; docs/reliability.md records them, with the command that
 // reproduces them.
 //
-// The tests build two binaries once per run with `go build` (no race
-// detector, whatever the test binary has): cmd/switchboard and
-// loadclient, this package's load driver, which runs the client
-// sessions in its own process and reports each as a JSON line.
+// The tests build cmd/switchboard once per run with `go build` (no race
+// detector, whatever the test binary has). Its `switchboard load`
+// (internal/callclient's Load) is the load generator: it runs the client
+// sessions in a process of its own, prints a JSON line as each connects
+// (-connected-json) and as each ends (-sessions-json), takes SIGUSR1 as
+// the moment of a fault, and with -vanish makes clients drop off the
+// network unannounced. The impairment proxy of TestImpairedNetwork
+// (internal/testsupport/impair) runs in the test process.
 //
 // Knobs (go test flags): -chaos.full runs the lengths the docs record
 // (3 min impaired network, 500 restart rounds); -chaos.duration and

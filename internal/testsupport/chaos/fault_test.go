@@ -93,7 +93,7 @@ func TestTransceiverKill(t *testing.T) {
 	const idle = 5 * time.Second
 	n := *flagSessions
 	s := startStack(t, stackConfig{transceivers: 2, redis: true, idleTimeout: idle})
-	d := s.runDriver(t, "-urls", s.urls(), "-sessions", strconv.Itoa(n), "-duration", "45s", "-ramp", "30ms")
+	d := s.runDriver(t, "-sessions", strconv.Itoa(n), "-duration", "45s", "-ramp", "30ms")
 	d.waitConnected(t, n, 60*time.Second)
 	time.Sleep(2 * time.Second)
 	survivors := n / 2 // sessions go round-robin: odd ones on transceiver 2
@@ -106,7 +106,7 @@ func TestTransceiverKill(t *testing.T) {
 
 	killed := d.mark(t)
 	s.trx[0].kill9()
-	rs, _ := d.wait(t, 2*time.Minute)
+	rs := d.wait(t, 2*time.Minute)
 	left, flowsGone := relay.at("members"), relay.at("flows")
 
 	var dead, alive []sessionReport
@@ -154,9 +154,9 @@ func TestTransceiverKill(t *testing.T) {
 	}
 	var toldAfter []float64
 	for _, r := range dead {
-		at, ok := ends[r.id()]
+		at, ok := ends[sessionID(r.Session)]
 		if !ok {
-			t.Errorf("the agent never saw session %s (killed transceiver) end", r.id())
+			t.Errorf("the agent never saw session %s (killed transceiver) end", sessionID(r.Session))
 			continue
 		}
 		toldAfter = append(toldAfter, float64(at.Sub(killed).Milliseconds()))
@@ -200,7 +200,7 @@ func sinceOrNever(at, from time.Time) string {
 func countOK(rs []sessionReport) int {
 	n := 0
 	for _, r := range rs {
-		if r.Error == "" && r.FailedNS == 0 && !r.ICEFailed && r.DCEchoEnd {
+		if r.Failure == "" && r.FailedNS == 0 && !r.ICEFailed && r.DCEchoEnd {
 			n++
 		}
 	}
@@ -216,7 +216,7 @@ func countOK(rs []sessionReport) int {
 func TestRedisKill(t *testing.T) {
 	n := *flagSessions
 	s := startStack(t, stackConfig{transceivers: 2, redis: true, flowCache: bins.flowCache})
-	d := s.runDriver(t, "-urls", s.urls(), "-sessions", strconv.Itoa(n), "-duration", "16s", "-ramp", "30ms")
+	d := s.runDriver(t, "-sessions", strconv.Itoa(n), "-duration", "16s", "-ramp", "30ms")
 	d.waitConnected(t, n, 60*time.Second)
 	time.Sleep(2 * time.Second)
 
@@ -225,9 +225,9 @@ func TestRedisKill(t *testing.T) {
 	// Past the registry's TTL (6 s) without Redis, a second wave of
 	// sessions must still connect and echo.
 	time.Sleep(8 * time.Second)
-	wave := s.runDriver(t, "-urls", s.urls(), "-sessions", "10", "-duration", "3s", "-ramp", "50ms")
-	rs, _ := d.wait(t, 2*time.Minute)
-	ws, _ := wave.wait(t, time.Minute)
+	wave := s.runDriver(t, "-sessions", "10", "-duration", "3s", "-ramp", "50ms")
+	rs := d.wait(t, 2*time.Minute)
+	ws := wave.wait(t, time.Minute)
 	relay := mustScrape(t, s.relayOps)
 
 	checkSessions(t, rs, n)

@@ -1,13 +1,16 @@
 package chaos
 
 import (
+	"net/netip"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/impair"
 )
 
 // Impairment between the clients and the relay, applied to each direction
-// by the load driver's internal/testsupport/impair proxy.
+// by an internal/testsupport/impair proxy in the test process.
 const (
 	impairLoss    = 0.05
 	impairDup     = 0.01
@@ -26,12 +29,20 @@ const (
 func TestImpairedNetwork(t *testing.T) {
 	n := *flagSessions
 	dur := impairedDuration()
-	proxy := freeUDP(t)
-	s := startStack(t, stackConfig{advertise: proxy})
-	d := s.runDriver(t, "-urls", s.urls(), "-sessions", strconv.Itoa(n), "-duration", dur.String(), "-ramp", "30ms",
-		"-impair-listen", proxy, "-impair-target", s.public,
-		"-loss", fmtF(impairLoss), "-dup", fmtF(impairDup), "-reorder", fmtF(impairReorder), "-delay", impairDelay.String())
-	rs, _ := d.wait(t, dur+3*time.Minute)
+	proxyAddr := freeUDP(t)
+	s := startStack(t, stackConfig{advertise: proxyAddr})
+	relay, err := netip.ParseAddrPort(s.public)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := impair.NewUDP(proxyAddr, relay, impair.Config{Delay: impairDelay, Loss: impairLoss, Duplicate: impairDup, Reorder: impairReorder}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	d := s.runDriver(t, "-sessions", strconv.Itoa(n), "-duration", dur.String(), "-ramp", "30ms")
+	rs := d.wait(t, dur+3*time.Minute)
+	ps := proxy.Stats()
 	trx := mustScrape(t, s.trxHTTP[0])
 
 	checkSessions(t, rs, n)
@@ -58,10 +69,6 @@ func TestImpairedNetwork(t *testing.T) {
 	}
 	if dups != 0 {
 		t.Errorf("%d duplicated packets reached the application (SRTP replay protection should drop them)", dups)
-	}
-	var ps proxyStats
-	if d.proxy != nil {
-		ps = *d.proxy
 	}
 	if ps.Dropped == 0 || ps.Duplicated == 0 || ps.Reordered == 0 {
 		t.Errorf("the proxy did not impair: %+v", ps)

@@ -39,7 +39,7 @@ func TestRelayKill(t *testing.T) {
 			}
 			n := *flagSessions
 			s := startStack(t, stackConfig{redis: v.cache, flowCache: v.cache, noRelearn: v.noRelearn})
-			d := s.runDriver(t, "-urls", s.urls(), "-sessions", strconv.Itoa(n), "-duration", "14s", "-ramp", "30ms")
+			d := s.runDriver(t, "-sessions", strconv.Itoa(n), "-duration", "14s", "-ramp", "30ms")
 			d.waitConnected(t, n, 60*time.Second)
 			time.Sleep(2 * time.Second) // steady state: every flow confirmed (and cached)
 			before := mustScrape(t, s.relayOps)
@@ -47,7 +47,7 @@ func TestRelayKill(t *testing.T) {
 			killed := d.mark(t)
 			s.relay.kill9()
 			restart := s.restartRelay(t)
-			rs, _ := d.wait(t, 2*time.Minute)
+			rs := d.wait(t, 2*time.Minute)
 			after := mustScrape(t, s.relayOps)
 			trx := mustScrape(t, s.trxHTTP[0])
 

@@ -1,10 +1,8 @@
 package chaos
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/url"
 	"os/exec"
 	"path"
@@ -16,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
@@ -182,34 +181,9 @@ func (s *stack) cpu() string {
 	return strings.Join(parts, ", ")
 }
 
-// sessionReport is loadclient's {"ev":"session"} line (see its doc).
-type sessionReport struct {
-	I              int     `json:"i"`
-	URL            int     `json:"url"`
-	Session        string  `json:"session"`
-	PostedNS       int64   `json:"posted_ns"`
-	ConnectedNS    int64   `json:"connected_ns"`
-	DisconnectedNS int64   `json:"disconnected_ns"`
-	FailedNS       int64   `json:"failed_ns"`
-	ClosedNS       int64   `json:"closed_ns"`
-	ICEFailed      bool    `json:"ice_failed"`
-	SetupMS        float64 `json:"setup_ms"`
-	Sent           int     `json:"sent"`
-	Received       int     `json:"received"`
-	Duplicates     int     `json:"duplicates"`
-	Reordered      int     `json:"reordered"`
-	MaxGapMS       float64 `json:"max_gap_ms"`
-	GapMarkMS      float64 `json:"gap_mark_ms"`
-	PreMarkGapMS   float64 `json:"pre_mark_gap_ms"`
-	LastRxNS       int64   `json:"last_rx_ns"`
-	StreamEndNS    int64   `json:"stream_end_ns"`
-	DCOpen         bool    `json:"dc_open"`
-	DCEchoEnd      bool    `json:"dc_echo_end"`
-	Error          string  `json:"error"`
-}
-
-// id is the session id, the last element of its URL.
-func (r sessionReport) id() string { return sessionID(r.Session) }
+// sessionReport is one session's line of `switchboard load
+// -sessions-json`.
+type sessionReport = callclient.SessionResult
 
 func sessionID(session string) string {
 	u, err := url.Parse(session)
@@ -219,59 +193,47 @@ func sessionID(session string) string {
 	return path.Base(u.Path)
 }
 
-// vanishReport is loadclient's {"ev":"vanish"} line.
-type vanishReport struct {
-	I           int    `json:"i"`
-	Session     string `json:"session"`
-	ConnectedNS int64  `json:"connected_ns"`
-	VanishNS    int64  `json:"vanish_ns"`
-	DTLSUp      bool   `json:"dtls_up"`
-	DCOpen      bool   `json:"dc_open"`
-	Error       string `json:"error"`
-}
-
-type proxyStats struct {
-	Forwarded, Dropped, Duplicated, Reordered uint64
-}
-
-// driver is a running loadclient.
+// driver is a running `switchboard load`, the suite's load generator, in
+// a process of its own (built without the race detector), printing a line
+// as each session connects and as each ends.
 type driver struct {
-	p     *proc
-	stdin io.WriteCloser
+	p *proc
 
 	mu        sync.Mutex
 	connected int
 	sessions  []sessionReport
-	vanishes  []vanishReport
-	proxy     *proxyStats
-	finished  chan struct{} // closed after the "done" line or EOF
+	summary   *callclient.LoadSummary
+	finished  chan struct{} // closed at EOF on stdout
 }
 
-// runDriver starts loadclient with args.
+// runDriver starts `switchboard load` against s's transceivers with extra
+// flags args (-sessions, -duration, -ramp, -vanish).
 func (s *stack) runDriver(t *testing.T, args ...string) *driver {
 	t.Helper()
-	d := &driver{p: &proc{name: "loadclient", args: args, log: &logbuf.Buffer{}, done: make(chan struct{})}, finished: make(chan struct{})}
-	d.p.cmd = exec.Command(bins.loadclient, args...)
+	args = append([]string{"load", s.urls(), "-sessions-json", "-connected-json", "-progress", "0"}, args...)
+	d := &driver{p: &proc{name: "switchboard load", args: args, log: &logbuf.Buffer{}, done: make(chan struct{})}, finished: make(chan struct{})}
+	d.p.cmd = exec.Command(bins.switchboard, args...)
+	d.p.cmd.Env = s.h.env
 	d.p.cmd.Stderr = d.p.log
 	d.p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := d.p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.stdin, err = d.p.cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
 	if err := d.p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	// Read all of stdout before Wait (StdoutPipe's rule): the reader
-	// closes finished at EOF, and track's Wait runs after it.
+	// closes finished at EOF, and Wait runs after it.
 	go func() {
 		defer close(d.finished)
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			d.line(sc.Bytes())
+		dec := json.NewDecoder(stdout)
+		for {
+			var raw json.RawMessage
+			if dec.Decode(&raw) != nil {
+				return
+			}
+			d.line(raw)
 		}
 	}()
 	go func() {
@@ -285,31 +247,31 @@ func (s *stack) runDriver(t *testing.T, args ...string) *driver {
 	return d
 }
 
+// line takes one JSON value of the output: a connected event, a session's
+// result, or the summary last.
 func (d *driver) line(b []byte) {
-	var ev struct {
-		Ev    string      `json:"ev"`
-		Proxy *proxyStats `json:"proxy"`
+	var probe struct {
+		Event string          `json:"event"`
+		URLs  json.RawMessage `json:"urls"`
 	}
-	if json.Unmarshal(b, &ev) != nil {
+	if json.Unmarshal(b, &probe) != nil {
 		return
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	switch ev.Ev {
-	case "connected":
+	switch {
+	case probe.Event == "connected":
 		d.connected++
-	case "session":
+	case probe.URLs != nil:
+		var sum callclient.LoadSummary
+		if json.Unmarshal(b, &sum) == nil {
+			d.summary = &sum
+		}
+	default:
 		var r sessionReport
 		if json.Unmarshal(b, &r) == nil {
 			d.sessions = append(d.sessions, r)
 		}
-	case "vanish":
-		var r vanishReport
-		if json.Unmarshal(b, &r) == nil {
-			d.vanishes = append(d.vanishes, r)
-		}
-	case "done":
-		d.proxy = ev.Proxy
 	}
 }
 
@@ -329,32 +291,36 @@ func (d *driver) waitConnected(t *testing.T, n int, timeout time.Duration) time.
 	return took
 }
 
-// mark tells the driver a fault happens now.
+// mark tells the driver a fault happens now (SIGUSR1: callclient.Load.Mark).
 func (d *driver) mark(t *testing.T) time.Time {
 	t.Helper()
 	now := time.Now()
-	if _, err := io.WriteString(d.stdin, "mark\n"); err != nil {
+	if err := d.p.cmd.Process.Signal(syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
 	return now
 }
 
-// wait waits for the driver to finish and returns its reports.
-func (d *driver) wait(t *testing.T, timeout time.Duration) ([]sessionReport, []vanishReport) {
+// wait waits for the driver to finish and returns its session reports, in
+// start order. `switchboard load` exits 1 when a session failed, which a
+// fault test may cause on purpose: the reports are for the test to judge,
+// and only a run with no summary fails here.
+func (d *driver) wait(t *testing.T, timeout time.Duration) []sessionReport {
 	t.Helper()
 	select {
 	case <-d.p.done:
 	case <-time.After(timeout):
 		d.p.kill9()
-		t.Fatalf("loadclient did not finish within %v", timeout)
-	}
-	_ = d.stdin.Close()
-	if d.p.err != nil {
-		t.Fatalf("loadclient: %v\n%s", d.p.err, d.p.log.String())
+		t.Fatalf("switchboard load did not finish within %v", timeout)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return slices.Clone(d.sessions), slices.Clone(d.vanishes)
+	if d.summary == nil {
+		t.Fatalf("switchboard load: %v, no summary\n%s", d.p.err, d.p.log.String())
+	}
+	rs := slices.Clone(d.sessions)
+	slices.SortFunc(rs, func(a, b sessionReport) int { return a.I - b.I })
+	return rs
 }
 
 // checkSessions fails the test for each session that did not live through
@@ -370,10 +336,10 @@ func checkSessions(t *testing.T, rs []sessionReport, want int) {
 	for _, r := range rs {
 		var why []string
 		switch {
-		case r.Error != "":
-			why = append(why, "error: "+r.Error)
 		case r.ConnectedNS == 0:
-			why = append(why, "never connected")
+			why = append(why, "never connected: "+r.Failure+": "+r.Error)
+		case r.Failure != "":
+			why = append(why, "failed: "+r.Failure+" "+r.Error)
 		}
 		if r.ICEFailed || r.FailedNS != 0 {
 			why = append(why, "ICE/peer connection failed")
