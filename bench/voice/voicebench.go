@@ -29,6 +29,7 @@ package voicebench
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -49,6 +50,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
+	"github.com/switchboard-rtc/switchboard/internal/audio"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/chromium"
@@ -65,6 +67,11 @@ import (
 const (
 	ModeEdge    = "edge"    // the transceiver clears on the user's onset
 	ModeBackend = "backend" // the agent's own VAD sends output.clear
+	// ModeEdgeHint is ModeEdge with the page's receiver asked for a
+	// jitter buffer target (Options.JitterBufferTarget): what a page
+	// written for low latency may do, and a client written for OpenAI
+	// does not.
+	ModeEdgeHint = "edge-hint"
 )
 
 // Options configures Run.
@@ -74,8 +81,12 @@ type Options struct {
 	// Cycles of the script to run per mode; each has two user turns, the
 	// second of which talks over the reply to the first.
 	Cycles int
-	// Modes to run, in order (default edge, backend).
+	// Modes to run, in order (default edge, backend). ModeEdgeHint is
+	// edge with the page's receiver given JitterBufferTarget.
 	Modes []string
+	// JitterBufferTarget is the RTCRtpReceiver.jitterBufferTarget the
+	// page sets on the agent's audio in ModeEdgeHint.
+	JitterBufferTarget time.Duration
 	// Logger gets progress; nil discards it.
 	Logger *slog.Logger
 }
@@ -91,6 +102,37 @@ type Mode struct {
 	// already on its way and the browser's playout.
 	Heard []float64
 	Turns int
+	// Split is where (b)'s time went, per reply (see Split).
+	Split Split
+}
+
+// Split divides (b), per reply, ms. Up, Edge and Browser add up to (b)
+// (the page's speech end to the reply heard, less the silence window);
+// the page times both events it uses when they arrive, and both crossed
+// the same path from the transceiver, so the path's delay cancels out of
+// Edge and lands once in Up (the stop's way to the page) and once in
+// Browser (the reply's).
+type Split struct {
+	// Up: the page's speech end → input_audio_buffer.speech_stopped in
+	// the page, less the silence window: the microphone's capture and
+	// packetization, the way to the edge, the detector's speech end being
+	// later than the page's, the stop's way back to the page.
+	Up []float64
+	// Edge: speech_stopped → output_audio_buffer.started in the page: the
+	// agent's reply and the transceiver's encoding and queueing, up to
+	// the reply's first packet.
+	Edge []float64
+	// Agent: the part of Edge spent in the agent, on its clock: the stop
+	// arrived → it began sending the reply.
+	Agent []float64
+	// Browser: output_audio_buffer.started in the page → the reply heard:
+	// the jitter buffer, decoding, playout and the page's analyser.
+	Browser []float64
+	// JitterBuffer is the mean time the reply's first 300 ms of samples
+	// spent in the page's jitter buffer (getStats inbound-rtp
+	// jitterBufferDelay / jitterBufferEmittedCount over the reply), and
+	// JitterTarget the mean target delay over the same samples.
+	JitterBuffer, JitterTarget []float64
 }
 
 // Result is what Run measured.
@@ -100,6 +142,14 @@ type Result struct {
 	Browser  string
 	Silence  int // silence_duration_ms
 	Duration time.Duration
+	// EndLag is, per utterance of the script, the detector's speech end
+	// (the end of its last frame that counted as speech) minus the
+	// page's (the end of the last 10 ms at or above −45 dBFS), ms, on
+	// the same audio: the script, through Opus at 48 kHz and decoded at
+	// 24 kHz as the transceiver does.
+	EndLag []float64
+	// Load is the 1-minute load average at the start and end of the run.
+	Load [2]string
 }
 
 // The script's utterances: a longer first one the agent repeats, and a
@@ -131,7 +181,9 @@ func script() (sc *speech.Script, ends []int, err error) {
 			if err != nil {
 				return nil, nil, err
 			}
+			start := len(sc.Samples) / 48
 			sc.Samples = append(sc.Samples, s...)
+			sc.Utterances = append(sc.Utterances, speech.Utterance{StartMs: start, EndMs: len(sc.Samples) / 48, Text: text})
 			sc.Samples = append(sc.Samples, make([]int16, []int{overMs, afterMs}[j]*48)...)
 		}
 		ends = append(ends, len(sc.Samples)/48)
@@ -168,14 +220,18 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Opts: opts, Silence: vad.DefaultSilenceDurationMs, Browser: chromiumVersion(bin)}
+	if res.EndLag, err = endLag(sc); err != nil {
+		return nil, err
+	}
+	res.Load[0] = loadAverage()
 	start := time.Now()
 	// Listen until the last cycle's second reply has played out.
 	last := opts.Cycles - 1
 	listenMs := last/cyclesInFile*(len(sc.Samples)/48) + ends[last%cyclesInFile]
 	listen := time.Duration(listenMs)*time.Millisecond + 2*time.Second
 	for _, mode := range opts.Modes {
-		if mode != ModeEdge && mode != ModeBackend {
-			return nil, fmt.Errorf("voicebench: mode %q: want %s or %s", mode, ModeEdge, ModeBackend)
+		if mode != ModeEdge && mode != ModeBackend && mode != ModeEdgeHint {
+			return nil, fmt.Errorf("voicebench: mode %q: want %s, %s or %s", mode, ModeEdge, ModeEdgeHint, ModeBackend)
 		}
 		opts.Logger.Info("voice bench: mode", "mode", mode, "listen", listen.Round(time.Second))
 		m, err := runMode(ctx, opts, mode, bin, wav, listen)
@@ -185,15 +241,111 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		res.Modes = append(res.Modes, *m)
 	}
 	res.Duration = time.Since(start)
+	res.Load[1] = loadAverage()
 	return res, nil
+}
+
+// loadAverage returns the 1-minute load average (Linux), or "?".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
+}
+
+// pageVoiceDB and pageTickMs are the page's "sounding" level and analyser
+// window (internal/web's VOICE_DB, TICK_MS).
+const (
+	pageVoiceDB = -45
+	pageTickMs  = 10
+)
+
+// endLag runs the detector the transceiver runs (default turn detection,
+// 24 kHz) over the script as the transceiver gets it (Opus-encoded at 48
+// kHz as the browser sends it, decoded at 24 kHz), and returns for each
+// utterance the detector's speech end minus the page's, ms.
+func endLag(sc *speech.Script) ([]float64, error) {
+	enc, err := audio.NewEncoder(48000, 32000)
+	if err != nil {
+		return nil, err
+	}
+	dec, err := audio.NewDecoder(vad.Rate24k)
+	if err != nil {
+		return nil, err
+	}
+	det, err := vad.NewDetector(vad.DefaultTurnDetection(), vad.Rate24k)
+	if err != nil {
+		return nil, err
+	}
+	defer det.Close()
+	pcm := make([]byte, 2*len(sc.Samples))
+	for i, v := range sc.Samples {
+		binary.LittleEndian.PutUint16(pcm[2*i:], uint16(v))
+	}
+	// Encoded and decoded 20 ms at a time; the decoder's frames are the
+	// detector's.
+	var stops []int64
+	seq, ts := uint16(0), uint32(0)
+	for off := 0; off+1920 <= len(pcm); off += 1920 {
+		pkts, err := enc.Write(pcm[off : off+1920])
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range pkts {
+			for _, f := range dec.Push(seq, ts, p.Payload) {
+				ev, err := det.Process(f.PCM)
+				if err != nil {
+					return nil, err
+				}
+				if ev.Kind == vad.SpeechStopped {
+					stops = append(stops, ev.SpeechMs)
+				}
+			}
+			seq++
+			ts += 960
+		}
+	}
+	// The page's end: the last 10 ms window at or above pageVoiceDB.
+	win := sc.Rate * pageTickMs / 1000
+	loud := func(endMs int) bool {
+		end := endMs * sc.Rate / 1000
+		var sum float64
+		for _, v := range sc.Samples[max(0, end-win):end] {
+			sum += float64(v) * float64(v)
+		}
+		return 10*math.Log10(sum/float64(win)/(32768*32768)+1e-12) >= pageVoiceDB
+	}
+	var out []float64
+	for _, u := range sc.Utterances {
+		pageEnd := -1
+		for ms := u.StartMs; ms <= u.EndMs+pageTickMs; ms++ {
+			if ms*sc.Rate/1000 <= len(sc.Samples) && loud(ms) {
+				pageEnd = ms
+			}
+		}
+		// The detector's stop for this utterance: the first after its start.
+		for _, st := range stops {
+			if st > int64(u.StartMs) && pageEnd >= 0 {
+				out = append(out, float64(st)-float64(pageEnd))
+				break
+			}
+		}
+	}
+	return out, nil
 }
 
 // tracer keeps, for the agent's session, when each input frame and each
 // turn stop reached the agent.
 type tracer struct {
-	mu     sync.Mutex
-	frames map[int64]time.Time // frame end, ms → arrival
-	stops  []stopAt
+	mu      sync.Mutex
+	frames  map[int64]time.Time // frame end, ms → arrival
+	stops   []stopAt
+	replies []time.Time // when the agent began sending each reply
 }
 
 type stopAt struct {
@@ -210,7 +362,30 @@ func (tr *tracer) trace(ev agent.TraceEvent) {
 		tr.frames[ev.Ms] = now
 	case agent.TraceSpeechStopped:
 		tr.stops = append(tr.stops, stopAt{ev.Ms, now})
+	case agent.TraceReply:
+		tr.replies = append(tr.replies, now)
 	}
+}
+
+// agentLatencies returns, per stop followed by a reply before the next
+// stop, the time from the stop's arrival to the reply, ms.
+func (tr *tracer) agentLatencies() []float64 {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var out []float64
+	for i, s := range tr.stops {
+		for _, r := range tr.replies {
+			if r.Before(s.at) {
+				continue
+			}
+			if i+1 < len(tr.stops) && r.After(tr.stops[i+1].at) {
+				break
+			}
+			out = append(out, float64(r.Sub(s.at))/float64(time.Millisecond))
+			break
+		}
+	}
+	return out
 }
 
 // stopLatencies returns (a) per stop, ms.
@@ -301,7 +476,11 @@ func runMode(ctx context.Context, opts Options, mode, bin, wav string, listen ti
 	if err := chromedp.Do(bctx, chromedp.Navigate(hs.URL+"/")); err != nil {
 		return nil, fmt.Errorf("chromium: %w (output: %s)", err, out.Tail(2000))
 	}
-	if err := chromedp.Do(bctx, chromedp.Evaluate[chromedp.Void](`void window.switchboard.call()`)); err != nil {
+	callOpts := "{}"
+	if mode == ModeEdgeHint {
+		callOpts = fmt.Sprintf("{jitterBufferTarget: %d}", opts.JitterBufferTarget.Milliseconds())
+	}
+	if err := chromedp.Do(bctx, chromedp.Evaluate[chromedp.Void](`void window.switchboard.call(`+callOpts+`)`)); err != nil {
 		return nil, err
 	}
 	deadline := time.Now().Add(20 * time.Second)
@@ -328,10 +507,31 @@ func runMode(ctx context.Context, opts Options, mode, bin, wav string, listen ti
 		return nil, err
 	}
 	_ = chromedp.Do(bctx, chromedp.Evaluate[chromedp.Void](`window.switchboard.hangup()`, chromedp.EvalAwaitPromise))
+	if mode == ModeEdgeHint {
+		set, err := chromedp.Run(bctx, chromedp.Evaluate[*float64](`window.switchboard.jitterBufferTarget`))
+		if err != nil {
+			return nil, err
+		}
+		if set == nil {
+			return nil, errors.New("the page could not set RTCRtpReceiver.jitterBufferTarget (not supported)")
+		}
+	}
 	m := &Mode{Name: mode, Turns: len(talk.Turns), StopAtBackend: tr.stopLatencies(vad.DefaultSilenceDurationMs)}
+	m.Split.Agent = tr.agentLatencies()
 	for _, t := range talk.Turns {
 		if t.ReplyMs != nil {
 			m.Reply = append(m.Reply, *t.ReplyMs-vad.DefaultSilenceDurationMs)
+			if t.StoppedAt != nil && t.StartedAt != nil && t.EndAt != nil {
+				heard := *t.EndAt + *t.ReplyMs
+				m.Split.Up = append(m.Split.Up, *t.StoppedAt-*t.EndAt-vad.DefaultSilenceDurationMs)
+				m.Split.Edge = append(m.Split.Edge, *t.StartedAt-*t.StoppedAt)
+				m.Split.Browser = append(m.Split.Browser, heard-*t.StartedAt)
+			}
+			if jb := t.JB; jb != nil && jb.Before != nil && jb.After != nil && jb.After.Emitted > jb.Before.Emitted {
+				n := jb.After.Emitted - jb.Before.Emitted
+				m.Split.JitterBuffer = append(m.Split.JitterBuffer, (jb.After.Delay-jb.Before.Delay)/n*1000)
+				m.Split.JitterTarget = append(m.Split.JitterTarget, (jb.After.Target-jb.Before.Target)/n*1000)
+			}
 		}
 		if t.Interrupted && t.QuietMs != nil {
 			m.Quiet = append(m.Quiet, *t.QuietMs)
@@ -351,14 +551,29 @@ func runMode(ctx context.Context, opts Options, mode, bin, wav string, listen ti
 type pageTalk struct {
 	Turns []struct {
 		OnsetAt     float64  `json:"onsetAt"`
+		EndAt       *float64 `json:"endAt"`
 		ReplyMs     *float64 `json:"replyMs"`
 		Interrupted bool     `json:"interrupted"`
 		QuietMs     *float64 `json:"quietMs"`
+		StoppedAt   *float64 `json:"stoppedAt"`
+		StartedAt   *float64 `json:"startedAt"`
+		JB          *struct {
+			Before, After *jitterStats
+		} `json:"jb"`
 	} `json:"turns"`
 	Events []struct {
 		Type string  `json:"type"`
 		At   float64 `json:"at"`
 	} `json:"events"`
+}
+
+// jitterStats is the page's reading of the agent's stream's jitter
+// buffer counters (getStats inbound-rtp, cumulative).
+type jitterStats struct {
+	Delay   float64 `json:"delay"`   // jitterBufferDelay, s
+	Emitted float64 `json:"emitted"` // jitterBufferEmittedCount, samples
+	Target  float64 `json:"target"`  // jitterBufferTargetDelay, s
+	Minimum float64 `json:"minimum"` // jitterBufferMinimumDelay, s
 }
 
 // Stats are the median and 90th percentile of xs (nearest rank).
@@ -386,13 +601,25 @@ func (r *Result) Markdown(w io.Writer) {
 		return fmt.Sprintf("%.0f / %.0f (n=%d)", m, p, len(xs))
 	}
 	for _, m := range r.Modes {
-		name := map[string]string{ModeEdge: "edge (turn detection in the transceiver)", ModeBackend: "backend (its own VAD, output.clear)"}[m.Name]
+		name := map[string]string{ModeEdge: "edge (turn detection in the transceiver)", ModeBackend: "backend (its own VAD, output.clear)",
+			ModeEdgeHint: fmt.Sprintf("edge, the page's receiver with jitterBufferTarget %d ms", r.Opts.JitterBufferTarget.Milliseconds())}[m.Name]
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", name, cell(m.StopAtBackend), cell(m.Reply), cell(m.Quiet), cell(m.Heard))
 	}
 	fmt.Fprintf(w, "| target (issue 12) | ≤ 30 | ≤ 1 RTT + 60 = %.0f | ≤ 1 RTT + 80 = %.0f | |\n", rtt+60, rtt+80)
 	fmt.Fprintln(w, "| reference: LiveKit Agents default (0.5 s of speech before an interruption) | | | ≥ 500 + the same path | |")
 	fmt.Fprintln(w, "| reference: Pipecat default (VAD start 0.2 s) | | | ≥ 200 + the same path | |")
 	fmt.Fprintln(w, "\nCells: median / p90 (n = turns measured).")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Where (b) went, per reply (medians / p90, ms; up + edge + browser = (b), up to the medians' rounding):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| who cuts the reply | up: speech end → speech_stopped in the page, − silence window | edge: speech_stopped → output_audio_buffer.started in the page | of which the agent | browser: started → reply heard | of which jitter buffer (getStats), first 300 ms | jitter buffer target |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	for _, m := range r.Modes {
+		s := m.Split
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", m.Name, cell(s.Up), cell(s.Edge), cell(s.Agent), cell(s.Browser), cell(s.JitterBuffer), cell(s.JitterTarget))
+	}
+	fmt.Fprintf(w, "\nThe detector's speech end minus the page's on the same audio (the script through Opus), per utterance: %s ms.\n", cell(r.EndLag))
+	fmt.Fprintf(w, "Load average (1 min) at the start and the end: %s, %s.\n", r.Load[0], r.Load[1])
 }
 
 func chromiumPath() (string, error) {

@@ -24,14 +24,18 @@ func runBenchVoice(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("voice", flag.ContinueOnError)
 	rtt := fs.Duration("rtt", 50*time.Millisecond, "round-trip time added between the browser and the relay (half each way)")
 	cycles := fs.Int("cycles", 20, "script cycles per mode; each has two user turns, the second over the agent's reply")
-	modes := fs.String("modes", "", "comma-separated: edge, backend (default both)")
+	modes := fs.String("modes", "", "comma-separated: edge, edge-hint, backend (default edge,backend); edge-hint is edge with the page's receiver given -jitter-buffer-target")
+	jbt := fs.Duration("jitter-buffer-target", 0, "RTCRtpReceiver.jitterBufferTarget the page sets in mode edge-hint")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *rtt < 0 {
 		return errors.New("-rtt must not be negative")
 	}
-	opts := voicebench.Options{RTT: *rtt, Cycles: *cycles,
+	if *jbt < 0 || *jbt > 4*time.Second {
+		return errors.New("-jitter-buffer-target must be from 0 to 4s (the range RTCRtpReceiver.jitterBufferTarget takes)")
+	}
+	opts := voicebench.Options{RTT: *rtt, Cycles: *cycles, JitterBufferTarget: *jbt,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	if *modes != "" {
 		opts.Modes = strings.Split(*modes, ",")

@@ -36,9 +36,10 @@ type ParrotAgentConfig struct {
 	// (bench/voice).
 	OwnVAD bool
 	// Trace, when set, is called on the session's goroutine for each
-	// input frame (TraceFrame, with the frame's end on the input clock)
-	// and each turn the agent acts on (TraceSpeechStarted,
-	// TraceSpeechStopped, with audio_ms), for benchmarks. It must not
+	// input frame (TraceFrame, with the frame's end on the input clock),
+	// each turn the agent acts on (TraceSpeechStarted,
+	// TraceSpeechStopped, with audio_ms) and each reply it sends
+	// (TraceReply, before its first audio), for benchmarks. It must not
 	// block.
 	Trace func(ev TraceEvent)
 	// MaxUtteranceMs bounds one reply, ms (0: DefaultMaxUtteranceMs).
@@ -62,6 +63,9 @@ const (
 	TraceFrame TraceKind = iota
 	TraceSpeechStarted
 	TraceSpeechStopped
+	// TraceReply: the agent is about to send a reply's first audio; Ms
+	// is the reply's length.
+	TraceReply
 )
 
 // parrotAgent is the handler returned by NewParrotAgent.
@@ -296,6 +300,9 @@ func (s *parrotSession) send(ctx context.Context, r Reply) error {
 		return nil
 	}
 	s.replies++
+	if s.a.cfg.Trace != nil {
+		s.a.cfg.Trace(TraceEvent{s.id, TraceReply, int64(len(audio) / 2 * 1000 / s.a.rate)})
+	}
 	if err := s.sc.SendControl(ctx, bridge.Control{Type: bridge.TypeOutputResponse, ID: "resp_sb_" + strconv.Itoa(s.replies)}); err != nil {
 		return err
 	}

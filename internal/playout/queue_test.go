@@ -587,3 +587,55 @@ func TestNoCatchUpForShortReply(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleQueueStartsInTheCurrentTick: audio pushed into an idle queue
+// between two ticks sends its first packet at once, as the packet due in
+// the tick the worker last played (runPending, on the worker's kick), and
+// the rest one per tick after it, on one timeline; a worker with a tick
+// still to play leaves the new queue to it; a running queue is not
+// played twice in a tick.
+func TestIdleQueueStartsInTheCurrentTick(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	w := h.c.workers[0]
+	h.run(5)
+	cur := h.n - 1 // the tick the worker last played
+	for _, d := range []string{"a", "b", "c"} {
+		h.push(d, 960)
+	}
+	w.runPending(cur + 1) // behind: runTick plays it
+	if len(h.rec.pkts) != 0 {
+		t.Fatalf("a worker behind its clock sent %+v from runPending", h.rec.pkts)
+	}
+	h.rec.tick = cur
+	w.runPending(cur)
+	if len(h.rec.pkts) != 1 || h.rec.pkts[0].data != "a" || !h.rec.pkts[0].marker {
+		t.Fatalf("runPending sent %+v, want the first packet, with the marker bit", h.rec.pkts)
+	}
+	w.runPending(cur) // nothing new: the queue has had this tick
+	if len(h.rec.pkts) != 1 {
+		t.Fatalf("a second runPending in the tick sent %+v", h.rec.pkts[1:])
+	}
+	h.run(2)
+	first := h.rec.pkts[0]
+	if len(h.rec.pkts) != 3 {
+		t.Fatalf("%d packets, want 3: %+v", len(h.rec.pkts), h.rec.pkts)
+	}
+	for i, p := range h.rec.pkts {
+		want := sent{cur + int64(i), first.seq + uint16(i), first.ts + uint32(i*960), i == 0, []string{"a", "b", "c"}[i]}
+		if p != want {
+			t.Fatalf("packet %d = %+v, want %+v", i, p, want)
+		}
+	}
+	// Pushed while it runs: no kick, the tick plays it.
+	h.push("d", 960)
+	h.push("e", 960)
+	h.rec.tick = h.n - 1
+	w.runPending(h.n - 1)
+	if len(h.rec.pkts) != 3 {
+		t.Fatalf("runPending played a running queue again: %+v", h.rec.pkts[3:])
+	}
+	h.run(1)
+	if p := h.rec.pkts[3]; p.data != "d" || p.marker || p.ts != first.ts+3*960 {
+		t.Fatalf("packet after the push during the run %+v", p)
+	}
+}

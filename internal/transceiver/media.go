@@ -215,21 +215,29 @@ func (sess *session) playAudio(f *bridge.AudioFrame) {
 }
 
 // encodeLocked frames, encodes and queues PCM, or refuses it whole with
-// playout.ErrFull before encoding anything. encMu held.
+// playout.ErrFull before encoding anything. Each frame is queued as soon
+// as it is encoded: the first packet of a reply sent in one burst (a
+// second of audio is 20–30 ms of CPU) can leave while the rest is still
+// being encoded. encMu held.
 func (sess *session) encodeLocked(pcm []byte) error {
 	m := sess.media
 	frames := (m.enc.Pending() + len(pcm)/2) / m.frameLen
 	if !m.q.Fits(frames, frames*m.frameDur) {
 		return playout.ErrFull
 	}
-	pkts, err := m.enc.Write(pcm)
-	for _, p := range pkts {
-		if qerr := m.q.PushAudio(p.Payload, m.frameDur); qerr != nil {
-			return qerr // closed: the session is ending
+	for len(pcm) > 0 {
+		n := min(len(pcm), 2*(m.frameLen-m.enc.Pending()))
+		pkts, err := m.enc.Write(pcm[:n])
+		pcm = pcm[n:]
+		for _, p := range pkts {
+			if qerr := m.q.PushAudio(p.Payload, m.frameDur); qerr != nil {
+				return qerr // closed: the session is ending
+			}
 		}
-	}
-	if err != nil {
-		sess.log.Warn("opus encode failed", "err", err)
+		if err != nil {
+			sess.log.Warn("opus encode failed", "err", err)
+			return nil
+		}
 	}
 	return nil
 }

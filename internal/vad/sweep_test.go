@@ -56,31 +56,33 @@ func TestTuningSweep(t *testing.T) {
 		for _, m := range []float64{12, 14, 16} {
 			for _, sm := range []int{2, 3} {
 				for _, q := range []float64{0.3, 0.5} {
-					tu := tuning{marginPerT: m, floorQ: q, smooth: sm, startCount: 3, speechRise: rise}
-					bad, falses := 0, 0
-					var errs, lats []int64
-					for _, c := range cases {
-						starts, at := runTuned(tu, c.rate, c.sc.pcm)
-						if len(starts) != len(c.sc.onsets) {
-							bad += abs(len(starts) - len(c.sc.onsets))
-						} else {
-							for i, on := range c.sc.onsets {
-								e := abs64(starts[i].SpeechMs - int64(on))
-								errs = append(errs, e)
-								lats = append(lats, at[i]-int64(on))
-								if e > 100 {
-									bad++
+					for _, start := range []int{2, 3} {
+						tu := tuning{marginPerT: m, floorQ: q, smooth: sm, startCount: start, speechRise: rise}
+						bad, falses := 0, 0
+						var errs, lats []int64
+						for _, c := range cases {
+							starts, at := runTuned(tu, c.rate, c.sc.pcm)
+							if len(starts) != len(c.sc.onsets) {
+								bad += abs(len(starts) - len(c.sc.onsets))
+							} else {
+								for i, on := range c.sc.onsets {
+									e := abs64(starts[i].SpeechMs - int64(on))
+									errs = append(errs, e)
+									lats = append(lats, at[i]-int64(on))
+									if e > 100 {
+										bad++
+									}
 								}
 							}
+							f, _ := runTuned(tu, c.rate, c.alone)
+							falses += len(f)
 						}
-						f, _ := runTuned(tu, c.rate, c.alone)
-						falses += len(f)
+						if len(errs) == 0 {
+							errs, lats = []int64{0}, []int64{0}
+						}
+						t.Logf("%+v: bad %d, false starts %d; |onset error| p50 %d max %d ms; reported after onset p50 %d p90 %d max %d ms",
+							tu, bad, falses, pct(errs, 50), slices.Max(errs), pct(lats, 50), pct(lats, 90), slices.Max(lats))
 					}
-					if len(errs) == 0 {
-						errs, lats = []int64{0}, []int64{0}
-					}
-					t.Logf("%+v: bad %d, false starts %d; |onset error| p50 %d max %d ms; reported after onset p50 %d p90 %d max %d ms",
-						tu, bad, falses, pct(errs, 50), slices.Max(errs), pct(lats, 50), pct(lats, 90), slices.Max(lats))
 				}
 			}
 		}

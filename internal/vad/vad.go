@@ -21,13 +21,15 @@
 //     7 dB at the default. WebRTC's VAD calls babble (other people
 //     talking) speech; the floor and margin are what keep the room from
 //     starting a turn. Threshold also picks the engine's aggressiveness.
-//   - an onset rule: speech starts when 3 of the last 4 frames count;
+//   - an onset rule: speech starts when 2 of the last 4 frames count;
 //     the reported onset is the first of them, moved back (up to 100 ms)
 //     over the frames just before it whose own energy, over the whole
 //     input band, stands 3 dB above its floor: an unvoiced start (/s/)
 //     has its energy above 4 kHz, where the engine does not look;
 //   - an end rule: speech stops after SilenceDurationMs without a frame
-//     that counts;
+//     that counts, counted from the last frame of the last counting
+//     frame's energy window whose own power clears the bar (the 60 ms
+//     energy outlasts the speech by up to two frames);
 //   - a floor that keeps learning in speech when the energy has been
 //     stationary for a second, so noise switched on mid-session (taken
 //     for a talker at first) ends its false turn within seconds;
@@ -69,7 +71,7 @@ type tuning struct {
 	speechRise float64 // dB per frame the floor may rise in speech
 }
 
-var defaultTuning = tuning{marginPerT: 14, floorQ: 0.5, smooth: 3, startCount: 3, speechRise: 0.05}
+var defaultTuning = tuning{marginPerT: 14, floorQ: 0.5, smooth: 3, startCount: 2, speechRise: 0.05}
 
 const maxSmooth = 4
 
@@ -296,6 +298,14 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 		d.floor = max(floorMin, energy)
 	}
 	counts := voiced && energy > d.floor+d.margin
+	// Where the speech in a counting frame's window ends: the last frame
+	// of it whose own power clears the bar (one does: the mean does).
+	// After the end of an utterance the smoothed energy counts for up to
+	// smooth-1 more frames; the silence window runs from the speech.
+	loudEnd := d.frames
+	for loudEnd > max(0, d.frames-int64(d.tune.smooth)+1) && powerDB(d.power[loudEnd%maxSmooth]) <= d.floor+d.margin {
+		loudEnd--
+	}
 	d.statE[d.frames%statFrames] = float32(energy)
 	onsetAbove := onsetE - d.onsetFloor
 	d.floor = d.trackFloor(d.floor, energy)
@@ -309,8 +319,8 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 		return d.onset(cur), nil
 	}
 	if counts {
-		d.silent = 0
-		d.lastSpeech = cur
+		d.silent = int(cur - max(loudEnd, d.lastSpeech))
+		d.lastSpeech = max(loudEnd, d.lastSpeech)
 		return Event{}, nil
 	}
 	d.silent++
