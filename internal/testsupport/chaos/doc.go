@@ -14,7 +14,8 @@
 // (-connected-json) and as each ends (-sessions-json), takes SIGUSR1 as
 // the moment of a fault, and with -vanish makes clients drop off the
 // network unannounced. The impairment proxy of TestImpairedNetwork
-// (internal/testsupport/impair) runs in the test process.
+// (internal/testsupport/impair) runs as impairproxy, also built without
+// the race detector, in a process of its own.
 //
 // Knobs (go test flags): -chaos.full runs the lengths the docs record
 // (3 min impaired network, 500 restart rounds); -chaos.duration and

@@ -55,10 +55,10 @@ func restartRounds() int {
 	return 100
 }
 
-// bins is the binary TestMain builds, without the race detector.
+// bins are the binaries TestMain builds, without the race detector.
 var bins struct {
-	switchboard string
-	flowCache   bool // the relay has -flow-cache
+	switchboard, impairproxy string
+	flowCache                bool // the relay has -flow-cache
 }
 
 func TestMain(m *testing.M) {
@@ -81,10 +81,15 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	bins.switchboard = filepath.Join(dir, "switchboard")
-	const pkg = "github.com/switchboard-rtc/switchboard/cmd/switchboard"
-	if out, err := exec.Command("go", "build", "-o", bins.switchboard, pkg).CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", pkg, err, out)
-		return 1
+	bins.impairproxy = filepath.Join(dir, "impairproxy")
+	for bin, pkg := range map[string]string{
+		bins.switchboard: "github.com/switchboard-rtc/switchboard/cmd/switchboard",
+		bins.impairproxy: "github.com/switchboard-rtc/switchboard/internal/testsupport/impair/impairproxy",
+	} {
+		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "go build %s: %v\n%s", pkg, err, out)
+			return 1
+		}
 	}
 	help, _ := exec.Command(bins.switchboard, "relay", "-h").CombinedOutput()
 	bins.flowCache = bytes.Contains(help, []byte("-flow-cache"))
