@@ -71,11 +71,11 @@ type Generator struct {
 	stop     chan struct{}
 	done     chan struct{}
 
-	mu      sync.Mutex
-	wheel   [wheelSlots][]*Interceptor // guarded by mu
-	next    int                        // guarded by mu: the slot the next interceptor joins
-	closed  bool                       // guarded by mu
-	closeMu sync.Once
+	mu        sync.Mutex
+	wheel     [wheelSlots][]*Interceptor // guarded by mu
+	next      int                        // guarded by mu: the slot the next interceptor joins
+	closed    bool                       // guarded by mu
+	closeOnce sync.Once
 }
 
 // NewGenerator starts a Generator that reports every interval (0:
@@ -105,7 +105,7 @@ func (g *Generator) New() *Interceptor {
 
 // Close stops the reports and waits for the goroutine. It is idempotent.
 func (g *Generator) Close() {
-	g.closeMu.Do(func() {
+	g.closeOnce.Do(func() {
 		g.mu.Lock()
 		g.closed = true
 		g.mu.Unlock()
