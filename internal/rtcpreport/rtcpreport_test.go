@@ -473,3 +473,20 @@ func TestAgainstPionReceiver(t *testing.T) {
 		return
 	}
 }
+
+// TestGeneratorLazy: a Generator nobody used holds no goroutine (goleak
+// in TestMain checks), and Close is idempotent either way.
+func TestGeneratorLazy(t *testing.T) {
+	g := NewGenerator(0)
+	if g.Interval() != DefaultInterval {
+		t.Fatalf("interval %v, want %v", g.Interval(), DefaultInterval)
+	}
+	g.Close()
+	g.Close()
+	used := NewGenerator(time.Second)
+	used.New().BindRTCPWriter(&rtcpCapture{got: make(chan struct{}, 1)})
+	used.Close()
+	used.Close()
+	// An interceptor bound after Close does not restart it.
+	used.New().BindRTCPWriter(&rtcpCapture{got: make(chan struct{}, 1)})
+}
