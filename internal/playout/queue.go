@@ -42,6 +42,13 @@ type QueueConfig struct {
 	// Paused makes the queue hold its audio, sending nothing, until
 	// Resume: for a session whose client is not connected yet.
 	Paused bool
+	// OnEvents, if set, is called each time new events are queued,
+	// instead of a send on Notify's channel: the owner then needs no
+	// goroutine waiting for events. It runs on the goroutine that queued
+	// them (the clock's worker, or a caller of Clear or PushMark) with the
+	// queue's lock held, so it must return at once and must not call the
+	// queue: start or wake whatever calls Events.
+	OnEvents func()
 }
 
 type itemKind uint8
@@ -69,6 +76,7 @@ type Queue struct {
 	w          *worker
 	sink       Sink
 	onUnderrun func()
+	onEvents   func()
 	maxQueued  int64 // 48 kHz samples
 	maxItems   int
 	notify     chan struct{}
@@ -111,6 +119,7 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		w:          w,
 		sink:       sink,
 		onUnderrun: cfg.OnUnderrun,
+		onEvents:   cfg.OnEvents,
 		maxQueued:  int64(cfg.MaxQueued / Tick * TickSamples),
 		maxItems:   cfg.MaxItems,
 		notify:     make(chan struct{}, 1),
@@ -233,7 +242,8 @@ func (q *Queue) Fits(n, dur int) bool {
 }
 
 // Notify returns a channel that receives (without blocking the sender,
-// capacity 1) after new events were queued: call Events then.
+// capacity 1) after new events were queued: call Events then. With
+// QueueConfig.OnEvents set, nothing is ever sent on it.
 func (q *Queue) Notify() <-chan struct{} { return q.notify }
 
 // Events appends the events queued since the last call to dst, in order,
@@ -275,7 +285,12 @@ func (q *Queue) schedule() {
 	}
 }
 
+// signal tells the owner that events are queued. mu held.
 func (q *Queue) signal() {
+	if q.onEvents != nil {
+		q.onEvents()
+		return
+	}
 	select {
 	case q.notify <- struct{}{}:
 	default:

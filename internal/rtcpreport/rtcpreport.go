@@ -71,22 +71,22 @@ type Generator struct {
 	stop     chan struct{}
 	done     chan struct{}
 
-	mu      sync.Mutex
-	wheel   [wheelSlots][]*Interceptor // guarded by mu
-	next    int                        // guarded by mu: the slot the next interceptor joins
-	closed  bool                       // guarded by mu
-	closeMu sync.Once
+	mu        sync.Mutex
+	wheel     [wheelSlots][]*Interceptor // guarded by mu
+	next      int                        // guarded by mu: the slot the next interceptor joins
+	started   bool                       // guarded by mu: run is running
+	closed    bool                       // guarded by mu
+	closeOnce sync.Once
 }
 
-// NewGenerator starts a Generator that reports every interval (0:
-// DefaultInterval). Close stops it.
+// NewGenerator returns a Generator that reports every interval (0:
+// DefaultInterval). Its goroutine starts with its first Interceptor's
+// reports; Close stops it.
 func NewGenerator(interval time.Duration) *Generator {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
-	g := &Generator{interval: interval, stop: make(chan struct{}), done: make(chan struct{})}
-	go g.run()
-	return g
+	return &Generator{interval: interval, stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // Interval returns the report interval.
@@ -105,12 +105,15 @@ func (g *Generator) New() *Interceptor {
 
 // Close stops the reports and waits for the goroutine. It is idempotent.
 func (g *Generator) Close() {
-	g.closeMu.Do(func() {
+	g.closeOnce.Do(func() {
 		g.mu.Lock()
 		g.closed = true
+		started := g.started
 		g.mu.Unlock()
-		close(g.stop)
-		<-g.done
+		if started {
+			close(g.stop)
+			<-g.done
+		}
 	})
 }
 
@@ -145,6 +148,10 @@ func (g *Generator) join(i *Interceptor) {
 	defer g.mu.Unlock()
 	if g.closed {
 		return
+	}
+	if !g.started {
+		g.started = true
+		go g.run()
 	}
 	i.slot = g.next
 	g.next = (g.next + 1) % wheelSlots

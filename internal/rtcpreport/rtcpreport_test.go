@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pion/interceptor"
+	"github.com/pion/interceptor/pkg/report"
 	"github.com/pion/rtcp"
 	"github.com/pion/rtp"
 	"go.uber.org/goleak"
@@ -379,4 +380,113 @@ func TestReceiverReportOnly(t *testing.T) {
 	if err := i.report(t0); err != errNoWriter {
 		t.Fatalf("report with no writer: %v", err)
 	}
+}
+
+// TestAgainstPionReceiver: fed the same packets at the same arrival
+// times, our reception report block says what Pion's receiver-report
+// interceptor says: extended highest sequence number across a wrap,
+// cumulative loss, and interarrival jitter (Pion's in floating point,
+// ours in A.8's integer form: within 2 units). The stream is in order
+// with gaps: on duplicates and reordering the two count differently
+// (RFC 3550 A.3 counts a duplicate as received; Pion's bitmap does not).
+func TestAgainstPionReceiver(t *testing.T) {
+	var mu sync.Mutex
+	now := t0
+	f, err := report.NewReceiverInterceptor(report.ReceiverInterval(50*time.Millisecond), report.ReceiverNow(func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pion, err := f.NewInterceptor("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pion.Close()
+	capture := &rtcpCapture{got: make(chan struct{}, 1)}
+	pion.BindRTCPWriter(capture)
+
+	// 600 packets from seq 65200 (wrapping after 336), 20 ms apart
+	// with a deterministic network delay of 0–9 ms, a burst of 7 lost
+	// and every 13th lost.
+	type pkt struct {
+		b  []byte
+		at time.Time
+	}
+	var pkts []pkt
+	for i := range 600 {
+		if i%13 == 12 || (i >= 200 && i < 207) {
+			continue
+		}
+		delay := time.Duration((i*7919)%10) * time.Millisecond
+		pkts = append(pkts, pkt{wire(t, uint16(65200+i), uint32(3e9)+uint32(i*960)), t0.Add(time.Duration(i)*20*time.Millisecond + delay)})
+	}
+	next := 0
+	in := pion.BindRemoteStream(&interceptor.StreamInfo{SSRC: 0x1234, ClockRate: opusRate}, interceptor.RTPReaderFunc(
+		func(b []byte, a interceptor.Attributes) (int, interceptor.Attributes, error) {
+			return copy(b, pkts[next].b), a, nil
+		}))
+	ours := newRemote()
+	buf := make([]byte, 1500)
+	for next = range pkts {
+		mu.Lock()
+		now = pkts[next].at
+		mu.Unlock()
+		if _, _, err := in.Read(buf, nil); err != nil {
+			t.Fatal(err)
+		}
+		seq, ts, _ := rtpSeqTS(pkts[next].b)
+		ours.receivedPacket(seq, ts, pkts[next].at)
+	}
+	want, _ := ours.block(now)
+	// Pion reports on its own ticker: wait for a report that covers
+	// every packet (its counts are cumulative, whatever it reported in
+	// between).
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case <-capture.got:
+		case <-deadline:
+			t.Fatal("no report from Pion's receiver interceptor covering every packet within 10 s")
+		}
+		capture.mu.Lock()
+		last := capture.pkts[len(capture.pkts)-1]
+		capture.mu.Unlock()
+		rr, ok := last[0].(*rtcp.ReceiverReport)
+		if !ok || len(rr.Reports) != 1 || rr.Reports[0].LastSequenceNumber != want.LastSequenceNumber {
+			continue
+		}
+		got := rr.Reports[0]
+		if got.TotalLost != want.TotalLost {
+			t.Fatalf("cumulative lost: Pion %d, ours %d", got.TotalLost, want.TotalLost)
+		}
+		if d := int64(got.Jitter) - int64(want.Jitter); d < -2 || d > 2 {
+			t.Fatalf("jitter: Pion %d, ours %d (48 kHz units)", got.Jitter, want.Jitter)
+		}
+		// And both are right: one wrap, 7 + 46 lost, jitter from a
+		// 0–9 ms delay spread.
+		if want.LastSequenceNumber != 65200+599 || want.TotalLost != 7+46 || want.Jitter < 48 {
+			t.Fatalf("ours: highest %d lost %d jitter %d, want 65799, 53, a few ms", want.LastSequenceNumber, want.TotalLost, want.Jitter)
+		}
+		return
+	}
+}
+
+// TestGeneratorLazy: a Generator nobody used holds no goroutine (goleak
+// in TestMain checks), and Close is idempotent either way.
+func TestGeneratorLazy(t *testing.T) {
+	g := NewGenerator(0)
+	if g.Interval() != DefaultInterval {
+		t.Fatalf("interval %v, want %v", g.Interval(), DefaultInterval)
+	}
+	g.Close()
+	g.Close()
+	used := NewGenerator(time.Second)
+	used.New().BindRTCPWriter(&rtcpCapture{got: make(chan struct{}, 1)})
+	used.Close()
+	used.Close()
+	// An interceptor bound after Close does not restart it.
+	used.New().BindRTCPWriter(&rtcpCapture{got: make(chan struct{}, 1)})
 }

@@ -23,8 +23,8 @@ import (
 //	client RTP ─▶ toBackend ─▶ (PCM formats: audio.Decoder) ─▶ bridge
 //	bridge ─▶ playAudio ─▶ (PCM formats: audio.Encoder) ─▶ playout.Queue
 //	shared playout.Clock ─▶ SendPacket ─▶ client RTP
-//	playout events ─▶ playoutEvents ─▶ output.* to the backend,
-//	                                   output_audio_buffer.* to the client
+//	playout events ─▶ drainEvents ─▶ output.* to the backend,
+//	                                 output_audio_buffer.* to the client
 
 // Reasons of switchboard_transceiver_backend_input_refused_total: backend
 // input the transceiver refused or answered specially (docs/bridge.md §8.1).
@@ -77,11 +77,17 @@ type media struct {
 	enc   *audio.Encoder // nil for Opus passthrough
 
 	full        atomic.Bool   // audio is being refused for the cap; one error per episode
-	tailRefused chan struct{} // flushTail → playoutEvents: a tail did not fit; capacity 1
+	tailRefused chan struct{} // flushTail → drainEvents: a tail did not fit; capacity 1
 	track       atomic.Bool   // the client's audio track is claimed (the first one)
 	eventID     atomic.Uint64 // client event ids
 	rtpPkt      rtp.Packet    // SendPacket's packet; only the clock worker touches it
 	decLast     audio.DecoderStats
+
+	// The playout event drain (kickEvents).
+	evPending atomic.Int32   // wake-ups not yet handled by a drain
+	evMu      sync.Mutex     // orders starting a drain against stopEvents
+	evDone    bool           // guarded by evMu: no drain starts after stopEvents
+	evWG      sync.WaitGroup // the running drain
 }
 
 // opusSilence is one 20 ms Opus packet of silence, sent a few times after
@@ -137,6 +143,7 @@ func (sess *session) newMedia() error {
 	if m.enc != nil {
 		qcfg.OnUnderrun = sess.flushTail
 	}
+	qcfg.OnEvents = func() { sess.kickEvents(m) }
 	m.q = sess.srv.clock.NewQueue(sess, qcfg)
 	sess.media = m
 	if td := sess.be.TurnDetection(); td != nil {
@@ -271,12 +278,13 @@ func (sess *session) flushTail() {
 	err := sess.flushLocked()
 	m.encMu.Unlock()
 	if err != nil {
-		// The worker cannot write to the bridge; playoutEvents tells the
+		// The worker cannot write to the bridge; drainEvents tells the
 		// backend.
 		select {
 		case m.tailRefused <- struct{}{}:
 		default:
 		}
+		sess.kickEvents(m)
 	}
 }
 
@@ -397,30 +405,63 @@ func (sess *session) SendPacket(p *playout.Packet) {
 	}
 }
 
-// playoutEvents reports playout events, in order: output.* to the backend
-// and, unless it opted out, output_audio_buffer.* to the client.
-func (sess *session) playoutEvents() {
-	defer sess.srv.wg.Done()
-	q := sess.media.q
+// Playout events (output.* to the backend, output_audio_buffer.* to the
+// client) are reported by a goroutine that runs only while there are some
+// to report: a voice session spends most of its life with none due, so
+// it keeps no goroutine waiting for them. The queue calls kickEvents when
+// it queues events (playout.QueueConfig.OnEvents), flushTail when a
+// reply's tail did not fit; the first wake-up starts drainEvents, later
+// ones while it runs make it go round again. At most one drain runs at a
+// time, so the reports keep their order.
+
+// kickEvents wakes the event drain, starting it if none runs. It runs
+// with the queue's lock held (or on the clock's worker): it only counts
+// and starts a goroutine.
+func (sess *session) kickEvents(m *media) {
+	if m.evPending.Add(1) != 1 {
+		return // the running drain will go round again
+	}
+	m.evMu.Lock()
+	defer m.evMu.Unlock()
+	if m.evDone {
+		return // the session is ending: nothing more is reported
+	}
+	m.evWG.Add(1)
+	go sess.drainEvents(m)
+}
+
+// drainEvents reports the queued playout events, in order, until no
+// wake-up came while it did.
+func (sess *session) drainEvents(m *media) {
+	defer m.evWG.Done()
 	var evs []playout.Event
 	for {
+		n := m.evPending.Load()
 		select {
-		case <-sess.ctx.Done():
-			return
-		case <-q.Notify():
-		case <-sess.media.tailRefused:
+		case <-m.tailRefused:
 			sess.reportTail(playout.ErrFull)
-			continue
+		default:
 		}
 		// turnMu: a barge-in's input.speech_started goes out before
 		// the output.cleared its clear caused (turns.go).
 		sess.turnMu.Lock()
-		evs = q.Events(evs[:0])
+		evs = m.q.Events(evs[:0])
 		for _, e := range evs {
 			sess.reportPlayout(e)
 		}
 		sess.turnMu.Unlock()
+		if m.evPending.Add(-n) == 0 {
+			return
+		}
 	}
+}
+
+// stopEvents starts no event drain after it returns; the one running, if
+// any, finishes on its own (teardown waits for it on m.evWG).
+func (m *media) stopEvents() {
+	m.evMu.Lock()
+	m.evDone = true
+	m.evMu.Unlock()
 }
 
 func (sess *session) reportPlayout(e playout.Event) {

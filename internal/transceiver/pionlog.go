@@ -41,7 +41,8 @@ type pionLogs struct {
 	suppressed atomic.Uint64 // lines dropped over the limit
 
 	mu      sync.Mutex
-	buckets map[string]*logBucket // by scope; guarded by mu
+	buckets map[string]*logBucket  // by scope; guarded by mu
+	loggers map[string]*pionLogger // by scope; guarded by mu
 }
 
 // logBucket is one scope's token bucket.
@@ -53,15 +54,25 @@ type logBucket struct {
 var _ logging.LoggerFactory = (*pionLogs)(nil)
 
 func newPionLogs(log *slog.Logger) *pionLogs {
-	return &pionLogs{log: log, buckets: make(map[string]*logBucket)}
+	return &pionLogs{log: log, buckets: make(map[string]*logBucket), loggers: make(map[string]*pionLogger)}
 }
 
 // Suppressed returns the number of lines dropped over the limit.
 func (f *pionLogs) Suppressed() uint64 { return f.suppressed.Load() }
 
 // NewLogger returns the logger for one Pion scope ("ice", "dtls", "pc", …).
+// Pion asks for a dozen per peer connection; a scope's logger holds
+// nothing but the scope, so every session shares one (a new slog.With
+// each time kept about 3 KiB per session).
 func (f *pionLogs) NewLogger(scope string) logging.LeveledLogger {
-	return &pionLogger{f: f, scope: scope, log: f.log.With("pion", scope)}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l := f.loggers[scope]
+	if l == nil {
+		l = &pionLogger{f: f, scope: scope, log: f.log.With("pion", scope)}
+		f.loggers[scope] = l
+	}
+	return l
 }
 
 // allow takes a token from scope's bucket.

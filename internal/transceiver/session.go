@@ -194,7 +194,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	}
 	s.sessions[id] = sess
 	sess.watchSetup() // under s.mu: whoever finds the session in the table finds its timer
-	s.wg.Add(2)
+	s.wg.Add(1)
 	s.mu.Unlock()
 	s.metrics.sessionsStarted.Inc()
 
@@ -204,7 +204,6 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	sess.pc.OnICEConnectionStateChange(sess.onICEState)
 	sess.pc.SCTP().Transport().OnStateChange(sess.onDTLSState)
 	go sess.fromBackend()
-	go sess.playoutEvents()
 	sess.watchChecks()
 	sess.log.Info("session created", "ufrag", ufrag)
 	return sess, finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress), nil
@@ -424,10 +423,12 @@ func (sess *session) teardown(reason string) {
 	s := sess.srv
 	sess.setupTimer.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	sess.media.q.Close() // no playout event after session.end
+	sess.media.q.Close()    // no playout event after session.end
+	sess.media.stopEvents() // nor a drain to report one
 	_ = sess.be.End(ctx, reason)
 	cancel()
 	sess.cancel()
+	sess.media.evWG.Wait() // a report stuck on the backend failed when End closed the bridge
 	sess.notifyClient(reason)
 	_ = sess.pc.Close() // sends DTLS close_notify
 	sess.imu.Lock()     // waits for a restart in progress

@@ -206,7 +206,7 @@ func (sess *session) processTurn(pcm []byte) {
 // speechStarted reports a speech start at audioMs and, with interruption
 // on, clears the output queue first: the agent goes quiet at the next
 // tick, before any message is written. turnMu keeps the clear's
-// output.cleared (sent by playoutEvents) behind input.speech_started.
+// output.cleared (sent by drainEvents) behind input.speech_started.
 func (sess *session) speechStarted(audioMs int64) {
 	t := &sess.turns
 	t.items++
