@@ -142,11 +142,17 @@ func (g *Generator) run() {
 }
 
 // join puts i in the wheel, in the slot after the last one filled, so
-// that interceptors spread evenly over the slots.
+// that interceptors spread evenly over the slots. An i already closed
+// stays out: BindRTCPWriter calls join after releasing i.mu, and an
+// Interceptor.Close in between finds i in no slot to leave (lock order:
+// g.mu, then i.mu; nothing takes g.mu holding i.mu).
 func (g *Generator) join(i *Interceptor) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
+	i.mu.Lock()
+	closed := i.closed
+	i.mu.Unlock()
+	if g.closed || closed || i.slot >= 0 {
 		return
 	}
 	if !g.started {

@@ -490,3 +490,54 @@ func TestGeneratorLazy(t *testing.T) {
 	// An interceptor bound after Close does not restart it.
 	used.New().BindRTCPWriter(&rtcpCapture{got: make(chan struct{}, 1)})
 }
+
+// wheelLen is the number of interceptors in g's wheel.
+func wheelLen(g *Generator) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, w := range g.wheel {
+		n += len(w)
+	}
+	return n
+}
+
+// TestBindCloseRace: an Interceptor closed between BindRTCPWriter's
+// release of its lock and its join of the wheel stays out of the wheel
+// (the interleaving, then the same race run for real under -race).
+func TestBindCloseRace(t *testing.T) {
+	g := NewGenerator(time.Hour)
+	defer g.Close()
+
+	// BindRTCPWriter's first half: the writer is set, join not yet
+	// called. Close runs in full, then join.
+	i := g.New()
+	i.mu.Lock()
+	i.writer = &rtcpCapture{got: make(chan struct{}, 1)}
+	i.mu.Unlock()
+	if err := i.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g.join(i)
+	if n := wheelLen(g); n != 0 {
+		t.Fatalf("%d closed interceptors in the wheel, want 0", n)
+	}
+
+	var wg sync.WaitGroup
+	for range 200 {
+		i := g.New()
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			i.BindRTCPWriter(&rtcpCapture{got: make(chan struct{}, 1)})
+		}()
+		go func() {
+			defer wg.Done()
+			_ = i.Close()
+		}()
+	}
+	wg.Wait()
+	if n := wheelLen(g); n != 0 {
+		t.Fatalf("%d closed interceptors in the wheel, want 0", n)
+	}
+}
