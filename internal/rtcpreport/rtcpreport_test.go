@@ -541,3 +541,30 @@ func TestBindCloseRace(t *testing.T) {
 		t.Fatalf("%d closed interceptors in the wheel, want 0", n)
 	}
 }
+
+// TestDLSRClamp: the delay since the last SR saturates at the DLSR
+// field's largest value (16.16 s, RFC 3550 §6.4.1) instead of wrapping
+// or overflowing, for a source that keeps sending RTP but stops sending
+// SRs.
+func TestDLSRClamp(t *testing.T) {
+	for _, tc := range []struct {
+		since time.Duration
+		want  uint32
+	}{
+		{0, 0},
+		{-time.Second, 0}, // an SR stamped after the report: a stepped clock
+		{10 * time.Hour, 10 * 3600 * 65536},
+		{65535 * time.Second, 65535 << 16},
+		{65536 * time.Second, math.MaxUint32},
+		{40 * time.Hour, math.MaxUint32}, // d × 65536 ns overflows an int64 here
+		{1000 * time.Hour, math.MaxUint32},
+	} {
+		s := newRemote()
+		arrive(t, s, 1, 960, t0)
+		s.senderReport(NTPTime(t0), t0)
+		b, _ := s.block(t0.Add(tc.since))
+		if b.Delay != tc.want {
+			t.Errorf("DLSR %v after the SR: %#x, want %#x", tc.since, b.Delay, tc.want)
+		}
+	}
+}
