@@ -568,3 +568,20 @@ func TestDLSRClamp(t *testing.T) {
 		}
 	}
 }
+
+// TestFractionLostAllLost: an interval in which every expected packet
+// was lost reads 255/256, not 0 (the 8-bit field's wrap). The trackers
+// cannot reach that state from packets (expected moves only with a
+// received one); it is set up by hand.
+func TestFractionLostAllLost(t *testing.T) {
+	s := newRemote()
+	arrive(t, s, 1, 960, t0)
+	if b, _ := s.block(t0); b.FractionLost != 0 {
+		t.Fatalf("fraction lost %d, want 0", b.FractionLost)
+	}
+	s.maxSeq += 10 // ten more expected, none received
+	b, _ := s.block(t0)
+	if b.FractionLost != 255 || b.TotalLost != 10 {
+		t.Fatalf("fraction lost %d, total %d, want 255, 10", b.FractionLost, b.TotalLost)
+	}
+}

@@ -197,7 +197,11 @@ func (s *remoteStream) block(now time.Time) (rtcp.ReceptionReport, bool) {
 	s.expectedPrior, s.receivedPrior = expected, s.received
 	var fraction uint8
 	if lostInterval := int64(expInterval) - int64(recvInterval); expInterval != 0 && lostInterval > 0 {
-		fraction = uint8((lostInterval << 8) / int64(expInterval))
+		// Below 256 as long as a packet arrived in the interval, which
+		// it did if expected moved (maxSeq moves only on a received
+		// packet); clamped so that an interval with everything lost
+		// reads 255, not 0.
+		fraction = uint8(min((lostInterval<<8)/int64(expInterval), 255))
 	}
 
 	var dlsr uint32
