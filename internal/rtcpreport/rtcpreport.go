@@ -331,9 +331,14 @@ func (i *Interceptor) reports(now time.Time) []rtcp.Packet {
 	if i.closed {
 		return nil
 	}
+	// At most maxBlocks: block starts the stream's next interval (its
+	// A.3 priors), so a stream left out must not be asked for one.
 	var blocks []rtcp.ReceptionReport
 	for _, s := range i.remote {
-		if b, ok := s.block(now); ok && len(blocks) < maxBlocks {
+		if len(blocks) == maxBlocks {
+			break
+		}
+		if b, ok := s.block(now); ok {
 			blocks = append(blocks, b)
 		}
 	}

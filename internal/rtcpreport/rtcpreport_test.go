@@ -585,3 +585,36 @@ func TestFractionLostAllLost(t *testing.T) {
 		t.Fatalf("fraction lost %d, total %d, want 255, 10", b.FractionLost, b.TotalLost)
 	}
 }
+
+// TestMaxBlocks: one report holds at most 31 blocks (the 5-bit count),
+// and a stream left out keeps its interval (A.3 priors) for a later
+// report instead of losing it to a block that was never sent.
+func TestMaxBlocks(t *testing.T) {
+	g := NewGenerator(time.Hour)
+	defer g.Close()
+	i := g.New()
+	var streams []*remoteStream
+	for k := range maxBlocks + 2 {
+		s := &remoteStream{ssrc: uint32(100 + k), clockRate: opusRate, epoch: t0}
+		arrive(t, s, 1, 960, t0)
+		arrive(t, s, 3, 2*960, t0.Add(40*time.Millisecond)) // seq 2 lost
+		streams = append(streams, s)
+	}
+	i.remote = streams
+	pkts := i.reports(t0.Add(time.Second))
+	rr, ok := pkts[0].(*rtcp.ReceiverReport)
+	if len(pkts) != 1 || !ok || len(rr.Reports) != maxBlocks {
+		t.Fatalf("reports %v, want one RR with %d blocks", pkts, maxBlocks)
+	}
+	if _, err := rtcp.Marshal(pkts); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range streams[maxBlocks:] {
+		if s.expectedPrior != 0 || s.receivedPrior != 0 {
+			t.Fatalf("stream %d, left out of the report, had its interval started: priors %d, %d", s.ssrc, s.expectedPrior, s.receivedPrior)
+		}
+		if b, _ := s.block(t0.Add(time.Second)); b.FractionLost != 256/3 {
+			t.Fatalf("stream %d's next block: fraction lost %d, want %d (1 of 3)", s.ssrc, b.FractionLost, 256/3)
+		}
+	}
+}
