@@ -31,6 +31,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 )
 
 // workload is a pod-owning object, reduced to what the checks need.
@@ -593,6 +594,9 @@ func checkTransceiver(t *testing.T, r *rendered, v map[string]any) {
 	if grace == nil || time.Duration(*grace)*time.Second < drain+5*time.Second {
 		t.Errorf("terminationGracePeriodSeconds %v does not cover the %v drain", ptrString(grace), drain)
 	}
+	if got, want := env["SWITCHBOARD_REPORT_INTERVAL"].Value, fmt.Sprint(val(t, v, "transceiver.reportInterval")); got != want {
+		t.Errorf("report interval %q, value %q", got, want)
+	}
 	u := env["SWITCHBOARD_BACKEND"].Value
 	if !strings.HasPrefix(u, "ws://") && !strings.HasPrefix(u, "wss://") {
 		t.Errorf("backend %q is not a WebSocket URL", u)
@@ -824,6 +828,14 @@ func TestDefaultsAgreeWithFlags(t *testing.T) {
 		if d != tt.want {
 			t.Errorf("%s = %v, %s is %v", tt.value, d, tt.constant, tt.want)
 		}
+	}
+	// The transceiver's RTCP report interval, likewise.
+	d, err := time.ParseDuration(fmt.Sprint(val(t, v, "transceiver.reportInterval")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def := flagsOf(t, sets, "transceiver")["report-interval"].DefValue; d.String() != def || d != transceiver.DefaultReportInterval {
+		t.Errorf("transceiver.reportInterval = %v, -report-interval defaults to %s, transceiver.DefaultReportInterval is %v", d, def, transceiver.DefaultReportInterval)
 	}
 }
 

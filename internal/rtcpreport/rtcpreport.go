@@ -142,11 +142,17 @@ func (g *Generator) run() {
 }
 
 // join puts i in the wheel, in the slot after the last one filled, so
-// that interceptors spread evenly over the slots.
+// that interceptors spread evenly over the slots. An i already closed
+// stays out: BindRTCPWriter calls join after releasing i.mu, and an
+// Interceptor.Close in between finds i in no slot to leave (lock order:
+// g.mu, then i.mu; nothing takes g.mu holding i.mu).
 func (g *Generator) join(i *Interceptor) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
+	i.mu.Lock()
+	closed := i.closed
+	i.mu.Unlock()
+	if g.closed || closed || i.slot >= 0 {
 		return
 	}
 	if !g.started {
@@ -325,9 +331,14 @@ func (i *Interceptor) reports(now time.Time) []rtcp.Packet {
 	if i.closed {
 		return nil
 	}
+	// At most maxBlocks: block starts the stream's next interval (its
+	// A.3 priors), so a stream left out must not be asked for one.
 	var blocks []rtcp.ReceptionReport
 	for _, s := range i.remote {
-		if b, ok := s.block(now); ok && len(blocks) < maxBlocks {
+		if len(blocks) == maxBlocks {
+			break
+		}
+		if b, ok := s.block(now); ok {
 			blocks = append(blocks, b)
 		}
 	}

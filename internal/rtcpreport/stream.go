@@ -2,6 +2,7 @@ package rtcpreport
 
 import (
 	"encoding/binary"
+	"math"
 	"sync"
 	"time"
 
@@ -97,7 +98,7 @@ type remoteStream struct {
 	lastSRTime time.Time // when that SR arrived; zero: none yet
 }
 
-// received records one RTP packet from the source: seq and ts from its
+// receivedPacket records one RTP packet from the source: seq and ts from its
 // header, arrived at now.
 func (s *remoteStream) receivedPacket(seq uint16, ts uint32, now time.Time) {
 	s.mu.Lock()
@@ -196,13 +197,16 @@ func (s *remoteStream) block(now time.Time) (rtcp.ReceptionReport, bool) {
 	s.expectedPrior, s.receivedPrior = expected, s.received
 	var fraction uint8
 	if lostInterval := int64(expInterval) - int64(recvInterval); expInterval != 0 && lostInterval > 0 {
-		fraction = uint8((lostInterval << 8) / int64(expInterval))
+		// Below 256 as long as a packet arrived in the interval, which
+		// it did if expected moved (maxSeq moves only on a received
+		// packet); clamped so that an interval with everything lost
+		// reads 255, not 0.
+		fraction = uint8(min((lostInterval<<8)/int64(expInterval), 255))
 	}
 
 	var dlsr uint32
 	if !s.lastSRTime.IsZero() {
-		// Delay since the last SR, in units of 1/65536 s.
-		dlsr = uint32(now.Sub(s.lastSRTime).Nanoseconds() * 65536 / int64(time.Second))
+		dlsr = delaySince(now.Sub(s.lastSRTime))
 	}
 	return rtcp.ReceptionReport{
 		SSRC:               s.ssrc,
@@ -213,6 +217,17 @@ func (s *remoteStream) block(now time.Time) (rtcp.ReceptionReport, bool) {
 		LastSenderReport:   s.lastSR,
 		Delay:              dlsr,
 	}, true
+}
+
+// delaySince returns d as a DLSR, in units of 1/65536 s (RFC 3550
+// §6.4.1's 16.16 fixed point), clamped to the field's range: 0 for a
+// negative d, 2^32 − 1 (just under 65536 s, about 18 h) for a longer d,
+// from a source that sent RTP but no SR for that long. Clamping d first
+// keeps d × 65536 in nanoseconds within an int64, which it leaves from
+// about 39 h.
+func delaySince(d time.Duration) uint32 {
+	d = max(min(d, 65536*time.Second), 0)
+	return uint32(min(d*65536/time.Second, math.MaxUint32))
 }
 
 // clockUnits converts d to units of a clockRate Hz clock, modulo 2^32

@@ -40,7 +40,8 @@ type metrics struct {
 	offersRefused *prometheus.CounterVec
 	outputDropped prometheus.Counter // paced packets the client's track refused
 	tracksIgnored prometheus.Counter // client audio tracks after the first
-	rtcpDropped   prometheus.Counter // client RTCP that did not parse after SRTCP decryption (reports.go)
+	// rtcpDropped counts client RTCP packets dropped, by reason: malformed (reports.go).
+	rtcpDropped *prometheus.CounterVec
 }
 
 // Setup phases, the values of the phase label.
@@ -119,9 +120,10 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		outputDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_output_packets_dropped_total", Help: "Paced audio packets the client's track could not send (write error).",
 		}),
-		rtcpDropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_rtcp_malformed_total", Help: "Client RTCP packets dropped because they did not parse as RTCP (RFC 3550 6.1) once decrypted.",
-		}),
+		rtcpDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_rtcp_dropped_total",
+			Help: "Client RTCP packets dropped after SRTCP decryption, by reason: malformed (a packet of a compound that SRTCP routed by its SSRCs but that fails a full parse, such as feedback too short for its fields; a compound whose packet framing is broken is dropped by SRTCP before it, uncounted here).",
+		}, []string{"reason"}),
 		tracksIgnored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_tracks_ignored_total", Help: "Client audio tracks ignored because the session already has one (offers with several audio sections).",
 		}),
@@ -174,6 +176,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for _, op := range []string{"dial", "send", "recv"} {
 		m.bridgeErrors.WithLabelValues(op)
 	}
+	m.rtcpDropped.WithLabelValues(rtcpMalformed)
 	if reg == nil {
 		return m
 	}

@@ -20,7 +20,8 @@ import (
 // interceptors would run two ticker goroutines per session.
 //
 // Receiving: Pion's SRTCP session decrypts each compound RTCP packet from
-// the client and writes it into the read buffer of every SSRC it concerns
+// the client and writes its packets into the read buffer of every SSRC
+// they concern
 // (srtp.ReadStreamSRTCP), for someone to read: a goroutine per stream
 // blocked in RTPSender.Read or RTPReceiver.Read. The buffers come from
 // SettingEngine.BufferFactory, so ours are rtcpSinks: Write handles the
@@ -72,9 +73,9 @@ func (b rtpBuffer) WriteWithAttributes(p []byte, a packetio.Attributes) (int, er
 // rtcpSink is the read buffer of one SRTCP stream (ssrc): it handles each
 // decrypted compound packet as it is written and keeps nothing to read.
 //
-// The SRTCP session writes one compound packet into the sink of every
-// SSRC the packet concerns: the client's SR both into its own stream's
-// sink and into ours, which its report blocks are about. So that each part
+// The SRTCP session writes each packet of a compound into the sink of
+// every SSRC the packet concerns: the client's SR both into its own
+// stream's sink and into ours, which its report blocks are about. So that each part
 // is handled once, a sink handles only the part addressed to its own
 // SSRC: an SR whose sender is ssrc (a remote stream: its NTP time for our
 // LSR), and report blocks about ssrc (a local stream: loss, jitter, round
@@ -86,12 +87,23 @@ type rtcpSink struct {
 	closed    chan struct{}
 }
 
-// Write handles one decrypted compound RTCP packet. It never fails: a
-// packet that does not parse is dropped and counted.
+// rtcpMalformed is the reason label of client RTCP that does not parse.
+const rtcpMalformed = "malformed"
+
+// Write handles one decrypted RTCP packet. It never fails: one that does
+// not parse is dropped and counted (rtcp_dropped_total{reason="malformed"}).
+//
+// srtp (v3.1) splits each compound packet on its length fields and
+// writes the packets one at a time into the sinks of the SSRCs they
+// name, which it reads with only as much parsing as finding them takes
+// (rtcp.RawPacket.ParseDestinationSSRC): a packet whose framing is
+// broken never gets here, but one with an SSRC where it should be and
+// the rest wrong (a transport-wide feedback message shorter than its
+// fixed fields, say) does.
 func (k *rtcpSink) Write(b []byte) (int, error) {
 	pkts, err := rtcp.Unmarshal(b)
 	if err != nil {
-		k.sess.srv.metrics.rtcpDropped.Inc()
+		k.sess.srv.metrics.rtcpDropped.WithLabelValues(rtcpMalformed).Inc()
 		return len(b), nil
 	}
 	now := time.Now()

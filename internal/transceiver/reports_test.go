@@ -1,6 +1,7 @@
 package transceiver
 
 import (
+	"encoding/binary"
 	"io"
 	"net/http"
 	"strings"
@@ -9,9 +10,11 @@ import (
 
 	"github.com/pion/interceptor"
 	"github.com/pion/interceptor/pkg/stats"
+	"github.com/pion/rtcp"
 	"github.com/pion/rtp"
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -32,6 +35,8 @@ func histogram(t *testing.T, h prometheus.Histogram) (uint64, float64) {
 // Pion's report interceptors would: a round trip from our report blocks'
 // LSR/DLSR, its loss, and our sender counts; and the client's reports must
 // give the transceiver its round-trip metric (our SR's NTP time echoed).
+// One malformed RTCP packet from the client is dropped and counted, and
+// none of its well-formed ones are.
 func TestRTCPReportsWithPionClient(t *testing.T) {
 	s, apiURL := directServer(t, func(c *Config) { c.ReportInterval = 200 * time.Millisecond })
 
@@ -138,7 +143,8 @@ func TestRTCPReportsWithPionClient(t *testing.T) {
 		case <-tick.C:
 		case <-deadline:
 			n, _ := histogram(t, s.metrics.rtt)
-			t.Fatalf("after 20 s: transceiver RTT samples %d; client sees %+v and %+v", n, getter.Get(clientSSRC), getter.Get(echo))
+			t.Fatalf("after 20 s: transceiver RTT samples %d, malformed RTCP %v; client sees %+v and %+v", n,
+				testutil.ToFloat64(s.metrics.rtcpDropped.WithLabelValues(rtcpMalformed)), getter.Get(clientSSRC), getter.Get(echo))
 		}
 		if seq%10 != 9 {
 			if err := track.WriteRTP(&rtp.Packet{Header: rtp.Header{Version: 2, SequenceNumber: seq, Timestamp: uint32(seq) * 960}, Payload: payload}); err != nil {
@@ -151,6 +157,15 @@ func TestRTCPReportsWithPionClient(t *testing.T) {
 			default:
 				continue
 			}
+			// Transport-wide congestion control feedback (RFC 4585
+			// 6.1, FMT 15) about our audio with only its SSRCs:
+			// SRTCP finds where it goes, a full parse fails.
+			bad := rtcp.RawPacket{0x80 | 15, byte(rtcp.TypeTransportSpecificFeedback), 0, 2, 0, 0, 0, 0, 0, 0, 0, 0}
+			binary.BigEndian.PutUint32(bad[4:], clientSSRC)
+			binary.BigEndian.PutUint32(bad[8:], echo)
+			if err := pc.WriteRTCP([]rtcp.Packet{&bad}); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if seq%25 != 0 {
 			continue
@@ -161,10 +176,18 @@ func TestRTCPReportsWithPionClient(t *testing.T) {
 			continue
 		}
 		ri, ro := out.RemoteInboundRTPStreamStats, in.RemoteOutboundRTPStreamStats
-		// Wait for a report over an interval long enough to have lost
-		// a tenth of its packets, after the first one.
-		if ri.RoundTripTimeMeasurements < 2 || ri.PacketsLost < 5 || ro.PacketsSent == 0 {
+		// Wait for a block covering 100 packets or more, after the
+		// first round trip. The client derives PacketsReceived from the
+		// block: its extended highest sequence number less its
+		// cumulative loss, so received + lost is what the block
+		// expected, however the report intervals fell.
+		expected := int64(ri.PacketsReceived) + ri.PacketsLost
+		dropped := testutil.ToFloat64(s.metrics.rtcpDropped.WithLabelValues(rtcpMalformed))
+		if ri.RoundTripTimeMeasurements < 2 || expected < 100 || ro.PacketsSent == 0 || dropped == 0 {
 			continue
+		}
+		if dropped != 1 {
+			t.Fatalf("%v client RTCP packets dropped as malformed, want 1", dropped)
 		}
 		if mean := sum / float64(rtts); mean <= 0 || mean > 0.5 {
 			t.Fatalf("transceiver RTT mean %.4f s over %d samples: not a loopback round trip", mean, rtts)
@@ -172,13 +195,15 @@ func TestRTCPReportsWithPionClient(t *testing.T) {
 		if ri.RoundTripTime <= 0 || ri.RoundTripTime > 500*time.Millisecond {
 			t.Fatalf("client's RTT from our report blocks: %v", ri.RoundTripTime)
 		}
-		// Every tenth packet missing: about 10% lost in each interval
-		// (a 200 ms interval of 10 packets loses exactly one).
-		if ri.FractionLost < 0.05 || ri.FractionLost > 0.2 {
-			t.Fatalf("client's fraction lost from our report blocks: %.3f, want about 0.1", ri.FractionLost)
+		// Every tenth packet never sent: a tenth of what the block
+		// expected is lost, give or take the one gap at either end
+		// (and one more for a packet lost on loopback, which nothing
+		// here expects).
+		if want := expected / 10; ri.PacketsLost < want-1 || ri.PacketsLost > want+2 {
+			t.Fatalf("our block says %d lost of %d expected, want about %d (every tenth)", ri.PacketsLost, expected, want)
 		}
-		if sent := out.OutboundRTPStreamStats.PacketsSent; uint64(ri.PacketsLost) > sent/5 || ri.PacketsLost > int64(sent) {
-			t.Fatalf("our block says %d lost of the client's %d sent", ri.PacketsLost, sent)
+		if sent := out.OutboundRTPStreamStats.PacketsSent; expected-ri.PacketsLost > int64(sent) {
+			t.Fatalf("our block says %d received of the client's %d sent", expected-ri.PacketsLost, sent)
 		}
 		return
 	}

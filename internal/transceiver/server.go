@@ -136,7 +136,10 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 	// Pion lists the host's interfaces (a netlink dump) for every ICE
 	// agent and keeps the list for the agent's life unless it is given
 	// one; an ICE-lite agent on the shared mux gathers once, so one list
-	// serves every session (newAPI).
+	// serves every session (newAPI). Sharing it is safe only because
+	// nothing updates it: never set the ICE gathering policy to
+	// GatherContinually, under which each agent calls UpdateInterfaces
+	// on it from its own goroutine, and stdnet.Net has no lock.
 	if s.net, err = stdnet.NewNet(); err != nil {
 		_ = sock.Close()
 		return nil, fmt.Errorf("transceiver: list network interfaces: %w", err)
