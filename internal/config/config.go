@@ -145,7 +145,7 @@ func (l *List) UnmarshalYAML(n *yaml.Node) error {
 		*l = items
 		return nil
 	}
-	return &listError{n.Line, n.Column, "", "got a " + kindName(n.Kind)}
+	return &listError{n.Line, n.Column, "", "got a mapping"} // aliases come resolved
 }
 
 // listError is a List setting of the YAML file that is neither a list
@@ -162,18 +162,6 @@ func (e *listError) Error() string {
 		key = "a list setting"
 	}
 	return fmt.Sprintf("line %d: %s: %s; want a YAML list, or one comma-separated string, of values", e.Line, key, e.Got)
-}
-
-func kindName(k yaml.Kind) string {
-	switch k {
-	case yaml.MappingNode:
-		return "mapping"
-	case yaml.AliasNode:
-		return "alias"
-	case yaml.DocumentNode:
-		return "document"
-	}
-	return "node"
 }
 
 // decodeFile decodes the YAML file b into dst (a pointer to a config
@@ -338,34 +326,28 @@ func joinKey(path, key string) string {
 	return path + "." + key
 }
 
-// yamlField is one top-level YAML key of a struct and its field's type.
-type yamlField struct {
-	key string
-	typ reflect.Type
-}
-
-// yamlFields appends the top-level YAML keys of struct type t (inline
-// fields' keys included), in field order, to fields.
-func yamlFields(t reflect.Type, fields []yamlField) []yamlField {
+// yamlKeys appends the top-level YAML keys of struct type t (inline
+// fields' keys included), in field order, to keys.
+func yamlKeys(t reflect.Type, keys []string) []string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	if t.Kind() != reflect.Struct {
-		return fields
+		return keys
 	}
 	for f := range t.Fields() {
 		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 		switch {
 		case name == "-" || !f.IsExported():
 		case strings.Contains(opts, "inline"):
-			fields = yamlFields(f.Type, fields)
+			keys = yamlKeys(f.Type, keys)
 		case name != "":
-			fields = append(fields, yamlField{name, f.Type})
+			keys = append(keys, name)
 		default:
-			fields = append(fields, yamlField{strings.ToLower(f.Name), f.Type})
+			keys = append(keys, strings.ToLower(f.Name))
 		}
 	}
-	return fields
+	return keys
 }
 
 // unknownField is how yaml.v3 reports a key that dst has no field for.
@@ -379,7 +361,7 @@ func fileError(err error, dst any) error {
 	if !errors.As(err, &te) {
 		return err
 	}
-	known := yamlFields(reflect.TypeOf(dst), nil)
+	known := yamlKeys(reflect.TypeOf(dst), nil)
 	msgs := make([]string, len(te.Errors))
 	for i, m := range te.Errors {
 		sub := unknownField.FindStringSubmatch(m)
@@ -388,8 +370,8 @@ func fileError(err error, dst any) error {
 			continue
 		}
 		msgs[i] = fmt.Sprintf("%sunknown key %q", sub[1], sub[2])
-		for _, f := range known {
-			if k := f.key; strings.Contains(k, sub[2]) || strings.Contains(sub[2], k) {
+		for _, k := range known {
+			if strings.Contains(k, sub[2]) || strings.Contains(sub[2], k) {
 				msgs[i] += fmt.Sprintf(" (did you mean %s?)", k)
 				break
 			}

@@ -289,3 +289,18 @@ func TestListSettingsTakeCommaStrings(t *testing.T) {
 		}
 	})
 }
+
+// TestEmptyFile: a file with only comments sets nothing and is no error.
+func TestEmptyFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "empty.yaml")
+	if err := os.WriteFile(p, []byte("# nothing set yet\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg Transceiver
+	if err := Parse(cfg.Flags(), []string{"-config", p}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Trx.ListenAddr != transceiver.DefaultListenAddr {
+		t.Errorf("listen %q", cfg.Trx.ListenAddr)
+	}
+}
