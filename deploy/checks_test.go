@@ -624,7 +624,9 @@ func checkTransceiver(t *testing.T, r *rendered, v map[string]any) {
 
 // transceiverSettings are the chart's transceiver values passed as one
 // flag each, through the flag's environment variable (config.EnvName),
-// whose defaults are the binary's (TestDefaultsAgreeWithFlags).
+// whose defaults are the binary's (TestDefaultsAgreeWithFlags). A flag
+// neither here, nor mapped by the templates, nor in
+// transceiverFlagsNotInChart fails TestTransceiverFlagsInChart.
 var transceiverSettings = []struct{ value, flag string }{
 	{"transceiver.maxSessions", "max-sessions"},
 	{"transceiver.setupTimeout", "setup-timeout"},

@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"flag"
+	"strings"
 	"testing"
 
 	"github.com/switchboard-rtc/switchboard/internal/config"
@@ -61,8 +62,12 @@ var transceiverFlagsNotInChart = map[string]string{
 	"token-max-age":    "only relays open tokens and check their age; a transceiver mints them",
 }
 
-// TestTransceiverFlagsInChart: every transceiver flag is set by the chart
-// or listed, with a reason, in transceiverFlagsNotInChart.
+// TestTransceiverFlagsInChart: every flag of the transceiver's real flag
+// set (config.FlagSets) reaches its pod as its environment variable in the
+// default or the custom render, whether from a value (transceiverSettings)
+// or mapped by the templates themselves (id, listen, backend, token keys,
+// …), or is listed, with a reason, in transceiverFlagsNotInChart; and every
+// listed name is a flag.
 func TestTransceiverFlagsInChart(t *testing.T) {
 	set := map[string]bool{}
 	for _, vals := range []map[string]any{withPublicIP(nil), customValues()} {
@@ -74,7 +79,16 @@ func TestTransceiverFlagsInChart(t *testing.T) {
 			set[name] = true
 		}
 	}
-	for name := range flagsOf(t, config.FlagSets(), "transceiver") {
+	flags := flagsOf(t, config.FlagSets(), "transceiver")
+	for name, why := range transceiverFlagsNotInChart {
+		if _, ok := flags[name]; !ok {
+			t.Errorf("transceiverFlagsNotInChart lists -%s, which `switchboard transceiver` does not have; remove it", name)
+		}
+		if strings.TrimSpace(why) == "" {
+			t.Errorf("transceiverFlagsNotInChart lists -%s without a reason", name)
+		}
+	}
+	for name := range flags {
 		_, listed := transceiverFlagsNotInChart[name]
 		switch inChart := set[config.EnvName(name)]; {
 		case !inChart && !listed:

@@ -60,7 +60,7 @@ Flags:`)
 	fs.DurationVar(&opts.ConnectTimeout, "connect-timeout", 30*time.Second, "bound on signaling, ICE and DTLS per session")
 	fs.DurationVar(&interval, "progress", 2*time.Second, "interval of the progress line on stderr (0 = none)")
 	fs.BoolVar(&jsonl, "sessions-json", false, "also print each session's result as a JSON line on stdout as it ends")
-	fs.BoolVar(&connectedJSON, "connected-json", false, `also print {"event":"connected","i":N,"url":N,"session":URL,"setup_ms":X} on stdout as each session connects`)
+	fs.BoolVar(&connectedJSON, "connected-json", false, `also print {"event":"connected","i":N,"url_index":N,"session":URL,"setup_ms":X} on stdout as each session connects (url_index: which of the URLs)`)
 	fs.DurationVar(&opts.Vanish, "vanish", 0, "instead of streaming, each session vanishes (closes its sockets unannounced) a random 0 to this after ICE connects")
 	headerFlag(fs, &opts.Header, `extra "Name: value" header on the POST and the DELETE (repeatable)`)
 	positional, err := parseInterspersed(fs, args)
@@ -93,7 +93,7 @@ Flags:`)
 		opts.OnConnected = func(r callclient.SessionResult) {
 			encMu.Lock()
 			defer encMu.Unlock()
-			_ = enc.Encode(connectedEvent{Event: "connected", I: r.I, URL: r.URL, Session: r.Session, SetupMS: r.SetupMS})
+			_ = enc.Encode(connectedEvent{Event: "connected", I: r.I, URLIndex: r.URLIndex, Session: r.Session, SetupMS: r.SetupMS})
 		}
 	}
 	l, err := callclient.NewLoad(opts)
@@ -130,9 +130,9 @@ Flags:`)
 
 // connectedEvent is the line -connected-json prints as a session connects.
 type connectedEvent struct {
-	Event   string  `json:"event"` // "connected"
-	I       int     `json:"i"`     // the session's index, in start order
-	URL     int     `json:"url"`   // index into the URLs
-	Session string  `json:"session,omitempty"`
-	SetupMS float64 `json:"setup_ms"` // POST to peer connection "connected"
+	Event    string  `json:"event"`             // "connected"
+	I        int     `json:"i"`                 // the session's index, in start order
+	URLIndex int     `json:"url_index"`         // index into the URLs
+	Session  string  `json:"session,omitempty"` // the session's URL
+	SetupMS  float64 `json:"setup_ms"`          // POST to peer connection "connected"
 }

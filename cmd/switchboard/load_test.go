@@ -144,7 +144,7 @@ func TestLoadMarkAndVanish(t *testing.T) {
 		if err := json.Unmarshal(raw, &ev); err != nil {
 			t.Fatal(err)
 		}
-		if ev.Session == "" || ev.SetupMS <= 0 {
+		if ev.Session == "" || ev.SetupMS <= 0 || !bytes.Contains(raw, []byte(`"url_index":0`)) {
 			t.Errorf("connected event %s", raw)
 		}
 		if connected++; connected == 2 {

@@ -1,10 +1,10 @@
 package callclient
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -167,9 +167,9 @@ const loadTOC = 15 << 3
 // SessionResult is one session's outcome. Times are unix nanoseconds on
 // the load generator's clock, 0 when the event did not happen.
 type SessionResult struct {
-	I       int    `json:"i"`   // index, in start order
-	URL     int    `json:"url"` // index into LoadOptions.URLs
-	Session string `json:"session,omitempty"`
+	I        int    `json:"i"`                 // index, in start order
+	URLIndex int    `json:"url_index"`         // index into LoadOptions.URLs
+	Session  string `json:"session,omitempty"` // the session's URL (Location)
 
 	PostedNS       int64   `json:"posted_ns"`
 	ConnectedNS    int64   `json:"connected_ns,omitempty"`
@@ -488,7 +488,7 @@ func (s *loadSession) recordLocked(ext uint64, now int64) bool {
 
 // session runs session i to its end and returns its result.
 func (l *Load) session(ctx context.Context, i int) SessionResult {
-	r := SessionResult{I: i, URL: i % len(l.opts.URLs)}
+	r := SessionResult{I: i, URLIndex: i % len(l.opts.URLs)}
 	fail := func(reason string, err error) SessionResult {
 		r.Failure, r.Error = reason, err.Error()
 		l.failed.Add(1)
@@ -565,11 +565,12 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 	dc.OnMessage(func(m webrtc.DataChannelMessage) {
 		// Only the ping's echo is awaited: the events a transceiver also
 		// sends here (output_audio_buffer.*) must not crowd it out.
-		if !bytes.HasPrefix(m.Data, []byte(`{"type":"ping"`)) {
+		var echo struct{ Type, ID string }
+		if json.Unmarshal(m.Data, &echo) != nil || echo.Type != "ping" {
 			return
 		}
 		select {
-		case pong <- string(m.Data):
+		case pong <- echo.ID:
 		default:
 		}
 	})
@@ -613,7 +614,7 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 	cctx, cancel := context.WithTimeout(ctx, l.opts.ConnectTimeout)
 	defer cancel()
 	r.PostedNS = time.Now().UnixNano()
-	session, err := l.signal(cctx, pc, l.targets[r.URL])
+	session, err := l.signal(cctx, pc, l.targets[r.URLIndex])
 	r.Session = session
 	if err != nil {
 		l.hangup(session)
@@ -645,12 +646,14 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 	if l.opts.OnConnected != nil {
 		l.opts.OnConnected(snapshot)
 	}
+	dcWait := time.NewTimer(10 * time.Second)
 	select {
 	case <-dcOpen:
 		r.DCOpen = true
 	case <-failed:
-	case <-time.After(10 * time.Second):
+	case <-dcWait.C:
 	}
+	dcWait.Stop()
 
 	sendErr := l.stream(ctx, track, failed, &r)
 	streamEnd := time.Now().UnixNano()
@@ -661,23 +664,24 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 		if r.DCOpen && !l.opts.NoEcho {
 			var id [8]byte
 			_, _ = rand.Read(id[:])
-			ping := fmt.Sprintf(`{"type":"ping","id":"load-%d-%x"}`, i, id)
-			if err := dc.SendText(ping); err == nil {
-				deadline := time.After(5 * time.Second)
+			pingID := fmt.Sprintf("load-%d-%x", i, id)
+			if err := dc.SendText(fmt.Sprintf(`{"type":"ping","id":%q}`, pingID)); err == nil {
+				deadline := time.NewTimer(5 * time.Second)
 			wait:
 				for {
 					select {
-					case m := <-pong:
-						if m == ping {
+					case got := <-pong:
+						if got == pingID {
 							r.DCEchoEnd = true
 							break wait
 						}
-					case <-deadline:
+					case <-deadline.C:
 						break wait
 					case <-failed:
 						break wait
 					}
 				}
+				deadline.Stop()
 			}
 		}
 		time.Sleep(LoadTail)
@@ -722,9 +726,11 @@ func (l *Load) vanish(ctx, cctx context.Context, r *SessionResult, s *loadSessio
 		return fail(FailConnectTimeout, fmt.Errorf("ICE not connected after %v", l.opts.ConnectTimeout))
 	}
 	l.connected.Add(1)
+	wait := time.NewTimer(time.Duration(mrand.Int64N(int64(l.opts.Vanish) + 1)))
 	select {
-	case <-time.After(time.Duration(mrand.Int64N(int64(l.opts.Vanish) + 1))):
+	case <-wait.C:
 	case <-ctx.Done():
+		wait.Stop()
 	}
 	vn.vanish()
 	vanished := time.Now().UnixNano()

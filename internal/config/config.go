@@ -7,16 +7,17 @@
 package config
 
 import (
+	"bytes"
+	"encoding"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"regexp"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -88,13 +89,8 @@ func Parse(fs *flag.FlagSet, args []string, dst any) error {
 		if err != nil {
 			return fmt.Errorf("config: %w", err)
 		}
-		if b, err = listsFromStrings(b, dst); err != nil {
+		if err := decodeFile(b, dst); err != nil {
 			return fmt.Errorf("config %s: %w", configPath, err)
-		}
-		dec := yaml.NewDecoder(strings.NewReader(string(b)))
-		dec.KnownFields(true)
-		if err := dec.Decode(dst); err != nil {
-			return fmt.Errorf("config %s: %w", configPath, fileError(err, dst))
 		}
 	}
 	var err error
@@ -117,137 +113,210 @@ func Parse(fs *flag.FlagSet, args []string, dst any) error {
 	return fs.Parse(args)
 }
 
-// listsFromStrings lets the YAML file give a list setting (a []string
-// field of dst, such as allow_relays or auth.api_keys) either as a YAML
-// list or as one comma-separated string, as its flag takes it: it rewrites
-// each such string, in place on its line, as a flow sequence of its
-// trimmed, non-empty items, so that later errors keep their line numbers.
-// A list setting given as a mapping, or as a string over several lines,
-// is an error naming the key and its line.
-func listsFromStrings(b []byte, dst any) ([]byte, error) {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(b, &doc); err != nil || len(doc.Content) == 0 {
-		return b, nil // the decoder reports it
-	}
-	var edits []listEdit
-	if err := listify(doc.Content[0], reflect.TypeOf(dst), "", &edits); err != nil {
-		return nil, err
-	}
-	if len(edits) == 0 {
-		return b, nil
-	}
-	lines := strings.Split(string(b), "\n")
-	// Right to left, so that an edit does not move the next one.
-	slices.SortFunc(edits, func(x, y listEdit) int {
-		if x.n.Line != y.n.Line {
-			return y.n.Line - x.n.Line
+// List is a list setting of the YAML file: a YAML sequence of strings,
+// or, as the setting's flag takes it, one comma-separated string, whose
+// items are trimmed of spaces and must not be empty ("a, b" is [a b];
+// "a,,b" is an error). Anything else (a mapping) is an error with its
+// line. Parse decodes every []string of a config into a List.
+type List []string
+
+// UnmarshalYAML implements yaml.v3's Unmarshaler; an error names the
+// value's line.
+func (l *List) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		var items []string
+		if err := n.Decode(&items); err != nil {
+			return err
 		}
-		return y.n.Column - x.n.Column
-	})
-	for _, e := range edits {
-		n := e.n
-		line := []rune(lines[n.Line-1])
-		start := n.Column - 1
-		end := scalarEnd(line, start, n)
-		if end < 0 {
-			return nil, fmt.Errorf("line %d: %s: write the list as a YAML list or as a comma-separated string on one line", n.Line, e.path)
+		*l = items
+		return nil
+	case yaml.ScalarNode:
+		if strings.TrimSpace(n.Value) == "" {
+			return &listError{n.Line, n.Column, "", "an empty string (write [] for no values)"}
 		}
 		var items []string
 		for it := range strings.SplitSeq(n.Value, ",") {
-			if it = strings.TrimSpace(it); it != "" {
-				items = append(items, strconv.Quote(it)) // a YAML double-quoted scalar
+			if it = strings.TrimSpace(it); it == "" {
+				return &listError{n.Line, n.Column, "", fmt.Sprintf("an empty item in %q", strings.TrimSpace(n.Value))}
 			}
+			items = append(items, it)
 		}
-		lines[n.Line-1] = string(line[:start]) + "[" + strings.Join(items, ", ") + "]" + string(line[end:])
-	}
-	return []byte(strings.Join(lines, "\n")), nil
-}
-
-// scalarEnd returns where the one-line scalar n that starts at line[start]
-// ends in the source, or -1 if it is not one whole line's plain or quoted
-// scalar.
-func scalarEnd(line []rune, start int, n *yaml.Node) int {
-	if start < 0 || start >= len(line) || strings.Contains(n.Value, "\n") {
-		return -1
-	}
-	switch n.Style {
-	case 0: // plain: the source is the value
-		v := []rune(n.Value)
-		if start+len(v) <= len(line) && string(line[start:start+len(v)]) == n.Value {
-			return start + len(v)
-		}
-	case yaml.DoubleQuotedStyle:
-		for i := start + 1; i < len(line); i++ {
-			switch line[i] {
-			case '\\':
-				i++
-			case '"':
-				return i + 1
-			}
-		}
-	case yaml.SingleQuotedStyle:
-		for i := start + 1; i < len(line); i++ {
-			if line[i] == '\'' {
-				if i+1 < len(line) && line[i+1] == '\'' {
-					i++
-					continue
-				}
-				return i + 1
-			}
-		}
-	}
-	return -1
-}
-
-// listEdit is a string given for a list setting, at key path.
-type listEdit struct {
-	n    *yaml.Node
-	path string
-}
-
-// listify collects, below n (a value of Go type t at key path), every
-// string given for a []string into edits.
-func listify(n *yaml.Node, t reflect.Type, path string, edits *[]listEdit) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if n.Kind == yaml.AliasNode {
+		*l = items
 		return nil
 	}
+	return &listError{n.Line, n.Column, "", "got a mapping"} // aliases come resolved
+}
+
+// listError is a List setting of the YAML file that is neither a list
+// nor a comma-separated string of non-empty items.
+type listError struct {
+	Line, Column int    // of the value, from 1
+	Key          string // dotted path of the setting (auth.api_keys), when known
+	Got          string // what is wrong with the value
+}
+
+func (e *listError) Error() string {
+	key := e.Key
+	if key == "" {
+		key = "a list setting"
+	}
+	return fmt.Sprintf("line %d: %s: %s; want a YAML list, or one comma-separated string, of values", e.Line, key, e.Got)
+}
+
+// decodeFile decodes the YAML file b into dst (a pointer to a config
+// struct), refusing unknown keys, with every []string of dst taken as a
+// List: dst's values are copied into a twin of its type with List in
+// place of []string (decodeType), the file is decoded into the twin, and
+// the result copied back.
+func decodeFile(b []byte, dst any) error {
+	v := reflect.ValueOf(dst).Elem()
+	twin := reflect.New(decodeType(v.Type()))
+	assign(twin.Elem(), v)
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	err := dec.Decode(twin.Interface())
+	if errors.Is(err, io.EOF) {
+		return nil // an empty file
+	}
+	if err != nil {
+		var le *listError
+		if errors.As(err, &le) {
+			var doc yaml.Node
+			if yaml.Unmarshal(b, &doc) == nil {
+				le.Key = keyAt(&doc, le.Line, le.Column, "")
+			}
+			return le
+		}
+		return fileError(err, dst)
+	}
+	assign(v, twin.Elem())
+	return nil
+}
+
+var (
+	stringsType     = reflect.TypeFor[[]string]()
+	listType        = reflect.TypeFor[List]()
+	unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
+	textType        = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+// decodeType returns t with List in place of every []string in its
+// structs (exported fields not tagged "-"), maps, slices and pointers;
+// t itself if it has none, or decodes itself (yaml.Unmarshaler,
+// encoding.TextUnmarshaler).
+func decodeType(t reflect.Type) reflect.Type {
+	if t == stringsType {
+		return listType
+	}
+	if p := reflect.PointerTo(t); p.Implements(unmarshalerType) || p.Implements(textType) {
+		return t
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		if e := decodeType(t.Elem()); e != t.Elem() {
+			return reflect.PointerTo(e)
+		}
+	case reflect.Slice:
+		if e := decodeType(t.Elem()); e != t.Elem() {
+			return reflect.SliceOf(e)
+		}
+	case reflect.Map:
+		if e := decodeType(t.Elem()); e != t.Elem() {
+			return reflect.MapOf(t.Key(), e)
+		}
+	case reflect.Struct:
+		var fields []reflect.StructField
+		changed := false
+		for f := range t.Fields() {
+			if !f.IsExported() || f.Tag.Get("yaml") == "-" {
+				continue // not decoded; assign leaves it as it is
+			}
+			ft := decodeType(f.Type)
+			changed = changed || ft != f.Type
+			fields = append(fields, reflect.StructField{Name: f.Name, Type: ft, Tag: f.Tag})
+		}
+		if changed {
+			return reflect.StructOf(fields)
+		}
+	}
+	return t
+}
+
+// assign sets dst to src, whose types are the same but for List in place
+// of []string (decodeType); a struct field that one of them lacks is left
+// as it is.
+func assign(dst, src reflect.Value) {
 	switch {
-	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
-		switch {
-		case n.Kind == yaml.ScalarNode && n.Tag == "!!null", n.Kind == yaml.SequenceNode:
-		case n.Kind == yaml.ScalarNode:
-			*edits = append(*edits, listEdit{n, path})
-		default:
-			return fmt.Errorf("line %d: %s: want a list, or one comma-separated string, of values", n.Line, path)
+	case dst.Type() == src.Type():
+		dst.Set(src)
+	case src.Kind() == reflect.Slice && src.Type().Elem().Kind() == reflect.String:
+		dst.Set(src.Convert(dst.Type())) // List and []string
+	case src.Kind() == reflect.Struct:
+		for i := range src.NumField() {
+			f := src.Type().Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			if df, ok := dst.Type().FieldByName(f.Name); ok && len(df.Index) == 1 {
+				assign(dst.Field(df.Index[0]), src.Field(i))
+			}
 		}
-	case t.Kind() == reflect.Slice && n.Kind == yaml.SequenceNode:
+	case src.IsNil():
+		dst.SetZero()
+	case src.Kind() == reflect.Pointer:
+		p := reflect.New(dst.Type().Elem())
+		assign(p.Elem(), src.Elem())
+		dst.Set(p)
+	case src.Kind() == reflect.Slice:
+		s := reflect.MakeSlice(dst.Type(), src.Len(), src.Len())
+		for i := range src.Len() {
+			assign(s.Index(i), src.Index(i))
+		}
+		dst.Set(s)
+	case src.Kind() == reflect.Map:
+		m := reflect.MakeMapWithSize(dst.Type(), src.Len())
+		for it := src.MapRange(); it.Next(); {
+			e := reflect.New(dst.Type().Elem()).Elem()
+			assign(e, it.Value())
+			m.SetMapIndex(it.Key(), e)
+		}
+		dst.Set(m)
+	}
+}
+
+// keyAt returns the dotted key path (in below path) of the value that
+// starts at line and column in n, or "" if none does.
+func keyAt(n *yaml.Node, line, column int, path string) string {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if k := keyAt(c, line, column, path); k != "" {
+				return k
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key, val := joinKey(path, n.Content[i].Value), n.Content[i+1]
+			if val.Line == line && val.Column == column {
+				return key
+			}
+			if k := keyAt(val, line, column, key); k != "" {
+				return k
+			}
+		}
+	case yaml.SequenceNode:
 		for i, c := range n.Content {
-			if err := listify(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), edits); err != nil {
-				return err
+			key := fmt.Sprintf("%s[%d]", path, i)
+			if c.Line == line && c.Column == column {
+				return key
 			}
-		}
-	case t.Kind() == reflect.Map && n.Kind == yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if err := listify(n.Content[i+1], t.Elem(), joinKey(path, n.Content[i].Value), edits); err != nil {
-				return err
-			}
-		}
-	case t.Kind() == reflect.Struct && n.Kind == yaml.MappingNode:
-		fields := yamlFields(t, nil)
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			at := slices.IndexFunc(fields, func(f yamlField) bool { return f.key == n.Content[i].Value })
-			if at < 0 {
-				continue // an unknown key: the decoder names it
-			}
-			if err := listify(n.Content[i+1], fields[at].typ, joinKey(path, n.Content[i].Value), edits); err != nil {
-				return err
+			if k := keyAt(c, line, column, key); k != "" {
+				return k
 			}
 		}
 	}
-	return nil
+	return ""
 }
 
 func joinKey(path, key string) string {
@@ -257,38 +326,32 @@ func joinKey(path, key string) string {
 	return path + "." + key
 }
 
-// yamlField is one top-level YAML key of a struct and its field's type.
-type yamlField struct {
-	key string
-	typ reflect.Type
-}
-
-// yamlFields appends the top-level YAML keys of struct type t (inline
-// fields' keys included), in field order, to fields.
-func yamlFields(t reflect.Type, fields []yamlField) []yamlField {
+// yamlKeys appends the top-level YAML keys of struct type t (inline
+// fields' keys included), in field order, to keys.
+func yamlKeys(t reflect.Type, keys []string) []string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	if t.Kind() != reflect.Struct {
-		return fields
+		return keys
 	}
 	for f := range t.Fields() {
 		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 		switch {
 		case name == "-" || !f.IsExported():
 		case strings.Contains(opts, "inline"):
-			fields = yamlFields(f.Type, fields)
+			keys = yamlKeys(f.Type, keys)
 		case name != "":
-			fields = append(fields, yamlField{name, f.Type})
+			keys = append(keys, name)
 		default:
-			fields = append(fields, yamlField{strings.ToLower(f.Name), f.Type})
+			keys = append(keys, strings.ToLower(f.Name))
 		}
 	}
-	return fields
+	return keys
 }
 
 // unknownField is how yaml.v3 reports a key that dst has no field for.
-var unknownField = regexp.MustCompile(`^(line \d+: )field (\S+) not found in type \S+$`)
+var unknownField = regexp.MustCompile(`^(line \d+: )field (\S+) not found in type .+$`)
 
 // fileError rewrites yaml.v3's "field x not found in type struct {…}"
 // lines of err as unknown key "x", with a known key of dst that x is part
@@ -298,7 +361,7 @@ func fileError(err error, dst any) error {
 	if !errors.As(err, &te) {
 		return err
 	}
-	known := yamlFields(reflect.TypeOf(dst), nil)
+	known := yamlKeys(reflect.TypeOf(dst), nil)
 	msgs := make([]string, len(te.Errors))
 	for i, m := range te.Errors {
 		sub := unknownField.FindStringSubmatch(m)
@@ -307,8 +370,8 @@ func fileError(err error, dst any) error {
 			continue
 		}
 		msgs[i] = fmt.Sprintf("%sunknown key %q", sub[1], sub[2])
-		for _, f := range known {
-			if k := f.key; strings.Contains(k, sub[2]) || strings.Contains(sub[2], k) {
+		for _, k := range known {
+			if strings.Contains(k, sub[2]) || strings.Contains(sub[2], k) {
 				msgs[i] += fmt.Sprintf(" (did you mean %s?)", k)
 				break
 			}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -202,7 +203,8 @@ func TestUnknownKeyNamesIt(t *testing.T) {
 
 // TestListSettingsTakeCommaStrings: a list setting in the file is a YAML
 // list or, as its flag takes it, one comma-separated string; both give
-// the same list, and a mapping is refused with the key and its line.
+// the same list, through anchors and aliases too, and a mapping or an
+// empty item is refused with the key and its line.
 func TestListSettingsTakeCommaStrings(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, body string) string {
@@ -215,8 +217,10 @@ func TestListSettingsTakeCommaStrings(t *testing.T) {
 	want := []string{"10.0.0.0/8", "192.168.0.0/16"}
 	keys := []string{strings.Repeat("a", 32), strings.Repeat("b", 32)}
 	for name, body := range map[string]string{
-		"comma strings": "allow_relays: 10.0.0.0/8, 192.168.0.0/16\ntrusted_proxies: \"10.0.0.0/8,192.168.0.0/16,\"\nauth:\n  api_keys: " + keys[0] + "," + keys[1] + "\n",
+		"comma strings": "allow_relays: 10.0.0.0/8, 192.168.0.0/16\ntrusted_proxies: \"10.0.0.0/8,192.168.0.0/16\"\nauth:\n  api_keys: " + keys[0] + "," + keys[1] + "\n",
 		"yaml lists":    "allow_relays: [10.0.0.0/8, 192.168.0.0/16]\ntrusted_proxies:\n  - 10.0.0.0/8\n  - 192.168.0.0/16\nauth:\n  api_keys: [" + keys[0] + ", " + keys[1] + "]\n",
+		"anchor, alias": "allow_relays: &nets 10.0.0.0/8, 192.168.0.0/16\ntrusted_proxies: *nets\nauth:\n  api_keys: &keys\n    - " + keys[0] + "\n    - " + keys[1] + "\n",
+		"folded string": "allow_relays: >\n  10.0.0.0/8,\n  192.168.0.0/16\ntrusted_proxies: '10.0.0.0/8 , 192.168.0.0/16'\nauth: {api_keys: \"" + keys[0] + ", " + keys[1] + "\"}\n",
 	} {
 		t.Run("transceiver "+name, func(t *testing.T) {
 			var cfg Transceiver
@@ -225,6 +229,10 @@ func TestListSettingsTakeCommaStrings(t *testing.T) {
 			}
 			if !slices.Equal(cfg.Trx.AllowRelays, want) || !slices.Equal(cfg.Trx.TrustedProxies, want) || !slices.Equal(cfg.Trx.Auth.APIKeys, keys) {
 				t.Errorf("allow_relays %q, trusted_proxies %q, api_keys %q", cfg.Trx.AllowRelays, cfg.Trx.TrustedProxies, cfg.Trx.Auth.APIKeys)
+			}
+			// The rest of the config keeps its flag defaults.
+			if cfg.Trx.ListenAddr != transceiver.DefaultListenAddr || cfg.Trx.MaxSessions != transceiver.DefaultMaxSessions {
+				t.Errorf("listen %q, max_sessions %d: the file changed settings it does not name", cfg.Trx.ListenAddr, cfg.Trx.MaxSessions)
 			}
 		})
 	}
@@ -237,28 +245,39 @@ func TestListSettingsTakeCommaStrings(t *testing.T) {
 			t.Errorf("trusted_ingress %q", cfg.Relay.TrustedIngress)
 		}
 	})
-	t.Run("director trusted_proxies and clusters", func(t *testing.T) {
+	t.Run("director trusted_proxies, clusters, prefixes", func(t *testing.T) {
 		var cfg Director
-		body := "trusted_proxies: 10.0.0.0/8, 192.168.0.0/16\nclusters:\n  eu: http://a/v1/calls,http://b/v1/calls\n"
+		body := "trusted_proxies: 10.0.0.0/8, 192.168.0.0/16\nclusters:\n  eu: http://a/v1/calls,http://b/v1/calls\n  us: [http://c/v1/calls]\nregions:\n  eu: {cluster: eu, prefixes: \"10.0.0.0/8, 192.168.0.0/16\"}\n"
 		if err := Parse(cfg.Flags(), []string{"-config", write("director.yaml", body)}, &cfg); err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(cfg.Director.TrustedProxies, want) || !slices.Equal(cfg.Director.Clusters["eu"], []string{"http://a/v1/calls", "http://b/v1/calls"}) {
-			t.Errorf("trusted_proxies %q, clusters %q", cfg.Director.TrustedProxies, cfg.Director.Clusters)
+		d := cfg.Director
+		if !slices.Equal(d.TrustedProxies, want) || !slices.Equal(d.Clusters["eu"], []string{"http://a/v1/calls", "http://b/v1/calls"}) ||
+			!slices.Equal(d.Clusters["us"], []string{"http://c/v1/calls"}) || d.Regions["eu"].Cluster != "eu" || !slices.Equal(d.Regions["eu"].Prefixes, want) {
+			t.Errorf("trusted_proxies %q, clusters %q, regions %+v", d.TrustedProxies, d.Clusters, d.Regions)
 		}
 	})
-	t.Run("mapping refused", func(t *testing.T) {
-		var cfg Transceiver
-		err := Parse(cfg.Flags(), []string{"-config", write("bad.yaml", "id: 1\nallow_relays:\n  a: 10.0.0.0/8\n")}, &cfg)
-		if err == nil || !strings.Contains(err.Error(), "line 3: allow_relays: want a list, or one comma-separated string") {
-			t.Fatalf("error %v", err)
-		}
-	})
+	for _, tt := range []struct{ name, body, want string }{
+		{"mapping", "id: 1\nallow_relays:\n  a: 10.0.0.0/8\n", "line 3: allow_relays: got a mapping; want a YAML list, or one comma-separated string, of values"},
+		{"nested mapping", "auth:\n  signing_key: x\n  api_keys: {a: b}\n", "line 3: auth.api_keys: got a mapping;"},
+		{"aliased mapping", "ingress_by_region: &m {eu: 10.0.0.1:3478}\ntrusted_proxies: *m\n", "line 1: ingress_by_region: got a mapping;"},
+		{"empty item", "allow_relays: 10.0.0.0/8,,192.168.0.0/16\n", `line 1: allow_relays: an empty item in "10.0.0.0/8,,192.168.0.0/16"`},
+		{"trailing comma", "\ntrusted_proxies: '10.0.0.0/8,'\n", `line 2: trusted_proxies: an empty item in "10.0.0.0/8,"`},
+		{"empty string", "allow_relays: ''\n", "line 1: allow_relays: an empty string (write [] for no values)"},
+	} {
+		t.Run("refused "+tt.name, func(t *testing.T) {
+			var cfg Transceiver
+			err := Parse(cfg.Flags(), []string{"-config", write("bad.yaml", tt.body)}, &cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want %q", err, tt.want)
+			}
+		})
+	}
 	t.Run("line numbers kept", func(t *testing.T) {
 		var cfg Transceiver
 		body := "allow_relays: 10.0.0.0/8,192.168.0.0/16 # pods\n\n# proxies\ntrusted_proxies: '10.0.0.0/8, 192.168.0.0/16'\n\nnosuchkey: 1\n"
 		err := Parse(cfg.Flags(), []string{"-config", write("lines.yaml", body)}, &cfg)
-		if err == nil || !strings.Contains(err.Error(), `line 6: unknown key "nosuchkey"`) {
+		if err == nil || !strings.Contains(err.Error(), `line 6: unknown key "nosuchkey"`) || strings.Contains(err.Error(), "struct") {
 			t.Fatalf("error %v", err)
 		}
 		cfg = Transceiver{}
@@ -269,11 +288,19 @@ func TestListSettingsTakeCommaStrings(t *testing.T) {
 			t.Errorf("allow_relays %q, trusted_proxies %q", cfg.Trx.AllowRelays, cfg.Trx.TrustedProxies)
 		}
 	})
-	t.Run("multi-line string refused", func(t *testing.T) {
-		var cfg Transceiver
-		err := Parse(cfg.Flags(), []string{"-config", write("block.yaml", "allow_relays: >\n  10.0.0.0/8,\n  192.168.0.0/16\n")}, &cfg)
-		if err == nil || !strings.Contains(err.Error(), "line 1: allow_relays: write the list as a YAML list or as a comma-separated string on one line") {
-			t.Fatalf("error %v", err)
-		}
-	})
+}
+
+// TestEmptyFile: a file with only comments sets nothing and is no error.
+func TestEmptyFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "empty.yaml")
+	if err := os.WriteFile(p, []byte("# nothing set yet\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg Transceiver
+	if err := Parse(cfg.Flags(), []string{"-config", p}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Trx.ListenAddr != transceiver.DefaultListenAddr {
+		t.Errorf("listen %q", cfg.Trx.ListenAddr)
+	}
 }

@@ -111,7 +111,7 @@ func TestTransceiverKill(t *testing.T) {
 
 	var dead, alive []sessionReport
 	for _, r := range rs {
-		if r.URL == 0 {
+		if r.URLIndex == 0 {
 			dead = append(dead, r)
 		} else {
 			alive = append(alive, r)
