@@ -31,7 +31,7 @@ func BenchmarkWriteRTP(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			t := &testing.T{}
-			r := newBatchRig(t, 200)
+			r := newBatchRig(t, 200, nil)
 			if t.Failed() {
 				b.Fatal("rig setup failed")
 			}
