@@ -22,12 +22,13 @@ import (
 //     and goroutine hand-offs, for PCM formats the Opus decode, and the
 //     bridge's framing and write.
 //   - to_client: from the paced send (SendPacket, on the playout clock's
-//     tick) to the hop socket write: Pion's RTCP report interceptor, SRTP
-//     encryption and the socket write. It leaves out, on purpose, the time
-//     a packet waits in the session's playout queue for its tick (the
-//     pacing that plays audio in real time, up to the queue's depth), and
-//     for PCM formats the Opus encode, done when the backend's frame
-//     arrives, before it is queued.
+//     tick) to the hop socket handing the packet to the kernel: Pion's
+//     RTCP report interceptor, SRTP encryption, the wait for the packet's
+//     sendmmsg batch (hop.Conn Hold/Flush) and the socket write. It
+//     leaves out, on purpose, the time a packet waits in the session's
+//     playout queue for its tick (the pacing that plays audio in real
+//     time, up to the queue's depth), and for PCM formats the Opus
+//     encode, done when the backend's frame arrives, before it is queued.
 //
 // An SRTP packet's header is in the clear (RFC 3711 §3.1), so the socket
 // side names a packet by its SSRC and sequence number as the RTP side
