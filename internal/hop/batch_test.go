@@ -16,9 +16,9 @@ type batchRig struct {
 	clients []netip.AddrPort
 }
 
-func newBatchRig(t *testing.T, clients int) *batchRig {
+func newBatchRig(t *testing.T, clients int, onSent func([]byte)) *batchRig {
 	t.Helper()
-	c, err := NewConn(listen(t), ConnConfig{Advertise: netip.MustParseAddrPort("127.0.0.1:3478")})
+	c, err := NewConn(listen(t), ConnConfig{Advertise: netip.MustParseAddrPort("127.0.0.1:3478"), OnSent: onSent})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,13 @@ func TestIsRTP(t *testing.T) {
 // one sendmmsg carries included; a non-RTP datagram written meanwhile
 // (here RTCP) leaves at once, ahead of them.
 func TestHoldFlushSendsEachOnceInOrder(t *testing.T) {
-	r := newBatchRig(t, 3)
+	var reported []byte // first two bytes of every datagram reported sent, then the RTP seq
+	r := newBatchRig(t, 3, func(b []byte) {
+		reported = append(reported, b[1])
+		if IsRTP(b) {
+			reported = binary.BigEndian.AppendUint16(reported, binary.BigEndian.Uint16(b[2:]))
+		}
+	})
 	const n = 2*sendBatch + 7
 	r.c.Hold()
 	for i := range n {
@@ -119,6 +125,16 @@ func TestHoldFlushSendsEachOnceInOrder(t *testing.T) {
 	r.c.Flush()
 	if got := r.c.Stats().Sent; got != 1+n {
 		t.Fatalf("after Flush: %d sent, want %d", got, 1+n)
+	}
+	// OnSent saw each datagram once, as it left: the RTCP packet first
+	// (written while the first batch was filling), then the RTP in order.
+	want := []byte{201}
+	for i := range n {
+		want = append(want, 111)
+		want = binary.BigEndian.AppendUint16(want, uint16(i))
+	}
+	if string(reported) != string(want) {
+		t.Fatalf("OnSent saw % x\nwant % x", reported, want)
 	}
 	first, rtcp := r.read(t)
 	if first != r.clients[0] || rtcp[1] != 201 {
@@ -144,7 +160,7 @@ func TestHoldFlushSendsEachOnceInOrder(t *testing.T) {
 // each stream in order.
 func TestHoldFlushConcurrent(t *testing.T) {
 	const writers, ticks, perTick = 4, 20, 30
-	r := newBatchRig(t, writers)
+	r := newBatchRig(t, writers, nil)
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
@@ -179,7 +195,7 @@ func TestHoldFlushConcurrent(t *testing.T) {
 // TestHeldWriteAllocs: a tick's held writes and its Flush allocate
 // nothing.
 func TestHeldWriteAllocs(t *testing.T) {
-	r := newBatchRig(t, 2)
+	r := newBatchRig(t, 2, func([]byte) {})
 	pkts := [][]byte{rtpPacket(1, 1), rtpPacket(2, 1)}
 	buf := make([]byte, 1600)
 	tick := func() {

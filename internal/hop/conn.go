@@ -84,6 +84,12 @@ type ConnConfig struct {
 	// Logger receives the (rare, rate-limited) lines about moves. Default
 	// slog.Default().
 	Logger *slog.Logger
+	// OnSent, if set, is called with each client datagram (hop header not
+	// included) when Conn hands it to the kernel: at its write, or for an
+	// RTP packet held for a batch (batch.go) when the batch's sendmmsg
+	// returned. It runs on the sending goroutine, must not block and must
+	// not keep b. The transceiver's media delay probe observes with it.
+	OnSent func(b []byte)
 }
 
 // Conn is the transceiver's end of the internal hop: a net.PacketConn over
@@ -105,6 +111,7 @@ type Conn struct {
 	log       *slog.Logger
 	// latchQuiet is ConnConfig.LatchQuiet.
 	latchQuiet time.Duration
+	onSent     func([]byte) // ConnConfig.OnSent; nil for none
 	done       chan struct{}
 	closeOnce  sync.Once
 	wg         sync.WaitGroup
@@ -134,6 +141,8 @@ type Conn struct {
 	bmu   sync.Mutex
 	out   *udpio.Batch
 	obufs [][]byte // one datagram buffer per slot of out
+	// ohdr and oend bound each queued datagram's payload in its buffer.
+	ohdr, oend []int
 }
 
 type route struct {
@@ -159,6 +168,7 @@ func NewConn(sock *net.UDPConn, cfg ConnConfig) (*Conn, error) {
 		sock:       sock,
 		log:        cfg.Logger,
 		latchQuiet: cfg.LatchQuiet,
+		onSent:     cfg.OnSent,
 		advertise:  net.UDPAddrFromAddrPort(cfg.Advertise),
 		allow:      cfg.AllowRelays,
 		ttl:        cfg.RouteTTL,
@@ -274,6 +284,9 @@ func (c *Conn) WriteToAddrPort(b []byte, client netip.AddrPort) (int, error) {
 		return 0, err
 	}
 	c.sent.Add(1)
+	if c.onSent != nil {
+		c.onSent(b)
+	}
 	return len(b), nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/pion/webrtc/v4"
@@ -23,12 +22,13 @@ import (
 //     and goroutine hand-offs, for PCM formats the Opus decode, and the
 //     bridge's framing and write.
 //   - to_client: from the paced send (SendPacket, on the playout clock's
-//     tick) to the hop socket write: Pion's RTCP report interceptor, SRTP
-//     encryption and the socket write. It leaves out, on purpose, the time
-//     a packet waits in the session's playout queue for its tick (the
-//     pacing that plays audio in real time, up to the queue's depth), and
-//     for PCM formats the Opus encode, done when the backend's frame
-//     arrives, before it is queued.
+//     tick) to the hop socket handing the packet to the kernel: Pion's
+//     RTCP report interceptor, SRTP encryption, the wait for the packet's
+//     sendmmsg batch (hop.Conn Hold/Flush) and the socket write. It
+//     leaves out, on purpose, the time a packet waits in the session's
+//     playout queue for its tick (the pacing that plays audio in real
+//     time, up to the queue's depth), and for PCM formats the Opus
+//     encode, done when the backend's frame arrives, before it is queued.
 //
 // An SRTP packet's header is in the clear (RFC 3711 §3.1), so the socket
 // side names a packet by its SSRC and sequence number as the RTP side
@@ -140,24 +140,14 @@ type addrPortConn interface {
 }
 
 // probeConn stamps sampled RTP packets as they are read from the socket
-// and observes them as they are written to it. It is the playout clock's
-// Batcher (media.go): with a batching conn (hop.Conn), the RTP packets
-// written during a tick wait for the tick's Flush, and so do their
-// observations, so that to_client still ends at the socket write.
+// and, in Direct mode, observes them as they are written to it (hop.Conn
+// observes its own sends through ConnConfig.OnSent: batched packets leave
+// at the batch's flush, not at their write). It is the playout clock's
+// Batcher (server.go), forwarding to the conn's batching if it has one.
 type probeConn struct {
 	addrPortConn
 	probe *delayProbe
-	batch playout.Batcher // the conn's batching; nil: writes are immediate
-
-	holds atomic.Int32 // Holds in force
-	// mu guards held: sampled RTP packets written while held, observed at Flush.
-	mu   sync.Mutex
-	held []heldPacket
-}
-
-type heldPacket struct {
-	ssrc uint32
-	seq  uint16
+	batch playout.Batcher // the conn's batching (hop.Conn); nil: writes are immediate and observed here
 }
 
 func newProbeConn(c addrPortConn, p *delayProbe) *probeConn {
@@ -168,41 +158,23 @@ func newProbeConn(c addrPortConn, p *delayProbe) *probeConn {
 
 // Hold starts a tick's batch (playout.Batcher).
 func (c *probeConn) Hold() {
-	if c.batch == nil {
-		return
+	if c.batch != nil {
+		c.batch.Hold()
 	}
-	c.holds.Add(1)
-	c.batch.Hold()
 }
 
-// Flush sends the tick's batch and observes its sampled packets.
+// Flush sends the tick's batch (playout.Batcher).
 func (c *probeConn) Flush() {
-	if c.batch == nil {
-		return
+	if c.batch != nil {
+		c.batch.Flush()
 	}
-	c.batch.Flush()
-	c.mu.Lock()
-	for _, p := range c.held {
-		c.probe.toClient.leave(p.ssrc, p.seq)
-	}
-	c.held = c.held[:0]
-	c.holds.Add(-1)
-	c.mu.Unlock()
 }
 
-// sent observes an RTP packet written to the conn: now, or at Flush when
-// the conn held it.
-func (c *probeConn) sent(ssrc uint32, seq uint16) {
-	if c.holds.Load() == 0 {
-		c.probe.toClient.leave(ssrc, seq)
-		return
+// sent observes a datagram the socket took, if it is a sampled RTP packet.
+func (p *delayProbe) sent(b []byte) {
+	if ssrc, seq, ok := rtpHeader(b); ok {
+		p.toClient.leave(ssrc, seq)
 	}
-	if _, ok := delayKey(ssrc, seq); !ok {
-		return // not sampled
-	}
-	c.mu.Lock()
-	c.held = append(c.held, heldPacket{ssrc, seq})
-	c.mu.Unlock()
 }
 
 func (c *probeConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
@@ -227,16 +199,16 @@ func (c *probeConn) ReadFrom(b []byte) (int, net.Addr, error) {
 
 func (c *probeConn) WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error) {
 	n, err := c.addrPortConn.WriteToAddrPort(b, addr)
-	if ssrc, seq, ok := rtpHeader(b); ok && err == nil {
-		c.sent(ssrc, seq)
+	if c.batch == nil && err == nil {
+		c.probe.sent(b)
 	}
 	return n, err
 }
 
 func (c *probeConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 	n, err := c.addrPortConn.WriteTo(b, addr)
-	if ssrc, seq, ok := rtpHeader(b); ok && err == nil {
-		c.sent(ssrc, seq)
+	if c.batch == nil && err == nil {
+		c.probe.sent(b)
 	}
 	return n, err
 }
