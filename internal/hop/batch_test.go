@@ -3,6 +3,7 @@ package hop
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"net"
 	"net/netip"
 	"sync"
@@ -245,6 +246,31 @@ func TestHoldFlushConcurrent(t *testing.T) {
 	}
 	if s := r.c.Stats(); s.Sent != writers*ticks*perTick || s.DroppedSendFailed != 0 {
 		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestFlushAfterClose: a tick that ends after Close (a clock worker
+// during shutdown) discards its queue: no send_failed drops, nothing
+// reported sent.
+func TestFlushAfterClose(t *testing.T) {
+	reported := 0
+	r := newBatchRig(t, 2, func([]byte) { reported++ })
+	r.c.Hold()
+	for i := range 5 {
+		if _, err := r.c.WriteToAddrPort(rtpPacket(1, uint16(i)), r.clients[i%2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r.c.Flush()
+	if s := r.c.Stats(); s.Sent != 0 || s.DroppedSendFailed != 0 || reported != 0 {
+		t.Fatalf("after Close: %d sent, %d send_failed, %d reported sent; want none", s.Sent, s.DroppedSendFailed, reported)
+	}
+	// Nothing holds any more: a write fails at once.
+	if _, err := r.c.WriteToAddrPort(rtpPacket(1, 9), r.clients[0]); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("write after Close: %v, want net.ErrClosed", err)
 	}
 }
 
