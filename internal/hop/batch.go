@@ -48,7 +48,9 @@ func (c *Conn) Hold() { c.holds.Add(1) }
 
 // Flush sends the RTP packets queued since the holds began, in the order
 // they were written, and ends one Hold. A packet the kernel refuses is
-// counted (ConnStats.DroppedSendFailed). Safe for concurrent use.
+// counted (ConnStats.DroppedSendFailed). After Close (a worker's tick
+// that ends during shutdown) the queue is discarded: not sent, not
+// counted, not reported to ConnConfig.OnSent. Safe for concurrent use.
 func (c *Conn) Flush() {
 	c.bmu.Lock()
 	c.flushLocked()
@@ -62,8 +64,14 @@ func (c *Conn) flushLocked() {
 		return
 	}
 	queued := c.out.Queued()
-	sent, _, failed, _ := c.out.Flush() // after Close: every packet failed
+	sent, _, failed, err := c.out.Flush()
 	c.sent.Add(uint64(sent))
+	if udpio.IsClosed(err) {
+		// Closed before or during the flush: failed counts the packets
+		// the closed socket never took (a shutdown, not the kernel
+		// refusing them), so it is not a send_failed drop.
+		return
+	}
 	c.droppedSendFailed.Add(uint64(failed))
 	if c.onSent != nil {
 		for i, b := range c.obufs[:queued] {

@@ -1,7 +1,9 @@
 package hop
 
 import (
+	"bytes"
 	"encoding/binary"
+	"errors"
 	"net"
 	"net/netip"
 	"sync"
@@ -157,10 +159,54 @@ func TestHoldFlushSendsEachOnceInOrder(t *testing.T) {
 
 // TestHoldFlushConcurrent: holders on several goroutines (the clock's
 // workers), each writing its own stream: every packet arrives once and
-// each stream in order.
+// each stream in order. The relay reads while the writers run, and each
+// writer starts its next tick once its last tick has arrived, so at most
+// one tick per writer is in flight: the test does not depend on the
+// relay's socket buffer, which it sets to a default kernel's
+// (net.core.rmem_max 212,992 bytes; the kernel doubles what is asked).
 func TestHoldFlushConcurrent(t *testing.T) {
 	const writers, ticks, perTick = 4, 20, 30
 	r := newBatchRig(t, writers, nil)
+	_ = r.relay.SetReadBuffer(212992 / 2)
+	type datagram struct {
+		client netip.AddrPort
+		p      []byte
+	}
+	var (
+		got     []datagram
+		readErr error
+		arrived = make([]chan struct{}, writers) // a tick of stream w arrived
+		failed  = make(chan struct{})            // the relay stopped reading
+		read    = make(chan struct{})
+	)
+	for w := range arrived {
+		arrived[w] = make(chan struct{}, ticks)
+	}
+	go func() {
+		defer close(read)
+		defer close(failed)
+		count := make([]int, writers)
+		buf := make([]byte, 1600)
+		for range writers * ticks * perTick {
+			_ = r.relay.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, _, err := r.relay.ReadFrom(buf)
+			if err != nil {
+				readErr = err
+				return
+			}
+			_, client, p, err := ParseHeader(buf[:n])
+			if err != nil {
+				readErr = err
+				return
+			}
+			got = append(got, datagram{client, bytes.Clone(p)})
+			if w := binary.BigEndian.Uint32(p[8:]); w < writers {
+				if count[w]++; count[w]%perTick == 0 {
+					arrived[w] <- struct{}{}
+				}
+			}
+		}
+	}()
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
@@ -174,14 +220,25 @@ func TestHoldFlushConcurrent(t *testing.T) {
 					seq++
 				}
 				r.c.Flush()
+				select {
+				case <-arrived[w]:
+				case <-failed:
+					return
+				}
 			}
 		})
 	}
 	wg.Wait()
+	<-read
+	if readErr != nil {
+		t.Fatalf("relay read after %d datagrams: %v", len(got), readErr)
+	}
 	next := make([]uint16, writers)
-	for range writers * ticks * perTick {
-		_, p := r.read(t)
-		w, seq := binary.BigEndian.Uint32(p[8:]), binary.BigEndian.Uint16(p[2:])
+	for i, d := range got {
+		w, seq := binary.BigEndian.Uint32(d.p[8:]), binary.BigEndian.Uint16(d.p[2:])
+		if w >= writers || d.client != r.clients[w] {
+			t.Fatalf("datagram %d: stream %d for %s", i, w, d.client)
+		}
 		if seq != next[w] {
 			t.Fatalf("stream %d: seq %d, want %d", w, seq, next[w])
 		}
@@ -189,6 +246,31 @@ func TestHoldFlushConcurrent(t *testing.T) {
 	}
 	if s := r.c.Stats(); s.Sent != writers*ticks*perTick || s.DroppedSendFailed != 0 {
 		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestFlushAfterClose: a tick that ends after Close (a clock worker
+// during shutdown) discards its queue: no send_failed drops, nothing
+// reported sent.
+func TestFlushAfterClose(t *testing.T) {
+	reported := 0
+	r := newBatchRig(t, 2, func([]byte) { reported++ })
+	r.c.Hold()
+	for i := range 5 {
+		if _, err := r.c.WriteToAddrPort(rtpPacket(1, uint16(i)), r.clients[i%2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r.c.Flush()
+	if s := r.c.Stats(); s.Sent != 0 || s.DroppedSendFailed != 0 || reported != 0 {
+		t.Fatalf("after Close: %d sent, %d send_failed, %d reported sent; want none", s.Sent, s.DroppedSendFailed, reported)
+	}
+	// Nothing holds any more: a write fails at once.
+	if _, err := r.c.WriteToAddrPort(rtpPacket(1, 9), r.clients[0]); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("write after Close: %v, want net.ErrClosed", err)
 	}
 }
 

@@ -55,7 +55,8 @@ type ConnStats struct {
 	DroppedTooBig uint64
 	// DroppedSendFailed counts RTP packets queued between Hold and Flush
 	// that the kernel refused (batch.go); an immediate write's failure is
-	// its caller's error instead.
+	// its caller's error instead. Packets still queued when the Conn is
+	// closed are discarded without being counted here or in Sent.
 	DroppedSendFailed uint64
 	// Sessions is the number of sessions registered for latching
 	// (AddSession, less RemoveSession): one per live ICE session.
