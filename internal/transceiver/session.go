@@ -3,8 +3,10 @@ package transceiver
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -243,9 +245,21 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 		return
 	}
 	defer sess.stopTurns()
+	deadline := false // a read deadline is set: turn detection waits on wall time
 	for {
+		if wait := sess.turnsWait(time.Now()); wait > 0 {
+			_ = tr.SetReadDeadline(time.Now().Add(wait))
+			deadline = true
+		} else if deadline {
+			_ = tr.SetReadDeadline(time.Time{})
+			deadline = false
+		}
 		pkt, _, err := tr.ReadRTP()
 		if err != nil {
+			if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+				sess.idleTurns(time.Now())
+				continue
+			}
 			return
 		}
 		if len(pkt.Payload) == 0 {
