@@ -587,4 +587,3 @@ func TestNoCatchUpForShortReply(t *testing.T) {
 		}
 	}
 }
-
