@@ -128,6 +128,10 @@ type Split struct {
 	// Browser: output_audio_buffer.started in the page → the reply heard:
 	// the jitter buffer, decoding, playout and the page's analyser.
 	Browser []float64
+	// QuietLead: how long each reply plays before its first 10 ms at or
+	// above the page's −45 dBFS (the parrot starts a reply 10 ms before
+	// its first 10 ms with a −40 dBFS peak): part of Browser.
+	QuietLead []float64
 	// JitterBuffer is the mean time the reply's first 300 ms of samples
 	// spent in the page's jitter buffer (getStats inbound-rtp
 	// jitterBufferDelay / jitterBufferEmittedCount over the reply), and
@@ -346,6 +350,7 @@ type tracer struct {
 	frames  map[int64]time.Time // frame end, ms → arrival
 	stops   []stopAt
 	replies []time.Time // when the agent began sending each reply
+	leads   []float64   // each reply's quiet lead, ms
 }
 
 type stopAt struct {
@@ -364,6 +369,7 @@ func (tr *tracer) trace(ev agent.TraceEvent) {
 		tr.stops = append(tr.stops, stopAt{ev.Ms, now})
 	case agent.TraceReply:
 		tr.replies = append(tr.replies, now)
+		tr.leads = append(tr.leads, float64(ev.QuietLeadMs))
 	}
 }
 
@@ -518,6 +524,9 @@ func runMode(ctx context.Context, opts Options, mode, bin, wav string, listen ti
 	}
 	m := &Mode{Name: mode, Turns: len(talk.Turns), StopAtBackend: tr.stopLatencies(vad.DefaultSilenceDurationMs)}
 	m.Split.Agent = tr.agentLatencies()
+	tr.mu.Lock()
+	m.Split.QuietLead = slices.Clone(tr.leads)
+	tr.mu.Unlock()
 	for _, t := range talk.Turns {
 		if t.ReplyMs != nil {
 			m.Reply = append(m.Reply, *t.ReplyMs-vad.DefaultSilenceDurationMs)
@@ -612,11 +621,11 @@ func (r *Result) Markdown(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Where (b) went, per reply (medians / p90, ms; up + edge + browser = (b), up to the medians' rounding):")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| who cuts the reply | up: speech end → speech_stopped in the page, − silence window | edge: speech_stopped → output_audio_buffer.started in the page | of which the agent | browser: started → reply heard | of which jitter buffer (getStats), first 300 ms | jitter buffer target |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| who cuts the reply | up: speech end → speech_stopped in the page, − silence window | edge: speech_stopped → output_audio_buffer.started in the page | of which the agent | browser: started → reply heard | of which the reply's quiet lead | of which jitter buffer (getStats), first 300 ms | jitter buffer target |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
 	for _, m := range r.Modes {
 		s := m.Split
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", m.Name, cell(s.Up), cell(s.Edge), cell(s.Agent), cell(s.Browser), cell(s.JitterBuffer), cell(s.JitterTarget))
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Name, cell(s.Up), cell(s.Edge), cell(s.Agent), cell(s.Browser), cell(s.QuietLead), cell(s.JitterBuffer), cell(s.JitterTarget))
 	}
 	fmt.Fprintf(w, "\nThe detector's speech end minus the page's on the same audio (the script through Opus), per utterance: %s ms.\n", cell(r.EndLag))
 	fmt.Fprintf(w, "Load average (1 min) at the start and the end: %s, %s.\n", r.Load[0], r.Load[1])

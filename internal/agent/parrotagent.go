@@ -51,8 +51,12 @@ type TraceEvent struct {
 	Session string
 	Kind    TraceKind
 	// Ms is the frame's end (TraceFrame) or the turn's audio_ms, on the
-	// session's input clock.
+	// session's input clock; for TraceReply, the reply's length.
 	Ms int64
+	// QuietLeadMs (TraceReply) is how long the reply plays before its
+	// first 10 ms at or above −45 dBFS RMS: sound a listener's level
+	// meter does not call sound yet.
+	QuietLeadMs int64
 }
 
 // TraceKind says what a TraceEvent reports.
@@ -208,7 +212,7 @@ func (s *parrotSession) run() (string, error) {
 			}
 			if s.a.cfg.Trace != nil {
 				end := (int64(m.Audio.Timestamp) + int64(len(m.Audio.Payload)/2)) * 1000 / int64(s.a.rate)
-				s.a.cfg.Trace(TraceEvent{s.id, TraceFrame, end})
+				s.a.cfg.Trace(TraceEvent{Session: s.id, Kind: TraceFrame, Ms: end})
 			}
 			if s.det != nil {
 				if err := s.ownVAD(ctx, m.Audio); err != nil {
@@ -281,9 +285,9 @@ func (s *parrotSession) trace(typ string, ms int64) {
 	}
 	switch typ {
 	case MsgSpeechStarted:
-		s.a.cfg.Trace(TraceEvent{s.id, TraceSpeechStarted, ms})
+		s.a.cfg.Trace(TraceEvent{Session: s.id, Kind: TraceSpeechStarted, Ms: ms})
 	case MsgSpeechStopped:
-		s.a.cfg.Trace(TraceEvent{s.id, TraceSpeechStopped, ms})
+		s.a.cfg.Trace(TraceEvent{Session: s.id, Kind: TraceSpeechStopped, Ms: ms})
 	}
 }
 
@@ -301,7 +305,7 @@ func (s *parrotSession) send(ctx context.Context, r Reply) error {
 	}
 	s.replies++
 	if s.a.cfg.Trace != nil {
-		s.a.cfg.Trace(TraceEvent{s.id, TraceReply, int64(len(audio) / 2 * 1000 / s.a.rate)})
+		s.a.cfg.Trace(TraceEvent{s.id, TraceReply, int64(len(audio) / 2 * 1000 / s.a.rate), quietLeadMs(audio, s.a.rate)})
 	}
 	if err := s.sc.SendControl(ctx, bridge.Control{Type: bridge.TypeOutputResponse, ID: "resp_sb_" + strconv.Itoa(s.replies)}); err != nil {
 		return err
@@ -360,4 +364,22 @@ func trimLeadingQuiet(pcm []byte, rate int) []byte {
 		}
 	}
 	return nil
+}
+
+// quietLeadMs returns the ms of pcm (PCM16 little-endian at rate Hz)
+// before its first 10 ms block whose RMS reaches −45 dBFS, or its length.
+func quietLeadMs(pcm []byte, rate int) int64 {
+	block := 2 * rate / 100
+	const min = 32768 * 32768 / 31623 // −45 dBFS mean power, in sample units²
+	for off := 0; off+block <= len(pcm); off += block {
+		var sum int64
+		for i := off; i+1 < off+block; i += 2 {
+			v := int64(int16(uint16(pcm[i]) | uint16(pcm[i+1])<<8))
+			sum += v * v
+		}
+		if sum/int64(block/2) >= min {
+			return int64(off / block * 10)
+		}
+	}
+	return int64(len(pcm) / 2 * 1000 / rate)
 }

@@ -143,3 +143,36 @@ func TestTrimLeadingQuiet(t *testing.T) {
 		}
 	}
 }
+
+// TestQuietLead: the quiet lead a TraceReply reports is the time before
+// the first 10 ms block at −45 dBFS RMS or more, in whole blocks.
+func TestQuietLead(t *testing.T) {
+	const rate = 24000
+	block := rate / 100 // samples per 10 ms
+	pcm := func(levels ...int16) []byte {
+		var b []byte
+		for _, l := range levels {
+			for range block {
+				b = append(b, byte(l), byte(uint16(l)>>8))
+			}
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		pcm  []byte
+		want int64
+	}{
+		{"sound at once", pcm(3000, 3000), 0},
+		{"two quiet blocks", pcm(0, 100, 3000), 20},
+		{"just under −45 dBFS", pcm(183, 3000), 10}, // 183/32768 = −45.06 dBFS
+		{"just over −45 dBFS", pcm(185, 3000), 0},
+		{"all quiet: its length", pcm(0, 0, 0), 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := quietLeadMs(tc.pcm, rate); got != tc.want {
+				t.Errorf("quietLeadMs = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}

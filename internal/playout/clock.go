@@ -68,7 +68,7 @@ func newClock(workers int) *Clock {
 	}
 	c := &Clock{stop: make(chan struct{})}
 	for range workers {
-		c.workers = append(c.workers, &worker{c: c, wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), buf: make([]byte, 0, 4096)})
+		c.workers = append(c.workers, &worker{c: c, wake: make(chan struct{}, 1), buf: make([]byte, 0, 4096)})
 	}
 	return c
 }
@@ -109,10 +109,6 @@ func (c *Clock) run() {
 type worker struct {
 	c    *Clock
 	wake chan struct{}
-	// kick: a queue became active since the last tick (add); the worker
-	// plays the current tick for it at once (runPending) instead of
-	// leaving its first packet to the next tick.
-	kick chan struct{}
 
 	mu      sync.Mutex
 	pending []*Queue // guarded by mu: queues that became active since the last tick
@@ -128,61 +124,23 @@ func (w *worker) add(q *Queue) {
 	w.mu.Lock()
 	w.pending = append(w.pending, q)
 	w.mu.Unlock()
-	select {
-	case w.kick <- struct{}{}:
-	default:
-	}
 }
 
 func (w *worker) run() {
-	b := w.c.batcher
 	for {
 		select {
 		case <-w.c.stop:
 			return
 		case <-w.wake:
-			if b != nil {
-				b.Hold()
-			}
+		}
+		if b := w.c.batcher; b != nil {
+			b.Hold()
 			w.runTick(w.c.tick.Load())
-		case <-w.kick:
-			if b != nil {
-				b.Hold()
-			}
-			w.runPending(w.c.tick.Load())
-		}
-		if b != nil {
 			b.Flush()
+			continue
 		}
+		w.runTick(w.c.tick.Load())
 	}
-}
-
-// runPending plays tick n, the one the worker last played, for the queues
-// that became active since: a reply that arrives at an idle queue in the
-// middle of a tick sends its first packet now, the one due in this tick,
-// rather than at the next tick, and its next packet at the next tick, on
-// the same timeline. Nothing leaves ahead of real time by more than a
-// tick does (a tick sends the packet that covers it, at its start). When
-// the worker has a tick to catch up (n is not the last one it played),
-// runTick plays the new queues with the others.
-func (w *worker) runPending(n int64) {
-	if n == 0 || n != w.last {
-		return
-	}
-	w.mu.Lock()
-	start := len(w.active)
-	w.active = append(w.active, w.pending...)
-	clear(w.pending)
-	w.pending = w.pending[:0]
-	w.mu.Unlock()
-	keep := w.active[:start]
-	for _, q := range w.active[start:] {
-		if q.tick(n, n, w) {
-			keep = append(keep, q)
-		}
-	}
-	clear(w.active[len(keep):])
-	w.active = keep
 }
 
 // runTick plays tick n for every active queue. When the worker was too

@@ -3,8 +3,10 @@ package transceiver
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -252,9 +254,21 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 	buf := make([]byte, hop.MaxPayload)
 	var rp rtp.Packet
 	pkt := &rp
+	deadline := false // a read deadline is set: turn detection waits on wall time
 	for {
+		if wait := sess.turnsWait(time.Now()); wait > 0 {
+			_ = tr.SetReadDeadline(time.Now().Add(wait))
+			deadline = true
+		} else if deadline {
+			_ = tr.SetReadDeadline(time.Time{})
+			deadline = false
+		}
 		n, _, err := tr.Read(buf)
 		if err != nil {
+			if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+				sess.idleTurns(time.Now())
+				continue
+			}
 			return
 		}
 		if err := pkt.Unmarshal(buf[:n]); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/audio"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
@@ -71,6 +72,53 @@ type turns struct {
 	rtpExt     int64
 	item       string // the current user item's id (input_audio_buffer.*)
 	items      uint64
+	// Wall time: when the last frame was fed (its packet arrived), and
+	// how many frames of silence were fed since for the time that passed
+	// without packets, in speech (idleTurns).
+	lastWall time.Time
+	idleFed  int64
+}
+
+// turnsIdleGrace is how long the client may send nothing, while the user
+// is talking, before the silence window runs on wall time (idleTurns):
+// longer than network jitter, so that a late packet rarely finds its
+// time already taken by silence, and shorter than what is left of a
+// silence window when a DTX encoder stops sending (libopus: after 200 ms
+// of silence).
+const turnsIdleGrace = 100 * time.Millisecond
+
+// turnsWait returns how long the track goroutine may wait for the next
+// packet before idleTurns is due, or 0 to wait without limit (no
+// utterance in progress).
+func (sess *session) turnsWait(now time.Time) time.Duration {
+	t := &sess.turns
+	if t.det == nil || !t.det.InSpeech() || t.lastWall.IsZero() {
+		return 0
+	}
+	next := t.lastWall.Add(turnsIdleGrace)
+	if t.idleFed > 0 {
+		next = t.lastWall.Add(time.Duration(t.idleFed+1) * vad.FrameMs * time.Millisecond)
+	}
+	return max(time.Millisecond, next.Sub(now))
+}
+
+// idleTurns runs the silence window on wall time when the client has
+// sent nothing for turnsIdleGrace while the user was talking (DTX, a
+// client that stops sending, a stalled network): the detector is fed one
+// frame of silence for each 20 ms since the last packet arrived, so the
+// stop is sent when the window runs out, not when the next packet comes.
+// The detector's clock then runs ahead of the input clock; frames that
+// arrive for time it already took are not fed to it (feedTurns).
+func (sess *session) idleTurns(now time.Time) {
+	t := &sess.turns
+	if t.det == nil || !t.det.InSpeech() || t.lastWall.IsZero() || now.Sub(t.lastWall) < turnsIdleGrace {
+		return
+	}
+	due := int64(now.Sub(t.lastWall) / (vad.FrameMs * time.Millisecond))
+	for t.idleFed < due && t.det != nil && t.det.InSpeech() {
+		t.idleFed++
+		sess.processTurn(t.silence)
+	}
 }
 
 // parseTurnDetection decodes a turn_detection member as sent: nil (or
@@ -158,7 +206,12 @@ func (sess *session) feedTurns(timestamp uint32, pcm []byte) {
 	if t.fresh {
 		t.fresh, t.offset = false, at // the detector starts at this frame
 	}
-	if gap := (at - t.offset - t.det.PositionMs()) / vad.FrameMs; gap > 0 {
+	t.lastWall, t.idleFed = time.Now(), 0
+	gap := (at - t.offset - t.det.PositionMs()) / vad.FrameMs
+	if gap < 0 {
+		return // idleTurns gave this frame's time to the detector as silence
+	}
+	if gap > 0 {
 		sess.fillTurns(gap)
 	}
 	sess.processTurn(pcm)

@@ -62,7 +62,8 @@ type accuracyStats struct {
 // digital silence, in white noise and in babble noise (10 dB SNR, four
 // mixes of each), at both input rates, and over 60 s of each noise mix
 // alone. Every utterance must give exactly one speech start whose onset is
-// within 100 ms of the true onset (from the generation) and one stop;
+// within 100 ms of the true onset (from the generation) and one stop
+// whose speech end is at most one frame after the true end;
 // noise alone must give no start. It logs the figures docs/vad.md reports.
 func TestAccuracy(t *testing.T) {
 	requireTools(t)
@@ -154,6 +155,11 @@ func checkScene(t *testing.T, sc scene, st *accuracyStats) {
 		}
 		if want := max(0, starts[i].SpeechMs-DefaultPrefixPaddingMs); starts[i].AudioMs != want {
 			t.Errorf("utterance %d: start audio_ms %d, want onset - prefix_padding_ms = %d", i, starts[i].AudioMs, want)
+		}
+		// The silence window runs from the speech: the end is never
+		// placed past the frame in which the speech ended.
+		if late := stops[i].SpeechMs - int64(sc.offsets[i]); late > int64(FrameMs+sc.endSlackMs) {
+			t.Errorf("utterance %d: speech end at %d ms, %d ms after the true end %d ms: more than a frame (+%d ms for the codec)", i, stops[i].SpeechMs, late, sc.offsets[i], sc.endSlackMs)
 		}
 		if stops[i].SpeechMs <= starts[i].SpeechMs || stops[i].AudioMs-stops[i].SpeechMs != DefaultSilenceDurationMs {
 			t.Errorf("utterance %d: stop %+v after start %+v: want speech end after the onset and audio_ms = speech end + silence_duration_ms", i, stops[i], starts[i])

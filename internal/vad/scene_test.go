@@ -9,6 +9,10 @@ type scene struct {
 	pcm     []byte
 	onsets  []int // true speech onsets, ms from the start of pcm
 	offsets []int // true speech ends, ms
+	// endSlackMs is how much later than the truth, besides a frame, a
+	// speech end may be reported: the delay and ringing of a codec the
+	// scene went through (0 for clean audio).
+	endSlackMs int
 }
 
 // sceneUtterances are what the talker says in a scene, one per turn.

@@ -26,10 +26,18 @@
 //	          dBFS), speaking ("you" | "agent" | ""), events (the
 //	          input_audio_buffer.* and output_audio_buffer.* events, with
 //	          performance.now() times), turns [{n, onsetAt, endAt, replyMs,
-//	          interrupted, quietMs, audioStartMs, audioEndMs}]: replyMs is
-//	          the end of your speech to the agent's first sound, quietMs
-//	          your onset to 250 ms of agent quiet when you talked over it
-//	call(opts), hangup(), ping()   opts: optional {url, iceServers, iceTransportPolicy}
+//	          interrupted, quietMs, audioStartMs, audioEndMs, stoppedAt,
+//	          startedAt, jb}]: replyMs is the end of your speech to the
+//	          agent's first sound, quietMs your onset to 250 ms of agent
+//	          quiet when you talked over it; stoppedAt and startedAt when
+//	          speech_stopped and the reply's output_audio_buffer.started
+//	          arrived; jb {before, after} the agent stream's getStats
+//	          jitter buffer counters at speech_stopped and 300 ms into the
+//	          reply
+//	jitterBufferTarget  the agent receiver's jitterBufferTarget set by
+//	          call(opts), ms, or null
+//	call(opts), hangup(), ping()   opts: optional {url, iceServers,
+//	          iceTransportPolicy, jitterBufferTarget (ms)}
 //
 // "ended" means the server ended the call (a switchboard.session.end event
 // on oai-events, or the data channel or DTLS closing).
