@@ -191,11 +191,22 @@ func TestRestartLoop(t *testing.T) {
 	if len(vs) != rounds {
 		t.Errorf("%d rounds reported, want %d", len(vs), rounds)
 	}
+	// The sessions gauge falls when a session leaves the table; its
+	// "session ended" line follows the teardown (the backend's
+	// session.end, closing the peer connection): wait for every line.
 	ends := map[string]map[string]any{}
-	for _, m := range s.trx[0].jsonLines("session ended") {
-		id, _ := m["session"].(string)
-		ends[id] = m
-	}
+	waitFor(10*time.Second, func() bool {
+		for _, m := range s.trx[0].jsonLines("session ended") {
+			id, _ := m["session"].(string)
+			ends[id] = m
+		}
+		for _, v := range vs {
+			if v.Failure == "" && v.VanishedNS != 0 && ends[sessionID(v.Session)] == nil {
+				return false
+			}
+		}
+		return true
+	})
 	var closeAfter []float64
 	reasons := map[string]int{}
 	var dtlsUp, dcOpen, failed int
