@@ -185,7 +185,7 @@ type SessionResult struct {
 	Reordered  int `json:"reordered"`  // arrived after a later-sent packet
 
 	MaxGapMS     float64 `json:"max_gap_ms"`      // largest inter-arrival gap while streaming
-	GapMarkMS    float64 `json:"gap_mark_ms"`     // largest gap ending within 30 s after Mark
+	MarkGapMS    float64 `json:"mark_gap_ms"`     // largest gap ending within 30 s after Mark
 	PreMarkGapMS float64 `json:"pre_mark_gap_ms"` // largest gap in the 5 s before Mark
 	LastRxNS     int64   `json:"last_rx_ns,omitempty"`
 	StreamEndNS  int64   `json:"stream_end_ns,omitempty"`
@@ -204,7 +204,7 @@ type SessionResult struct {
 	Error   string `json:"error,omitempty"`
 }
 
-// Windows around Mark for SessionResult.GapMarkMS and PreMarkGapMS.
+// Windows around Mark for SessionResult.MarkGapMS and PreMarkGapMS.
 const (
 	markWindow    = 30 * time.Second
 	preMarkWindow = 5 * time.Second
@@ -313,7 +313,7 @@ func newLoadAPI(se *webrtc.SettingEngine, n transport.Net) (*webrtc.API, error) 
 }
 
 // Mark records now as the moment of a fault: each session then reports
-// the largest audio gap ending within 30 s after it (GapMarkMS) and the
+// the largest audio gap ending within 30 s after it (MarkGapMS) and the
 // largest in the 5 s before (PreMarkGapMS), and the summary their
 // distribution (LoadSummary.MarkGapMS). The first call counts; it may be
 // made from any goroutine.
@@ -402,7 +402,7 @@ starting:
 		var gapsMS []float64
 		for _, r := range l.results {
 			if r.ConnectedNS != 0 && r.ConnectedNS < mark && r.StreamEndNS > mark {
-				gapsMS = append(gapsMS, r.GapMarkMS)
+				gapsMS = append(gapsMS, r.MarkGapMS)
 			}
 		}
 		d := distribution(gapsMS)
@@ -998,7 +998,7 @@ func gaps(r *SessionResult, arrivals []int64, end, markNS int64) {
 			continue
 		}
 		if points[i] >= markNS && points[i] <= markNS+int64(markWindow) {
-			r.GapMarkMS = max(r.GapMarkMS, g)
+			r.MarkGapMS = max(r.MarkGapMS, g)
 		}
 		if points[i] < markNS && points[i] >= markNS-int64(preMarkWindow) {
 			r.PreMarkGapMS = max(r.PreMarkGapMS, g)

@@ -118,7 +118,7 @@ func TestTransceiverKill(t *testing.T) {
 		}
 	}
 	checkSessions(t, alive, n-n/2)
-	aliveGap := column(alive, func(r sessionReport) float64 { return r.GapMarkMS })
+	aliveGap := column(alive, func(r sessionReport) float64 { return r.MarkGapMS })
 	alivePre := column(alive, func(r sessionReport) float64 { return r.PreMarkGapMS })
 	if mx := pct(aliveGap, 100); mx > normalGapBoundMS {
 		t.Errorf("the other transceiver's sessions: largest audio gap %.0f ms after the kill", mx)
@@ -238,7 +238,7 @@ func TestRedisKill(t *testing.T) {
 	if f := relay.sum("switchboard_relay_membership_read_failures_total"); f == 0 {
 		t.Errorf("the relay never failed to read Redis: was it killed?")
 	}
-	gap := column(rs, func(r sessionReport) float64 { return r.GapMarkMS })
+	gap := column(rs, func(r sessionReport) float64 { return r.MarkGapMS })
 	pre := column(rs, func(r sessionReport) float64 { return r.PreMarkGapMS })
 	if mx := pct(gap, 100); mx > normalGapBoundMS {
 		t.Errorf("largest audio gap after the Redis kill: %.0f ms", mx)

@@ -55,7 +55,7 @@ func TestRelayKill(t *testing.T) {
 			if f := trx[`switchboard_transceiver_sessions_ended_total{reason="ice_failed"}`]; f != 0 {
 				t.Errorf("transceiver ended %v sessions with ice_failed", f)
 			}
-			gap := column(rs, func(r sessionReport) float64 { return r.GapMarkMS })
+			gap := column(rs, func(r sessionReport) float64 { return r.MarkGapMS })
 			pre := column(rs, func(r sessionReport) float64 { return r.PreMarkGapMS })
 			var disconnected int
 			for _, r := range rs {
