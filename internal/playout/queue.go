@@ -39,8 +39,9 @@ type QueueConfig struct {
 	// within it continues the run after a gap (its first packet carries
 	// the marker bit, its timestamp follows the time that passed), so a
 	// backend streaming in real time with jitter plays one run per reply.
-	// EventStopped thus comes up to RunGrace after the reply's audio
-	// ended. Rounded up to whole ticks; at least one tick. Default
+	// EventStopped thus comes RunGrace after the reply's audio ended.
+	// Audio tagged with a new response id (PushResponse) that comes after
+	// a gap starts a new run at once. Rounded up to whole ticks; at least one tick. Default
 	// DefaultRunGrace.
 	RunGrace time.Duration
 	// OnUnderrun, if set, is called on the clock's worker goroutine, with
@@ -115,9 +116,10 @@ type Queue struct {
 	tl        int64  // timeline position (48 kHz samples) where the next packet starts
 	seq       uint16 // next packet's RTP fields
 	ts        uint32
-	played    int64 // samples sent in the current run
-	respID    string
-	underrun  bool // OnUnderrun was called for the current underrun
+	played    int64  // samples sent in the current run
+	respID    string // the latest response tag
+	sentResp  string // respID when the run's last packet was sent
+	underrun  bool   // OnUnderrun was called for the current underrun
 	events    []Event
 	// The clear tail (QueueConfig.ClearTail): set once; tailLeft, guarded
 	// by mu, is how many packets of it are still to send.
@@ -193,7 +195,9 @@ func (q *Queue) PushMark(name string) error {
 }
 
 // PushResponse tags the audio queued after it with a response id, which
-// the events report (Event.ResponseID).
+// the events report (Event.ResponseID). Audio with a new id that starts
+// after a gap in the run (the run's grace, QueueConfig.RunGrace) ends the
+// run and starts another: one run per response.
 func (q *Queue) PushResponse(id string) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -232,7 +236,7 @@ func (q *Queue) Clear() (playedMs int64) {
 		q.schedule()
 	}
 	q.reset()
-	q.running, q.played, q.respID, q.underrun = false, 0, "", false
+	q.running, q.played, q.respID, q.sentResp, q.underrun = false, 0, "", "", false
 	q.signal()
 	return playedMs
 }
@@ -391,9 +395,7 @@ func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
 	// run stops, so a backend streaming in real time with jitter does not
 	// split its playout.
 	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now >= q.tl+q.grace {
-		q.running = false
-		q.events = append(q.events, Event{Type: EventStopped, PlayedMs: q.played * 1000 / 48000, ResponseID: q.respID})
-		q.played, q.underrun = 0, false
+		q.stop()
 		events = true
 	}
 	if events {
@@ -404,6 +406,13 @@ func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
 		return false
 	}
 	return true
+}
+
+// stop ends the run: EventStopped with what it sent. mu held.
+func (q *Queue) stop() {
+	q.running = false
+	q.events = append(q.events, Event{Type: EventStopped, PlayedMs: q.played * 1000 / 48000, ResponseID: q.sentResp})
+	q.played, q.underrun = 0, false
 }
 
 // wantsTail reports, and records, that the run has run dry and stayed dry
@@ -466,6 +475,11 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 			q.ts += uint32(now - q.tl)
 			q.tl = now
 			marker = true // a talkspurt after a gap, RFC 3551 §4.1
+			if q.running && q.respID != q.sentResp {
+				// A new response after a gap: the run of the one
+				// before it has ended.
+				q.stop()
+			}
 		}
 		if !q.running {
 			q.running, q.played, marker = true, 0, true
@@ -480,6 +494,7 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 		q.ts += uint32(it.dur)
 		q.tl += int64(it.dur)
 		q.played += int64(it.dur)
+		q.sentResp = q.respID
 		q.queued -= int64(it.dur)
 		q.underrun = false
 		q.head++

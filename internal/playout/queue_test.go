@@ -326,6 +326,44 @@ func TestGapLongerThanGrace(t *testing.T) {
 	}
 }
 
+// TestNewResponseAfterGap: audio tagged with a new response id after a
+// gap within the grace is a new run (one started/stopped pair per
+// response, each with its id); the same id, or a new one in contiguous
+// audio, continues the run.
+func TestNewResponseAfterGap(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	tag := func(id string) {
+		if err := h.q.PushResponse(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tag("r1")
+	h.push("a", 960)
+	h.run(3) // a gap of two ticks
+	tag("r1")
+	h.push("b", 960) // the same response: same run
+	tag("r2")
+	h.push("c", 960) // contiguous: same run
+	h.run(3)
+	tag("r3")
+	h.push("d", 960) // after a gap: a new run
+	h.run(2 + graceTicks)
+	var got []string
+	for _, e := range h.events() {
+		got = append(got, fmt.Sprintf("%s:%s:%d", e.Type, e.ResponseID, e.PlayedMs))
+	}
+	if want := []string{"started:r1:0", "stopped:r2:60", "started:r3:0", "stopped:r3:20"}; !slices.Equal(got, want) {
+		t.Fatalf("events %q, want %q", got, want)
+	}
+	var marks []bool
+	for _, p := range h.rec.pkts {
+		marks = append(marks, p.marker)
+	}
+	if want := []bool{true, true, false, true}; !slices.Equal(marks, want) {
+		t.Fatalf("markers %v, want %v", marks, want)
+	}
+}
+
 // TestRunGraceConfig: QueueConfig.RunGrace rounds up to whole ticks, and
 // one tick at least.
 func TestRunGraceConfig(t *testing.T) {
