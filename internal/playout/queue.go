@@ -41,8 +41,8 @@ type QueueConfig struct {
 	// backend streaming in real time with jitter plays one run per reply.
 	// EventStopped thus comes RunGrace after the reply's audio ended.
 	// Audio tagged with a new response id (PushResponse) that comes after
-	// a gap starts a new run at once. Rounded up to whole ticks; at least one tick. Default
-	// DefaultRunGrace.
+	// a gap starts a new run at once. Rounded up to whole ticks; at least
+	// one tick. Default DefaultRunGrace.
 	RunGrace time.Duration
 	// OnUnderrun, if set, is called on the clock's worker goroutine, with
 	// no lock held, when the queue has run empty during a run and stayed
