@@ -249,7 +249,8 @@ func (q *Queue) Resume() {
 	q.paused = false
 }
 
-// Idle reports whether nothing is queued and no run is in progress.
+// Idle reports whether nothing is queued and no run is in progress (a
+// run whose queue has run dry is in progress until its RunGrace is over).
 func (q *Queue) Idle() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
