@@ -27,8 +27,9 @@ const (
 	// TypeOutputStarted (transceiver → backend): playout started from
 	// idle.
 	TypeOutputStarted = "output.started"
-	// TypeOutputStopped (transceiver → backend): the queue drained;
-	// PlayedMs is the length of the whole run.
+	// TypeOutputStopped (transceiver → backend): the run ended, the queue
+	// having stayed empty for 200 ms after its audio (docs/bridge.md
+	// §6.2); PlayedMs is the length of the whole run.
 	TypeOutputStopped = "output.stopped"
 	// TypeOutputResponse (backend → transceiver) tags the audio that
 	// follows with the backend's response id (ID), reported to the client

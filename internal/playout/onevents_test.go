@@ -28,7 +28,7 @@ func TestOnEvents(t *testing.T) {
 	if calls != 2 {
 		t.Fatalf("a run started: %d calls, want 2", calls)
 	}
-	h.run(3) // drains, a tick of grace, stops
+	h.run(2 + graceTicks) // drains, the run's grace, stops
 	if calls != 3 {
 		t.Fatalf("a run stopped: %d calls, want 3", calls)
 	}

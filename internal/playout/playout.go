@@ -24,8 +24,9 @@
 // queue ran dry, or was idle), the position jumps to the current tick and
 // the RTP timestamp jumps with it: sequence numbers stay continuous (+1 per
 // packet, across replies and clears), timestamps follow real time (RFC 3550
-// §5.1), and the first packet of each run has the marker bit set (RFC 3551
-// §4.1: the first packet of a talkspurt).
+// §5.1), and the first packet of each run, and the first after a gap within
+// a run, has the marker bit set (RFC 3551 §4.1: the first packet of a
+// talkspurt).
 //
 // # Catch-up
 //
@@ -43,9 +44,14 @@
 // # Runs, clear, marks
 //
 // A run starts when the first packet is sent from idle (EventStarted) and
-// ends when the queue stayed empty for one tick after its last audio ended
-// (EventStopped, with the run's played milliseconds), or at a Clear
-// (EventCleared, no EventStopped). Played time counts the durations of the
+// ends when the queue stayed empty for QueueConfig.RunGrace (default
+// DefaultRunGrace, 200 ms) after its last audio ended (EventStopped, with
+// the run's played milliseconds, the grace after that audio's end), when
+// audio tagged with a new response id comes after a gap (EventStopped, then
+// EventStarted for the new response), or at a Clear (EventCleared, no
+// EventStopped). Audio that comes within the grace continues the run: a
+// backend streaming in real time with jitter plays one run per reply, the
+// gap in it is a gap in the timestamps. Played time counts the durations of the
 // packets sent to the Sink, exactly; a packet is counted when the worker
 // takes it, so the packets a worker took before a clear (one, or one per
 // missed tick when it runs late) may still be sent after Clear returns. A mark comes back (EventMark) when the audio queued
@@ -81,7 +87,8 @@ type Packet struct {
 	Seq uint16
 	// Timestamp is the RTP timestamp at 48 kHz (RFC 7587 §4.1).
 	Timestamp uint32
-	// Marker is set on the first packet of a run (RFC 3551 §4.1).
+	// Marker is set on the first packet of a run and on the first after
+	// a gap within a run (RFC 3551 §4.1: the start of a talkspurt).
 	Marker bool
 	// Payload is the encoded packet. It aliases the worker's buffer: valid
 	// only during the SendPacket call.
@@ -101,8 +108,9 @@ type EventType uint8
 const (
 	// EventStarted: a run started (its first packet was sent).
 	EventStarted EventType = iota + 1
-	// EventStopped: the run ended because the queue drained; PlayedMs is
-	// the whole run.
+	// EventStopped: the run ended because the queue stayed empty for the
+	// run's grace (QueueConfig.RunGrace), or because audio of a new
+	// response came after a gap; PlayedMs is the whole run.
 	EventStopped
 	// EventCleared: Clear emptied the queue; PlayedMs is what the current
 	// run had sent (0 when there was no run).

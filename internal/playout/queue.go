@@ -14,6 +14,18 @@ const DefaultMaxQueued = 60 * time.Second
 // response tags) a queue holds.
 const DefaultMaxItems = 8192
 
+// DefaultRunGrace is the default QueueConfig.RunGrace: how long a run's
+// queue may stay empty after its last audio before the run stops. A
+// backend that streams in real time (a streaming TTS, an echo of the
+// caller) delivers its frames with the jitter of its own scheduling and
+// of its link (tens of milliseconds, more when a TCP segment of the
+// bridge is retransmitted); ten ticks keep such a reply in one run, as
+// OpenAI's Realtime WebRTC events bracket one response with one
+// output_audio_buffer.started and .stopped, while the reply's end is
+// still reported well within the pause before a turn change (about
+// 200 ms in conversation).
+const DefaultRunGrace = 200 * time.Millisecond
+
 // QueueConfig configures a Queue. The zero value takes the defaults.
 type QueueConfig struct {
 	// MaxQueued caps the audio waiting in the queue (not yet sent).
@@ -22,11 +34,21 @@ type QueueConfig struct {
 	// MaxItems caps the packets, marks and response tags waiting in the
 	// queue. Default DefaultMaxItems.
 	MaxItems int
+	// RunGrace is how long the queue may stay empty after a run's last
+	// audio ended before the run stops (EventStopped): audio that comes
+	// within it continues the run after a gap (its first packet carries
+	// the marker bit, its timestamp follows the time that passed), so a
+	// backend streaming in real time with jitter plays one run per reply.
+	// EventStopped thus comes RunGrace after the reply's audio ended.
+	// Audio tagged with a new response id (PushResponse) that comes after
+	// a gap starts a new run at once. Rounded up to whole ticks; at least
+	// one tick. Default DefaultRunGrace.
+	RunGrace time.Duration
 	// OnUnderrun, if set, is called on the clock's worker goroutine, with
 	// no lock held, when the queue has run empty during a run and stayed
-	// empty for the tick of grace, just before the run would stop: the
-	// owner may push the last, partial frame of a reply now (padded), and
-	// it is sent in the same tick. Called at most once per underrun.
+	// empty for one tick (whatever RunGrace): the owner may push the last,
+	// partial frame of a reply now (padded), and it is sent in the same
+	// tick. Called at most once per underrun.
 	OnUnderrun func()
 	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
 	// Clear which cuts a run sends ClearTailTicks times on the next
@@ -79,6 +101,7 @@ type Queue struct {
 	onEvents   func()
 	maxQueued  int64 // 48 kHz samples
 	maxItems   int
+	grace      int64 // RunGrace, 48 kHz samples, whole ticks
 	notify     chan struct{}
 
 	mu        sync.Mutex
@@ -93,9 +116,10 @@ type Queue struct {
 	tl        int64  // timeline position (48 kHz samples) where the next packet starts
 	seq       uint16 // next packet's RTP fields
 	ts        uint32
-	played    int64 // samples sent in the current run
-	respID    string
-	underrun  bool // OnUnderrun was called for the current underrun
+	played    int64  // samples sent in the current run
+	respID    string // the latest response tag
+	sentResp  string // respID when the run's last packet was sent
+	underrun  bool   // OnUnderrun was called for the current underrun
 	events    []Event
 	// The clear tail (QueueConfig.ClearTail): set once; tailLeft, guarded
 	// by mu, is how many packets of it are still to send.
@@ -114,6 +138,9 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 	if cfg.MaxItems <= 0 {
 		cfg.MaxItems = DefaultMaxItems
 	}
+	if cfg.RunGrace <= 0 {
+		cfg.RunGrace = DefaultRunGrace
+	}
 	w := c.workers[int(c.next.Add(1))%len(c.workers)]
 	return &Queue{
 		w:          w,
@@ -122,6 +149,7 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		onEvents:   cfg.OnEvents,
 		maxQueued:  int64(cfg.MaxQueued / Tick * TickSamples),
 		maxItems:   cfg.MaxItems,
+		grace:      int64((cfg.RunGrace+Tick-1)/Tick) * TickSamples,
 		notify:     make(chan struct{}, 1),
 		paused:     cfg.Paused,
 		seq:        uint16(rand.Uint32()),
@@ -167,7 +195,9 @@ func (q *Queue) PushMark(name string) error {
 }
 
 // PushResponse tags the audio queued after it with a response id, which
-// the events report (Event.ResponseID).
+// the events report (Event.ResponseID). Audio with a new id that starts
+// after a gap in the run (the run's grace, QueueConfig.RunGrace) ends the
+// run and starts another: one run per response.
 func (q *Queue) PushResponse(id string) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -206,7 +236,7 @@ func (q *Queue) Clear() (playedMs int64) {
 		q.schedule()
 	}
 	q.reset()
-	q.running, q.played, q.respID, q.underrun = false, 0, "", false
+	q.running, q.played, q.respID, q.sentResp, q.underrun = false, 0, "", "", false
 	q.signal()
 	return playedMs
 }
@@ -219,7 +249,8 @@ func (q *Queue) Resume() {
 	q.paused = false
 }
 
-// Idle reports whether nothing is queued and no run is in progress.
+// Idle reports whether nothing is queued and no run is in progress (a
+// run whose queue has run dry is in progress until its RunGrace is over).
 func (q *Queue) Idle() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -361,13 +392,11 @@ func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	// One tick of grace after the last audio ended before the run stops,
-	// so a backend streaming in real time a little late does not split
-	// its playout.
-	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now >= q.tl+TickSamples {
-		q.running = false
-		q.events = append(q.events, Event{Type: EventStopped, PlayedMs: q.played * 1000 / 48000, ResponseID: q.respID})
-		q.played, q.underrun = 0, false
+	// The run's grace (RunGrace) after the last audio ended before the
+	// run stops, so a backend streaming in real time with jitter does not
+	// split its playout.
+	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now >= q.tl+q.grace {
+		q.stop()
 		events = true
 	}
 	if events {
@@ -380,8 +409,15 @@ func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
 	return true
 }
 
+// stop ends the run: EventStopped with what it sent. mu held.
+func (q *Queue) stop() {
+	q.running = false
+	q.events = append(q.events, Event{Type: EventStopped, PlayedMs: q.played * 1000 / 48000, ResponseID: q.sentResp})
+	q.played, q.underrun = 0, false
+}
+
 // wantsTail reports, and records, that the run has run dry and stayed dry
-// for its tick of grace: the owner's OnUnderrun is due.
+// for a tick: the owner's OnUnderrun is due.
 func (q *Queue) wantsTail(now int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -435,11 +471,17 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 		if q.tl >= now+TickSamples {
 			extra += int64(it.dur) // due only for the catch-up
 		}
-		if q.tl < first { // nothing was due for a while: follow real time
+		marker := false
+		if q.tl < first { // nothing was sent for a while: follow real time
 			q.ts += uint32(now - q.tl)
 			q.tl = now
+			marker = true // a talkspurt after a gap, RFC 3551 §4.1
+			if q.running && q.respID != q.sentResp {
+				// A new response after a gap: the run of the one
+				// before it has ended.
+				q.stop()
+			}
 		}
-		marker := false
 		if !q.running {
 			q.running, q.played, marker = true, 0, true
 			q.tailLeft = 0
@@ -453,6 +495,7 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 		q.ts += uint32(it.dur)
 		q.tl += int64(it.dur)
 		q.played += int64(it.dur)
+		q.sentResp = q.respID
 		q.queued -= int64(it.dur)
 		q.underrun = false
 		q.head++

@@ -1,8 +1,10 @@
 package playout
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"testing"
@@ -12,6 +14,9 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// graceTicks is DefaultRunGrace in ticks: the empty ticks a run outlasts.
+const graceTicks = int(DefaultRunGrace / Tick)
 
 // recorder is a Sink that keeps copies of what it was sent, with the tick
 // it was sent in.
@@ -89,13 +94,13 @@ func TestBurstPacedOnePerTick(t *testing.T) {
 	if ev := h.events(); !reflect.DeepEqual(ev, []Event{{Type: EventStarted}}) {
 		t.Fatalf("events during playout %+v", ev)
 	}
-	h.run(1) // the last packet's audio ends: one tick of grace
+	h.run(graceTicks) // the last packet's audio ends: the run's grace
 	if ev := h.events(); len(ev) != 0 {
-		t.Fatalf("events at the end of the audio %+v, want none yet", ev)
+		t.Fatalf("events within the grace after the audio %+v, want none yet", ev)
 	}
 	h.run(1)
 	if ev := h.events(); !reflect.DeepEqual(ev, []Event{{Type: EventStopped, PlayedMs: 10000}}) {
-		t.Fatalf("events after the grace tick %+v, want stopped 10000 ms", ev)
+		t.Fatalf("events after the grace %+v, want stopped 10000 ms", ev)
 	}
 	if !h.q.Idle() || len(h.c.workers[0].active) != 0 {
 		t.Fatalf("queue idle %v, worker active list %d after the run", h.q.Idle(), len(h.c.workers[0].active))
@@ -221,13 +226,13 @@ func TestMarksAfterTheirAudio(t *testing.T) {
 		}
 	}
 	var got []string
-	for range 8 {
+	for range 7 + graceTicks {
 		h.run(1)
 		for _, e := range h.events() {
 			got = append(got, fmt.Sprintf("%d:%s:%s:%s", h.n-1-1000, e.Type, e.Name, e.ResponseID))
 		}
 	}
-	want := []string{"0:started::", "3:mark:M1:", "5:mark:M2:", "6:stopped::r2"}
+	want := []string{"0:started::", "3:mark:M1:", "5:mark:M2:", fmt.Sprintf("%d:stopped::r2", 5+graceTicks)}
 	if !slices.Equal(got, want) {
 		t.Fatalf("events (tick:type:name:response) %q, want %q", got, want)
 	}
@@ -259,46 +264,190 @@ func TestPacketDurations(t *testing.T) {
 	}
 }
 
-func TestLateAudioWithinARun(t *testing.T) {
-	h := newHarness(t, QueueConfig{})
-	h.push("a", 960)
-	h.run(2) // sent, then one empty tick (grace)
-	h.push("b", 960)
-	h.run(3)
-	if len(h.rec.pkts) != 2 {
-		t.Fatalf("%d packets", len(h.rec.pkts))
-	}
-	a, b := h.rec.pkts[0], h.rec.pkts[1]
-	if b.marker || b.seq != a.seq+1 || b.ts != a.ts+1920 {
-		t.Fatalf("late packet %+v after %+v: want no marker, seq+1, timestamp +1920 (a 20 ms gap)", b, a)
-	}
-	want := []Event{{Type: EventStarted}, {Type: EventStopped, PlayedMs: 40}}
-	if ev := h.events(); !reflect.DeepEqual(ev, want) {
-		t.Fatalf("events %+v, want one run %+v", ev, want)
+// TestGapWithinGrace: audio that comes while the run's queue has been
+// empty for up to RunGrace continues the run: seq +1, the timestamp
+// jumps by the time that passed (the receiver sees the gap as time), the
+// marker bit starts the new talkspurt, played_ms counts the audio sent,
+// not the gap, and OnUnderrun came once, after one empty tick.
+func TestGapWithinGrace(t *testing.T) {
+	for _, gap := range []int{1, 3, graceTicks} { // empty ticks between a's end and b
+		t.Run(fmt.Sprintf("%d ticks", gap), func(t *testing.T) {
+			var h *harness
+			var underruns []int64
+			h = newHarness(t, QueueConfig{OnUnderrun: func() { underruns = append(underruns, h.rec.tick) }})
+			h.push("a", 960)
+			h.run(1 + gap) // sent, then the empty ticks
+			h.push("b", 960)
+			h.run(2 + graceTicks)
+			if len(h.rec.pkts) != 2 {
+				t.Fatalf("%d packets", len(h.rec.pkts))
+			}
+			a, b := h.rec.pkts[0], h.rec.pkts[1]
+			if !b.marker || b.seq != a.seq+1 || b.tick != a.tick+int64(gap)+1 || b.ts != a.ts+uint32(960*(gap+1)) {
+				t.Fatalf("late packet %+v after %+v: want marker, seq+1, %d ticks later, timestamp +%d", b, a, gap+1, 960*(gap+1))
+			}
+			want := []Event{{Type: EventStarted}, {Type: EventStopped, PlayedMs: 40}}
+			if ev := h.events(); !reflect.DeepEqual(ev, want) {
+				t.Fatalf("events %+v, want one run %+v", ev, want)
+			}
+			// One underrun a gap of more than a tick, and one at the end.
+			wantU := []int64{b.tick + 2}
+			if gap > 1 {
+				wantU = []int64{a.tick + 2, b.tick + 2}
+			}
+			if !slices.Equal(underruns, wantU) {
+				t.Fatalf("OnUnderrun at ticks %v, want %v", underruns, wantU)
+			}
+		})
 	}
 }
 
-func TestUnderrunTail(t *testing.T) {
-	var h *harness
-	calls := 0
-	h = newHarness(t, QueueConfig{OnUnderrun: func() {
-		calls++
-		if calls == 1 {
-			h.push("tail", 960)
-		}
-	}})
+// TestGapLongerThanGrace: a queue empty for longer than RunGrace ends the
+// run (EventStopped once the grace is over); the next audio is a new run,
+// numbered on, its timestamp following real time.
+func TestGapLongerThanGrace(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
 	h.push("a", 960)
-	h.run(6)
-	if calls != 2 || len(h.rec.pkts) != 2 {
-		t.Fatalf("OnUnderrun called %d times, %d packets sent; want 2, 2", calls, len(h.rec.pkts))
+	h.run(1 + graceTicks + 1)
+	if ev := h.events(); !reflect.DeepEqual(ev, []Event{{Type: EventStarted}, {Type: EventStopped, PlayedMs: 20}}) {
+		t.Fatalf("events after a gap of more than the grace %+v, want the run stopped", ev)
 	}
-	// Not at the first empty tick (more audio may be on its way), after the
-	// tick of grace: the tail follows a 20 ms gap, in the same run.
-	if a, b := h.rec.pkts[0], h.rec.pkts[1]; b.tick != a.tick+2 || b.ts != a.ts+1920 || b.marker || b.data != "tail" {
-		t.Fatalf("tail %+v after %+v: want it two ticks later, timestamp +1920, same run", b, a)
+	if !h.q.Idle() {
+		t.Fatal("queue not idle after its run stopped")
 	}
-	if ev := h.events(); len(ev) != 2 || ev[1].Type != EventStopped || ev[1].PlayedMs != 40 {
-		t.Fatalf("events %+v, want one run of 40 ms", ev)
+	h.push("b", 960)
+	h.run(2 + graceTicks)
+	a, b := h.rec.pkts[0], h.rec.pkts[1]
+	if !b.marker || b.seq != a.seq+1 || b.ts != a.ts+uint32(960*(b.tick-a.tick)) {
+		t.Fatalf("next run's packet %+v after %+v: want marker, seq+1, timestamp by elapsed ticks", b, a)
+	}
+	if ev := h.events(); !reflect.DeepEqual(ev, []Event{{Type: EventStarted}, {Type: EventStopped, PlayedMs: 20}}) {
+		t.Fatalf("events of the second run %+v", ev)
+	}
+}
+
+// TestNewResponseAfterGap: audio tagged with a new response id after a
+// gap within the grace is a new run (one started/stopped pair per
+// response, each with its id); the same id, or a new one in contiguous
+// audio, continues the run.
+func TestNewResponseAfterGap(t *testing.T) {
+	h := newHarness(t, QueueConfig{})
+	tag := func(id string) {
+		if err := h.q.PushResponse(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tag("r1")
+	h.push("a", 960)
+	h.run(3) // a gap of two ticks
+	tag("r1")
+	h.push("b", 960) // the same response: same run
+	tag("r2")
+	h.push("c", 960) // contiguous: same run
+	h.run(3)
+	tag("r3")
+	h.push("d", 960) // after a gap: a new run
+	h.run(2 + graceTicks)
+	var got []string
+	for _, e := range h.events() {
+		got = append(got, fmt.Sprintf("%s:%s:%d", e.Type, e.ResponseID, e.PlayedMs))
+	}
+	if want := []string{"started:r1:0", "stopped:r2:60", "started:r3:0", "stopped:r3:20"}; !slices.Equal(got, want) {
+		t.Fatalf("events %q, want %q", got, want)
+	}
+	var marks []bool
+	for _, p := range h.rec.pkts {
+		marks = append(marks, p.marker)
+	}
+	if want := []bool{true, true, false, true}; !slices.Equal(marks, want) {
+		t.Fatalf("markers %v, want %v", marks, want)
+	}
+}
+
+// TestRunGraceConfig: QueueConfig.RunGrace rounds up to whole ticks, and
+// one tick at least.
+func TestRunGraceConfig(t *testing.T) {
+	for _, c := range []struct {
+		grace time.Duration
+		ticks int // empty ticks the run outlasts
+	}{{Tick, 1}, {time.Millisecond, 1}, {50 * time.Millisecond, 3}, {0, graceTicks}, {-time.Second, graceTicks}} {
+		h := newHarness(t, QueueConfig{RunGrace: c.grace})
+		h.push("a", 960)
+		h.run(1 + c.ticks)
+		if !slices.Equal(eventTypes(h.events()), []EventType{EventStarted}) {
+			t.Fatalf("RunGrace %v: the run stopped within %d empty ticks", c.grace, c.ticks)
+		}
+		h.run(1)
+		if !slices.Equal(eventTypes(h.events()), []EventType{EventStopped}) {
+			t.Fatalf("RunGrace %v: the run did not stop after %d empty ticks", c.grace, c.ticks+1)
+		}
+	}
+}
+
+func eventTypes(evs []Event) []EventType {
+	var types []EventType
+	for _, e := range evs {
+		types = append(types, e.Type)
+	}
+	return types
+}
+
+// TestRealTimeStreamWithJitter: a backend that streams a 10 s reply at
+// about real time, pacing itself with a sleep of 20 ms after each frame
+// (a TTS relay, an echo), plays one run: one EventStarted, one
+// EventStopped with all of it. Its sleeps overshoot by up to 2 ms, and
+// one in ten by up to 60 ms (its scheduler, a GC pause); it never makes
+// up for lost time, so each long overshoot is a gap in the queue. The
+// same stream with a grace of one tick splits into many runs (the defect
+// the grace fixes), so the test can tell.
+func TestRealTimeStreamWithJitter(t *testing.T) {
+	const frames = 500
+	rng := rand.New(rand.NewPCG(1, 2))
+	arrive := make([]int, frames) // the tick before which frame k is pushed
+	var sent float64              // ms
+	for k := range arrive {
+		arrive[k] = int(sent / 20)
+		sent += 20 + 2*rng.Float64()
+		if rng.IntN(10) == 0 {
+			sent += 60 * rng.Float64()
+		}
+	}
+	for _, c := range []struct {
+		grace time.Duration
+		runs  func(int) bool
+	}{
+		{0, func(n int) bool { return n == 1 }},
+		{Tick, func(n int) bool { return n > 10 }},
+	} {
+		h := newHarness(t, QueueConfig{RunGrace: c.grace})
+		k := 0
+		for tick := 0; k < frames || !h.q.Idle(); tick++ {
+			for ; k < frames && arrive[k] <= tick; k++ {
+				h.push(fmt.Sprint(k), 960)
+			}
+			h.run(1)
+		}
+		var started, stopped int
+		var played int64
+		for _, e := range h.events() {
+			switch e.Type {
+			case EventStarted:
+				started++
+			case EventStopped:
+				stopped++
+				played += e.PlayedMs
+			}
+		}
+		if !c.runs(started) || stopped != started || played != 20*frames || len(h.rec.pkts) != frames {
+			t.Fatalf("RunGrace %v: %d runs started, %d stopped, %d ms played, %d packets", cmp.Or(c.grace, DefaultRunGrace), started, stopped, played, len(h.rec.pkts))
+		}
+		t.Logf("RunGrace %v: %d runs", cmp.Or(c.grace, DefaultRunGrace), started)
+		for i, p := range h.rec.pkts[1:] {
+			prev := h.rec.pkts[i]
+			if p.seq != prev.seq+1 || p.ts-prev.ts < 960 || p.data != fmt.Sprint(i+1) {
+				t.Fatalf("packet %d %+v after %+v", i+1, p, prev)
+			}
+		}
 	}
 }
 
@@ -503,7 +652,7 @@ func TestCatchUpAfterStall(t *testing.T) {
 	if q, limit := h.q.Queued(), time.Duration(CatchUpTarget+TickSamples)*time.Second/48000; q > limit {
 		t.Fatalf("%v still queued 100 ticks after the stall, want at most %v: the stall stayed as latency", q, limit)
 	}
-	h.run(10)
+	h.run(10 + graceTicks)
 	if len(h.rec.pkts) != i {
 		t.Fatalf("%d packets sent of %d", len(h.rec.pkts), i)
 	}
