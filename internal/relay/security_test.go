@@ -871,8 +871,11 @@ const (
 	floodRSSBound = 64 << 20              // RSS growth of the whole test process during the flood
 	floodP99Bound = 20 * time.Millisecond // p99 echo latency during the flood minus before it
 	// floodP99BoundRace is floodP99Bound in -race builds, which CI runs
-	// next to other packages' tests on two cores.
-	floodP99BoundRace = 50 * time.Millisecond
+	// next to other packages' tests (the chaos suite's processes among
+	// them) on two cores: a CI run saw +54 ms there with every datagram
+	// echoed. It still catches a flood that holds the sessions' packets
+	// behind it; floodGapBound catches a stall.
+	floodP99BoundRace = 150 * time.Millisecond
 	floodGapBound     = time.Second // longest time a real session goes without an echo
 )
 
