@@ -122,6 +122,9 @@ Flags:`)
 	if err := enc.Encode(sum); err != nil {
 		return err
 	}
+	if sum.NoAudio > 0 {
+		fmt.Fprintf(os.Stderr, "switchboard load: %d of %d connected sessions received no audio (no_audio; left out of max_gap_ms)\n", sum.NoAudio, sum.Connected)
+	}
 	if n := sum.Sessions - sum.OK; n > 0 {
 		return fmt.Errorf("%d of %d sessions failed: %v", n, sum.Sessions, sum.Failures)
 	}

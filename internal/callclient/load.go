@@ -917,7 +917,10 @@ func Summarize(opts LoadOptions, results []SessionResult, elapsed time.Duration)
 		setup = append(setup, r.SetupMS)
 		sum.PacketsSent += r.Sent
 		sum.PacketsReceived += r.Received
-		if r.Sent > 0 {
+		switch {
+		case r.Sent > 0 && r.Received == 0:
+			sum.NoAudio++ // no gap to measure: not a perfect one
+		case r.Sent > 0:
 			gapsMS = append(gapsMS, r.MaxGapMS)
 		}
 	}
@@ -953,9 +956,13 @@ type LoadSummary struct {
 	PacketsSent     int     `json:"packets_sent"`
 	PacketsReceived int     `json:"packets_received"`
 	Loss            float64 `json:"loss"`
-	// MaxGapMS is the distribution, over sessions, of each session's
-	// largest gap between two received audio packets (20 ms on a clean
-	// path).
+	// NoAudio counts connected sessions that sent audio and received
+	// none back (a backend that never answered, or an echo that lost
+	// everything); they are left out of MaxGapMS.
+	NoAudio int `json:"no_audio"`
+	// MaxGapMS is the distribution, over sessions that received audio, of
+	// each session's largest gap between two received audio packets
+	// (20 ms on a clean path).
 	MaxGapMS Distribution `json:"max_gap_ms"`
 	// MarkGapMS, present after Load.Mark (SIGUSR1 to `switchboard load`),
 	// is the distribution, over the sessions live at the mark, of each

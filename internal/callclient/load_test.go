@@ -49,15 +49,16 @@ func TestSummarize(t *testing.T) {
 		{ConnectedNS: 1, SetupMS: 10, Sent: 100, Received: 100, MaxGapMS: 20},
 		{ConnectedNS: 1, SetupMS: 30, Sent: 100, Received: 90, MaxGapMS: 200, Failure: FailDataChannel},
 		{Failure: FailSignaling},
+		{ConnectedNS: 1, SetupMS: 20, Sent: 100}, // nothing came back
 	}
 	s := Summarize(LoadOptions{URLs: []string{"http://x"}, Duration: 2 * time.Second}, results, time.Second)
-	if s.Sessions != 3 || s.Connected != 2 || s.OK != 1 || s.Failures[FailSignaling] != 1 || s.Failures[FailDataChannel] != 1 {
+	if s.Sessions != 4 || s.Connected != 3 || s.OK != 2 || s.NoAudio != 1 || s.Failures[FailSignaling] != 1 || s.Failures[FailDataChannel] != 1 {
 		t.Fatalf("counts: %+v", s)
 	}
-	if s.PacketsSent != 200 || s.PacketsReceived != 190 || s.Loss < 0.0499 || s.Loss > 0.0501 {
+	if s.PacketsSent != 300 || s.PacketsReceived != 190 || s.Loss < 0.3666 || s.Loss > 0.3667 {
 		t.Fatalf("packets: %+v", s)
 	}
-	if s.SetupMS != (Distribution{N: 2, P50: 10, P99: 30, Max: 30}) || s.MaxGapMS.P99 != 200 {
+	if s.SetupMS != (Distribution{N: 3, P50: 20, P99: 30, Max: 30}) || s.MaxGapMS != (Distribution{N: 2, P50: 20, P99: 200, Max: 200}) {
 		t.Fatalf("distributions: setup %+v gap %+v", s.SetupMS, s.MaxGapMS)
 	}
 }
