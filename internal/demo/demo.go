@@ -92,6 +92,13 @@ func Start(cfg Config) (*Demo, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	// The agent first: a bad mode is refused before anything listens.
+	backend := cfg.Backend
+	if backend == nil {
+		if backend, err = agent.NewMode(cfg.Agent, "", log.With("component", "agent")); err != nil {
+			return nil, fmt.Errorf("demo: %w", err)
+		}
+	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return nil, fmt.Errorf("demo: web listener: %w", err)
@@ -128,16 +135,7 @@ func Start(cfg Config) (*Demo, error) {
 	mux.Handle("/v1/", signaling)
 	mux.Handle("/live", signaling)
 	mux.Handle("/ready", signaling)
-	backend := cfg.Backend
-	if backend == nil {
-		var err error
-		if backend, err = agent.NewMode(cfg.Agent, "", log.With("component", "agent")); err != nil {
-			_ = trx.Close()
-			_ = rly.Close()
-			_ = ln.Close()
-			return nil, fmt.Errorf("demo: %w", err)
-		}
-	}
+
 	mux.Handle("/v1/bridge", backend)
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", web.Handler())
