@@ -2,6 +2,7 @@ package vad
 
 import (
 	"fmt"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
 	"slices"
 	"strconv"
 	"sync"
@@ -66,7 +67,7 @@ type accuracyStats struct {
 // whose speech end is at most one frame after the true end;
 // noise alone must give no start. It logs the figures docs/vad.md reports.
 func TestAccuracy(t *testing.T) {
-	requireTools(t)
+	speech.Require(t)
 	if testing.Short() {
 		t.Skip("generates minutes of audio")
 	}
@@ -188,7 +189,7 @@ func pct(v []int64, p int) int64 {
 // for a talker once, but the detector must learn it as background and be
 // out of speech within 5 s of its onset, then stay quiet.
 func TestNoiseAfterSilence(t *testing.T) {
-	requireTools(t)
+	speech.Require(t)
 	if testing.Short() {
 		t.Skip("generates minutes of audio")
 	}

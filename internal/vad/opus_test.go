@@ -3,6 +3,7 @@ package vad
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
 	"testing"
 
 	"gopkg.in/hraban/opus.v2"
@@ -59,7 +60,7 @@ func throughOpus(t testing.TB, rate, bitrate int, pcm []byte) []byte {
 const opusEndSlackMs = 20
 
 func TestAccuracyThroughOpus(t *testing.T) {
-	requireTools(t)
+	speech.Require(t)
 	if testing.Short() {
 		t.Skip("generates minutes of audio")
 	}

@@ -18,20 +18,6 @@ import (
 // run sees the same samples and the ground truth comes from the generation,
 // never from the detector.
 
-// requireTools skips without espeak-ng and sox, except in CI, where they
-// must be installed (scripts/deps.sh test).
-func requireTools(t testing.TB) {
-	t.Helper()
-	for _, name := range []string{"espeak-ng", "sox"} {
-		if _, err := exec.LookPath(name); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%s is not installed; in CI it must be (scripts/deps.sh test)", name)
-			}
-			t.Skipf("%s not installed (apt-get install espeak-ng sox)", name)
-		}
-	}
-}
-
 // speakCache keeps what speak made, by voice, text and rate: tests ask
 // for the same speech many times.
 var speakCache sync.Map // speakKey → []int16

@@ -2,6 +2,7 @@ package vad
 
 import (
 	"flag"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
 	"slices"
 	"testing"
 )
@@ -21,7 +22,7 @@ func TestTuningSweep(t *testing.T) {
 	if !*sweep {
 		t.Skip("run with -vad.sweep")
 	}
-	requireTools(t)
+	speech.Require(t)
 	type tcase struct {
 		rate  int
 		sc    scene

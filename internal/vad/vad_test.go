@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
 	"math"
 	"strconv"
 	"strings"
@@ -162,7 +163,7 @@ func feed(t testing.TB, d *Detector, pcm []byte, at func(Event)) (evs []Event) {
 // that the padded span covers the true onset, at both rates and with a
 // padding that is not a whole number of frames.
 func TestPrefixPadding(t *testing.T) {
-	requireTools(t)
+	speech.Require(t)
 	for _, rate := range []int{Rate16k, Rate24k} {
 		sc := makeScene(t, rate, func(n int) []float64 { return whiteNoise(7, n, noiseLevel) })
 		td := DefaultTurnDetection()
@@ -211,7 +212,7 @@ func TestPrefixPadding(t *testing.T) {
 // TestSpeechAtFirstFrame: speech from the first frame on gives a start
 // whose padded position is clamped to 0, and a stop.
 func TestSpeechAtFirstFrame(t *testing.T) {
-	requireTools(t)
+	speech.Require(t)
 	s := speak(t, "en-us", "Good morning, how are you doing today?", Rate16k)
 	f, _ := activeSpan(s)
 	x := make([]float64, len(s)-f+Rate16k)
@@ -237,7 +238,7 @@ func TestSpeechAtFirstFrame(t *testing.T) {
 // the time, the default never: the margin is what keeps babble out, and
 // Threshold sets it.
 func TestThresholdMatters(t *testing.T) {
-	requireTools(t)
+	speech.Require(t)
 	pcm := toPCM(babble(t, Rate16k, 30*Rate16k, noiseLevel, 0))
 	inSpeech := func(threshold float64) float64 {
 		td := DefaultTurnDetection()

@@ -89,20 +89,7 @@ func TestTurnDetectionBargeIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, second := script.Utterances[0], script.Utterances[1]
-	td, _ := json.Marshal(vad.DefaultTurnDetection())
-	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{bridge.FormatPCM24k}, TurnDetection: td}, conns: make(chan *bridge.ServerConn, 1)}
-	s := startPCMStack(t, be, nil)
-	c := dialClient(t, s.calls)
-	var sc *bridge.ServerConn
-	select {
-	case sc = <-be.conns:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no backend session")
-	}
-	tb := &turnBackend{got: make(chan struct{}, 1)}
-	done := make(chan struct{})
-	go func() { defer close(done); tb.serve(t, sc, tone(6*time.Second)) }()
-	t.Cleanup(func() { _ = sc.Close(); <-done })
+	s, c, tb := startTurnSession(t, bridge.FormatPCM24k, tone(6*time.Second))
 
 	enc, err := opus.NewEncoder(48000, 1, opus.AppVoIP)
 	if err != nil {
@@ -294,20 +281,7 @@ func TestTurnDetectionAcrossDTX(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, second := script.Utterances[0], script.Utterances[1]
-	td, _ := json.Marshal(vad.DefaultTurnDetection())
-	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{bridge.FormatPCM16k}, TurnDetection: td}, conns: make(chan *bridge.ServerConn, 1)}
-	s := startPCMStack(t, be, nil)
-	c := dialClient(t, s.calls)
-	var sc *bridge.ServerConn
-	select {
-	case sc = <-be.conns:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no backend session")
-	}
-	tb := &turnBackend{got: make(chan struct{}, 1)}
-	done := make(chan struct{})
-	go func() { defer close(done); tb.serve(t, sc, nil) }()
-	t.Cleanup(func() { _ = sc.Close(); <-done })
+	_, c, tb := startTurnSession(t, bridge.FormatPCM16k, nil)
 
 	enc, err := opus.NewEncoder(48000, 1, opus.AppVoIP)
 	if err != nil {
@@ -392,4 +366,27 @@ func TestTurnDetectionAcrossDTX(t *testing.T) {
 	if got := turns[2].ctl.AudioMs + vad.DefaultPrefixPaddingMs; got < int64(secondAt)-100 || got > int64(secondAt)+200 {
 		t.Errorf("utterance 2 starts at %d ms on the input clock; speech_started audio_ms %d + padding = %d", secondAt, turns[2].ctl.AudioMs, got)
 	}
+}
+
+// startTurnSession starts the PCM stack with a backend asking for format
+// and the default turn detection, connects a client, and serves the
+// backend session with a turnBackend that sends reply (nil: none).
+// The session ends with the test.
+func startTurnSession(t *testing.T, format string, reply []byte) (*pcmStack, *testClient, *turnBackend) {
+	t.Helper()
+	td, _ := json.Marshal(vad.DefaultTurnDetection())
+	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{format}, TurnDetection: td}, conns: make(chan *bridge.ServerConn, 1)}
+	s := startPCMStack(t, be, nil)
+	c := dialClient(t, s.calls)
+	var sc *bridge.ServerConn
+	select {
+	case sc = <-be.conns:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no backend session")
+	}
+	tb := &turnBackend{got: make(chan struct{}, 1)}
+	done := make(chan struct{})
+	go func() { defer close(done); tb.serve(t, sc, reply) }()
+	t.Cleanup(func() { _ = sc.Close(); <-done })
+	return s, c, tb
 }
