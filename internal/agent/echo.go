@@ -75,14 +75,7 @@ func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	frames, events, reason, err := e.run(sc)
 	attrs := []any{"audio_frames", frames, "events", events, "ignored", sc.Ignored()}
-	switch {
-	case err == nil:
-		log.Info("session end", append(attrs, "reason", reason)...)
-	case errors.Is(err, bridge.ErrClosed):
-		log.Info("session end", append(attrs, "reason", "connection_closed", "err", err)...)
-	default:
-		log.Warn("session end", append(attrs, "reason", "error", "err", err)...)
-	}
+	logSessionEnd(log, attrs, reason, err)
 }
 
 // run echoes until the transceiver ends the session (it returns its
@@ -117,5 +110,19 @@ func (e *echo) run(sc *bridge.ServerConn) (frames, events int, reason string, er
 			_ = sc.End(ctx, m.End.Reason)
 			return frames, events, m.End.Reason, nil
 		}
+	}
+}
+
+// logSessionEnd logs a bridge session's end with attrs: reason when run
+// returned no error, connection_closed when the bridge closed under it, and
+// a warning with the error otherwise.
+func logSessionEnd(log *slog.Logger, attrs []any, reason string, err error) {
+	switch {
+	case err == nil:
+		log.Info("session end", append(attrs, "reason", reason)...)
+	case errors.Is(err, bridge.ErrClosed):
+		log.Info("session end", append(attrs, "reason", "connection_closed", "err", err)...)
+	default:
+		log.Warn("session end", append(attrs, "reason", "error", "err", err)...)
 	}
 }

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -143,14 +142,7 @@ func (a *parrotAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer s.close()
 	reason, err := s.run()
 	attrs := []any{"replies", s.replies, "ignored", sc.Ignored()}
-	switch {
-	case err == nil:
-		log.Info("session end", append(attrs, "reason", reason)...)
-	case errors.Is(err, bridge.ErrClosed):
-		log.Info("session end", append(attrs, "reason", "connection_closed", "err", err)...)
-	default:
-		log.Warn("session end", append(attrs, "reason", "error", "err", err)...)
-	}
+	logSessionEnd(log, attrs, reason, err)
 }
 
 // parrotSession is one bridge session of the parrot agent.
