@@ -46,7 +46,9 @@ SIGUSR1 marks the moment of a fault you cause (a pod killed, a link cut):
 the summary then adds mark_gap_ms, the largest audio gap each live
 session saw within 30 s after it. With -vanish, sessions do not stream:
 each connects, then drops off the network a random 0 to -vanish later
-(sockets closed, nothing said), to check that the servers clean up.
+(sockets closed, nothing said), to check that the servers clean up;
+setup times then cover the sessions whose DTLS finished before they
+vanished (the others have none).
 
 Flags:`)
 		fs.PrintDefaults()

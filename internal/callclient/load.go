@@ -177,7 +177,7 @@ type SessionResult struct {
 	FailedNS       int64   `json:"failed_ns,omitempty"`       // peer connection "failed"
 	ClosedNS       int64   `json:"closed_ns,omitempty"`       // DTLS closed by the server (close_notify)
 	ICEFailed      bool    `json:"ice_failed"`
-	SetupMS        float64 `json:"setup_ms"` // POST to peer connection "connected"
+	SetupMS        float64 `json:"setup_ms"` // POST to peer connection "connected"; 0 when it never connected
 
 	Sent       int `json:"sent"`
 	Received   int `json:"received"`   // distinct packets echoed back
@@ -744,6 +744,12 @@ func (l *Load) vanish(ctx, cctx context.Context, r *SessionResult, s *loadSessio
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r.VanishedNS = vanished
+	// The peer connection reached "connected" only if DTLS finished
+	// before the session vanished; one that vanished first has no setup
+	// time (and ConnectedNS 0), not a setup time of 0.
+	if r.ConnectedNS != 0 {
+		r.SetupMS = float64(r.ConnectedNS-r.PostedNS) / 1e6
+	}
 	return *r
 }
 
@@ -949,7 +955,10 @@ type LoadSummary struct {
 	RampMS    float64        `json:"ramp_ms"`
 	ElapsedS  float64        `json:"elapsed_s"` // the whole run
 	// SetupMS is the time from the POST to the peer connection's
-	// "connected" state, over connected sessions.
+	// "connected" state, over connected sessions. With LoadOptions.Vanish
+	// that is the sessions whose DTLS handshake finished before they
+	// vanished; those that vanished earlier (a random wait near 0) have
+	// no setup time and are left out.
 	SetupMS Distribution `json:"setup_ms"`
 	// PacketsSent and PacketsReceived are summed over connected sessions;
 	// Loss is 1 - received/sent (0 with LoadOptions.NoEcho).

@@ -118,10 +118,27 @@ func TestLoadVanish(t *testing.T) {
 	if sum.Sessions != n || sum.OK != n || sum.Vanished != n || len(sum.Failures) != 0 {
 		t.Fatalf("summary %+v, want %d sessions vanished with no failure", sum, n)
 	}
+	connected := 0
 	for _, r := range l.Results() {
 		if r.VanishedNS == 0 || r.VanishedNS < r.PostedNS || r.Sent != 0 {
 			t.Errorf("session %d: %+v", r.I, r)
 		}
+		// A session whose DTLS came up before it vanished has a real
+		// setup time; one that vanished first has none.
+		want := 0.0
+		if r.ConnectedNS != 0 {
+			connected++
+			want = float64(r.ConnectedNS-r.PostedNS) / 1e6
+		}
+		if r.SetupMS != want || (r.ConnectedNS != 0 && want <= 0) {
+			t.Errorf("session %d: setup %v ms, want %v (posted %d, connected %d)", r.I, r.SetupMS, want, r.PostedNS, r.ConnectedNS)
+		}
+	}
+	if connected == 0 {
+		t.Errorf("no session connected before vanishing (a random 0 to 300 ms after ICE): setup times untested")
+	}
+	if sum.Connected != connected || sum.SetupMS.N != connected || sum.SetupMS.P50 <= 0 {
+		t.Errorf("summary: %d connected, setup %+v; want %d sessions with setup times above 0", sum.Connected, sum.SetupMS, connected)
 	}
 	srv.mu.Lock()
 	deleted := len(srv.deleted)
