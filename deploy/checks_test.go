@@ -266,7 +266,7 @@ func checkPods(t *testing.T, r *rendered, sets map[string]*flag.FlagSet) {
 			flags := flagsOf(t, sets, c.Args[0])
 			byEnv := map[string]string{}
 			for f := range flags {
-				byEnv[config.EnvName(f)] = f
+				byEnv[config.CommandEnvName(c.Args[0], f)] = f
 			}
 			for _, e := range c.Env {
 				if strings.HasPrefix(e.Name, "SWITCHBOARD_") {
@@ -615,7 +615,7 @@ func checkTransceiver(t *testing.T, r *rendered, v map[string]any) {
 		if _, ok := flags[s.flag]; !ok {
 			t.Errorf("%s: `switchboard transceiver` has no -%s", s.value, s.flag)
 		}
-		name := config.EnvName(s.flag)
+		name := config.CommandEnvName("transceiver", s.flag)
 		if got, want := env[name].Value, fmt.Sprint(val(t, v, s.value)); got != want {
 			t.Errorf("%s = %q, want %s's %q", name, got, s.value, want)
 		}
@@ -623,7 +623,7 @@ func checkTransceiver(t *testing.T, r *rendered, v map[string]any) {
 }
 
 // transceiverSettings are the chart's transceiver values passed as one
-// flag each, through the flag's environment variable (config.EnvName),
+// flag each, through the flag's environment variable (config.CommandEnvName),
 // whose defaults are the binary's (TestDefaultsAgreeWithFlags). A flag
 // neither here, nor mapped by the templates, nor in
 // transceiverFlagsNotInChart fails TestTransceiverFlagsInChart.

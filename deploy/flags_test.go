@@ -90,11 +90,11 @@ func TestTransceiverFlagsInChart(t *testing.T) {
 	}
 	for name := range flags {
 		_, listed := transceiverFlagsNotInChart[name]
-		switch inChart := set[config.EnvName(name)]; {
+		switch inChart := set[config.CommandEnvName("transceiver", name)]; {
 		case !inChart && !listed:
-			t.Errorf("-%s: the chart does not set %s; add a transceiver value for it, or list it in transceiverFlagsNotInChart with why", name, config.EnvName(name))
+			t.Errorf("-%s: the chart does not set %s; add a transceiver value for it, or list it in transceiverFlagsNotInChart with why", name, config.CommandEnvName("transceiver", name))
 		case inChart && listed:
-			t.Errorf("-%s is set by the chart (%s) but listed as not in it", name, config.EnvName(name))
+			t.Errorf("-%s is set by the chart (%s) but listed as not in it", name, config.CommandEnvName("transceiver", name))
 		}
 	}
 }

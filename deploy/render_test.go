@@ -341,7 +341,7 @@ func TestRenderCustom(t *testing.T) {
 		t.Errorf("director cluster URLs = %v", urls)
 	}
 	dir := get[*appsv1.Deployment](t, r, "Deployment", "voice-edge-director")
-	if got := envMap(dir.Spec.Template.Spec.Containers[0])["SWITCHBOARD_MODE"].Value; got != "redirect" {
+	if got := envMap(dir.Spec.Template.Spec.Containers[0])["SWITCHBOARD_DIRECTOR_MODE"].Value; got != "redirect" {
 		t.Errorf("director mode = %q", got)
 	}
 	svc := get[*corev1.Service](t, r, "Service", "voice-edge-relay")

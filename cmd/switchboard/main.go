@@ -11,7 +11,8 @@
 //
 // Run `switchboard <command> -h` for each one's flags. Every flag can also
 // be set in a YAML file (-config) or as SWITCHBOARD_<FLAG> in the
-// environment; flags win over the environment, which wins over the file.
+// environment (-mode: SWITCHBOARD_<COMMAND>_MODE); flags win over the
+// environment, which wins over the file.
 package main
 
 import (

@@ -2,7 +2,7 @@
 // cmd/switchboard: each one's config struct, its flag set with defaults
 // taken from the component packages' Default… constants, and Parse, which
 // layers the defaults, a YAML file, SWITCHBOARD_<FLAG> environment
-// variables and the command line. Tests (deploy/) build the same flag sets
+// variables (SWITCHBOARD_<COMMAND>_MODE for -mode) and the command line. Tests (deploy/) build the same flag sets
 // to check the Helm chart against them.
 package config
 
@@ -56,12 +56,13 @@ func AddFileFlag(fs *flag.FlagSet, fileOnly ...FileOnly) {
 // nameEnv appends to each flag's help the environment variable that sets
 // it, for -h.
 func nameEnv(fs *flag.FlagSet) {
-	fs.VisitAll(func(f *flag.Flag) { f.Usage += " [$" + EnvName(f.Name) + "]" })
+	fs.VisitAll(func(f *flag.Flag) { f.Usage += " [$" + CommandEnvName(fs.Name(), f.Name) + "]" })
 }
 
 // Parse fills a subcommand's config from, in rising precedence: flag
 // defaults, the YAML file named by -config, SWITCHBOARD_<FLAG> environment
-// variables (EnvName), and flags given on the command line. The file
+// variables (CommandEnvName, with the subcommand the name of fs), and
+// flags given on the command line. The file
 // itself is named like any flag: -config or SWITCHBOARD_CONFIG. dst is the
 // struct the flags of fs are bound to, whose yaml tags name the file's
 // keys; an unknown key is an error. Parse adds -config (AddFileFlag) if fs
@@ -98,7 +99,14 @@ func Parse(fs *flag.FlagSet, args []string, dst any) error {
 		if explicit[f.Name] || err != nil || f.Name == "config" {
 			return
 		}
-		env := EnvName(f.Name)
+		env := CommandEnvName(fs.Name(), f.Name)
+		if old := EnvName(f.Name); old != env {
+			// Renamed: say so rather than run on the default.
+			if _, ok := os.LookupEnv(old); ok {
+				err = fmt.Errorf("%s is no longer read (-%s means something else in each command): set %s instead", old, f.Name, env)
+				return
+			}
+		}
 		if v, ok := os.LookupEnv(env); ok {
 			if serr := fs.Set(f.Name, v); serr != nil {
 				err = fmt.Errorf("%s=%q: %w", env, v, serr)
@@ -380,11 +388,34 @@ func fileError(err error, dst any) error {
 	return errors.New(strings.Join(msgs, "; "))
 }
 
-// EnvName is the environment variable that sets flag name: SWITCHBOARD_
-// and the name in upper case, dashes as underscores (-token-key:
-// SWITCHBOARD_TOKEN_KEY).
+// EnvName is the environment variable that sets flag name in every
+// subcommand that has it: SWITCHBOARD_ and the name in upper case, dashes
+// as underscores (-token-key: SWITCHBOARD_TOKEN_KEY). The flags of
+// perCommandEnv are the exception; CommandEnvName names every flag.
 func EnvName(name string) string {
-	return "SWITCHBOARD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+	return "SWITCHBOARD_" + envPart(name)
+}
+
+// perCommandEnv are the flags that mean different things in different
+// subcommands: -mode is the agent's parrot or echo and the director's
+// proxy or redirect. Their variable carries the subcommand's name, so
+// that one exported in a shell for one command does not reach another.
+var perCommandEnv = map[string]bool{"mode": true}
+
+// CommandEnvName is the environment variable that sets flag name of
+// subcommand cmd: EnvName(name), or for a flag whose meaning differs
+// between subcommands (-mode), SWITCHBOARD_<CMD>_<FLAG>, e.g.
+// SWITCHBOARD_AGENT_MODE, SWITCHBOARD_DIRECTOR_MODE, SWITCHBOARD_DEMO_MODE.
+func CommandEnvName(cmd, name string) string {
+	if perCommandEnv[name] {
+		return "SWITCHBOARD_" + envPart(cmd) + "_" + envPart(name)
+	}
+	return EnvName(name)
+}
+
+// envPart is name in upper case, dashes as underscores.
+func envPart(name string) string {
+	return strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
 // Keys names the fleet token keys (package token) of relays and

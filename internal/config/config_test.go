@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 )
@@ -158,10 +159,50 @@ func TestFlagSetsNameTheirEnvironment(t *testing.T) {
 			t.Errorf("%s: no -config", name)
 		}
 		fs.VisitAll(func(f *flag.Flag) {
-			if want := "[$" + EnvName(f.Name) + "]"; !strings.HasSuffix(f.Usage, want) {
+			if want := "[$" + CommandEnvName(name, f.Name) + "]"; !strings.HasSuffix(f.Usage, want) {
 				t.Errorf("%s -%s: help %q does not end in %s", name, f.Name, f.Usage, want)
 			}
 		})
+	}
+}
+
+// TestModeEnvironmentPerCommand: -mode means parrot or echo to the agent
+// and the demo, proxy or redirect to the director, so each reads its own
+// variable, and a shell exporting one for one command leaves the others
+// alone; the old shared SWITCHBOARD_MODE is an error naming the new one.
+func TestModeEnvironmentPerCommand(t *testing.T) {
+	t.Setenv("SWITCHBOARD_AGENT_MODE", "echo")
+	t.Setenv("SWITCHBOARD_DIRECTOR_MODE", "redirect")
+	var a Agent
+	if err := Parse(a.Flags(), nil, &a); err != nil {
+		t.Fatal(err)
+	}
+	var d Director
+	if err := Parse(d.Flags(), nil, &d); err != nil {
+		t.Fatal(err)
+	}
+	var demo Demo
+	if err := Parse(demo.Flags(), nil, &demo); err != nil {
+		t.Fatal(err)
+	}
+	if a.Mode != "echo" || d.Director.Mode != "redirect" || demo.Mode != agent.ModeParrot {
+		t.Fatalf("agent mode %q, director mode %q, demo mode %q; want echo, redirect and the demo's default", a.Mode, d.Director.Mode, demo.Mode)
+	}
+
+	t.Setenv("SWITCHBOARD_MODE", "echo")
+	for name, fs := range FlagSets() {
+		if fs.Lookup("mode") == nil {
+			continue
+		}
+		err := Parse(fs, nil, &struct{}{})
+		want := CommandEnvName(name, "mode")
+		if err == nil || !strings.Contains(err.Error(), "SWITCHBOARD_MODE") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s with SWITCHBOARD_MODE set: %v; want an error naming %s", name, err, want)
+		}
+		// A -mode on the command line does not read the environment.
+		if err := Parse(FlagSets()[name], []string{"-mode", fs.Lookup("mode").DefValue}, &struct{}{}); err != nil {
+			t.Errorf("%s -mode with SWITCHBOARD_MODE set: %v", name, err)
+		}
 	}
 }
 
