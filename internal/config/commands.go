@@ -35,6 +35,17 @@ func newFlagSet(name string) *flag.FlagSet {
 	return flag.NewFlagSet(name, flag.ContinueOnError)
 }
 
+// describe has fs's usage open with synopsis (after "Usage: switchboard
+// "), then about, a paragraph on what the command does, then its flags:
+// the shape `switchboard <command> -h` prints for every command. Call it
+// before done, whose file-only settings follow the flags.
+func describe(fs *flag.FlagSet, synopsis, about string) {
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: switchboard %s\n\n%s\n\nFlags:\n", synopsis, about)
+		fs.PrintDefaults()
+	}
+}
+
 // done adds -config with the file-only settings, and names each flag's
 // environment variable in its help.
 func done(fs *flag.FlagSet, fileOnly ...FileOnly) *flag.FlagSet {
@@ -58,6 +69,10 @@ func (c *Demo) Flags() *flag.FlagSet {
 	fs.StringVar(&c.HTTP, "http", demo.DefaultHTTPAddr, "address of the web page, signaling API and /metrics")
 	fs.StringVar(&c.Relay, "relay", demo.DefaultRelayAddr, "relay public UDP address (advertised in answers)")
 	c.Log.RegisterFlags(fs, "text", "the -http address")
+	describe(fs, "demo [flags]",
+		"Runs a relay, a transceiver, the reference agent (-mode) and a web page in\n"+
+			"one process, on loopback: open the -http address in a browser and click\n"+
+			"Call. Nothing to configure; the flags move its addresses.")
 	return done(fs)
 }
 
@@ -128,6 +143,12 @@ func (c *Relay) Flags() *flag.FlagSet {
 	c.Source.RegisterFlags(fs)
 	c.Keys.RegisterFlags(fs)
 	c.Log.RegisterFlags(fs, "json", "the -metrics address")
+	describe(fs, "relay -token-key KEY -members ID=IP:PORT,... [flags]",
+		"Forwards clients' UDP from the public address (-public, the VIP:port in\n"+
+			"answers) to the transceiver that the routing token in each session's ICE\n"+
+			"ufrag names, over the internal hop (-internal), and back (docs/relay.md).\n"+
+			"Transceivers come from -membership: a static -members list, a Kubernetes\n"+
+			"Service's EndpointSlices, or a Redis registry.")
 	return done(fs,
 		FileOnly{"batch", fmt.Sprintf("datagrams per recvmmsg/sendmmsg of each read loop; 1: one per system call, 64 KiB datagrams (default %d)", relay.DefaultBatch)},
 		FileOnly{"no_thread_lock", "leave the read loops unpinned from their OS threads; for measurement only (default false)"},
@@ -187,6 +208,13 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 	RegisterAuthFlags(fs, &t.Auth)
 	c.Keys.RegisterFlags(fs)
 	c.Log.RegisterFlags(fs, "json", "the -http address")
+	describe(fs, "transceiver -id N -advertise IP:PORT -token-key KEY [flags]",
+		"Terminates clients' WebRTC sessions (ICE, DTLS-SRTP, data channels) on one\n"+
+			"UDP socket (-listen) that relays forward to, answers offers on the\n"+
+			"signaling API at -http (POST /v1/calls, docs/signaling.md), and bridges\n"+
+			"each session's audio and events to the backend over a WebSocket\n"+
+			"(-backend, docs/bridge.md). On SIGTERM it fails /ready and lets live\n"+
+			"sessions run on for up to -drain-timeout.")
 	return done(fs,
 		FileOnly{"ingress_by_region", "region → Global Relay ip:port advertised to that region's clients (docs/director.md)"},
 	)
@@ -207,6 +235,12 @@ func (c *Agent) Flags() *flag.FlagSet {
 	fs.StringVar(&c.Mode, "mode", agent.ModeParrot, "parrot (turn detection at the edge; replies with what the user said) or echo (sends every frame back)")
 	fs.StringVar(&c.Format, "format", "", "audio format: parrot pcm16/24000/1 (default) or pcm16/16000/1; echo opus/48000/2 (default), pcm16/24000/1 or pcm16/16000/1")
 	c.Log.RegisterFlags(fs, "json", "the -listen address")
+	describe(fs, "agent [flags]",
+		"The reference backend: serves the bridge protocol (docs/bridge.md) at\n"+
+			"ws://<-listen>/v1/bridge, the URL of transceivers' -backend. -mode parrot\n"+
+			"asks for PCM and turn detection and answers each turn with what the user\n"+
+			"said, stopping when talked over; -mode echo sends every audio frame and\n"+
+			"data-channel message back.")
 	return done(fs)
 }
 
@@ -226,13 +260,10 @@ func (c *Director) Flags() *flag.FlagSet {
 	fs.StringVar(&c.Director.DefaultRegion, "default-region", "", "region used when neither header nor client IP decides (required)")
 	RegisterAuthFlags(fs, &c.Director.Auth)
 	c.Log.RegisterFlags(fs, "json", "the -listen address")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), "Usage: switchboard director -config director.yaml [flags]\n\n"+
-			"Routes each offer to a transceiver of the cluster serving the client's region.\n"+
+	describe(fs, "director -config director.yaml [flags]",
+		"Routes each offer to a transceiver of the cluster serving the client's region.\n"+
 			"Regions, their prefixes and clusters come from the YAML file (keys regions,\n"+
-			"clusters, trusted_proxies; see docs/director.md).\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
+			"clusters, trusted_proxies; see docs/director.md).")
 	return done(fs,
 		FileOnly{"regions", "region name → {cluster, prefixes}: the client IP prefixes that place a client in the region"},
 		FileOnly{"clusters", "cluster name → signaling base URLs of its transceivers, picked round-robin"},

@@ -166,6 +166,28 @@ func TestFlagSetsNameTheirEnvironment(t *testing.T) {
 	}
 }
 
+// TestEveryCommandDescribesItself: `switchboard <command> -h` opens with
+// the command's synopsis and a paragraph on what it does, then its flags,
+// for every server subcommand alike.
+func TestEveryCommandDescribesItself(t *testing.T) {
+	for name, fs := range FlagSets() {
+		var out strings.Builder
+		fs.SetOutput(&out)
+		if err := fs.Parse([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("%s -h: %v", name, err)
+		}
+		u := out.String()
+		head, _, ok := strings.Cut(u, "\nFlags:\n")
+		synopsis, about, _ := strings.Cut(head, "\n\n")
+		if !ok || !strings.HasPrefix(synopsis, "Usage: switchboard "+name+" ") || len(strings.TrimSpace(about)) < 40 {
+			t.Errorf("%s -h does not open with its synopsis, a paragraph and its flags:\n%s", name, u)
+		}
+		if !strings.Contains(u, "-config") {
+			t.Errorf("%s -h lists no flags:\n%s", name, u)
+		}
+	}
+}
+
 // TestModeEnvironmentPerCommand: -mode means parrot or echo to the agent
 // and the demo, proxy or redirect to the director, so each reads its own
 // variable, and a shell exporting one for one command leaves the others
