@@ -415,6 +415,10 @@ func checkRelay(t *testing.T, r *rendered, v map[string]any) {
 	} else if got := env["SWITCHBOARD_FLOW_CACHE"].Value; got != wantCache {
 		t.Errorf("relay SWITCHBOARD_FLOW_CACHE = %q, want %q", got, wantCache)
 	}
+	// relay.tokenMaxAge reaches -token-max-age, and only when set.
+	if want, got := fmt.Sprint(val(t, v, "relay.tokenMaxAge")), env["SWITCHBOARD_TOKEN_MAX_AGE"]; got.Value != want || (want == "") != (got.Name == "") {
+		t.Errorf("relay SWITCHBOARD_TOKEN_MAX_AGE = %+v, want relay.tokenMaxAge %q", got, want)
+	}
 	svc := relayService(t, r)
 	if svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal {
 		t.Errorf("relay Service externalTrafficPolicy = %q, want Local", svc.Spec.ExternalTrafficPolicy)

@@ -62,6 +62,25 @@ var transceiverFlagsNotInChart = map[string]string{
 	"token-max-age":    "only relays open tokens and check their age; a transceiver mints them",
 }
 
+// relayFlagsNotInChart are the `switchboard relay` flags the chart does
+// not set, each with why (TestRelayFlagsInChart), as
+// transceiverFlagsNotInChart is for the transceiver.
+var relayFlagsNotInChart = map[string]string{
+	"config":                "the chart passes every setting as an environment variable, not a file",
+	"pprof":                 "profiles stay off in a fleet; extraEnv SWITCHBOARD_PPROF=true on one pod to profile it",
+	"members":               "static membership; the chart's relays watch the transceivers' EndpointSlices (-membership kubernetes)",
+	"redis":                 "a Redis membership registry; the chart's relays watch EndpointSlices instead",
+	"kubeconfig":            "relays in the cluster use their service account",
+	"kube-namespace":        "the transceivers run in the relays' own namespace, the default",
+	"ingress":               "the chart deploys one cluster's relays; a Global Relay tier in front of clusters is deployed apart (docs/design.md §2.3)",
+	"trusted-ingress":       "only with Global Relays in front, which the chart does not deploy; extraEnv SWITCHBOARD_TRUSTED_INGRESS when they exist",
+	"relearn":               "on by default, which rebuilds flows after a relay restart from the transceivers' traffic (docs/relay.md \"Relearning flows\")",
+	"max-pending-per-ip":    "per-client limits whose defaults suit clients behind NATs; extraEnv SWITCHBOARD_MAX_PENDING_PER_IP to change it",
+	"new-flows-per-ip":      "as max-pending-per-ip; extraEnv SWITCHBOARD_NEW_FLOWS_PER_IP",
+	"new-flow-burst-per-ip": "as max-pending-per-ip; extraEnv SWITCHBOARD_NEW_FLOW_BURST_PER_IP",
+	"new-flows-per-second":  "a per-relay flood bound sized to one relay's capacity, not to the release; extraEnv SWITCHBOARD_NEW_FLOWS_PER_SECOND",
+}
+
 // TestTransceiverFlagsInChart: every flag of the transceiver's real flag
 // set (config.FlagSets) reaches its pod as its environment variable in the
 // default or the custom render, whether from a value (transceiverSettings)
@@ -69,32 +88,48 @@ var transceiverFlagsNotInChart = map[string]string{
 // …), or is listed, with a reason, in transceiverFlagsNotInChart; and every
 // listed name is a flag.
 func TestTransceiverFlagsInChart(t *testing.T) {
+	checkFlagsInChart(t, "transceiver", transceiverFlagsNotInChart)
+}
+
+// TestRelayFlagsInChart is TestTransceiverFlagsInChart for the relay:
+// each of its flags reaches the relay pod (relay.tokenMaxAge as
+// -token-max-age, say) or is listed in relayFlagsNotInChart with why.
+func TestRelayFlagsInChart(t *testing.T) {
+	checkFlagsInChart(t, "relay", relayFlagsNotInChart)
+}
+
+// checkFlagsInChart checks that every flag of `switchboard <cmd>` reaches
+// the pod of component cmd as its environment variable in the default or
+// the custom render, or is in notInChart with a reason, and that every
+// name there is a flag of cmd that the chart does not set.
+func checkFlagsInChart(t *testing.T, cmd string, notInChart map[string]string) {
 	set := map[string]bool{}
 	for _, vals := range []map[string]any{withPublicIP(nil), customValues()} {
 		r, err := render(t, vals)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for name := range envMap(r.component(t, "transceiver").tmpl.Spec.Containers[0]) {
+		for name := range envMap(r.component(t, cmd).tmpl.Spec.Containers[0]) {
 			set[name] = true
 		}
 	}
-	flags := flagsOf(t, config.FlagSets(), "transceiver")
-	for name, why := range transceiverFlagsNotInChart {
+	flags := flagsOf(t, config.FlagSets(), cmd)
+	for name, why := range notInChart {
 		if _, ok := flags[name]; !ok {
-			t.Errorf("transceiverFlagsNotInChart lists -%s, which `switchboard transceiver` does not have; remove it", name)
+			t.Errorf("-%s is listed as not in the chart, but `switchboard %s` does not have it; remove it", name, cmd)
 		}
 		if strings.TrimSpace(why) == "" {
-			t.Errorf("transceiverFlagsNotInChart lists -%s without a reason", name)
+			t.Errorf("-%s is listed as not in the chart without a reason", name)
 		}
 	}
 	for name := range flags {
-		_, listed := transceiverFlagsNotInChart[name]
-		switch inChart := set[config.CommandEnvName("transceiver", name)]; {
+		_, listed := notInChart[name]
+		env := config.CommandEnvName(cmd, name)
+		switch inChart := set[env]; {
 		case !inChart && !listed:
-			t.Errorf("-%s: the chart does not set %s; add a transceiver value for it, or list it in transceiverFlagsNotInChart with why", name, config.CommandEnvName("transceiver", name))
+			t.Errorf("-%s: the chart does not set %s; add a %s value for it, or list it as not in the chart with why", name, env, cmd)
 		case inChart && listed:
-			t.Errorf("-%s is set by the chart (%s) but listed as not in it", name, config.CommandEnvName("transceiver", name))
+			t.Errorf("-%s is set by the chart (%s) but listed as not in it", name, env)
 		}
 	}
 }

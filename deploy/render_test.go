@@ -195,10 +195,11 @@ func customValues() map[string]any {
 		"tokenKeys":        map[string]any{"existingSecret": "fleet-keys"},
 		"auth":             map[string]any{"existingSecret": "signaling-auth", "tokenTTL": "2m"},
 		"relay": map[string]any{
-			"kind":    "DaemonSet",
-			"ports":   map[string]any{"public": 13478, "internal": 13479, "metrics": 19090},
-			"service": map[string]any{"port": 443, "loadBalancerIP": "2001:db8::10", "annotations": map[string]any{"example.com/lb-type": "nlb"}, "loadBalancerSourceRanges": []any{"0.0.0.0/0"}},
-			"hpa":     map[string]any{"enabled": true}, // ignored for a DaemonSet
+			"kind":        "DaemonSet",
+			"ports":       map[string]any{"public": 13478, "internal": 13479, "metrics": 19090},
+			"tokenMaxAge": "24h",
+			"service":     map[string]any{"port": 443, "loadBalancerIP": "2001:db8::10", "annotations": map[string]any{"example.com/lb-type": "nlb"}, "loadBalancerSourceRanges": []any{"0.0.0.0/0"}},
+			"hpa":         map[string]any{"enabled": true}, // ignored for a DaemonSet
 			"extraEnv": []any{
 				map[string]any{"name": "SWITCHBOARD_LOG_FORMAT", "value": "text"},
 			},
