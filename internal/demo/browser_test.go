@@ -79,6 +79,9 @@ func TestBrowserCall(t *testing.T) {
 	// The page pings as soon as its data channel opens.
 	s = waitPage(t, ctx, "data-channel echo", 7*time.Second, func(s pageState) bool { return s.DCEcho })
 	t.Logf("data-channel echo: %.1f ms", deref(s.EchoMs))
+	if sh := readShown(t, ctx); sh.Agent != "echo" || sh.PingDisabled || !strings.HasSuffix(sh.Echo, " ms") {
+		t.Errorf("echo page: agent %q, Ping disabled %v, data-channel echo row %q; want echo, false, a round trip", sh.Agent, sh.PingDisabled, sh.Echo)
+	}
 	s = waitPage(t, ctx, "echoed speech (inbound-rtp packetsReceived > 50, totalAudioEnergy > 0)", 20*time.Second, func(s pageState) bool {
 		return s.Stats.PacketsReceived > 50 && s.Stats.TotalAudioEnergy > 0
 	})
@@ -157,6 +160,7 @@ func TestBrowserCall(t *testing.T) {
 		t.Fatalf("hangup(): %v", err)
 	}
 	waitSessions(t, d, 0, "after hangup")
+	checkHungUp(t, ctx)
 	pageLog, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("log").textContent`))
 	if err != nil {
 		t.Fatalf("read the page log: %v", err)
@@ -383,6 +387,60 @@ func waitSessions(t *testing.T, d *Demo, n int, when string) {
 			t.Fatalf("transceiver has %d sessions 5 s %s, want %d", d.Transceiver().Sessions(), when, n)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// shownJS reads what the page shows of a call: the connection rows, the
+// data-channel echo row, the Ping button, and the widths of the three
+// level meters (the received level, yours and the agent's).
+const shownJS = `(() => {
+	const text = (id) => document.getElementById(id).textContent;
+	const width = (el) => el.style.width;
+	return {ice: text("ice"), dtls: text("dtls"), pc: text("pcstate"), echo: text("echo"), speaking: text("speaking"),
+		pingDisabled: document.getElementById("ping").disabled, agent: window.switchboard.agent,
+		meters: [width(document.getElementById("level")), width(document.querySelector("#you-meter > div")),
+			width(document.querySelector("#agent-meter > div"))]};
+})()`
+
+// shown is what shownJS returns.
+type shown struct {
+	ICE, DTLS, PC, Echo, Speaking string
+	PingDisabled                  bool
+	Agent                         string
+	Meters                        []string
+}
+
+func readShown(t *testing.T, ctx context.Context) shown {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[shown](shownJS))
+	if err != nil {
+		t.Fatalf("read the page: %v", err)
+	}
+	return s
+}
+
+// checkHungUp checks that the page, after hangup(), shows the call closed
+// and its meters empty, not the last moment of the call: ICE, DTLS and the
+// peer connection "closed" (close() fires no state events), every level
+// meter at 0, nobody speaking. It reads the page twice, 700 ms apart, so
+// that a stats poll or a level sample still in flight at the hang-up would
+// show.
+func checkHungUp(t *testing.T, ctx context.Context) {
+	t.Helper()
+	for range 2 {
+		s := readShown(t, ctx)
+		if s.ICE != "closed" || s.DTLS != "closed" || s.PC != "closed" {
+			t.Errorf("after hang-up the page shows ICE %q, DTLS %q, peer connection %q; want closed", s.ICE, s.DTLS, s.PC)
+		}
+		for i, w := range s.Meters {
+			if w != "0" && w != "0%" && w != "0px" {
+				t.Errorf("after hang-up level meter %d is %q wide, want 0", i, w)
+			}
+		}
+		if s.Speaking != "Speaking now: nobody" {
+			t.Errorf("after hang-up the page says %q", s.Speaking)
+		}
+		time.Sleep(700 * time.Millisecond)
 	}
 }
 

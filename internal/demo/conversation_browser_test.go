@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,10 +94,18 @@ func TestBrowserConversation(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(d.URL()+"/")); err != nil {
 		t.Fatal(err)
 	}
+	// The demo tells the page its agent is the parrot, which drops the
+	// client's data-channel messages: no Ping, and the echo row says why.
+	if s := readShown(t, ctx); s.Agent != "parrot" || !s.PingDisabled || !strings.Contains(s.Echo, "-mode echo") {
+		t.Errorf("parrot page: agent %q, Ping disabled %v, data-channel echo row %q; want parrot, true, a note naming -mode echo", s.Agent, s.PingDisabled, s.Echo)
+	}
 	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`void window.switchboard.call()`)); err != nil {
 		t.Fatal(err)
 	}
 	waitPage(t, ctx, "peer connection connected", 20*time.Second, func(s pageState) bool { return s.State == "connected" })
+	if s := readShown(t, ctx); !s.PingDisabled || !strings.Contains(s.Echo, "-mode echo") {
+		t.Errorf("connected parrot page: Ping disabled %v, data-channel echo row %q", s.PingDisabled, s.Echo)
+	}
 	want := []string{
 		"input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "output_audio_buffer.started",
 		"input_audio_buffer.speech_started", "output_audio_buffer.cleared",
@@ -136,4 +145,5 @@ func TestBrowserConversation(t *testing.T) {
 		t.Fatalf("hangup(): %v", err)
 	}
 	waitSessions(t, d, 0, "after hangup")
+	checkHungUp(t, ctx)
 }

@@ -5,6 +5,7 @@
 package demo
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -46,7 +47,8 @@ type Config struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Agent is the reference agent serving the bridge: agent.ModeParrot
-	// (the default: a conversation) or agent.ModeEcho.
+	// (the default: a conversation) or agent.ModeEcho. The page is told
+	// which (web.Page), as it pings on the data channel only with the echo.
 	Agent string
 	// Backend, if set, serves the bridge at /v1/bridge instead of Agent
 	// (tests plug in their own backends).
@@ -93,11 +95,12 @@ func Start(cfg Config) (*Demo, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	// The agent first: a bad mode is refused before anything listens.
-	backend := cfg.Backend
+	backend, page := cfg.Backend, web.Page{}
 	if backend == nil {
 		if backend, err = agent.NewMode(cfg.Agent, "", log.With("component", "agent")); err != nil {
 			return nil, fmt.Errorf("demo: %w", err)
 		}
+		page.Agent = cmp.Or(cfg.Agent, agent.ModeParrot)
 	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -138,7 +141,7 @@ func Start(cfg Config) (*Demo, error) {
 
 	mux.Handle("/v1/bridge", backend)
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/", web.Handler())
+	mux.Handle("/", web.NewHandler(page))
 	if cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -8,9 +8,17 @@
 // /v1/calls (or the URL typed in the page), applies the 201 answer, opens
 // the data channel "oai-events", and DELETEs the Location on hang-up.
 //
+// The server tells the page which agent answers (Page.Agent, as the
+// body's data-agent attribute): with the parrot, which drops the client's
+// data-channel messages, the page sends no pings, disables its Ping button
+// and says why in its data-channel echo row. On hang-up (or when the
+// server ends the call) it shows ICE, DTLS and the peer connection
+// "closed" and empties its level meters.
+//
 // For automated browser tests it exposes window.switchboard:
 //
 //	state     "idle" | "calling" | "connected" | "disconnected" | "failed" | "closed" | "ended"
+//	agent     "parrot" | "echo" | "" (Page.Agent)
 //	dcEcho    true once a ping on "oai-events" came back
 //	setupMs   POST start → peer connection "connected"
 //	echoMs    last data-channel ping round trip
@@ -50,6 +58,7 @@ import (
 	"crypto/sha256"
 	_ "embed"
 	"encoding/base64"
+	"html"
 	"net/http"
 	"strings"
 )
@@ -92,9 +101,27 @@ func inlineElement(page []byte, tag string) []byte {
 	return rest[:j]
 }
 
-// Handler serves the demo page at "/" and 404 elsewhere. Mount it after
-// the API routes, e.g. mux.Handle("/", web.Handler()).
-func Handler() http.Handler {
+// Page is what the server tells the page about itself.
+type Page struct {
+	// Agent is the agent mode behind the signaling API: "parrot" or
+	// "echo" (package agent's ModeParrot, ModeEcho), or "" when the server
+	// does not know (a backend of its own), which the page treats as an
+	// agent that may echo data-channel pings.
+	Agent string
+}
+
+// agentAttr is the body attribute, empty in index.html, that NewHandler
+// fills with Page.Agent.
+const agentAttr = `data-agent=""`
+
+// Handler serves the demo page at "/" and 404 elsewhere, for an agent it
+// does not know (NewHandler with a zero Page). Mount it after the API
+// routes, e.g. mux.Handle("/", web.Handler()).
+func Handler() http.Handler { return NewHandler(Page{}) }
+
+// NewHandler is Handler for the page p describes.
+func NewHandler(p Page) http.Handler {
+	page := bytes.Replace(indexHTML, []byte(agentAttr), []byte(`data-agent="`+html.EscapeString(p.Agent)+`"`), 1)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" && !strings.EqualFold(r.URL.Path, "/index.html") {
 			http.NotFound(w, r)
@@ -114,6 +141,6 @@ func Handler() http.Handler {
 		if r.Method == http.MethodHead {
 			return
 		}
-		_, _ = w.Write(indexHTML)
+		_, _ = w.Write(page)
 	})
 }

@@ -86,3 +86,29 @@ func TestHandlerRoutes(t *testing.T) {
 		})
 	}
 }
+
+// TestHandlerTellsThePageItsAgent: NewHandler puts Page.Agent, escaped, in
+// the body's data-agent attribute, which the script reads; Handler leaves
+// it empty (an agent the page does not know).
+func TestHandlerTellsThePageItsAgent(t *testing.T) {
+	if script := string(inlineElement(indexHTML, "script")); !strings.Contains(script, "document.body.dataset.agent") {
+		t.Fatal("the script does not read the body's data-agent")
+	}
+	for _, tt := range []struct {
+		name string
+		h    http.Handler
+		want string
+	}{
+		{"unknown", Handler(), `<body data-state="idle" data-agent="">`},
+		{"parrot", NewHandler(Page{Agent: "parrot"}), `<body data-state="idle" data-agent="parrot">`},
+		{"escaped", NewHandler(Page{Agent: `x"><script>`}), `<body data-state="idle" data-agent="x&#34;&gt;&lt;script&gt;">`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			tt.h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+			if page := rec.Body.String(); !strings.Contains(page, tt.want) {
+				t.Errorf("page lacks %s", tt.want)
+			}
+		})
+	}
+}
