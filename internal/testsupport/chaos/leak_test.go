@@ -2,17 +2,23 @@ package chaos
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
 
-// footprint is a process's goroutines and heap after two GCs: live
-// objects (go_memstats_heap_alloc_bytes) and spans in use
+// footprint is a process's goroutines (counted by goroutineCount, with
+// the profile they were counted in) and heap after two GCs: live objects
+// (go_memstats_heap_alloc_bytes) and spans in use
 // (go_memstats_heap_inuse_bytes, which also counts the free room in
 // partly used spans).
-type footprint struct{ goroutines, liveMB, inuseMB float64 }
+type footprint struct {
+	goroutines, liveMB, inuseMB float64
+	profile                     string
+}
 
 func (f footprint) String() string {
 	return fmt.Sprintf("%.0f goroutines, %.1f MB live heap (%.1f MB in use)", f.goroutines, f.liveMB, f.inuseMB)
@@ -22,11 +28,64 @@ func measure(t *testing.T, addr string) footprint {
 	t.Helper()
 	gc(t, addr)
 	m := mustScrape(t, addr)
-	return footprint{m["go_goroutines"], m["go_memstats_heap_alloc_bytes"] / (1 << 20), m["go_memstats_heap_inuse_bytes"] / (1 << 20)}
+	profile := goroutineDump(addr)
+	n, err := goroutineCount(profile)
+	if err != nil {
+		t.Fatalf("goroutines of %s: %v", addr, err)
+	}
+	return footprint{float64(n), m["go_memstats_heap_alloc_bytes"] / (1 << 20), m["go_memstats_heap_inuse_bytes"] / (1 << 20), profile}
 }
 
+// goroutineCount counts the goroutines of a goroutine profile
+// (/debug/pprof/goroutine?debug=1) that the process keeps: all but
+//   - the profile request's own handler;
+//   - net/http's per-connection goroutines outside a handler (a request
+//     of measure's that was answered, its connection still closing; an
+//     in-flight request's background reader), while a handler that does
+//     not return stays counted;
+//   - goroutines with no frame yet or any more (being created or exiting);
+//   - the runtime's finalizer and cleanup goroutines, which a profile
+//     lists only while they run user code, as right after measure's GCs.
+//
+// The count is the same for the same process state, unlike go_goroutines:
+// that is runtime.NumGoroutine taken during the scrape itself, while
+// prometheus.Registry.Gather runs the collectors on a number of goroutines
+// that varies with scheduling (12 to 17 for an idle relay), which made a
+// baseline taken at a low moment look like a leak.
+func goroutineCount(profile string) (int, error) {
+	head, rest, _ := strings.Cut(profile, "\n")
+	if !strings.HasPrefix(head, "goroutine profile: total ") {
+		return 0, fmt.Errorf("not a goroutine profile: %.80q", profile)
+	}
+	n, ownHandler := 0, false
+	for rec := range strings.SplitSeq(rest, "\n\n") {
+		m := profileRecord.FindStringSubmatch(rec)
+		if m == nil {
+			continue
+		}
+		c, _ := strconv.Atoi(m[1])
+		inHandler := strings.Contains(rec, "net/http.serverHandler.ServeHTTP")
+		switch {
+		case !strings.Contains(rec, "\n#"): // no frame
+		case strings.Contains(rec, "runtime.runFinalizers"), strings.Contains(rec, "runtime.runCleanups"):
+		case strings.Contains(rec, "net/http.(*connReader).backgroundRead"):
+		case strings.Contains(rec, "net/http.(*conn).serve") && !inHandler:
+		case !ownHandler && strings.Contains(rec, "net/http/pprof.handler.ServeHTTP"):
+			ownHandler = true
+			n += c - 1
+		default:
+			n += c
+		}
+	}
+	return n, nil
+}
+
+// profileRecord matches a goroutine profile record's count ("3 @ 0x…").
+var profileRecord = regexp.MustCompile(`(?m)^(\d+) @ `)
+
 // How much the live heap after a load may exceed the baseline.
-// Goroutines must come back exactly (scrapes use no keep-alive), but the
+// Goroutines must come back exactly (goroutineCount; requests use no
+// keep-alive, so no idle connection holds one), but the
 // Go runtime never frees a goroutine's descriptor (runtime.g, from
 // runtime.malg, about 0.5 KB): it keeps every one for reuse, so the live
 // heap after a load grows with the load's peak goroutine count, once. A
@@ -57,7 +116,7 @@ func settle(t *testing.T, addr string, base footprint, slackMB float64, timeout 
 		return f.goroutines <= base.goroutines && f.liveMB <= base.liveMB+slackMB
 	})
 	if !ok {
-		t.Logf("goroutines of %s:\n%s", addr, goroutineDump(addr))
+		t.Logf("goroutines of %s at the baseline:\n%s\nand now:\n%s", addr, base.profile, f.profile)
 	}
 	return f, took, ok
 }
@@ -255,4 +314,49 @@ func TestRestartLoop(t *testing.T) {
 	t.Logf("FIGURE restart loop: %d rounds in %v (started %v apart); at the vanish DTLS was up in %d, the data channel open in %d; transceiver ended each session %s after its client vanished, reasons %v; peak live sessions %.0f",
 		len(vs), loopTook.Round(time.Second), vanishRamp, dtlsUp, dcOpen, dist(closeAfter, " ms"), reasons, slices.Max(append(liveTrace, 0)))
 	t.Logf("FIGURE restart loop: transceiver baseline %v, peak %.0f goroutines, after %v; relay baseline %v, after %v", trxBase, peakG, trxAfter, relayBase, relayAfter)
+}
+
+// TestGoroutineCount: goroutineCount leaves out the profile request's own
+// handler, net/http's connection goroutines outside a handler, goroutines
+// without frames and the runtime's finalizer goroutine, and counts the
+// rest, a handler that hangs included.
+func TestGoroutineCount(t *testing.T) {
+	const profile = `goroutine profile: total 14
+2 @ 0x1 0x2
+#	0x1	github.com/switchboard-rtc/switchboard/internal/relay.(*Relay).forwardBatches+0x7a	loops.go:230
+
+1 @ 0x3
+#	0x3	runtime/pprof.writeGoroutine+0x44	pprof.go:784
+#	0x4	net/http/pprof.handler.ServeHTTP+0x529	pprof.go:273
+#	0x5	net/http.serverHandler.ServeHTTP+0x8d	server.go:3311
+#	0x6	net/http.(*conn).serve+0x68f	server.go:2067
+
+2 @ 0x7
+#	0x7	net/http.(*connReader).backgroundRead+0x32	server.go:702
+
+1 @ 0x8
+#	0x8	bufio.(*Writer).Flush+0x51	bufio.go:642
+#	0x9	net/http.(*response).finishRequest+0x75	server.go:1664
+#	0xa	net/http.(*conn).serve+0x6d4	server.go:2074
+
+1 @ 0xb
+#	0xb	github.com/switchboard-rtc/switchboard/internal/transceiver.(*Server).offer+0x10	server.go:1
+#	0x5	net/http.serverHandler.ServeHTTP+0x8d	server.go:3311
+#	0xc	net/http.(*conn).serve+0x68f	server.go:2067
+
+1 @ 0xd
+
+1 @ 0xe
+#	0xe	runtime.runFinalizers+0x1	mfinal.go:200
+
+3 @ 0xf
+#	0xf	main.serveListener+0x264	commands.go:91
+`
+	// 2 loops, the hanging offer handler, 3 listeners.
+	if n, err := goroutineCount(profile); err != nil || n != 6 {
+		t.Errorf("goroutineCount = %d, %v; want 6", n, err)
+	}
+	if _, err := goroutineCount("404 page not found\n"); err == nil {
+		t.Error("goroutineCount of a non-profile: no error")
+	}
 }
