@@ -1,0 +1,513 @@
+package peer
+
+import (
+	"bytes"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/pion/sdp/v3"
+	"github.com/pion/webrtc/v4"
+	"go.uber.org/goleak"
+
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// baseOffer is an offer in the shape browsers send (values ours): BUNDLE
+// of an audio and a data section, Opus at 111 among other codecs,
+// session-level nothing but the group.
+const baseOffer = "v=0\r\n" +
+	"o=- 4611731400430051336 2 IN IP4 127.0.0.1\r\n" +
+	"s=-\r\n" +
+	"t=0 0\r\n" +
+	"a=group:BUNDLE 0 1\r\n" +
+	"a=extmap-allow-mixed\r\n" +
+	"a=msid-semantic: WMS\r\n" +
+	"m=audio 9 UDP/TLS/RTP/SAVPF 111 63 9 0 8 13 110 126\r\n" +
+	"c=IN IP4 0.0.0.0\r\n" +
+	"a=rtcp:9 IN IP4 0.0.0.0\r\n" +
+	"a=ice-ufrag:Qx7b\r\n" +
+	"a=ice-pwd:r2VxZ0vVNa6lAk1Y2vXkq9Te\r\n" +
+	"a=ice-options:trickle\r\n" +
+	"a=fingerprint:sha-256 0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9:0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9\r\n" +
+	"a=setup:actpass\r\n" +
+	"a=mid:0\r\n" +
+	"a=extmap:1 urn:ietf:params:rtp-hdrext:ssrc-audio-level\r\n" +
+	"a=sendrecv\r\n" +
+	"a=msid:- 5d0f3c4e-1b2a-4c3d-8e9f-a0b1c2d3e4f5\r\n" +
+	"a=rtcp-mux\r\n" +
+	"a=rtcp-rsize\r\n" +
+	"a=rtpmap:111 opus/48000/2\r\n" +
+	"a=rtcp-fb:111 transport-cc\r\n" +
+	"a=fmtp:111 minptime=10;useinbandfec=1\r\n" +
+	"a=rtpmap:63 red/48000/2\r\n" +
+	"a=fmtp:63 111/111\r\n" +
+	"a=rtpmap:9 G722/8000\r\n" +
+	"a=rtpmap:0 PCMU/8000\r\n" +
+	"a=rtpmap:8 PCMA/8000\r\n" +
+	"a=rtpmap:13 CN/8000\r\n" +
+	"a=rtpmap:110 telephone-event/48000\r\n" +
+	"a=rtpmap:126 telephone-event/8000\r\n" +
+	"a=ssrc:1180194416 cname:k3Jd9s0a1b2c3d4e\r\n" +
+	"m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n" +
+	"c=IN IP4 0.0.0.0\r\n" +
+	"a=ice-ufrag:Qx7b\r\n" +
+	"a=ice-pwd:r2VxZ0vVNa6lAk1Y2vXkq9Te\r\n" +
+	"a=ice-options:trickle\r\n" +
+	"a=fingerprint:sha-256 0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9:0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9\r\n" +
+	"a=setup:actpass\r\n" +
+	"a=mid:1\r\n" +
+	"a=sctp-port:5000\r\n" +
+	"a=max-message-size:262144\r\n"
+
+// testParams returns answer parameters for tests: a fixed certificate
+// fingerprint and the candidate 127.0.0.1:3478.
+func testParams() AnswerParams {
+	digest := make([]byte, 32)
+	for i := range digest {
+		digest[i] = byte(i * 7)
+	}
+	return AnswerParams{
+		ICEUfrag:       "sbAnswerUfrag",
+		ICEPwd:         "sbAnswerPasswordOf32Characters00",
+		Fingerprint:    Fingerprint{Hash: "sha-256", Digest: digest},
+		Setup:          "active",
+		Candidate:      netip.MustParseAddrPort("127.0.0.1:3478"),
+		AudioSSRC:      0x5b0a1d2e,
+		CNAME:          "switchboard",
+		StreamID:       "switchboard",
+		TrackID:        "voice",
+		SCTPPort:       5000,
+		MaxMessageSize: 65536,
+	}
+}
+
+func TestParseOfferBase(t *testing.T) {
+	o, err := ParseOffer(baseOffer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ICEUfrag != "Qx7b" || o.ICEPwd != "r2VxZ0vVNa6lAk1Y2vXkq9Te" {
+		t.Errorf("credentials %q/%q", o.ICEUfrag, o.ICEPwd)
+	}
+	if len(o.Fingerprints) != 1 || o.Fingerprints[0].Hash != "sha-256" || len(o.Fingerprints[0].Digest) != 32 ||
+		o.Fingerprints[0].Digest[0] != 0x0a || o.Fingerprints[0].Digest[31] != 0xf9 {
+		t.Errorf("fingerprints %+v", o.Fingerprints)
+	}
+	if got, want := o.Fingerprints[0].String(), "sha-256 0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9:0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9"; got != want {
+		t.Errorf("fingerprint string %q, want %q", got, want)
+	}
+	if o.Setup != "actpass" || o.Audio != 0 || o.Data != 1 || !slices.Equal(o.Bundle, []string{"0", "1"}) || o.SCTPInit != nil {
+		t.Errorf("setup %q audio %d data %d bundle %q sctp-init %x", o.Setup, o.Audio, o.Data, o.Bundle, o.SCTPInit)
+	}
+	a, d := o.Sections[0], o.Sections[1]
+	if a.Kind != "audio" || a.Mid != "0" || a.Proto != "UDP/TLS/RTP/SAVPF" || a.Rejected || a.Direction != "sendrecv" ||
+		a.OpusPT != 111 || a.OpusFmtp != "minptime=10;useinbandfec=1" {
+		t.Errorf("audio section %+v", a)
+	}
+	if d.Kind != "application" || d.Mid != "1" || d.Proto != "UDP/DTLS/SCTP" || d.SCTPPort != 5000 || d.MaxMessageSize != 262144 {
+		t.Errorf("data section %+v", d)
+	}
+}
+
+// pionClient returns a Pion peer connection on loopback (webrtctest's), or
+// one with SCTP SNAP enabled.
+func pionClient(t *testing.T, snap bool) *webrtc.PeerConnection {
+	t.Helper()
+	if !snap {
+		return webrtctest.PeerConnection(t)
+	}
+	var se webrtc.SettingEngine
+	se.SetIncludeLoopbackCandidate(true)
+	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
+	se.EnableSctpSnap(true)
+	pc, err := webrtc.NewAPI(webrtc.WithSettingEngine(se)).NewPeerConnection(webrtc.Configuration{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pc.Close() })
+	return pc
+}
+
+// sctpInitFromPion returns the a=sctp-init payload a SNAP-enabled Pion
+// answerer writes for offer: a real SCTP INIT, as the peer package will
+// send.
+func sctpInitFromPion(t *testing.T, offer string) []byte {
+	t.Helper()
+	pc := pionClient(t, true)
+	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: offer}); err != nil {
+		t.Fatal(err)
+	}
+	ans, err := pc.CreateAnswer(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sd sdp.SessionDescription
+	if err := sd.UnmarshalString(ans.SDP); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range sd.MediaDescriptions {
+		if v, ok := m.Attribute("sctp-init"); ok {
+			o, err := ParseOffer(strings.Replace(offer, "a=sctp-port", "a=sctp-init:"+v+"\r\na=sctp-port", 1))
+			if err != nil || o.SCTPInit == nil {
+				t.Fatalf("Pion's a=sctp-init:%s: %v", v, err)
+			}
+			return o.SCTPInit
+		}
+	}
+	t.Fatal("Pion's SNAP answer has no a=sctp-init")
+	return nil
+}
+
+// TestAnswerPion answers offers from Pion clients and has each client take
+// the answer.
+func TestAnswerPion(t *testing.T) {
+	cases := []struct {
+		name string
+		snap bool
+		// setup adds transceivers and channels to the client.
+		setup func(t *testing.T, pc *webrtc.PeerConnection)
+		// want: the answer's m-sections, as "kind port-zero direction".
+		audio, data int
+		want        []string
+		sends       bool
+	}{
+		{
+			name: "audio and data",
+			setup: func(t *testing.T, pc *webrtc.PeerConnection) {
+				addAudio(t, pc, webrtc.RTPTransceiverDirectionSendrecv)
+				addData(t, pc)
+			},
+			audio: 0, data: 1, want: []string{"audio sendrecv", "application"}, sends: true,
+		},
+		{
+			name: "audio only",
+			setup: func(t *testing.T, pc *webrtc.PeerConnection) {
+				addAudio(t, pc, webrtc.RTPTransceiverDirectionSendrecv)
+			},
+			audio: 0, data: -1, want: []string{"audio sendrecv"}, sends: true,
+		},
+		// The video sections are recvonly: a Pion client that sends a
+		// track refuses any answer that rejects it (ErrUnsupportedCodec
+		// from SetRemoteDescription, Pion's own answers included).
+		{
+			name: "video rejected",
+			setup: func(t *testing.T, pc *webrtc.PeerConnection) {
+				addAudio(t, pc, webrtc.RTPTransceiverDirectionSendrecv)
+				addVideo(t, pc)
+				addData(t, pc)
+			},
+			audio: 0, data: 2, want: []string{"audio sendrecv", "video rejected", "application"}, sends: true,
+		},
+		{
+			name: "video first, second audio rejected",
+			setup: func(t *testing.T, pc *webrtc.PeerConnection) {
+				addVideo(t, pc)
+				addAudio(t, pc, webrtc.RTPTransceiverDirectionSendrecv)
+				addAudio(t, pc, webrtc.RTPTransceiverDirectionSendrecv)
+				addData(t, pc)
+			},
+			audio: 1, data: 3, want: []string{"video rejected", "audio sendrecv", "audio rejected", "application"}, sends: true,
+		},
+		{
+			name: "recvonly audio",
+			setup: func(t *testing.T, pc *webrtc.PeerConnection) {
+				addAudio(t, pc, webrtc.RTPTransceiverDirectionRecvonly)
+				addData(t, pc)
+			},
+			audio: 0, data: 1, want: []string{"audio sendonly", "application"}, sends: true,
+		},
+		{
+			name: "sendonly audio",
+			setup: func(t *testing.T, pc *webrtc.PeerConnection) {
+				addAudio(t, pc, webrtc.RTPTransceiverDirectionSendonly)
+				addData(t, pc)
+			},
+			audio: 0, data: 1, want: []string{"audio recvonly", "application"}, sends: false,
+		},
+		{
+			name: "SNAP",
+			snap: true,
+			setup: func(t *testing.T, pc *webrtc.PeerConnection) {
+				addAudio(t, pc, webrtc.RTPTransceiverDirectionSendrecv)
+				addData(t, pc)
+			},
+			audio: 0, data: 1, want: []string{"audio sendrecv", "application"}, sends: true,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pc := pionClient(t, tc.snap)
+			tc.setup(t, pc)
+			offer := webrtctest.Offer(t, pc)
+			o, err := ParseOffer(offer)
+			if err != nil {
+				t.Fatalf("ParseOffer: %v\n%s", err, offer)
+			}
+			if o.Audio != tc.audio || o.Data != tc.data {
+				t.Fatalf("audio section %d, data section %d; want %d, %d", o.Audio, o.Data, tc.audio, tc.data)
+			}
+			checkOfferAgainstPion(t, pc, o)
+			p := testParams()
+			if tc.snap {
+				if o.SCTPInit == nil {
+					t.Fatal("a SNAP offer gave no SCTPInit")
+				}
+				p.SCTPInit = sctpInitFromPion(t, offer)
+			} else if o.SCTPInit != nil {
+				t.Fatalf("SCTPInit %x without SNAP", o.SCTPInit)
+			}
+			answer, err := Answer(o, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkAnswer(t, o, p, answer, tc.want, tc.sends)
+			if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: answer}); err != nil {
+				t.Fatalf("Pion refuses the answer: %v\n%s", err, answer)
+			}
+		})
+	}
+}
+
+func addAudio(t *testing.T, pc *webrtc.PeerConnection, dir webrtc.RTPTransceiverDirection) {
+	t.Helper()
+	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio, webrtc.RTPTransceiverInit{Direction: dir}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func addVideo(t *testing.T, pc *webrtc.PeerConnection) {
+	t.Helper()
+	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeVideo, webrtc.RTPTransceiverInit{Direction: webrtc.RTPTransceiverDirectionRecvonly}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func addData(t *testing.T, pc *webrtc.PeerConnection) {
+	t.Helper()
+	if _, err := pc.CreateDataChannel(webrtctest.EventsLabel, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkOfferAgainstPion checks what ParseOffer read against what the Pion
+// client says of itself: its credentials and its certificate.
+func checkOfferAgainstPion(t *testing.T, pc *webrtc.PeerConnection, o *Offer) {
+	t.Helper()
+	ice, err := pc.SCTP().Transport().ICETransport().GetLocalParameters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ICEUfrag != ice.UsernameFragment || o.ICEPwd != ice.Password {
+		t.Errorf("credentials %q/%q, Pion's %q/%q", o.ICEUfrag, o.ICEPwd, ice.UsernameFragment, ice.Password)
+	}
+	fps, err := pc.GetConfiguration().Certificates[0].GetFingerprints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, f := range fps {
+		for _, g := range o.Fingerprints {
+			found = found || f.Algorithm == g.Hash && strings.EqualFold(f.Value, strings.SplitN(g.String(), " ", 2)[1])
+		}
+	}
+	if !found {
+		t.Errorf("fingerprints %v, Pion's certificate %v", o.Fingerprints, fps)
+	}
+	if o.Setup != "actpass" {
+		t.Errorf("setup %q, Pion offers actpass", o.Setup)
+	}
+}
+
+// checkAnswer parses answer and checks it against the rules of Answer's
+// doc comment; want lists each m-section as "kind direction" or "kind
+// rejected".
+func checkAnswer(t *testing.T, o *Offer, p AnswerParams, answer string, want []string, sends bool) {
+	t.Helper()
+	var sd sdp.SessionDescription
+	if err := sd.UnmarshalString(answer); err != nil {
+		t.Fatalf("the answer does not parse: %v\n%s", err, answer)
+	}
+	if _, ok := sd.Attribute("ice-lite"); !ok {
+		t.Errorf("no a=ice-lite\n%s", answer)
+	}
+	if !strings.HasSuffix(answer, "\r\n") || strings.Contains(strings.ReplaceAll(answer, "\r\n", ""), "\n") {
+		t.Errorf("lines are not CRLF-terminated")
+	}
+	var got, group []string
+	candidates := 0
+	for i, m := range sd.MediaDescriptions {
+		s := o.Sections[i]
+		mid, _ := m.Attribute("mid")
+		if m.MediaName.Media != s.Kind || mid != s.Mid {
+			t.Errorf("m-section %d is %s mid %q; the offer's is %s mid %q", i, m.MediaName.Media, mid, s.Kind, s.Mid)
+		}
+		if m.MediaName.Port.Value == 0 {
+			got = append(got, m.MediaName.Media+" rejected")
+			if len(m.Attributes) != 1 {
+				t.Errorf("rejected m-section %d has attributes %v besides its mid", i, m.Attributes)
+			}
+			continue
+		}
+		group = append(group, mid)
+		if proto := strings.Join(m.MediaName.Protos, "/"); proto != s.Proto {
+			t.Errorf("m-section %d profile %s, offered %s", i, proto, s.Proto)
+		}
+		for _, a := range m.Attributes {
+			if a.Key == "candidate" {
+				candidates++
+				if want := candidate(p.Candidate); a.Value != want || len(group) != 1 {
+					t.Errorf("m-section %d a=candidate:%s; want %s in the first served section only", i, a.Value, want)
+				}
+			}
+		}
+		if u, _ := m.Attribute("ice-ufrag"); u != p.ICEUfrag {
+			t.Errorf("m-section %d a=ice-ufrag:%s", i, u)
+		}
+		if f, _ := m.Attribute("fingerprint"); f != p.Fingerprint.String() {
+			t.Errorf("m-section %d a=fingerprint:%s", i, f)
+		}
+		if s, _ := m.Attribute("setup"); s != p.Setup {
+			t.Errorf("m-section %d a=setup:%s", i, s)
+		}
+		switch m.MediaName.Media {
+		case "audio":
+			got = append(got, "audio "+direction(&sd, m))
+			pt := strconv.Itoa(int(s.OpusPT))
+			if !slices.Equal(m.MediaName.Formats, []string{pt}) {
+				t.Errorf("audio formats %v, want [%s]", m.MediaName.Formats, pt)
+			}
+			for _, key := range []string{"extmap", "rtcp-fb"} {
+				if _, ok := m.Attribute(key); ok {
+					t.Errorf("audio has a=%s", key)
+				}
+			}
+			if _, ok := m.Attribute("rtcp-mux"); !ok {
+				t.Error("audio has no a=rtcp-mux")
+			}
+			if v, _ := m.Attribute("rtpmap"); v != pt+" opus/48000/2" {
+				t.Errorf("a=rtpmap:%s", v)
+			}
+			if v, _ := m.Attribute("fmtp"); v != pt+" minptime=10;useinbandfec=1" {
+				t.Errorf("a=fmtp:%s", v)
+			}
+			msid, hasMsid := m.Attribute("msid")
+			ssrc, hasSSRC := m.Attribute("ssrc")
+			if sends != hasMsid || sends != hasSSRC {
+				t.Errorf("sends %v, but a=msid:%s a=ssrc:%s", sends, msid, ssrc)
+			}
+			if sends && (msid != p.StreamID+" "+p.TrackID || !strings.HasSuffix(ssrc, " cname:"+p.CNAME)) {
+				t.Errorf("a=msid:%s a=ssrc:%s", msid, ssrc)
+			}
+		case "application":
+			got = append(got, "application")
+			if v, _ := m.Attribute("sctp-port"); v != "5000" {
+				t.Errorf("a=sctp-port:%s", v)
+			}
+			init, hasInit := m.Attribute("sctp-init")
+			if (p.SCTPInit != nil) != hasInit {
+				t.Errorf("a=sctp-init:%s, our SCTPInit %x", init, p.SCTPInit)
+			}
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("answer sections %q, want %q\n%s", got, want, answer)
+	}
+	if candidates != 1 {
+		t.Errorf("%d candidates, want 1", candidates)
+	}
+	g, _ := sd.Attribute("group")
+	if o.Bundle != nil && g != "BUNDLE "+strings.Join(group, " ") {
+		t.Errorf("a=group:%s, want BUNDLE of %q", g, group)
+	}
+}
+
+func TestAnswerSNAPInitPassthrough(t *testing.T) {
+	o, err := ParseOffer(strings.Replace(baseOffer, "a=sctp-port:5000", "a=sctp-init:AQIDBA==\r\na=sctp-port:5000", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(o.SCTPInit, []byte{1, 2, 3, 4}) {
+		t.Fatalf("SCTPInit %x", o.SCTPInit)
+	}
+	p := testParams()
+	p.SCTPInit = []byte{5, 6, 7}
+	answer, err := Answer(o, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(answer, "a=sctp-init:BQYH\r\n") {
+		t.Errorf("no a=sctp-init:BQYH\n%s", answer)
+	}
+	// Without the offer's, ours is not sent.
+	o, err = ParseOffer(baseOffer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, err = Answer(o, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(answer, "sctp-init") {
+		t.Errorf("a=sctp-init answered to an offer without one\n%s", answer)
+	}
+}
+
+// TestParseOfferErrors breaks one rule of ParseOffer per case and checks
+// the error names what is wrong.
+func TestParseOfferErrors(t *testing.T) {
+	fp := "a=fingerprint:sha-256 0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9:0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9\r\n"
+	cases := []struct {
+		name  string
+		offer string
+		want  string // a part of the error message
+	}{
+		{"empty", " \r\n", "empty"},
+		{"not SDP", "hello", "does not parse"},
+		{"no audio", regexp.MustCompile(`(?s)m=audio.*?(m=application)`).ReplaceAllString(baseOffer, "$1"), "no audio m-section"},
+		{"audio rejected", strings.Replace(baseOffer, "m=audio 9", "m=audio 0", 1), "no audio m-section"},
+		{"no Opus", strings.ReplaceAll(baseOffer, "opus/48000/2", "ISAC/16000"), "does not include Opus"},
+		{"Opus mono", strings.ReplaceAll(baseOffer, "opus/48000/2", "opus/48000"), "does not include Opus"},
+		{"Opus not in the m= line", strings.Replace(baseOffer, "SAVPF 111 63", "SAVPF 63", 1), "does not include Opus"},
+		{"plain RTP", strings.Replace(baseOffer, "UDP/TLS/RTP/SAVPF", "RTP/AVP", 1), "not DTLS-SRTP"},
+		{"no rtcp-mux", strings.Replace(baseOffer, "a=rtcp-mux\r\n", "", 1), "a=rtcp-mux"},
+		{"audio outside BUNDLE", strings.Replace(baseOffer, "BUNDLE 0 1", "BUNDLE 1", 1), "not in its BUNDLE group"},
+		{"two credentials", strings.Replace(baseOffer, "a=ice-ufrag:Qx7b\r\na=ice-pwd:r2VxZ0vVNa6lAk1Y2vXkq9Te\r\na=ice-options:trickle\r\na=fingerprint:sha-256 0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9:0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9\r\na=setup:actpass\r\na=mid:1",
+			"a=ice-ufrag:Zz9y\r\na=ice-pwd:r2VxZ0vVNa6lAk1Y2vXkq9Te\r\na=ice-options:trickle\r\n"+fp+"a=setup:actpass\r\na=mid:1", 1), "RFC 8843 §7.1"},
+		{"no credentials", regexp.MustCompile(`a=ice-(ufrag|pwd):[^\r]*\r\n`).ReplaceAllString(baseOffer, ""), "no a=ice-ufrag"},
+		{"short ufrag", strings.ReplaceAll(baseOffer, "ice-ufrag:Qx7b", "ice-ufrag:Qx7"), "a=ice-ufrag:Qx7 is not 4-256"},
+		{"ufrag with a colon", strings.ReplaceAll(baseOffer, "ice-ufrag:Qx7b", "ice-ufrag:Qx:7b"), "a=ice-ufrag:Qx:7b is not"},
+		{"short pwd", strings.ReplaceAll(baseOffer, "ice-pwd:r2VxZ0vVNa6lAk1Y2vXkq9Te", "ice-pwd:r2VxZ0vVNa6lAk1Y2vXkq"), "a=ice-pwd is 21 characters"},
+		{"no fingerprint", strings.ReplaceAll(baseOffer, fp, ""), "no a=fingerprint"},
+		{"fingerprint hash", strings.Replace(baseOffer, "a=fingerprint:sha-256", "a=fingerprint:sha-3", 1), `hash function "sha-3"`},
+		{"fingerprint length", strings.Replace(baseOffer, "E8:F9\r\n", "E8\r\n", 1), "digest has 31 bytes, want 32"},
+		{"fingerprint hex", strings.Replace(baseOffer, "E8:F9\r\n", "E8:G9\r\n", 1), `"G9" is not a hex byte`},
+		{"fingerprint shape", strings.Replace(baseOffer, "a=fingerprint:sha-256 ", "a=fingerprint:sha-256", 1), "want \"<hash function>"},
+		{"two roles", strings.Replace(baseOffer, "a=setup:actpass\r\na=mid:1", "a=setup:active\r\na=mid:1", 1), "one DTLS association needs one role"},
+		{"holdconn", strings.ReplaceAll(baseOffer, "a=setup:actpass", "a=setup:holdconn"), "holdconn"},
+		{"setup value", strings.ReplaceAll(baseOffer, "a=setup:actpass", "a=setup:both"), "a=setup:both is not"},
+		{"duplicate mid", strings.Replace(baseOffer, "a=mid:1", "a=mid:0", 1), "share a=mid:0"},
+		{"sctp-port", strings.Replace(baseOffer, "a=sctp-port:5000", "a=sctp-port:70000", 1), "a=sctp-port:70000"},
+		{"max-message-size", strings.Replace(baseOffer, "a=max-message-size:262144", "a=max-message-size:-1", 1), "a=max-message-size:-1"},
+		{"too many sections", baseOffer + strings.Repeat("m=video 0 UDP/TLS/RTP/SAVPF 96\r\n", maxSections-1), "at most 64"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.offer == baseOffer {
+				t.Fatal("the case does not change the offer")
+			}
+			o, err := ParseOffer(tc.offer)
+			if err == nil {
+				t.Fatalf("no error; offer %+v", o)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not say %q", err, tc.want)
+			}
+		})
+	}
+}
