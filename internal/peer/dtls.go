@@ -61,9 +61,7 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 		// checked against the offer's fingerprints instead.
 		dtls.WithInsecureSkipVerify(true),
 		dtls.WithVerifyPeerCertificate(s.verifyCertificate),
-	}
-	if e.cfg.LoggerFactory != nil {
-		shared = append(shared, dtls.WithLoggerFactory(e.cfg.LoggerFactory))
+		dtls.WithLoggerFactory(e.cfg.LoggerFactory),
 	}
 	var conn *dtls.Conn
 	var err error

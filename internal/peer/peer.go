@@ -121,7 +121,8 @@ type Config struct {
 	// OnDrop, if set, is called on the read loop for every datagram it
 	// drops. It must not block.
 	OnDrop func(DropReason)
-	// LoggerFactory receives the DTLS and SCTP libraries' logs. Nil: none.
+	// LoggerFactory receives the DTLS, SCTP and data channel libraries'
+	// logs. Nil: none.
 	LoggerFactory logging.LoggerFactory
 	// Logger receives the Endpoint's own (rare) lines. Default
 	// slog.Default().
@@ -162,6 +163,11 @@ func New(cfg Config) (*Endpoint, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.LoggerFactory == nil {
+		lf := logging.NewDefaultLoggerFactory()
+		lf.DefaultLogLevel = logging.LogLevelDisabled
+		cfg.LoggerFactory = lf
 	}
 	e := &Endpoint{
 		cfg:     cfg,

@@ -24,12 +24,10 @@ func (s *Session) sctpOptions(conn *dtls.Conn) []sctp.ClientOption {
 	opts := []sctp.ClientOption{
 		sctp.WithMTU(sctpMTU),
 		sctp.WithMaxMessageSize(uint32(s.cfg.MaxMessageSize)),
+		sctp.WithLoggerFactory(s.e.cfg.LoggerFactory),
 	}
 	if conn != nil {
 		opts = append(opts, sctp.WithNetConn(conn))
-	}
-	if lf := s.e.cfg.LoggerFactory; lf != nil {
-		opts = append(opts, sctp.WithLoggerFactory(lf))
 	}
 	return opts
 }
@@ -56,9 +54,8 @@ func (s *Session) serveSCTP(conn *dtls.Conn) {
 	}
 	s.assoc = assoc
 	s.mu.Unlock()
-	var lf = s.e.cfg.LoggerFactory
 	for {
-		dc, err := datachannel.Accept(assoc, &datachannel.Config{LoggerFactory: lf})
+		dc, err := datachannel.Accept(assoc, &datachannel.Config{LoggerFactory: s.e.cfg.LoggerFactory})
 		if err != nil {
 			return
 		}
