@@ -38,8 +38,8 @@ type server struct {
 	// advertise, if valid, is the answer's candidate instead of sock's
 	// address (a test's cuttable path).
 	advertise netip.AddrPort
-	cert tls.Certificate
-	fp   Fingerprint
+	cert      tls.Certificate
+	fp        Fingerprint
 }
 
 func newServer(t *testing.T, mutate ...func(*Config)) *server {
