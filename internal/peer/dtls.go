@@ -54,7 +54,7 @@ type srtpKeys struct {
 func (s *Session) handshake() (*dtls.Conn, error) {
 	e := s.e
 	shared := []dtls.Option{
-		dtls.WithCertificates(e.cfg.Certificate),
+		dtls.WithCertificates(s.cfg.Certificate),
 		dtls.WithSRTPProtectionProfiles(srtpProfiles...),
 		dtls.WithExtendedMasterSecret(dtls.RequestExtendedMasterSecret),
 		// The chain is not verified: the certificate is self-signed and

@@ -23,7 +23,6 @@
 package peer
 
 import (
-	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -105,10 +104,6 @@ type Config struct {
 	// Conn is the shared socket. Required. The Endpoint reads it until a
 	// read fails with net.ErrClosed; the caller closes it.
 	Conn PacketConn
-	// Certificate is the DTLS certificate every session presents (an
-	// ECDSA P-256 self-signed one, authenticated by the SDP fingerprint,
-	// RFC 8122). Required.
-	Certificate tls.Certificate
 	// InsecureSkipHelloVerify skips the DTLS HelloVerifyRequest cookie
 	// round trip when a session is the DTLS server (RFC 6347 §4.2.1 makes
 	// it optional; ICE has already proved the path).
@@ -151,9 +146,6 @@ type Endpoint struct {
 func New(cfg Config) (*Endpoint, error) {
 	if cfg.Conn == nil {
 		return nil, errors.New("peer: Config.Conn is required")
-	}
-	if len(cfg.Certificate.Certificate) == 0 {
-		return nil, errors.New("peer: Config.Certificate is required")
 	}
 	if cfg.ConsentTick <= 0 {
 		cfg.ConsentTick = time.Second

@@ -53,7 +53,7 @@ func newServer(t *testing.T, mutate ...func(*Config)) *server {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(cert.Certificate[0])
-	cfg := Config{Conn: udpConn{sock}, Certificate: cert, InsecureSkipHelloVerify: true}
+	cfg := Config{Conn: udpConn{sock}, InsecureSkipHelloVerify: true}
 	for _, m := range mutate {
 		m(&cfg)
 	}
@@ -255,7 +255,7 @@ func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig))
 		role, setup = DTLSServer, "passive"
 	}
 	cfg := SessionConfig{
-		LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: o.ICEUfrag, Role: role,
+		LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: o.ICEUfrag, Role: role, Certificate: s.cert,
 		Fingerprints: o.Fingerprints, Data: o.Data >= 0, RemoteSCTPInit: o.SCTPInit,
 		OnCheck:       func(netip.AddrPort, bool) { parts.checks.Add(1) },
 		OnState:       func(st State) { parts.states <- st },
@@ -569,12 +569,12 @@ func TestBadSTUN(t *testing.T) {
 	var counted [NumDropReasons]atomic.Uint64
 	s := newServer(t, func(c *Config) { c.OnDrop = func(r DropReason) { counted[r].Add(1) } })
 	sess, err := s.ep.NewSession(SessionConfig{LocalUfrag: "local", LocalPwd: "localpwdlocalpwdlocalpwd", RemoteUfrag: "remote",
-		Role: DTLSServer, Fingerprints: []Fingerprint{s.fp}})
+		Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sess.Close()
-	if _, err := s.ep.NewSession(SessionConfig{LocalUfrag: "local", LocalPwd: "x", RemoteUfrag: "y", Role: DTLSServer, Fingerprints: []Fingerprint{s.fp}}); err == nil {
+	if _, err := s.ep.NewSession(SessionConfig{LocalUfrag: "local", LocalPwd: "x", RemoteUfrag: "y", Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}}); err == nil {
 		t.Fatal("a second session took the same ufrag")
 	}
 	cases := []struct {

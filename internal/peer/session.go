@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net/netip"
 	"sync"
@@ -87,6 +88,10 @@ type SessionConfig struct {
 	LocalUfrag, LocalPwd, RemoteUfrag string
 	// Role is the DTLS role taken. Required.
 	Role DTLSRole
+	// Certificate is the DTLS certificate the session presents (a
+	// self-signed one, authenticated by the answer's fingerprint, RFC
+	// 8122; sessions may share one). Required.
+	Certificate tls.Certificate
 	// Fingerprints are the offer's a=fingerprint lines: the client's
 	// certificate must match one (RFC 8122 §5). At least one.
 	Fingerprints []Fingerprint
@@ -180,6 +185,8 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 		return nil, errors.New("peer: a session needs local and remote ICE credentials")
 	case cfg.Role != DTLSClient && cfg.Role != DTLSServer:
 		return nil, errors.New("peer: a session needs a DTLS role")
+	case len(cfg.Certificate.Certificate) == 0:
+		return nil, errors.New("peer: a session needs a DTLS certificate")
 	case len(cfg.Fingerprints) == 0:
 		return nil, errors.New("peer: a session needs the remote certificate's fingerprint")
 	}
