@@ -140,14 +140,8 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		}
 		s.udp = newProbeConn(s.conn, s.probe)
 	}
-	cert, err := s.certs.get(time.Now())
-	if err != nil {
-		_ = sock.Close()
-		return nil, err
-	}
 	s.peer, err = peer.New(peer.Config{
-		Conn:        s.udp,
-		Certificate: cert.tls,
+		Conn: s.udp,
 		// ICE has already proved the path when DTLS starts: no cookie
 		// round trip when we are the DTLS server (RFC 6347 §4.2.1 makes
 		// it optional).
