@@ -22,7 +22,8 @@ import (
 // the client's address (later DTLS and SRTP from it go to the session) and
 // refreshes the session's consent; the first one, or one with USE-CANDIDATE
 // (the controlling client nominating the pair, RFC 8445 §8.1.1), makes its
-// address the one the session sends to.
+// address the one the session sends to, and the first nomination connects
+// the session (Session.checked).
 //
 // Anything else that looks like STUN is dropped and counted (DropReason).
 

@@ -47,9 +47,8 @@ type State uint8
 
 // Session states.
 const (
-	// StateICEConnected: the first valid connectivity check came (the
-	// client's address is selected), or traffic resumed after
-	// StateDisconnected.
+	// StateICEConnected: the client nominated a pair (a valid check with
+	// USE-CANDIDATE), or traffic resumed after StateDisconnected.
 	StateICEConnected State = iota + 1
 	// StateDisconnected: nothing authenticated arrived for
 	// SessionConfig.DisconnectedTimeout.
@@ -243,6 +242,12 @@ func (s *Session) state(st State) {
 }
 
 // checked handles a valid check from addr (ice.go). Read loop.
+//
+// The first valid check selects its address, so that the session can
+// answer and send; the first nominating one (USE-CANDIDATE, which the
+// controlling client sends on the pair it chose, RFC 8445 §8.1.1) selects
+// its address and connects ICE: the DTLS handshake starts then, as a
+// full agent's would on its selected pair.
 func (s *Session) checked(addr netip.AddrPort, nominated bool) {
 	s.seen()
 	if s.cfg.OnCheck != nil {
@@ -251,7 +256,7 @@ func (s *Session) checked(addr netip.AddrPort, nominated bool) {
 	if cur := s.remote(); !cur.IsValid() || nominated && cur != addr {
 		s.addr.Store(&addr)
 	}
-	if s.iceUp.Load() {
+	if !nominated || s.iceUp.Load() {
 		return
 	}
 	s.mu.Lock()
