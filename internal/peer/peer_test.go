@@ -626,3 +626,29 @@ func mustBuild(t *testing.T, setters ...stun.Setter) []byte {
 	}
 	return m.Raw
 }
+
+// TestPionClientSNAP: a client that offers SCTP SNAP (a=sctp-init) gets
+// an answer with the session's own, and its data channel opens without
+// the association's 4-way handshake and carries messages both ways.
+func TestPionClientSNAP(t *testing.T) {
+	s := newServer(t)
+	c := newClient(t, true, func(se *webrtc.SettingEngine) { se.EnableSctpSnap(true) })
+	sess, parts := connect(t, s, c)
+	if sess.LocalSCTPInit() == nil {
+		t.Fatal("the offer had a=sctp-init but the session has none to answer")
+	}
+	waitState(t, parts, StateConnected)
+	var dc *datachannel.DataChannel
+	select {
+	case dc = <-parts.dcs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no data channel")
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go echoDC(dc, &wg)
+	<-c.open
+	dcRoundTrip(t, c, "snap")
+	_ = sess.Close()
+	wg.Wait()
+}
