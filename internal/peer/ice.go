@@ -145,21 +145,6 @@ func (e *Endpoint) register(s *Session, ufrag string) error {
 	return nil
 }
 
-// rekey moves s from local ufrag old to ufrag (an ICE restart).
-func (e *Endpoint) rekey(s *Session, old, ufrag string) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if s.gone {
-		return ErrClosed
-	}
-	if _, dup := e.byUfrag[ufrag]; dup {
-		return errDuplicateUfrag
-	}
-	delete(e.byUfrag, old)
-	e.byUfrag[ufrag] = s
-	return nil
-}
-
 // forget removes s and every address it learned.
 func (e *Endpoint) forget(s *Session) {
 	e.mu.Lock()

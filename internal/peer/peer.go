@@ -15,11 +15,13 @@
 // to the socket directly (Session.WriteRTP, WriteRTCP), so a socket that
 // batches sends (internal/hop) batches them.
 //
-// Per session it runs the DTLS connection's two goroutines (its handshake
-// state machine and its reader), the SCTP association's, and one goroutine
-// that drives the handshake and then accepts data channels; liveness (RFC
-// 7675 consent) is watched for every session by one sweeper goroutine of
-// the Endpoint.
+// Per session it runs pion/dtls's three goroutines (the handshake state
+// machine, the record reader and its read watcher), pion/sctp's three (read,
+// write, timers) and one of its own that drives the handshake and then
+// accepts data channels; the caller adds its media reader (ReadRTP) and
+// whatever reads the channels. ICE and SRTP cost no goroutine per session;
+// liveness (RFC 7675 consent) is watched for every session by one sweeper
+// goroutine of the Endpoint.
 package peer
 
 import (

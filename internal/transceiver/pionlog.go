@@ -11,7 +11,7 @@ import (
 	"github.com/pion/logging"
 )
 
-// Pion's own log lines (ICE, DTLS, SCTP, SRTP, the peer connection) go
+// Pion's own log lines (DTLS, SCTP, data channels, from internal/peer) go
 // through the transceiver's slog logger, in its format and at its level,
 // with the Pion scope in the "pion" attribute, instead of Pion's default
 // text logger on stderr.
