@@ -317,8 +317,11 @@ func bundleGroup(sd *sdp.SessionDescription) []string {
 }
 
 // opusPayloadType returns the first payload type of m's format list that
-// a=rtpmap maps to opus/48000/2 (RFC 7587 §7; the encoding name is case
-// insensitive, RFC 4855 §3).
+// a=rtpmap maps to Opus at 48000 Hz. RFC 7587 §7 writes it opus/48000/2;
+// the encoding name is case insensitive (RFC 4855 §3), and GStreamer's
+// webrtcbin (1.22) offers "OPUS/48000", without the channel count, so any
+// count, or none, is taken: Opus streams decode the same whatever it says
+// (RFC 7587 §3.4), and the answer writes opus/48000/2.
 func opusPayloadType(m *sdp.MediaDescription) (uint8, bool) {
 	for _, f := range m.MediaName.Formats {
 		pt, err := strconv.ParseUint(f, 10, 7)
@@ -330,7 +333,12 @@ func opusPayloadType(m *sdp.MediaDescription) (uint8, bool) {
 				continue
 			}
 			p, enc, ok := strings.Cut(strings.TrimSpace(a.Value), " ")
-			if ok && p == f && strings.EqualFold(strings.TrimSpace(enc), "opus/48000/2") {
+			if !ok || p != f {
+				continue
+			}
+			name, rate, _ := strings.Cut(strings.TrimSpace(enc), "/")
+			rate, _, _ = strings.Cut(rate, "/")
+			if strings.EqualFold(name, "opus") && rate == "48000" {
 				return uint8(pt), true
 			}
 		}
@@ -517,11 +525,17 @@ const opusFmtp = "minptime=10;useinbandfec=1"
 // a=ssrc cname lines for p's stream. The first served section (the BUNDLE
 // tag, RFC 8843 §7.3) carries the candidate, a=end-of-candidates (RFC 8840
 // §8.2) and the candidate's address in its m= and c= lines; the others
-// port 9 and 0.0.0.0. Every served section repeats the ICE credentials,
-// fingerprint and a=setup, as browsers write them. The data section has
-// a=sctp-init from p only when the offer had one (SNAP needs both sides'),
-// and the BUNDLE group is written only when the offer had one
-// (RFC 8843 §7.3).
+// port 9 and 0.0.0.0. The ICE credentials and the fingerprint are
+// session-level attributes, for every section; a=setup is in every
+// section, rejected ones included (Pion reads it only there, webrtcbin
+// wants it in each). A rejected section has its mid and a=setup only. The
+// data section has a=sctp-init from p only when the offer had one (SNAP
+// needs both sides'), and the BUNDLE group is written only when the offer
+// had one (RFC 8843 §7.3). No a=msid-semantic: Chromium, Firefox and Pion
+// read the media-level a=msid of Unified Plan without it.
+//
+// Chromium 156, Firefox ESR 153, GStreamer 1.22 webrtcbin and Pion v4
+// take these answers (sdp_test.go).
 //
 // Errors are about p (the answerer's own configuration) or an o that
 // ParseOffer did not return: a p.Setup that the offer's a=setup does not
@@ -559,17 +573,24 @@ func Answer(o *Offer, p AnswerParams) (string, error) {
 		},
 		SessionName:      "-",
 		TimeDescriptions: []sdp.TimeDescription{{}},
-		Attributes:       []sdp.Attribute{sdp.NewPropertyAttribute(sdp.AttrKeyICELite)},
+		// The ICE credentials and the fingerprint are the session's, for
+		// every section (RFC 8839 §5.4, RFC 8122 §5): webrtcbin (1.22)
+		// wants a fingerprint for each m-section, rejected ones included.
+		Attributes: []sdp.Attribute{
+			sdp.NewPropertyAttribute(sdp.AttrKeyICELite),
+			sdp.NewAttribute("ice-ufrag", p.ICEUfrag),
+			sdp.NewAttribute("ice-pwd", p.ICEPwd),
+			sdp.NewAttribute("fingerprint", p.Fingerprint.String()),
+		},
 	}
 
 	var group []string
 	tagged := false // the first served section, with the candidate, is written
-	fp := p.Fingerprint.String()
 	for i := range o.Sections {
 		s := &o.Sections[i]
 		served := i == o.Audio || i == o.Data
 		if !served {
-			sd.MediaDescriptions = append(sd.MediaDescriptions, rejected(s))
+			sd.MediaDescriptions = append(sd.MediaDescriptions, rejected(s, p.Setup))
 			continue
 		}
 		group = append(group, s.Mid)
@@ -591,9 +612,7 @@ func Answer(o *Offer, p AnswerParams) (string, error) {
 		if s.Mid != "" {
 			m.WithValueAttribute(sdp.AttrKeyMID, s.Mid)
 		}
-		m.WithICECredentials(p.ICEUfrag, p.ICEPwd).
-			WithValueAttribute("fingerprint", fp).
-			WithValueAttribute(sdp.AttrKeyConnectionSetup, p.Setup)
+		m.WithValueAttribute(sdp.AttrKeyConnectionSetup, p.Setup)
 		if i == o.Audio {
 			pt := strconv.Itoa(int(s.OpusPT))
 			m.MediaName.Formats = []string{pt}
@@ -701,9 +720,11 @@ func answerDirection(offered string) string {
 
 // rejected returns the answer's m-section for an offered section it does
 // not serve (RFC 3264 §6, RFC 8829 §5.3.1): port 0, the offer's profile,
-// one format (RFC 3264 §6 wants at least one), and its mid. The c= line is there for parsers that
-// want one in every section when the session has none.
-func rejected(s *Section) *sdp.MediaDescription {
+// one format (RFC 3264 §6 wants at least one), and its mid. The c= line is
+// there for parsers that want one in every section when the session has
+// none (Firefox), and a=setup for webrtcbin (1.22), which wants one in
+// every section, rejected ones included.
+func rejected(s *Section, setup string) *sdp.MediaDescription {
 	// An RTP section gets payload type 0, which needs no a=rtpmap
 	// (RFC 3551 §6): Pion refuses a dynamic one without its a=rtpmap even
 	// in a rejected section. Others keep the offer's first format.
@@ -729,7 +750,7 @@ func rejected(s *Section) *sdp.MediaDescription {
 	if s.Mid != "" {
 		m.WithValueAttribute(sdp.AttrKeyMID, s.Mid)
 	}
-	return m
+	return m.WithValueAttribute(sdp.AttrKeyConnectionSetup, setup)
 }
 
 // hostPriority is the ICE priority of the one host candidate (RFC 8445
