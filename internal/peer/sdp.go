@@ -2,7 +2,6 @@ package peer
 
 import (
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -25,17 +24,17 @@ type Fingerprint struct {
 // and the digest as upper-case hex bytes separated by colons (RFC 8122 §5),
 // e.g. "sha-256 AB:CD:…".
 func (f Fingerprint) String() string {
-	var b strings.Builder
-	b.Grow(len(f.Hash) + 1 + 3*len(f.Digest))
-	b.WriteString(f.Hash)
-	b.WriteByte(' ')
+	const digits = "0123456789ABCDEF"
+	b := make([]byte, 0, len(f.Hash)+3*len(f.Digest))
+	b = append(b, f.Hash...)
 	for i, c := range f.Digest {
-		if i > 0 {
-			b.WriteByte(':')
+		sep := byte(':')
+		if i == 0 {
+			sep = ' '
 		}
-		b.WriteString(strings.ToUpper(hex.EncodeToString([]byte{c})))
+		b = append(b, sep, digits[c>>4], digits[c&0x0f])
 	}
-	return b.String()
+	return string(b)
 }
 
 // Offer is what an answerer needs from a WebRTC offer (RFC 8829 / JSEP), validated.

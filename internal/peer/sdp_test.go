@@ -388,6 +388,18 @@ func checkAnswer(t *testing.T, o *Offer, p AnswerParams, answer string, want []s
 				}
 			}
 		}
+		_, eoc := m.Attribute("end-of-candidates")
+		tagged := len(group) == 1
+		if eoc != tagged {
+			t.Errorf("m-section %d: a=end-of-candidates %v, want it in the first served section only", i, eoc)
+		}
+		wantPort, wantAddr := 9, "0.0.0.0"
+		if tagged {
+			wantPort, wantAddr = int(p.Candidate.Port()), p.Candidate.Addr().Unmap().String()
+		}
+		if m.MediaName.Port.Value != wantPort || m.ConnectionInformation == nil || m.ConnectionInformation.Address.Address != wantAddr {
+			t.Errorf("m-section %d: port %d, c=%v; want %d and %s", i, m.MediaName.Port.Value, m.ConnectionInformation, wantPort, wantAddr)
+		}
 		if s, _ := m.Attribute("setup"); s != p.Setup {
 			t.Errorf("m-section %d a=setup:%s", i, s)
 		}
@@ -417,8 +429,11 @@ func checkAnswer(t *testing.T, o *Offer, p AnswerParams, answer string, want []s
 			if sends != hasMsid || sends != hasSSRC {
 				t.Errorf("sends %v, but a=msid:%s a=ssrc:%s", sends, msid, ssrc)
 			}
-			if sends && (msid != p.StreamID+" "+p.TrackID || !strings.HasSuffix(ssrc, " cname:"+p.CNAME)) {
+			if sends && (msid != p.StreamID+" "+p.TrackID || ssrc != strconv.FormatUint(uint64(p.AudioSSRC), 10)+" cname:"+p.CNAME) {
 				t.Errorf("a=msid:%s a=ssrc:%s", msid, ssrc)
+			}
+			if v, ok := m.Attribute("ptime"); ok != (p.Ptime > 0) || ok && v != strconv.Itoa(p.Ptime) {
+				t.Errorf("a=ptime:%s (present %v) with Ptime %d", v, ok, p.Ptime)
 			}
 		case "application":
 			got = append(got, "application")
@@ -928,5 +943,257 @@ func TestSavedOffers(t *testing.T) {
 			}
 			checkAnswer(t, o, p, answer, tc.want, true)
 		})
+	}
+}
+
+// TestAnswerCandidate checks the one candidate and the BUNDLE tag's
+// address lines for IPv4, IPv4-mapped IPv6 and IPv6 ingresses.
+func TestAnswerCandidate(t *testing.T) {
+	cases := []struct {
+		ingress, candidate, conn, port string
+	}{
+		{"192.0.2.7:3478", " 1 udp 2130706431 192.0.2.7 3478 typ host", "c=IN IP4 192.0.2.7", "m=audio 3478 "},
+		{"[::ffff:192.0.2.7]:3478", " 1 udp 2130706431 192.0.2.7 3478 typ host", "c=IN IP4 192.0.2.7", "m=audio 3478 "},
+		{"[2001:db8::7]:443", " 1 udp 2130706431 2001:db8::7 443 typ host", "c=IN IP6 2001:db8::7", "m=audio 443 "},
+	}
+	o, err := ParseOffer(baseOffer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases {
+		t.Run(tc.ingress, func(t *testing.T) {
+			p := testParams()
+			p.Candidate = netip.MustParseAddrPort(tc.ingress)
+			answer, err := Answer(o, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cand := regexp.MustCompile(`a=candidate:(\d+)( [^\r]*)\r\n`).FindStringSubmatch(answer)
+			if cand == nil || cand[2] != tc.candidate {
+				t.Errorf("candidate line %q, want a=candidate:<foundation>%s", cand, tc.candidate)
+			}
+			if !strings.Contains(answer, "\r\n"+tc.conn+"\r\n") || !strings.Contains(answer, "\r\n"+tc.port) {
+				t.Errorf("no %q and %q\n%s", tc.conn, tc.port, answer)
+			}
+			checkAnswer(t, o, p, answer, []string{"audio sendrecv", "application"}, true)
+		})
+	}
+}
+
+// TestAnswerSetup checks the DTLS roles Answer allows against the offer's
+// a=setup (RFC 4145 §4): the answer's must differ from an offered active
+// or passive, and may be either for actpass or none.
+func TestAnswerSetup(t *testing.T) {
+	for _, offered := range []string{"actpass", "active", "passive", ""} {
+		offer := strings.ReplaceAll(baseOffer, "a=setup:actpass\r\n", "")
+		if offered != "" {
+			offer = strings.ReplaceAll(baseOffer, "a=setup:actpass", "a=setup:"+offered)
+		}
+		o, err := ParseOffer(offer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Setup != offered {
+			t.Errorf("offered a=setup:%s, parsed %q", offered, o.Setup)
+		}
+		for _, ours := range []string{"active", "passive"} {
+			p := testParams()
+			p.Setup = ours
+			answer, err := Answer(o, p)
+			if ok := offered != ours; ok != (err == nil) {
+				t.Errorf("offer a=setup:%q, ours %s: error %v", offered, ours, err)
+			} else if err != nil && !strings.Contains(err.Error(), "the roles must differ") {
+				t.Errorf("error %q does not say the roles must differ", err)
+			} else if err == nil && strings.Count(answer, "a=setup:"+ours+"\r\n") != 2 {
+				t.Errorf("answer has not a=setup:%s in both sections\n%s", ours, answer)
+			}
+		}
+	}
+}
+
+// TestAnswerParamsErrors gives Answer one bad parameter per case.
+func TestAnswerParamsErrors(t *testing.T) {
+	cases := []struct {
+		name   string
+		change func(p *AnswerParams)
+		want   string
+	}{
+		{"short ufrag", func(p *AnswerParams) { p.ICEUfrag = "abc" }, "our credentials"},
+		{"pwd with a space", func(p *AnswerParams) { p.ICEPwd = "sbAnswerPassword Of32Characters0" }, "our credentials"},
+		{"fingerprint hash", func(p *AnswerParams) { p.Fingerprint.Hash = "SHA-256" }, `fingerprint "SHA-256"`},
+		{"fingerprint length", func(p *AnswerParams) { p.Fingerprint.Digest = p.Fingerprint.Digest[:20] }, "20-byte digest"},
+		{"setup", func(p *AnswerParams) { p.Setup = "actpass" }, `setup "actpass": want active or passive`},
+		{"no candidate", func(p *AnswerParams) { p.Candidate = netip.AddrPort{} }, "candidate invalid AddrPort"},
+		{"port 0", func(p *AnswerParams) { p.Candidate = netip.MustParseAddrPort("127.0.0.1:0") }, "candidate 127.0.0.1:0"},
+		{"unspecified", func(p *AnswerParams) { p.Candidate = netip.MustParseAddrPort("0.0.0.0:3478") }, "candidate 0.0.0.0:3478"},
+		{"zone", func(p *AnswerParams) { p.Candidate = netip.MustParseAddrPort("[fe80::1%eth0]:3478") }, "without a zone"},
+		{"stream id", func(p *AnswerParams) { p.StreamID = "" }, "msid"},
+		{"track id", func(p *AnswerParams) { p.TrackID = "voice track" }, "msid"},
+		{"no CNAME", func(p *AnswerParams) { p.CNAME = "" }, "CNAME is empty"},
+		{"CNAME with a space", func(p *AnswerParams) { p.CNAME = "a b" }, "white space"},
+		{"SCTP port", func(p *AnswerParams) { p.SCTPPort = 0 }, "SCTP port 0"},
+		{"max message size", func(p *AnswerParams) { p.MaxMessageSize = -1 }, "max message size -1"},
+		{"ptime", func(p *AnswerParams) { p.Ptime = -10 }, "ptime -10"},
+	}
+	o, err := ParseOffer(baseOffer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testParams()
+			tc.change(&p)
+			answer, err := Answer(o, p)
+			if err == nil {
+				t.Fatalf("no error\n%s", answer)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not say %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := Answer(&Offer{Audio: -1, Data: -1}, testParams()); err == nil || !strings.Contains(err.Error(), "no audio section") {
+		t.Errorf("an offer without audio: error %v", err)
+	}
+}
+
+// TestParseOfferShapes covers offers that parse but are answered in part:
+// the legacy SCTP form, an offer without BUNDLE, and an audio section at
+// port 0 with a=bundle-only.
+func TestParseOfferShapes(t *testing.T) {
+	legacy := strings.Replace(strings.Replace(baseOffer,
+		"m=application 9 UDP/DTLS/SCTP webrtc-datachannel", "m=application 9 DTLS/SCTP 5000", 1),
+		"a=sctp-port:5000", "a=sctpmap:5000 webrtc-datachannel 1024", 1)
+	noBundle := strings.Replace(baseOffer, "a=group:BUNDLE 0 1\r\n", "", 1)
+	bundleOnly := strings.Replace(strings.Replace(baseOffer, "BUNDLE 0 1", "BUNDLE 1 0", 1),
+		"m=audio 9 UDP/TLS/RTP/SAVPF 111 63 9 0 8 13 110 126\r\n", "m=audio 0 UDP/TLS/RTP/SAVPF 111 63 9 0 8 13 110 126\r\na=bundle-only\r\n", 1)
+	cases := []struct {
+		name, offer string
+		data        int
+		want        []string
+		lines       []string // in the answer
+	}{
+		{"legacy SCTP", legacy, -1, []string{"audio sendrecv", "application rejected"},
+			[]string{"m=application 0 DTLS/SCTP 5000\r\n", "a=group:BUNDLE 0\r\n"}},
+		{"no BUNDLE", noBundle, -1, []string{"audio sendrecv", "application rejected"},
+			[]string{"m=application 0 UDP/DTLS/SCTP webrtc-datachannel\r\n"}},
+		{"bundle-only audio", bundleOnly, 1, []string{"audio sendrecv", "application"},
+			[]string{"m=audio 3478 UDP/TLS/RTP/SAVPF 111\r\n", "a=group:BUNDLE 0 1\r\n"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := ParseOffer(tc.offer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.Audio != 0 || o.Data != tc.data || o.Sections[0].Rejected {
+				t.Errorf("audio %d (rejected %v), data %d; want 0 (false), %d", o.Audio, o.Sections[0].Rejected, o.Data, tc.data)
+			}
+			answer, err := Answer(o, testParams())
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkAnswer(t, o, testParams(), answer, tc.want, true)
+			for _, l := range tc.lines {
+				if !strings.Contains(answer, l) {
+					t.Errorf("no %q\n%s", l, answer)
+				}
+			}
+			if o.Bundle == nil && strings.Contains(answer, "a=group") {
+				t.Errorf("a BUNDLE group answers an offer without one\n%s", answer)
+			}
+		})
+	}
+}
+
+// FuzzParseOffer feeds ParseOffer arbitrary text: it never panics, and
+// what it accepts Answer answers with one well-formed m-section per
+// offered one.
+func FuzzParseOffer(f *testing.F) {
+	f.Add(baseOffer)
+	files, _ := filepath.Glob(filepath.Join("testdata", "*.sdp"))
+	for _, name := range files {
+		if b, err := os.ReadFile(name); err == nil {
+			f.Add(string(b))
+		}
+	}
+	f.Fuzz(func(t *testing.T, offer string) {
+		o, err := ParseOffer(offer)
+		if err != nil {
+			return
+		}
+		if o.Audio < 0 || o.Audio >= len(o.Sections) || o.Sections[o.Audio].Kind != "audio" || o.Sections[o.Audio].Rejected ||
+			o.Data >= len(o.Sections) || o.Data >= 0 && o.Sections[o.Data].Kind != "application" ||
+			len(o.Fingerprints) == 0 || o.ICEUfrag == "" || o.ICEPwd == "" {
+			t.Fatalf("accepted offer %+v", o)
+		}
+		p := testParams()
+		if o.Setup == "active" {
+			p.Setup = "passive"
+		}
+		answer, err := Answer(o, p)
+		if err != nil {
+			t.Fatalf("Answer: %v", err)
+		}
+		var sd sdp.SessionDescription
+		if err := sd.UnmarshalString(answer); err != nil {
+			t.Fatalf("the answer does not parse: %v\n%s", err, answer)
+		}
+		if len(sd.MediaDescriptions) != len(o.Sections) {
+			t.Fatalf("%d m-sections answer %d", len(sd.MediaDescriptions), len(o.Sections))
+		}
+	})
+}
+
+// BenchmarkParseOfferAnswer measures one session's SDP work on Chromium's
+// offer: ParseOffer and Answer.
+func BenchmarkParseOfferAnswer(b *testing.B) {
+	offer, err := os.ReadFile(filepath.Join("testdata", "chromium-156-audio.sdp"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := testParams()
+	b.ReportAllocs()
+	for b.Loop() {
+		o, err := ParseOffer(string(offer))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := Answer(o, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestAnswerDirection answers each offered audio direction, at media and
+// at session level (Firefox writes a session-level a=sendrecv).
+func TestAnswerDirection(t *testing.T) {
+	cases := []struct{ offered, answered string }{
+		{"sendrecv", "sendrecv"}, {"sendonly", "recvonly"}, {"recvonly", "sendonly"}, {"inactive", "inactive"},
+	}
+	for _, tc := range cases {
+		for _, level := range []string{"media", "session"} {
+			t.Run(tc.offered+" "+level, func(t *testing.T) {
+				offer := strings.Replace(baseOffer, "a=sendrecv\r\n", "a="+tc.offered+"\r\n", 1)
+				if level == "session" {
+					offer = strings.Replace(strings.Replace(baseOffer, "a=sendrecv\r\n", "", 1),
+						"t=0 0\r\n", "t=0 0\r\na="+tc.offered+"\r\n", 1)
+				}
+				o, err := ParseOffer(offer)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if o.Sections[0].Direction != tc.offered {
+					t.Errorf("direction %q, offered %q", o.Sections[0].Direction, tc.offered)
+				}
+				p := testParams()
+				answer, err := Answer(o, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sends := tc.answered == "sendrecv" || tc.answered == "sendonly"
+				checkAnswer(t, o, p, answer, []string{"audio " + tc.answered, "application"}, sends)
+			})
+		}
 	}
 }
