@@ -98,10 +98,11 @@ var fingerprintLen = map[string]int{
 // the offer and how to fix it, for the client; the caller wraps them.
 //
 // The offer must parse, be at most 64 m-sections, have an audio m-section
-// with a DTLS-SRTP profile that is not rejected and offers Opus
-// (opus/48000/2, RFC 7587 §7) and rtcp-mux (RFC 5761; the answer
-// advertises one ICE component), and, in the m-sections it bundles
-// (RFC 8843; all that are not rejected when it has no BUNDLE group):
+// with a DTLS-SRTP profile that is not rejected and offers Opus at 48 kHz
+// (opus/48000/2, RFC 7587 §7; see opusPayloadType) and rtcp-mux (RFC 5761;
+// the answer advertises one ICE component), and, in the m-sections of its
+// BUNDLE group (RFC 8843) that are not rejected, or in the audio section
+// served when it has no BUNDLE group:
 //
 //   - one set of ICE credentials across the BUNDLE group, present and
 //     well formed (RFC 8839 §5.4: ufrag 4-256 and pwd 22-256 characters of
@@ -144,7 +145,7 @@ func ParseOffer(offer string) (*Offer, error) {
 	}
 	mids := make(map[string]bool, len(sd.MediaDescriptions))
 	o.Sections = make([]Section, len(sd.MediaDescriptions))
-	var bundled []int // indexes of the sections that share the transport
+	var bundled []int // indexes of the sections that may share the transport
 	for i, m := range sd.MediaDescriptions {
 		s := &o.Sections[i]
 		s.Kind = m.MediaName.Media
@@ -174,6 +175,10 @@ func ParseOffer(offer string) (*Offer, error) {
 		if err := chooseData(&sd, o, bundled); err != nil {
 			return nil, err
 		}
+	} else {
+		// Without BUNDLE, each section is a transport of its own: only
+		// the audio's is served, and only its attributes matter.
+		bundled = []int{o.Audio}
 	}
 
 	for n, i := range bundled {
@@ -319,8 +324,8 @@ func bundleGroup(sd *sdp.SessionDescription) []string {
 // a=rtpmap maps to Opus at 48000 Hz. RFC 7587 §7 writes it opus/48000/2;
 // the encoding name is case insensitive (RFC 4855 §3), and GStreamer's
 // webrtcbin (1.22) offers "OPUS/48000", without the channel count, so any
-// count, or none, is taken: Opus streams decode the same whatever it says
-// (RFC 7587 §3.4), and the answer writes opus/48000/2.
+// count, or none, is taken: an Opus stream signals its channels in each
+// packet (RFC 6716 §3.1), and the answer writes opus/48000/2.
 func opusPayloadType(m *sdp.MediaDescription) (uint8, bool) {
 	for _, f := range m.MediaName.Formats {
 		pt, err := strconv.ParseUint(f, 10, 7)
@@ -501,13 +506,13 @@ type AnswerParams struct {
 }
 
 // opusFmtp is the a=fmtp of the answer's Opus (RFC 7587 §6.1), the
-// receiver's wishes for what the client sends: 10 ms frames or longer,
-// and in-band FEC, which keeps speech through a lost packet at a few kbit/s.
-// It does not repeat an offer's stereo=1 or sprop-stereo=1: stereo=1 would
-// ask the client to encode two channels, and a voice edge wants one voice
-// at the lowest bitrate (an Opus decoder plays mono and stereo streams
-// alike, RFC 7587 §3.4, so nothing breaks either way); and what it sends is
-// one voice, so it does not announce sprop-stereo.
+// receiver's wishes for what the client sends: frames of 10 ms or longer,
+// and in-band FEC, with which a lost packet's speech is recovered from the
+// next one. It does not repeat an offer's stereo=1 (Firefox sends it):
+// stereo=1 would ask the client to encode two channels, and a voice edge
+// wants one voice at the lowest bitrate; Opus decoders take mono and
+// stereo streams alike (RFC 7587), so nothing breaks either way. What the
+// edge sends is one voice too, so it announces no sprop-stereo.
 const opusFmtp = "minptime=10;useinbandfec=1"
 
 // Answer returns the SDP answer to o: ICE-lite, one BUNDLE group of the audio and data

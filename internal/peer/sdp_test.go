@@ -1064,7 +1064,16 @@ func TestParseOfferShapes(t *testing.T) {
 	legacy := strings.Replace(strings.Replace(baseOffer,
 		"m=application 9 UDP/DTLS/SCTP webrtc-datachannel", "m=application 9 DTLS/SCTP 5000", 1),
 		"a=sctp-port:5000", "a=sctpmap:5000 webrtc-datachannel 1024", 1)
-	noBundle := strings.Replace(baseOffer, "a=group:BUNDLE 0 1\r\n", "", 1)
+	// Without BUNDLE, the data section has credentials, a fingerprint and
+	// a role of its own, which do not matter: it is not served.
+	noBundle := strings.Replace(strings.Replace(strings.Replace(strings.Replace(baseOffer,
+		"a=group:BUNDLE 0 1\r\n", "", 1),
+		"a=ice-ufrag:Qx7b\r\na=ice-pwd:r2VxZ0vVNa6lAk1Y2vXkq9Te\r\na=ice-options:trickle\r\na=fingerprint:sha-256 0A", "a=ice-ufrag:Zz9y\r\na=ice-pwd:r2VxZ0vVNa6lAk1Y2vXkq9Te\r\na=ice-options:trickle\r\na=fingerprint:sha-256 0A", 2),
+		"a=ice-ufrag:Zz9y", "a=ice-ufrag:Qx7b", 1),
+		"a=setup:actpass\r\na=mid:1", "a=setup:active\r\na=mid:1", 1)
+	if strings.Count(noBundle, "a=ice-ufrag:Zz9y") != 1 || strings.Count(noBundle, "a=setup:active") != 1 {
+		t.Fatalf("the data section of the offer without BUNDLE has the audio's credentials or role:\n%s", noBundle)
+	}
 	bundleOnly := strings.Replace(strings.Replace(baseOffer, "BUNDLE 0 1", "BUNDLE 1 0", 1),
 		"m=audio 9 UDP/TLS/RTP/SAVPF 111 63 9 0 8 13 110 126\r\n", "m=audio 0 UDP/TLS/RTP/SAVPF 111 63 9 0 8 13 110 126\r\na=bundle-only\r\n", 1)
 	cases := []struct {
@@ -1085,6 +1094,9 @@ func TestParseOfferShapes(t *testing.T) {
 			o, err := ParseOffer(tc.offer)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if o.ICEUfrag != "Qx7b" || o.Setup != "actpass" {
+				t.Errorf("credentials %q/…, setup %q; want the audio's, Qx7b/… and actpass", o.ICEUfrag, o.Setup)
 			}
 			if o.Audio != 0 || o.Data != tc.data || o.Sections[0].Rejected {
 				t.Errorf("audio %d (rejected %v), data %d; want 0 (false), %d", o.Audio, o.Sections[0].Rejected, o.Data, tc.data)
