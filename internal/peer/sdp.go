@@ -2,7 +2,6 @@ package peer
 
 import (
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -25,17 +24,17 @@ type Fingerprint struct {
 // and the digest as upper-case hex bytes separated by colons (RFC 8122 §5),
 // e.g. "sha-256 AB:CD:…".
 func (f Fingerprint) String() string {
-	var b strings.Builder
-	b.Grow(len(f.Hash) + 1 + 3*len(f.Digest))
-	b.WriteString(f.Hash)
-	b.WriteByte(' ')
+	const digits = "0123456789ABCDEF"
+	b := make([]byte, 0, len(f.Hash)+3*len(f.Digest))
+	b = append(b, f.Hash...)
 	for i, c := range f.Digest {
-		if i > 0 {
-			b.WriteByte(':')
+		sep := byte(':')
+		if i == 0 {
+			sep = ' '
 		}
-		b.WriteString(strings.ToUpper(hex.EncodeToString([]byte{c})))
+		b = append(b, sep, digits[c>>4], digits[c&0x0f])
 	}
-	return b.String()
+	return string(b)
 }
 
 // Offer is what an answerer needs from a WebRTC offer (RFC 8829 / JSEP), validated.
@@ -99,10 +98,11 @@ var fingerprintLen = map[string]int{
 // the offer and how to fix it, for the client; the caller wraps them.
 //
 // The offer must parse, be at most 64 m-sections, have an audio m-section
-// with a DTLS-SRTP profile that is not rejected and offers Opus
-// (opus/48000/2, RFC 7587 §7) and rtcp-mux (RFC 5761; the answer
-// advertises one ICE component), and, in the m-sections it bundles
-// (RFC 8843; all that are not rejected when it has no BUNDLE group):
+// with a DTLS-SRTP profile that is not rejected and offers Opus at 48 kHz
+// (opus/48000/2, RFC 7587 §7; see opusPayloadType) and rtcp-mux (RFC 5761;
+// the answer advertises one ICE component), and, in the m-sections of its
+// BUNDLE group (RFC 8843) that are not rejected, or in the audio section
+// served when it has no BUNDLE group:
 //
 //   - one set of ICE credentials across the BUNDLE group, present and
 //     well formed (RFC 8839 §5.4: ufrag 4-256 and pwd 22-256 characters of
@@ -145,7 +145,7 @@ func ParseOffer(offer string) (*Offer, error) {
 	}
 	mids := make(map[string]bool, len(sd.MediaDescriptions))
 	o.Sections = make([]Section, len(sd.MediaDescriptions))
-	var bundled []int // indexes of the sections that share the transport
+	var bundled []int // indexes of the sections that may share the transport
 	for i, m := range sd.MediaDescriptions {
 		s := &o.Sections[i]
 		s.Kind = m.MediaName.Media
@@ -175,6 +175,10 @@ func ParseOffer(offer string) (*Offer, error) {
 		if err := chooseData(&sd, o, bundled); err != nil {
 			return nil, err
 		}
+	} else {
+		// Without BUNDLE, each section is a transport of its own: only
+		// the audio's is served, and only its attributes matter.
+		bundled = []int{o.Audio}
 	}
 
 	for n, i := range bundled {
@@ -317,8 +321,11 @@ func bundleGroup(sd *sdp.SessionDescription) []string {
 }
 
 // opusPayloadType returns the first payload type of m's format list that
-// a=rtpmap maps to opus/48000/2 (RFC 7587 §7; the encoding name is case
-// insensitive, RFC 4855 §3).
+// a=rtpmap maps to Opus at 48000 Hz. RFC 7587 §7 writes it opus/48000/2;
+// the encoding name is case insensitive (RFC 4855 §3), and GStreamer's
+// webrtcbin (1.22) offers "OPUS/48000", without the channel count, so any
+// count, or none, is taken: an Opus stream signals its channels in each
+// packet (RFC 6716 §3.1), and the answer writes opus/48000/2.
 func opusPayloadType(m *sdp.MediaDescription) (uint8, bool) {
 	for _, f := range m.MediaName.Formats {
 		pt, err := strconv.ParseUint(f, 10, 7)
@@ -330,7 +337,12 @@ func opusPayloadType(m *sdp.MediaDescription) (uint8, bool) {
 				continue
 			}
 			p, enc, ok := strings.Cut(strings.TrimSpace(a.Value), " ")
-			if ok && p == f && strings.EqualFold(strings.TrimSpace(enc), "opus/48000/2") {
+			if !ok || p != f {
+				continue
+			}
+			name, rate, _ := strings.Cut(strings.TrimSpace(enc), "/")
+			rate, _, _ = strings.Cut(rate, "/")
+			if strings.EqualFold(name, "opus") && rate == "48000" {
 				return uint8(pt), true
 			}
 		}
@@ -494,13 +506,13 @@ type AnswerParams struct {
 }
 
 // opusFmtp is the a=fmtp of the answer's Opus (RFC 7587 §6.1), the
-// receiver's wishes for what the client sends: 10 ms frames or longer,
-// and in-band FEC, which keeps speech through a lost packet at a few kbit/s.
-// It does not repeat an offer's stereo=1 or sprop-stereo=1: stereo=1 would
-// ask the client to encode two channels, and a voice edge wants one voice
-// at the lowest bitrate (an Opus decoder plays mono and stereo streams
-// alike, RFC 7587 §3.4, so nothing breaks either way); and what it sends is
-// one voice, so it does not announce sprop-stereo.
+// receiver's wishes for what the client sends: frames of 10 ms or longer,
+// and in-band FEC, with which a lost packet's speech is recovered from the
+// next one. It does not repeat an offer's stereo=1 (Firefox sends it):
+// stereo=1 would ask the client to encode two channels, and a voice edge
+// wants one voice at the lowest bitrate; Opus decoders take mono and
+// stereo streams alike (RFC 7587), so nothing breaks either way. What the
+// edge sends is one voice too, so it announces no sprop-stereo.
 const opusFmtp = "minptime=10;useinbandfec=1"
 
 // Answer returns the SDP answer to o: ICE-lite, one BUNDLE group of the audio and data
@@ -517,11 +529,17 @@ const opusFmtp = "minptime=10;useinbandfec=1"
 // a=ssrc cname lines for p's stream. The first served section (the BUNDLE
 // tag, RFC 8843 §7.3) carries the candidate, a=end-of-candidates (RFC 8840
 // §8.2) and the candidate's address in its m= and c= lines; the others
-// port 9 and 0.0.0.0. Every served section repeats the ICE credentials,
-// fingerprint and a=setup, as browsers write them. The data section has
-// a=sctp-init from p only when the offer had one (SNAP needs both sides'),
-// and the BUNDLE group is written only when the offer had one
-// (RFC 8843 §7.3).
+// port 9 and 0.0.0.0. The ICE credentials and the fingerprint are
+// session-level attributes, for every section; a=setup is in every
+// section, rejected ones included (Pion reads it only there, webrtcbin
+// wants it in each). A rejected section has its mid and a=setup only. The
+// data section has a=sctp-init from p only when the offer had one (SNAP
+// needs both sides'), and the BUNDLE group is written only when the offer
+// had one (RFC 8843 §7.3). No a=msid-semantic: Chromium, Firefox and Pion
+// read the media-level a=msid of Unified Plan without it.
+//
+// Chromium 156, Firefox ESR 153, GStreamer 1.22 webrtcbin and Pion v4
+// take these answers (sdp_test.go).
 //
 // Errors are about p (the answerer's own configuration) or an o that
 // ParseOffer did not return: a p.Setup that the offer's a=setup does not
@@ -559,17 +577,24 @@ func Answer(o *Offer, p AnswerParams) (string, error) {
 		},
 		SessionName:      "-",
 		TimeDescriptions: []sdp.TimeDescription{{}},
-		Attributes:       []sdp.Attribute{sdp.NewPropertyAttribute(sdp.AttrKeyICELite)},
+		// The ICE credentials and the fingerprint are the session's, for
+		// every section (RFC 8839 §5.4, RFC 8122 §5): webrtcbin (1.22)
+		// wants a fingerprint for each m-section, rejected ones included.
+		Attributes: []sdp.Attribute{
+			sdp.NewPropertyAttribute(sdp.AttrKeyICELite),
+			sdp.NewAttribute("ice-ufrag", p.ICEUfrag),
+			sdp.NewAttribute("ice-pwd", p.ICEPwd),
+			sdp.NewAttribute("fingerprint", p.Fingerprint.String()),
+		},
 	}
 
 	var group []string
 	tagged := false // the first served section, with the candidate, is written
-	fp := p.Fingerprint.String()
 	for i := range o.Sections {
 		s := &o.Sections[i]
 		served := i == o.Audio || i == o.Data
 		if !served {
-			sd.MediaDescriptions = append(sd.MediaDescriptions, rejected(s))
+			sd.MediaDescriptions = append(sd.MediaDescriptions, rejected(s, p.Setup))
 			continue
 		}
 		group = append(group, s.Mid)
@@ -591,9 +616,7 @@ func Answer(o *Offer, p AnswerParams) (string, error) {
 		if s.Mid != "" {
 			m.WithValueAttribute(sdp.AttrKeyMID, s.Mid)
 		}
-		m.WithICECredentials(p.ICEUfrag, p.ICEPwd).
-			WithValueAttribute("fingerprint", fp).
-			WithValueAttribute(sdp.AttrKeyConnectionSetup, p.Setup)
+		m.WithValueAttribute(sdp.AttrKeyConnectionSetup, p.Setup)
 		if i == o.Audio {
 			pt := strconv.Itoa(int(s.OpusPT))
 			m.MediaName.Formats = []string{pt}
@@ -701,9 +724,11 @@ func answerDirection(offered string) string {
 
 // rejected returns the answer's m-section for an offered section it does
 // not serve (RFC 3264 §6, RFC 8829 §5.3.1): port 0, the offer's profile,
-// one format (RFC 3264 §6 wants at least one), and its mid. The c= line is there for parsers that
-// want one in every section when the session has none.
-func rejected(s *Section) *sdp.MediaDescription {
+// one format (RFC 3264 §6 wants at least one), and its mid. The c= line is
+// there for parsers that want one in every section when the session has
+// none (Firefox), and a=setup for webrtcbin (1.22), which wants one in
+// every section, rejected ones included.
+func rejected(s *Section, setup string) *sdp.MediaDescription {
 	// An RTP section gets payload type 0, which needs no a=rtpmap
 	// (RFC 3551 §6): Pion refuses a dynamic one without its a=rtpmap even
 	// in a rejected section. Others keep the offer's first format.
@@ -729,7 +754,7 @@ func rejected(s *Section) *sdp.MediaDescription {
 	if s.Mid != "" {
 		m.WithValueAttribute(sdp.AttrKeyMID, s.Mid)
 	}
-	return m
+	return m.WithValueAttribute(sdp.AttrKeyConnectionSetup, setup)
 }
 
 // hostPriority is the ICE priority of the one host candidate (RFC 8445
