@@ -91,7 +91,9 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 	}
 	s.conn = conn
 	s.mu.Unlock()
-	if err := conn.HandshakeContext(s.ctx); err != nil {
+	err = conn.HandshakeContext(s.ctx)
+	s.dtls.handshaken()
+	if err != nil {
 		_ = conn.Close()
 		return nil, err
 	}

@@ -26,11 +26,27 @@ type feed struct {
 	done   chan struct{}
 	once   sync.Once
 	rdline *deadline.Deadline
+	// ready is closed when the handshake has ended (handshaken). Until
+	// then application data waits here: pion/dtls keeps only one record
+	// of early application data (its Finished may still be pending) and
+	// drops the rest, which a peer that finished first and sent at once
+	// (SCTP's first DATA chunks) would have to retransmit after its RTO,
+	// a second later.
+	ready     chan struct{}
+	readyOnce sync.Once
+	held      []byte // a record taken from in, waiting for ready; the reader's alone
 }
 
+// contentApplicationData is the DTLS record content type of application
+// data (RFC 6347 §4.1, RFC 5246 §6.2.1).
+const contentApplicationData = 23
+
 func newFeed(s *Session) *feed {
-	return &feed{s: s, in: make(chan []byte, dtlsQueue), done: make(chan struct{}), rdline: deadline.New()}
+	return &feed{s: s, in: make(chan []byte, dtlsQueue), done: make(chan struct{}), rdline: deadline.New(), ready: make(chan struct{})}
 }
+
+// handshaken releases application data held for the end of the handshake.
+func (f *feed) handshaken() { f.readyOnce.Do(func() { close(f.ready) }) }
 
 // push queues a copy of b and reports whether it fit. Read loop only.
 func (f *feed) push(b []byte) bool {
@@ -47,16 +63,31 @@ func (f *feed) push(b []byte) bool {
 	}
 }
 
-// ReadFrom returns the next queued record.
+// ReadFrom returns the next queued datagram. One that starts with
+// application data waits for the end of the handshake.
 func (f *feed) ReadFrom(p []byte) (int, net.Addr, error) {
-	select {
-	case b := <-f.in:
-		return copy(p, b), f.remote(), nil
-	case <-f.done:
-		return 0, nil, net.ErrClosed
-	case <-f.rdline.Done():
-		return 0, nil, os.ErrDeadlineExceeded
+	b := f.held
+	f.held = nil
+	if b == nil {
+		select {
+		case b = <-f.in:
+		case <-f.done:
+			return 0, nil, net.ErrClosed
+		case <-f.rdline.Done():
+			return 0, nil, os.ErrDeadlineExceeded
+		}
 	}
+	if b[0] == contentApplicationData {
+		select {
+		case <-f.ready:
+		case <-f.done:
+			return 0, nil, net.ErrClosed
+		case <-f.rdline.Done():
+			f.held = b
+			return 0, nil, os.ErrDeadlineExceeded
+		}
+	}
+	return copy(p, b), f.remote(), nil
 }
 
 // WriteTo writes p to the session's selected client address, whatever

@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"bytes"
 	"os"
 	"sync"
 	"time"
@@ -14,7 +15,8 @@ import (
 // The read loop decrypts each SRTP packet into a buffer from a pool the
 // whole process shares and queues it for the session's media reader
 // (ReadRTP), which copies it out and returns the buffer: no buffer is
-// held per session, and a reader that falls behind loses packets, counted
+// held per session (but for the few datagrams that may come before the
+// keys, earlyMax), and a reader that falls behind loses packets, counted
 // (DropRTPQueueFull), rather than stalling the read loop every session
 // shares. SRTCP is decrypted into the read loop's scratch buffer and handed
 // to SessionConfig.OnRTCP there and then.
@@ -43,12 +45,38 @@ func isRTCP(b []byte) bool {
 	return len(b) > 1 && b[1] >= 192 && b[1] <= 223
 }
 
+// earlyMax is how many SRTP and SRTCP datagrams a session keeps that came
+// before its keys: the DTLS peer that completes the handshake first (the
+// server, whose Finished ends it) may send media at once, while the last
+// flight is still on its way to the other; 16 is 320 ms of 20 ms audio.
+const earlyMax = 16
+
 // handleSRTP decrypts one SRTP or SRTCP datagram. Read loop.
 func (s *Session) handleSRTP(rd *reader, b []byte) DropReason {
 	k := s.keys.Load()
 	if k == nil {
-		return DropSRTPNotReady
+		// Kept for when the keys come; the read loop alone touches early.
+		if len(s.early) == earlyMax {
+			return DropSRTPNotReady
+		}
+		s.early = append(s.early, bytes.Clone(b))
+		return dropNone
 	}
+	if s.early != nil {
+		early := s.early
+		s.early = nil
+		for _, e := range early {
+			if r := s.decrypt(rd, k, e); r != dropNone {
+				s.e.drop(r)
+			}
+		}
+	}
+	return s.decrypt(rd, k, b)
+}
+
+// decrypt decrypts one SRTP or SRTCP datagram with k and hands it on.
+// Read loop.
+func (s *Session) decrypt(rd *reader, k *srtpKeys, b []byte) DropReason {
 	if isRTCP(b) {
 		if rd.rtcpBuf == nil {
 			rd.rtcpBuf = make([]byte, 0, bufSize)

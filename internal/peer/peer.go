@@ -76,7 +76,8 @@ const (
 	DropUnknownAddress
 	// DropDTLSQueueFull: the session's DTLS connection is not reading.
 	DropDTLSQueueFull
-	// DropSRTPNotReady: SRTP or SRTCP before the DTLS handshake gave keys.
+	// DropSRTPNotReady: SRTP or SRTCP before the DTLS handshake gave keys,
+	// past the few kept for them.
 	DropSRTPNotReady
 	// DropSRTPAuth: SRTP or SRTCP that does not decrypt and authenticate
 	// (RFC 3711 §3.3), or a replay.

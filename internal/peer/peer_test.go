@@ -652,3 +652,43 @@ func TestPionClientSNAP(t *testing.T) {
 	_ = sess.Close()
 	wg.Wait()
 }
+
+// TestEarlyMedia: the client is the DTLS server, so its handshake ends
+// first, and it sends RTP the moment it does, while the session's last
+// flight has not yet given it keys. That packet is kept until the keys
+// come and echoed, not dropped.
+func TestEarlyMedia(t *testing.T) {
+	s := newServer(t)
+	c := newClient(t, false)
+	sent := make(chan error, 1)
+	c.pc.SCTP().Transport().OnStateChange(func(st webrtc.DTLSTransportState) {
+		if st == webrtc.DTLSTransportStateConnected {
+			// Pion calls this holding the transport's lock, which the
+			// write waits for: it goes out as the handshake returns.
+			go func() {
+				sent <- c.track.WriteRTP(&rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: 111, SequenceNumber: 7, Timestamp: 960}, Payload: []byte{9, 0xfc}})
+			}()
+		}
+	})
+	sess, parts := connect(t, s, c)
+	if sess.cfg.Role != DTLSClient {
+		t.Fatal("the session must be the DTLS client for the client to finish first")
+	}
+	waitState(t, parts, StateConnected)
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go echoRTP(sess, &wg)
+	select {
+	case p := <-c.echo:
+		if p.SequenceNumber != 7 || p.Payload[0] != 9 {
+			t.Fatalf("echo seq %d payload %x, want the first packet", p.SequenceNumber, p.Payload)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the packet sent as the client's handshake ended was not echoed (drops %v)", s.ep.Drops())
+	}
+	_ = sess.Close()
+	wg.Wait()
+}

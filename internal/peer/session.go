@@ -159,6 +159,10 @@ type Session struct {
 	// Consent state, the sweeper's alone.
 	silent, failed bool
 
+	// early holds SRTP and SRTCP that came before the keys (media.go);
+	// the read loop's alone.
+	early [][]byte
+
 	// wmu guards the outbound SRTP context and the scratch headers.
 	wmu   sync.Mutex
 	whdr  rtp.Header
