@@ -475,7 +475,7 @@ func TestConsent(t *testing.T) {
 	s.advertise = p.addr()
 	c := newClient(t, false)
 	_, parts := connect(t, s, c, func(sc *SessionConfig) {
-		sc.DisconnectedTimeout, sc.FailedTimeout = 300*time.Millisecond, 1500*time.Millisecond
+		sc.DisconnectedTimeout, sc.FailedTimeout = 300*time.Millisecond, 3*time.Second
 	})
 	waitState(t, parts, StateConnected)
 	p.cut.Store(true)
