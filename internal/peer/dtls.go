@@ -158,6 +158,6 @@ func (s *Session) startSRTP(conn *dtls.Conn) error {
 	if err != nil {
 		return err
 	}
-	s.keys.Store(&srtpKeys{local: local, remote: remote})
+	s.setKeys(&srtpKeys{local: local, remote: remote})
 	return nil
 }

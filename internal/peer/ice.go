@@ -5,8 +5,6 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/pion/rtcp"
-	"github.com/pion/rtp"
 	"github.com/pion/stun/v4"
 )
 
@@ -30,9 +28,7 @@ import (
 // reader is the read loop's scratch state, reused for every datagram.
 type reader struct {
 	req, res stun.Message
-	rtpHdr   rtp.Header
-	rtcpHdr  rtcp.Header
-	rtcpBuf  []byte
+	dec      decryptScratch
 }
 
 // maxLearned bounds the client addresses one session learns (a client

@@ -55,28 +55,47 @@ const earlyMax = 16
 func (s *Session) handleSRTP(rd *reader, b []byte) DropReason {
 	k := s.keys.Load()
 	if k == nil {
-		// Kept for when the keys come; the read loop alone touches early.
-		if len(s.early) == earlyMax {
-			return DropSRTPNotReady
-		}
-		s.early = append(s.early, bytes.Clone(b))
-		return dropNone
-	}
-	if s.early != nil {
-		early := s.early
-		s.early = nil
-		for _, e := range early {
-			if r := s.decrypt(rd, k, e); r != dropNone {
-				s.e.drop(r)
+		s.emu.Lock()
+		if k = s.keys.Load(); k == nil {
+			// Kept for startSRTP, which decrypts them before it
+			// publishes the keys.
+			defer s.emu.Unlock()
+			if len(s.early) == earlyMax {
+				return DropSRTPNotReady
 			}
+			s.early = append(s.early, bytes.Clone(b))
+			return dropNone
 		}
+		s.emu.Unlock()
 	}
-	return s.decrypt(rd, k, b)
+	return s.decrypt(&rd.dec, k, b)
 }
 
-// decrypt decrypts one SRTP or SRTCP datagram with k and hands it on.
-// Read loop.
-func (s *Session) decrypt(rd *reader, k *srtpKeys, b []byte) DropReason {
+// setKeys decrypts the datagrams that came before k, then publishes k to
+// the read loop. The session's goroutine.
+func (s *Session) setKeys(k *srtpKeys) {
+	s.emu.Lock()
+	defer s.emu.Unlock()
+	var scratch decryptScratch
+	for _, e := range s.early {
+		if r := s.decrypt(&scratch, k, e); r != dropNone {
+			s.e.drop(r)
+		}
+	}
+	s.early = nil
+	s.keys.Store(k)
+}
+
+// decryptScratch is what decrypt reuses from one datagram to the next.
+type decryptScratch struct {
+	rtpHdr  rtp.Header
+	rtcpHdr rtcp.Header
+	rtcpBuf []byte
+}
+
+// decrypt decrypts one SRTP or SRTCP datagram with k and hands it on: the
+// read loop, or startSRTP for those that came before the keys.
+func (s *Session) decrypt(rd *decryptScratch, k *srtpKeys, b []byte) DropReason {
 	if isRTCP(b) {
 		if rd.rtcpBuf == nil {
 			rd.rtcpBuf = make([]byte, 0, bufSize)

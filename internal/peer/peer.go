@@ -116,8 +116,9 @@ type Config struct {
 	ConsentTick time.Duration
 	// MaxPayload is the longest datagram read, in bytes. Default 1500.
 	MaxPayload int
-	// OnDrop, if set, is called on the read loop for every datagram it
-	// drops. It must not block.
+	// OnDrop, if set, is called for every datagram dropped, on the read
+	// loop (or, for SRTP that came before a session's keys, on the
+	// session's goroutine). It must not block.
 	OnDrop func(DropReason)
 	// LoggerFactory receives the DTLS, SCTP and data channel libraries'
 	// logs. Nil: none.

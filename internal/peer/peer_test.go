@@ -420,8 +420,10 @@ func TestPionClient(t *testing.T) {
 	}
 	before := parts.checks.Load()
 	c.answer(t, ans)
-	for parts.checks.Load() == before {
-		time.Sleep(10 * time.Millisecond) // the restarted agent's first check
+	for deadline := time.Now().Add(10 * time.Second); parts.checks.Load() == before; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no check with the restarted credentials")
+		}
 	}
 	sendUntilEcho(t, c, 2)
 	dcRoundTrip(t, c, "after restart")

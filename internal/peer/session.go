@@ -120,7 +120,9 @@ type SessionConfig struct {
 	// block.
 	OnState func(State)
 	// OnRTCP, if set, is called on the read loop with each decrypted
-	// compound RTCP packet (RFC 3550 §6.1). It must not block or keep b.
+	// compound RTCP packet (RFC 3550 §6.1); for the few that came before
+	// the SRTP keys, on the session's goroutine. It must not block or keep
+	// b.
 	OnRTCP func(b []byte)
 	// OnDataChannel, if set, is called with each data channel the client
 	// opens (DCEP, RFC 8832), on the session's goroutine: it must return
@@ -159,8 +161,9 @@ type Session struct {
 	// Consent state, the sweeper's alone.
 	silent, failed bool
 
-	// early holds SRTP and SRTCP that came before the keys (media.go);
-	// the read loop's alone.
+	// emu guards early, SRTP and SRTCP that came before the keys
+	// (media.go), and the keys' publication.
+	emu   sync.Mutex
 	early [][]byte
 
 	// wmu guards the outbound SRTP context and the scratch headers.
