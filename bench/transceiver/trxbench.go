@@ -88,9 +88,10 @@ type Options struct {
 	// the generator, the relay and the agent. Defaults 1 and 0; -1 does
 	// not pin. Pinning is skipped when taskset is missing.
 	TrxCPU, GenCPU int
-	// ProfileDir, if set, receives a CPU profile over the window and a
-	// heap profile of the transceiver at the largest N of the first run,
-	// per format (trx-cpu-opus-48000-2-N.pprof, trx-heap-…).
+	// ProfileDir, if set, receives a CPU profile over the window, a heap
+	// profile and a goroutine dump (grouped by stack, as text) of the
+	// transceiver at the largest N of the first run, per format
+	// (trx-cpu-opus-48000-2-N.pprof, trx-heap-…, trx-goroutine-…txt).
 	ProfileDir string
 	// TrxArgs are extra transceiver flags.
 	TrxArgs []string
@@ -663,6 +664,9 @@ func step(ctx context.Context, st *stack, s *sample, profileDir string) error {
 	}
 	if profileDir != "" {
 		if err := fetchProfile(trxHTTP, "heap", filepath.Join(profileDir, fmt.Sprintf("trx-heap-%s-%d.pprof", fileFormat(st.format), n))); err != nil {
+			return err
+		}
+		if err := fetchProfile(trxHTTP, "goroutine?debug=1", filepath.Join(profileDir, fmt.Sprintf("trx-goroutine-%s-%d.txt", fileFormat(st.format), n))); err != nil {
 			return err
 		}
 	}

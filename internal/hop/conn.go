@@ -24,7 +24,7 @@ var ErrTooBig = fmt.Errorf("hop: datagram longer than %d bytes", MaxPayload)
 // included) the whole path carries, in bytes: relays drop longer ones from
 // either side (relay drop reason too_big), Conn drops longer ones it reads
 // (ConnStats.DroppedTooBig) and refuses longer writes (ErrTooBig), and the
-// transceiver sizes Pion's receive buffers to it. It is Pion's default
+// transceiver sizes its read buffer to it. It is Pion's default
 // receive MTU and the Ethernet MTU: WebRTC keeps its datagrams under the
 // path MTU (DTLS, SCTP and browsers' RTP stay near 1,200 bytes), so nothing
 // a real client sends comes near it.
@@ -50,8 +50,8 @@ type ConnStats struct {
 	// Moves counts those moves by reason.
 	Moves [NumMoveReasons]uint64
 	// DroppedTooBig counts client datagrams longer than MaxPayload: read
-	// from a relay (dropped before Pion sees them) or written by Pion
-	// (refused with ErrTooBig).
+	// from a relay (dropped before the transceiver's endpoint sees them)
+	// or written by it (refused with ErrTooBig).
 	DroppedTooBig uint64
 	// DroppedSendFailed counts RTP packets queued between Hold and Flush
 	// that the kernel refused (batch.go); an immediate write's failure is
@@ -67,8 +67,9 @@ type ConnStats struct {
 
 // ConnConfig configures a Conn.
 type ConnConfig struct {
-	// Advertise is the address Pion sees as the local address, and so the
-	// one host candidate it puts in answers: the relay's public VIP:port
+	// Advertise is the address LocalAddr reports, the one host candidate
+	// answers carry unless a region's ingress replaces it: the relay's
+	// public VIP:port
 	// (the transceiver's own port is never shown to clients).
 	Advertise netip.AddrPort
 	// AllowRelays lists the prefixes hop datagrams may come from. Empty
@@ -96,12 +97,12 @@ type ConnConfig struct {
 // Conn is the transceiver's end of the internal hop: a net.PacketConn over
 // one UDP socket that strips the hop header from every datagram a relay
 // delivers and reports the client's public address as the source, so that
-// Pion's ICE UDP mux keys each session by its client's real address. Writes
-// to a client go, with a header naming it, to the relay that delivered that
-// client's last datagram.
+// the transceiver's WebRTC endpoint (internal/peer) keys each session by
+// its client's real address. Writes to a client go, with a header naming
+// it, to the relay that delivered that client's last datagram.
 //
-// Conn implements Pion ice.AddrPortReaderWriter, so the mux uses its
-// allocation-free methods. Reads are meant for one goroutine (the mux's);
+// Conn has allocation-free ReadFromAddrPort and WriteToAddrPort, which the
+// endpoint uses. Reads are meant for one goroutine (the endpoint's);
 // writes are safe from any number.
 type Conn struct {
 	// Set once.
@@ -310,7 +311,7 @@ func (c *Conn) WriteTo(b []byte, addr net.Addr) (int, error) {
 }
 
 // LocalAddr returns the advertised address (the relay's public address),
-// not the socket's: Pion uses it as the host candidate.
+// not the socket's: the answers' host candidate.
 func (c *Conn) LocalAddr() net.Addr { return c.advertise }
 
 // SocketAddr returns the address the internal-hop socket is bound to; relays

@@ -1,8 +1,8 @@
 // Package hop implements Switchboard's internal hop: the framing that every
 // datagram carries between a relay and a transceiver (and between a Global
 // Relay and a cluster relay), and the transceiver's end of it, a
-// net.PacketConn that Pion's ICE UDP mux reads as if clients were directly
-// attached.
+// net.PacketConn that the transceiver's WebRTC endpoint reads as if clients
+// were directly attached.
 //
 // Every internal-hop datagram starts with a header naming the public client
 // address the payload came from or must go to (docs/hop.md):

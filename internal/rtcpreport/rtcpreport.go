@@ -27,9 +27,10 @@
 //
 // The remote streams' SRs reach an Interceptor either through its RTCP
 // reader (BindRTCPReader, when the application reads RTCP from Pion) or
-// through HandleSenderReport, for an application that takes RTCP from
-// Pion's SRTCP session without a reading goroutine (internal/transceiver
-// does, with a SettingEngine.BufferFactory).
+// through HandleSenderReport, for an application that decrypts RTCP itself
+// (internal/transceiver, over internal/peer). Such an application, without
+// Pion's interceptor chain, reports its streams' packets with
+// AddLocalStream and AddRemoteStream and starts the reports with Start.
 //
 // The report interval is fixed (no RFC 3550 §6.3 randomisation): each
 // peer connection here has one remote party, so there is no group whose
@@ -249,14 +250,32 @@ func (i *Interceptor) HandleSenderReport(sr *rtcp.SenderReport, now time.Time) {
 // BindLocalStream counts what is sent on the stream for its sender
 // reports.
 func (i *Interceptor) BindLocalStream(info *interceptor.StreamInfo, w interceptor.RTPWriter) interceptor.RTPWriter {
-	s := &localStream{ssrc: info.SSRC, clockRate: info.ClockRate}
+	s := i.AddLocalStream(info.SSRC, info.ClockRate)
+	return interceptor.RTPWriterFunc(func(h *rtp.Header, payload []byte, a interceptor.Attributes) (int, error) {
+		s.Sent(h.SequenceNumber, h.Timestamp, len(payload), time.Now())
+		return w.Write(h, payload, a)
+	})
+}
+
+// LocalStream is a stream the peer connection sends, as an application
+// that writes RTP without Pion's interceptor chain reports it.
+type LocalStream struct{ s *localStream }
+
+// AddLocalStream starts the sender reports of stream ssrc, whose RTP
+// clock runs at clockRate Hz; the caller reports each packet it sends
+// with Sent.
+func (i *Interceptor) AddLocalStream(ssrc, clockRate uint32) LocalStream {
+	s := &localStream{ssrc: ssrc, clockRate: clockRate}
 	i.mu.Lock()
 	i.local = append(i.local, s)
 	i.mu.Unlock()
-	return interceptor.RTPWriterFunc(func(h *rtp.Header, payload []byte, a interceptor.Attributes) (int, error) {
-		s.sent(h.SequenceNumber, h.Timestamp, len(payload), time.Now())
-		return w.Write(h, payload, a)
-	})
+	return LocalStream{s}
+}
+
+// Sent records one RTP packet as it leaves at now: its sequence number,
+// timestamp and payload length in bytes (no header, no padding).
+func (l LocalStream) Sent(seq uint16, ts uint32, payloadLen int, now time.Time) {
+	l.s.sent(seq, ts, payloadLen, now)
 }
 
 // UnbindLocalStream stops reporting the stream.
@@ -270,20 +289,46 @@ func (i *Interceptor) UnbindLocalStream(info *interceptor.StreamInfo) {
 // report block. It reads only the fixed RTP header's sequence number and
 // timestamp, in place.
 func (i *Interceptor) BindRemoteStream(info *interceptor.StreamInfo, r interceptor.RTPReader) interceptor.RTPReader {
-	s := &remoteStream{ssrc: info.SSRC, clockRate: info.ClockRate, epoch: time.Now()}
-	i.mu.Lock()
-	i.remote = append(i.remote, s)
-	i.mu.Unlock()
+	s := i.AddRemoteStream(info.SSRC, info.ClockRate)
 	return interceptor.RTPReaderFunc(func(b []byte, a interceptor.Attributes) (int, interceptor.Attributes, error) {
 		n, a, err := r.Read(b, a)
 		if err != nil {
 			return n, a, err
 		}
-		if seq, ts, ok := rtpSeqTS(b[:n]); ok {
-			s.receivedPacket(seq, ts, time.Now())
-		}
+		s.Received(b[:n], time.Now())
 		return n, a, err
 	})
+}
+
+// RemoteStream is a stream the peer connection receives, as an
+// application that reads RTP without Pion's interceptor chain reports it.
+type RemoteStream struct{ s *remoteStream }
+
+// AddRemoteStream starts the reception report block of stream ssrc,
+// whose RTP clock runs at clockRate Hz; the caller reports each packet it
+// receives with Received.
+func (i *Interceptor) AddRemoteStream(ssrc, clockRate uint32) RemoteStream {
+	s := &remoteStream{ssrc: ssrc, clockRate: clockRate, epoch: time.Now()}
+	i.mu.Lock()
+	i.remote = append(i.remote, s)
+	i.mu.Unlock()
+	return RemoteStream{s}
+}
+
+// Received records RTP packet b (at least its fixed header; anything
+// shorter, or not RTP version 2, is ignored), arrived at now.
+func (r RemoteStream) Received(b []byte, now time.Time) {
+	if seq, ts, ok := rtpSeqTS(b); ok {
+		r.s.receivedPacket(seq, ts, now)
+	}
+}
+
+// Start starts the reports, written with w, as BindRTCPWriter does for an
+// application without Pion's interceptor chain.
+func (i *Interceptor) Start(w func([]rtcp.Packet) error) {
+	i.BindRTCPWriter(interceptor.RTCPWriterFunc(func(pkts []rtcp.Packet, _ interceptor.Attributes) (int, error) {
+		return 0, w(pkts)
+	}))
 }
 
 // UnbindRemoteStream stops reporting the stream.

@@ -359,6 +359,50 @@ func TestInterceptor(t *testing.T) {
 	}
 }
 
+// TestDirect: the same streams reported without Pion's interceptor
+// chain (AddLocalStream, AddRemoteStream, Start), as internal/transceiver
+// does, give the same SR and block.
+func TestDirect(t *testing.T) {
+	g := NewGenerator(100 * time.Millisecond)
+	defer g.Close()
+	i := g.New()
+	got := make(chan []rtcp.Packet, 4)
+	i.Start(func(pkts []rtcp.Packet) error {
+		select {
+		case got <- pkts:
+		default:
+		}
+		return nil
+	})
+	out := i.AddLocalStream(11, opusRate)
+	in := i.AddRemoteStream(22, opusRate)
+	now := time.Now()
+	for k := range 10 {
+		out.Sent(uint16(k), uint32(k*960), 80, now)
+		in.Received(wire(t, uint16(2*k), uint32(2*k)*960), now)
+	}
+	in.Received([]byte{0x80, 1, 2}, now) // too short: ignored
+	var first []rtcp.Packet
+	select {
+	case first = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no report within 5 s")
+	}
+	sr, ok := first[0].(*rtcp.SenderReport)
+	if len(first) != 1 || !ok {
+		t.Fatalf("report %v, want one SR", first)
+	}
+	if sr.SSRC != 11 || sr.PacketCount != 10 || sr.OctetCount != 800 || len(sr.Reports) != 1 {
+		t.Fatalf("SR %+v, want ssrc 11, 10 packets, 800 octets, one block", sr)
+	}
+	if b := sr.Reports[0]; b.SSRC != 22 || b.LastSequenceNumber != 18 || b.TotalLost != 9 {
+		t.Fatalf("block %+v, want ssrc 22, highest 18, 9 lost", b)
+	}
+	if err := i.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestReceiverReportOnly: with nothing sent, the blocks go in an RR
 // whose sender SSRC is the local stream's.
 func TestReceiverReportOnly(t *testing.T) {

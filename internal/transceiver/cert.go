@@ -4,17 +4,30 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"sync"
 	"time"
 
-	"github.com/pion/webrtc/v4"
+	"github.com/pion/dtls/v3/pkg/crypto/selfsign"
+
+	"github.com/switchboard-rtc/switchboard/internal/peer"
 )
 
 // certLifetime is how long one DTLS certificate serves new sessions
-// before the next one is made. Pion's certificates are valid for a month;
-// a session keeps the certificate it started with.
+// before the next one is made. The certificates are valid for a month
+// (selfsign's default); a session keeps the certificate it started with.
 const certLifetime = 24 * time.Hour
+
+// certificate is a DTLS certificate and its SHA-256 fingerprint, which
+// answers carry (RFC 8122 §5).
+type certificate struct {
+	tls     tls.Certificate
+	fp      peer.Fingerprint
+	expires time.Time
+}
 
 // certs holds the DTLS certificate new sessions share. A WebRTC
 // certificate is self-signed and authenticated only by the fingerprint in
@@ -25,37 +38,33 @@ const certLifetime = 24 * time.Hour
 // day, which the answer's candidate says anyway.
 type certs struct {
 	mu   sync.Mutex
-	cur  *webrtc.Certificate
+	cur  *certificate
 	made time.Time
 }
 
 // get returns the current certificate, making a new one (ECDSA P-256,
 // as Pion and browsers default to) when none is younger than
 // certLifetime.
-func (c *certs) get(now time.Time) (webrtc.Certificate, error) {
+func (c *certs) get(now time.Time) (*certificate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cur != nil && now.Sub(c.made) < certLifetime {
-		return *c.cur, nil
+		return c.cur, nil
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return webrtc.Certificate{}, fmt.Errorf("transceiver: DTLS key: %w", err)
+		return nil, fmt.Errorf("transceiver: DTLS key: %w", err)
 	}
-	cert, err := webrtc.GenerateCertificate(key)
+	cert, err := selfsign.SelfSign(key)
 	if err != nil {
-		return webrtc.Certificate{}, fmt.Errorf("transceiver: DTLS certificate: %w", err)
+		return nil, fmt.Errorf("transceiver: DTLS certificate: %w", err)
 	}
-	c.cur, c.made = cert, now
-	return *cert, nil
-}
-
-// peerConfig is the configuration of every session's peer connection:
-// the shared certificate.
-func (s *Server) peerConfig() (webrtc.Configuration, error) {
-	cert, err := s.certs.get(time.Now())
+	x, err := x509.ParseCertificate(cert.Certificate[0])
 	if err != nil {
-		return webrtc.Configuration{}, err
+		return nil, fmt.Errorf("transceiver: DTLS certificate: %w", err)
 	}
-	return webrtc.Configuration{Certificates: []webrtc.Certificate{cert}}, nil
+	sum := sha256.Sum256(cert.Certificate[0])
+	c.cur = &certificate{tls: cert, fp: peer.Fingerprint{Hash: "sha-256", Digest: sum[:]}, expires: x.NotAfter}
+	c.made = now
+	return c.cur, nil
 }

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-rtc/switchboard/internal/hop"
@@ -18,21 +17,21 @@ import (
 // the transceiver's own machinery, each way:
 //
 //   - to_backend: from the hop socket read to the bridge write returning:
-//     ICE and DTLS-SRTP demultiplexing, SRTP decryption, Pion's buffers
-//     and goroutine hand-offs, for PCM formats the Opus decode, and the
-//     bridge's framing and write.
+//     the peer endpoint's demultiplexing and SRTP decryption (its shared
+//     read loop), the session's media queue and goroutine hand-off, for
+//     PCM formats the Opus decode, and the bridge's framing and write.
 //   - to_client: from the paced send (SendPacket, on the playout clock's
-//     tick) to the hop socket handing the packet to the kernel: Pion's
-//     RTCP report interceptor, SRTP encryption, the wait for the packet's
-//     sendmmsg batch (hop.Conn Hold/Flush) and the socket write. It
-//     leaves out, on purpose, the time a packet waits in the session's
-//     playout queue for its tick (the pacing that plays audio in real
-//     time, up to the queue's depth), and for PCM formats the Opus
-//     encode, done when the backend's frame arrives, before it is queued.
+//     tick) to the hop socket handing the packet to the kernel: SRTP
+//     encryption, the wait for the packet's sendmmsg batch (hop.Conn
+//     Hold/Flush) and the socket write. It leaves out, on purpose, the
+//     time a packet waits in the session's playout queue for its tick
+//     (the pacing that plays audio in real time, up to the queue's
+//     depth), and for PCM formats the Opus encode, done when the
+//     backend's frame arrives, before it is queued.
 //
 // An SRTP packet's header is in the clear (RFC 3711 §3.1), so the socket
 // side names a packet by its SSRC and sequence number as the RTP side
-// does, with no per-packet state in Pion. On the way out the sequence
+// does, with no per-packet state elsewhere. On the way out the sequence
 // number is the one the playout queue gave the packet.
 //
 // One packet in delaySample (by sequence number) is measured: a stamp
@@ -131,7 +130,7 @@ func rtpHeader(b []byte) (ssrc uint32, seq uint16, ok bool) {
 	return binary.BigEndian.Uint32(b[8:12]), binary.BigEndian.Uint16(b[2:4]), true
 }
 
-// addrPortConn is what the ICE mux reads and writes: the hop conn or, in
+// addrPortConn is what the peer endpoint reads and writes: the hop conn or, in
 // Direct mode, the UDP socket.
 type addrPortConn interface {
 	net.PacketConn
@@ -211,14 +210,6 @@ func (c *probeConn) WriteTo(b []byte, addr net.Addr) (int, error) {
 		c.probe.sent(b)
 	}
 	return n, err
-}
-
-// senderSSRC returns the SSRC the sender writes with.
-func senderSSRC(s *webrtc.RTPSender) uint32 {
-	if enc := s.GetParameters().Encodings; len(enc) > 0 {
-		return uint32(enc[0].SSRC)
-	}
-	return 0
 }
 
 // udpAddrPort gives a UDP socket the method names of addrPortConn.

@@ -4,39 +4,42 @@ import (
 	"errors"
 	"io"
 
-	"github.com/pion/webrtc/v4"
+	"github.com/pion/datachannel"
 )
 
 // eventsReadSize is the first read buffer of a data channel; a larger
 // message doubles it until the message fits, up to eventsMaxSize.
 //
-// Pion's own read loop keeps a 64 KiB buffer per channel for the life of
+// Pion's PeerConnection keeps a 64 KiB buffer per channel for the life of
 // the session, the largest single allocation of an idle voice session;
-// oai-events messages are mostly a few hundred bytes. So data channels
-// are detached (SettingEngine.DetachDataChannels) and read here.
+// oai-events messages are mostly a few hundred bytes. internal/peer hands
+// over data channels detached (pion/datachannel), and they are read here.
 const eventsReadSize = 2048
 
-// eventsMaxSize bounds a data channel message: Pion's default SCTP
-// receive buffer, which no message can exceed. A message that does not
-// fit closes the channel's read loop, as Pion's own read loop does.
+// eventsMaxSize bounds a data channel message: pion/sctp's default
+// receive buffer, which no message can exceed, and the answer's
+// a=max-message-size. A message that does not fit closes the channel's
+// read loop, as Pion's own read loop does.
 const eventsMaxSize = 1 << 20
 
+// sendText sends msg on dc as a text message (DCEP's PPID for a UTF-8
+// string, RFC 8831 §6.6).
+func sendText(dc *datachannel.DataChannel, msg []byte) error {
+	_, err := dc.WriteDataChannel(msg, true)
+	return err
+}
+
 // readDataChannel reads dc's messages until the channel or the peer
-// connection closes; it runs as dc's OnOpen handler, in Pion's goroutine
-// for it. Messages on oai-events go to the backend, except
+// session closes, on a goroutine of its own that Server.wg tracks. Messages on oai-events go to the backend, except
 // output_audio_buffer.clear, which clears the session's output queue
 // (media.go); any other channel is drained and its messages dropped, so
 // that it cannot fill the SCTP association's receive window that
 // oai-events shares.
-func (sess *session) readDataChannel(dc *webrtc.DataChannel, forward bool) {
-	raw, err := dc.Detach()
-	if err != nil {
-		sess.log.Warn("data channel detach", "label", dc.Label(), "err", err)
-		return
-	}
+func (sess *session) readDataChannel(dc *datachannel.DataChannel, forward bool) {
+	defer sess.srv.wg.Done()
 	buf := make([]byte, eventsReadSize)
 	for {
-		n, isString, err := raw.ReadDataChannel(buf)
+		n, isString, err := dc.ReadDataChannel(buf)
 		if errors.Is(err, io.ErrShortBuffer) && len(buf) < eventsMaxSize {
 			// The message stays in SCTP's queue for the next read.
 			buf = make([]byte, min(2*len(buf), eventsMaxSize))

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/pion/rtp"
 
@@ -20,7 +21,7 @@ import (
 // This file is a session's media path between the client's Opus track and
 // the backend bridge (docs/bridge.md §5, §6):
 //
-//	client RTP ─▶ toBackend ─▶ (PCM formats: audio.Decoder) ─▶ bridge
+//	client RTP ─▶ fromClient ─▶ toBackend ─▶ (PCM formats: audio.Decoder) ─▶ bridge
 //	bridge ─▶ playAudio ─▶ (PCM formats: audio.Encoder) ─▶ playout.Queue
 //	shared playout.Clock ─▶ SendPacket ─▶ client RTP
 //	playout events ─▶ drainEvents ─▶ output.* to the backend,
@@ -130,7 +131,7 @@ func (sess *session) newMedia() error {
 		}
 		m.frameDur, m.frameLen = playout.TickSamples, audio.FrameSamples(rate)
 	}
-	m.rtpPkt.Header = rtp.Header{Version: 2, PayloadType: uint8(opusCodec.PayloadType)}
+	m.rtpPkt.Header = rtp.Header{Version: 2, PayloadType: sess.opusPT, SSRC: sess.outSSRC}
 	// Audio the backend sends before the client is connected (a greeting
 	// at session.start) waits: playout starts when ICE and DTLS are up
 	// (startPlayout).
@@ -399,10 +400,12 @@ func (sess *session) SendPacket(p *playout.Packet) {
 	pkt := &sess.media.rtpPkt
 	pkt.SequenceNumber, pkt.Timestamp, pkt.Marker, pkt.Payload = p.Seq, p.Timestamp, p.Marker, p.Payload
 	sess.srv.probe.toClient.enter(sess.outSSRC, pkt.SequenceNumber)
-	if err := sess.out.WriteRTP(pkt); err != nil {
+	if err := sess.peer.WriteRTP(&pkt.Header, pkt.Payload); err != nil {
 		sess.dropped.Add(1)
 		sess.srv.metrics.outputDropped.Inc()
+		return
 	}
+	sess.sent.Sent(pkt.SequenceNumber, pkt.Timestamp, len(pkt.Payload), time.Now())
 }
 
 // Playout events (output.* to the backend, output_audio_buffer.* to the
@@ -492,7 +495,7 @@ func (sess *session) reportPlayout(e playout.Event) {
 		EventID    string `json:"event_id"`
 		ResponseID string `json:"response_id,omitempty"`
 	}{client, "event_sb_" + sess.id + "_" + strconv.FormatUint(sess.media.eventID.Add(1), 10), e.ResponseID})
-	if dc.SendText(string(msg)) != nil {
+	if sendText(dc, msg) != nil {
 		sess.srv.metrics.eventsDropped.Inc()
 	}
 }

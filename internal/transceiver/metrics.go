@@ -2,6 +2,8 @@ package transceiver
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-rtc/switchboard/internal/peer"
 )
 
 // metrics are the transceiver's Prometheus metrics, all created at start-up.
@@ -42,6 +44,18 @@ type metrics struct {
 	tracksIgnored prometheus.Counter // client audio tracks after the first
 	// rtcpDropped counts client RTCP packets dropped, by reason: malformed (reports.go).
 	rtcpDropped *prometheus.CounterVec
+	// peerDropped counts datagrams the peer endpoint's read loop dropped,
+	// by reason (peer.DropReason); peerDrops holds its counters by reason.
+	peerDropped *prometheus.CounterVec
+	peerDrops   [peer.NumDropReasons]prometheus.Counter
+}
+
+// peerDrop counts one datagram the peer endpoint dropped (its
+// Config.OnDrop, on its read loop).
+func (m *metrics) peerDrop(r peer.DropReason) {
+	if r < peer.NumDropReasons {
+		m.peerDrops[r].Inc()
+	}
 }
 
 // Setup phases, the values of the phase label.
@@ -118,11 +132,15 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_client_audio_dropped_total", Help: "Client audio packets dropped, by reason: invalid_rtp (an RTP packet that does not parse after SRTP, e.g. a bad padding length; any format), and for a PCM backend invalid_opus, late (reordered or duplicated).",
 		}, []string{"reason"}),
 		outputDropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_output_packets_dropped_total", Help: "Paced audio packets the client's track could not send (write error).",
+			Name: "switchboard_transceiver_output_packets_dropped_total", Help: "Paced audio packets that could not be sent to the client (not connected, or a socket write error).",
 		}),
 		rtcpDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_rtcp_dropped_total",
-			Help: "Client RTCP packets dropped after SRTCP decryption, by reason: malformed (a packet of a compound that SRTCP routed by its SSRCs but that fails a full parse, such as feedback too short for its fields; a compound whose packet framing is broken is dropped by SRTCP before it, uncounted here).",
+			Help: "Client compound RTCP packets dropped after SRTCP decryption, by reason: malformed (does not parse, RFC 3550 6.1).",
+		}, []string{"reason"}),
+		peerDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_peer_dropped_total",
+			Help: "Client datagrams the WebRTC read loop dropped, by reason: unknown_packet (not STUN, DTLS or RTP, RFC 7983), stun_malformed, stun_not_request, stun_unknown_ufrag (no such session, or an ICE restart's old ufrag), stun_bad_username, stun_bad_integrity, stun_bad_fingerprint, unknown_address (DTLS or SRTP from an address no authenticated check came from), dtls_queue_full, srtp_not_ready, srtp_auth (SRTP or SRTCP that does not authenticate, or a replay), rtp_queue_full (the session's media reader is behind).",
 		}, []string{"reason"}),
 		tracksIgnored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_tracks_ignored_total", Help: "Client audio tracks ignored because the session already has one (offers with several audio sections).",
@@ -177,6 +195,9 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		m.bridgeErrors.WithLabelValues(op)
 	}
 	m.rtcpDropped.WithLabelValues(rtcpMalformed)
+	for r := range peer.NumDropReasons {
+		m.peerDrops[r] = m.peerDropped.WithLabelValues(r.String())
+	}
 	if reg == nil {
 		return m
 	}
@@ -194,6 +215,6 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	}, func() float64 { return float64(s.pion.Suppressed()) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
 		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.rtcpDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), pionSuppressed)
+		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), pionSuppressed)
 	return m
 }

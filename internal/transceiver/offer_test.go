@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pion/webrtc/v4"
-
 	"github.com/switchboard-rtc/switchboard/internal/httpapi"
+	"github.com/switchboard-rtc/switchboard/internal/peer"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
 )
 
@@ -117,7 +116,7 @@ func FuzzParseOffer(f *testing.F) {
 			return
 		}
 		switch info.dtlsRole {
-		case webrtc.DTLSRoleUnknown, webrtc.DTLSRoleClient, webrtc.DTLSRoleServer:
+		case 0, peer.DTLSClient, peer.DTLSServer:
 		default:
 			t.Fatalf("role %v", info.dtlsRole)
 		}

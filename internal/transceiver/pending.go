@@ -6,9 +6,6 @@ import (
 	"net/netip"
 	"strings"
 	"time"
-
-	"github.com/pion/ice/v4"
-	"github.com/pion/stun/v4"
 )
 
 // Offers that never connect.
@@ -133,14 +130,13 @@ func (sess *session) leavePending() {
 	s.mu.Unlock()
 }
 
-// onCheck is the session's ICE binding-request handler: Pion calls it for
-// every Binding request whose USERNAME and MESSAGE-INTEGRITY verified.
-// It leaves the pair selection to Pion (returns false).
-func (sess *session) onCheck(*stun.Message, ice.Candidate, ice.Candidate, *ice.CandidatePair) bool {
+// onCheck is the session's connectivity-check hook: the peer endpoint
+// calls it, on its read loop, for every Binding request whose USERNAME,
+// MESSAGE-INTEGRITY and FINGERPRINT verified.
+func (sess *session) onCheck(netip.AddrPort, bool) {
 	if !sess.checked.Load() {
 		sess.checked.Store(true)
 	}
-	return false
 }
 
 // watchChecks ends the session if no authenticated check has come within

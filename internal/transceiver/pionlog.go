@@ -11,7 +11,7 @@ import (
 	"github.com/pion/logging"
 )
 
-// Pion's own log lines (ICE, DTLS, SCTP, SRTP, the peer connection) go
+// Pion's own log lines (DTLS, SCTP, data channels, from internal/peer) go
 // through the transceiver's slog logger, in its format and at its level,
 // with the Pion scope in the "pion" attribute, instead of Pion's default
 // text logger on stderr.
@@ -60,8 +60,8 @@ func newPionLogs(log *slog.Logger) *pionLogs {
 // Suppressed returns the number of lines dropped over the limit.
 func (f *pionLogs) Suppressed() uint64 { return f.suppressed.Load() }
 
-// NewLogger returns the logger for one Pion scope ("ice", "dtls", "pc", …).
-// Pion asks for a dozen per peer connection; a scope's logger holds
+// NewLogger returns the logger for one Pion scope ("dtls", "sctp",
+// "datachannel", …). Pion asks for several per session; a scope's logger holds
 // nothing but the scope, so every session shares one (a new slog.With
 // each time kept about 3 KiB per session).
 func (f *pionLogs) NewLogger(scope string) logging.LeveledLogger {

@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
-	"unsafe"
 
-	"github.com/pion/webrtc/v4"
-
+	"github.com/switchboard-rtc/switchboard/internal/peer"
 	"github.com/switchboard-rtc/switchboard/internal/sdpfrag"
 )
 
@@ -22,9 +19,9 @@ import (
 // 8445 §9): the session gets a fresh routing token as its ufrag and a fresh
 // pwd, the client's new credentials are applied to its last offer and
 // answered, and the answer's fragment (the new credentials and the one
-// candidate) goes back. The old ufrag's state is purged: the shared UDP
-// mux and the rebinding latch forget it, so checks that still carry it get
-// no answer. DTLS, SRTP and SCTP keep running over the new ICE session.
+// candidate) goes back. The old ufrag's state is purged: the peer endpoint
+// and the rebinding latch forget it, so checks that still carry it get no
+// answer (peer_dropped_total{reason="stun_unknown_ufrag"}). DTLS, SRTP and SCTP keep running over the new ICE session.
 // Otherwise it only trickles candidates, which an ICE-lite agent has no use
 // for (it learns the client's address from its checks): 204.
 //
@@ -46,13 +43,9 @@ var (
 )
 
 // MinRestartInterval is the least time between two ICE restarts of one
-// session: each mints a token and restarts Pion's agent, and a client
+// session: each mints a token and a new ICE session, and a client
 // needs one per network change, not a stream of them.
 const MinRestartInterval = time.Second
-
-// restartTimeout bounds one ICE restart (new answer and gathering, which
-// on the shared mux is immediate).
-const restartTimeout = 5 * time.Second
 
 // lastRestart is what a repeated restart request gets back: a client
 // whose 200 was lost (likely on the network change that made it restart)
@@ -112,21 +105,13 @@ func (s *Server) Restart(ctx context.Context, id, ifMatch, frag string) (answer,
 	if !matchETag(ifMatch, tag) {
 		return "", "", false, ErrETagMismatch
 	}
-	remote := sess.pc.RemoteDescription()
-	if remote == nil {
-		return "", "", false, ErrNoSession
-	}
-	cur, err := sdpfrag.FromSDP(remote.SDP)
-	if err != nil {
-		return "", "", false, err
-	}
-	if f.Ufrag == "" || (f.Ufrag == cur.Ufrag && f.Pwd == cur.Pwd) {
+	if f.Ufrag == "" || (f.Ufrag == sess.offer.ICEUfrag && f.Pwd == sess.offer.ICEPwd) {
 		return "", tag, false, nil
 	}
 	if lr := sess.restarted; lr != nil && time.Since(lr.at) < MinRestartInterval {
 		return "", "", false, ErrRestartTooSoon
 	}
-	answer, err = sess.restartICE(ctx, f, remote.SDP)
+	answer, err = sess.restartICE(f)
 	if err != nil {
 		s.metrics.iceRestarts.WithLabelValues("failed").Inc()
 		sess.log.Warn("ICE restart failed", "err", err)
@@ -139,95 +124,40 @@ func (s *Server) Restart(ctx context.Context, id, ifMatch, frag string) (answer,
 
 // restartICE runs an ICE restart with the client's new credentials in f,
 // applied to its last offer. The caller holds sess.imu.
-func (sess *session) restartICE(ctx context.Context, f sdpfrag.Fragment, lastOffer string) (string, error) {
+func (sess *session) restartICE(f sdpfrag.Fragment) (string, error) {
 	s := sess.srv
-	// The caller holds sess.imu, which end waits for: bound the restart
-	// even if the request's context never ends.
-	ctx, cancel := context.WithTimeout(ctx, restartTimeout)
-	defer cancel()
+	offer := f.ApplyTo(sess.lastOffer)
+	o, err := peer.ParseOffer(offer)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrBadFragment, err)
+	}
 	ufrag, pwd, err := s.newCredentials()
 	if err != nil {
 		return "", err
 	}
-	if err := setICECredentials(sess.api, ufrag, pwd); err != nil {
+	answer, err := sess.answer(o, ufrag, pwd)
+	if err != nil {
+		return "", err
+	}
+	out, err := sdpfrag.FromSDP(answer)
+	if err != nil {
 		return "", err
 	}
 	if s.conn != nil {
 		s.conn.AddSession(ufrag, pwd)
 	}
-	ok := false
-	defer func() {
-		if !ok && s.conn != nil {
+	if err := sess.peer.Restart(ufrag, pwd, o.ICEUfrag); err != nil {
+		if s.conn != nil {
 			s.conn.RemoveSession(ufrag)
 		}
-	}()
-	// Pion sees changed remote credentials in a new offer and restarts the
-	// ICE agent with the SettingEngine's (now fresh) credentials; the old
-	// ufrag leaves the UDP mux.
-	err = sess.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: f.ApplyTo(lastOffer)})
-	var ans webrtc.SessionDescription
-	if err == nil {
-		ans, err = sess.pc.CreateAnswer(nil)
-	}
-	if err == nil {
-		gathered := webrtc.GatheringCompletePromise(sess.pc)
-		if err = sess.pc.SetLocalDescription(ans); err == nil {
-			select {
-			case <-gathered:
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
-		}
-	}
-	if err != nil {
 		return "", err
 	}
-	out, err := sdpfrag.FromSDP(finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress))
-	if err != nil {
-		return "", err
-	}
-	if out.Ufrag != ufrag {
-		// Pion restarted with credentials other than ours: the routing
-		// token would be lost. setICECredentials guards the layout, so
-		// this means Pion changed how it restarts.
-		return "", fmt.Errorf("transceiver: ICE restarted with ufrag %q, not the new token", out.Ufrag)
-	}
-	ok = true
 	old := sess.ufrag
 	if s.conn != nil {
 		s.conn.RemoveSession(old)
 	}
-	sess.ufrag = ufrag
+	sess.ufrag, sess.offer, sess.lastOffer = ufrag, o, offer
 	sess.iceGen++
 	sess.log.Info("ICE restarted", "ufrag", ufrag, "old_ufrag", old, "generation", sess.iceGen)
 	return out.String(), nil
-}
-
-// errRestartUnsupported: the linked Pion keeps its SettingEngine where
-// setICECredentials does not expect it.
-var errRestartUnsupported = errors.New("transceiver: ICE restart: this Pion version keeps its SettingEngine elsewhere; see setICECredentials")
-
-// setICECredentials sets the ICE credentials of api's SettingEngine, the
-// ones Pion's ICE restart uses.
-//
-// Pion v4.2 restarts the ICE agent (ICETransport.restart) with the
-// credentials of the SettingEngine the API was built with, which
-// WithSettingEngine copies into an unexported field: without this an ICE
-// restart would reuse the session's old ufrag and pwd, against RFC 8445
-// §9, and could never carry a fresh routing token. Each session has its own
-// API, so changing it touches no other session. The reflection checks the
-// field's type, and TestRestartCredentialsField fails on a Pion upgrade
-// that moves it. A Pion API that let an ICE restart take new credentials
-// would replace this.
-func setICECredentials(api *webrtc.API, ufrag, pwd string) error {
-	f := reflect.ValueOf(api).Elem().FieldByName("settingEngine")
-	if !f.IsValid() || f.Type() != reflect.TypeFor[*webrtc.SettingEngine]() {
-		return errRestartUnsupported
-	}
-	se := *(**webrtc.SettingEngine)(unsafe.Pointer(f.UnsafeAddr()))
-	if se == nil {
-		return errRestartUnsupported
-	}
-	se.SetICECredentials(ufrag, pwd)
-	return nil
 }

@@ -1,6 +1,7 @@
 // Package transceiver is Switchboard's stateful WebRTC endpoint. It answers
-// SDP offers over HTTP, terminates ICE (lite), DTLS, SRTP and SCTP with Pion
-// on one shared internal-hop socket, and bridges each session's audio
+// SDP offers over HTTP, terminates ICE (lite), DTLS, SRTP and SCTP on one
+// shared internal-hop socket with internal/peer (Pion's parts, one read
+// loop for every session), and bridges each session's audio
 // (Opus passthrough, or PCM it decodes and encodes) and `oai-events`
 // data-channel messages to a backend over the bridge protocol
 // (docs/bridge.md), pacing the backend's audio to the client on one shared
@@ -25,15 +26,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pion/ice/v4"
-	"github.com/pion/interceptor"
-	"github.com/pion/transport/v5/stdnet"
-	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-rtc/switchboard/internal/auth"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/hop"
+	"github.com/switchboard-rtc/switchboard/internal/peer"
 	"github.com/switchboard-rtc/switchboard/internal/playout"
 	"github.com/switchboard-rtc/switchboard/internal/rtcpreport"
 	"github.com/switchboard-rtc/switchboard/internal/token"
@@ -55,16 +53,9 @@ var (
 // to the backend, as in OpenAI's Realtime WebRTC flow.
 const EventsLabel = "oai-events"
 
-// opusCodec is the one codec served: Opus at 48 kHz, RFC 7587.
-var opusCodec = webrtc.RTPCodecParameters{
-	RTPCodecCapability: webrtc.RTPCodecCapability{
-		MimeType:    webrtc.MimeTypeOpus,
-		ClockRate:   48000,
-		Channels:    2,
-		SDPFmtpLine: "minptime=10;useinbandfec=1",
-	},
-	PayloadType: 111,
-}
+// opusClockRate is the RTP clock rate of the one codec served, Opus (RFC
+// 7587 §4.1: always 48 kHz).
+const opusClockRate = 48000
 
 // Server is one transceiver: the signaling handlers, the shared
 // internal-hop socket and the live sessions.
@@ -75,9 +66,8 @@ type Server struct {
 	log     *slog.Logger
 	sock    *net.UDPConn // the one UDP socket
 	conn    *hop.Conn    // the internal hop over sock; nil when Config.Direct
-	udp     *probeConn   // what mux reads and writes: conn, or sock when Direct
-	mux     *ice.UDPMuxDefault
-	net     *stdnet.Net // the host's interfaces, listed once for every session's ICE agent
+	udp     *probeConn   // what peer reads and writes: conn, or sock when Direct
+	peer    *peer.Endpoint
 	metrics *metrics
 	probe   *delayProbe           // samples the media delay inside (delay.go)
 	certs   certs                 // the DTLS certificate sessions share (cert.go)
@@ -133,17 +123,6 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		left:     make(chan struct{}, 1),
 		pending:  pending{byClient: make(map[netip.Prefix]int)},
 	}
-	// Pion lists the host's interfaces (a netlink dump) for every ICE
-	// agent and keeps the list for the agent's life unless it is given
-	// one; an ICE-lite agent on the shared mux gathers once, so one list
-	// serves every session (newAPI). Sharing it is safe only because
-	// nothing updates it: never set the ICE gathering policy to
-	// GatherContinually, under which each agent calls UpdateInterfaces
-	// on it from its own goroutine, and stdnet.Net has no lock.
-	if s.net, err = stdnet.NewNet(); err != nil {
-		_ = sock.Close()
-		return nil, fmt.Errorf("transceiver: list network interfaces: %w", err)
-	}
 	s.reports = rtcpreport.NewGenerator(cfg.ReportInterval)
 	s.pion = newPionLogs(s.log)
 	s.metrics = newMetrics(s, reg)
@@ -161,7 +140,22 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		}
 		s.udp = newProbeConn(s.conn, s.probe)
 	}
-	s.mux = ice.NewUDPMuxDefault(ice.UDPMuxParams{UDPConn: s.udp, Logger: s.pion.NewLogger("ice")})
+	s.peer, err = peer.New(peer.Config{
+		Conn: s.udp,
+		// ICE has already proved the path when DTLS starts: no cookie
+		// round trip when we are the DTLS server (RFC 6347 §4.2.1 makes
+		// it optional).
+		InsecureSkipHelloVerify: true,
+		ConsentTick:             consentTick,
+		MaxPayload:              hop.MaxPayload, // the path's one datagram limit
+		OnDrop:                  s.metrics.peerDrop,
+		LoggerFactory:           s.pion,
+		Logger:                  s.log,
+	})
+	if err != nil {
+		_ = sock.Close()
+		return nil, err
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	// Each tick's paced packets leave together (hop.Conn.Hold, Flush).
 	s.clock = playout.NewBatchedClock(0, s.udp)
@@ -186,65 +180,6 @@ func (s *Server) Sessions() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.sessions)
-}
-
-// newAPI builds the Pion API for one session: ICE-lite on the shared mux,
-// the session's credentials, Opus only, its RTCP through reports.go. role
-// is the DTLS role the offer asked of the answer (offerInfo.dtlsRole);
-// zero means Config.DTLSRole. sess.onCheck sees every authenticated
-// Binding request (pending.go).
-func (s *Server) newAPI(sess *session, ufrag, pwd string, role webrtc.DTLSRole) (*webrtc.API, error) {
-	var se webrtc.SettingEngine
-	se.LoggerFactory = s.pion
-	se.SetLite(true)
-	s.setICETimeouts(&se)
-	se.SetICEBindingRequestHandler(sess.onCheck)
-	se.SetICEUDPMux(s.mux)
-	se.SetNet(s.net)
-	se.SetICECredentials(ufrag, pwd)
-	se.SetReceiveMTU(hop.MaxPayload) // the path's one datagram limit (hop.Conn drops longer ones, counted)
-	se.SetIncludeLoopbackCandidate(true)
-	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
-	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
-	// ICE has already proved the path when DTLS starts: no cookie round
-	// trip when we are the DTLS server (RFC 6347 §4.2.1 makes it optional).
-	se.SetDTLSInsecureSkipHelloVerify(true)
-	if role != webrtc.DTLSRoleClient && role != webrtc.DTLSRoleServer {
-		role = webrtc.DTLSRoleClient
-		if s.cfg.DTLSRole == "server" {
-			role = webrtc.DTLSRoleServer
-		}
-	}
-	if err := se.SetAnsweringDTLSRole(role); err != nil {
-		return nil, err
-	}
-	// SCTP association setup carried in the SDP (SNAP) when the client
-	// offers a=sctp-init: the data channel opens without the 4-way handshake.
-	se.EnableSctpSnap(true)
-	// Data channels are read by readDataChannel (events.go) with a buffer
-	// the size of the messages, not Pion's 64 KiB per channel.
-	se.DetachDataChannels()
-	// RTCP from the client is handled as the SRTCP session decrypts it,
-	// with no goroutine reading it (reports.go).
-	se.BufferFactory = sess.bufferFactory
-
-	var me webrtc.MediaEngine
-	if err := me.RegisterCodec(opusCodec, webrtc.RTPCodecTypeAudio); err != nil {
-		return nil, err
-	}
-	// Interceptors: only the RTCP sender and receiver reports (RFC 3550
-	// §6.4), which give the client loss, jitter and round-trip figures
-	// and us the round trip (reports.go), from the Server's one report
-	// generator instead of Pion's two ticker goroutines per session.
-	// Pion's defaults add NACK (a 1024-packet resend buffer per stream
-	// and a goroutine; Opus conceals a lost 20 ms frame better than a
-	// retransmission arrives), TWCC feedback (a goroutine; nothing to
-	// steer at 50 packets a second of one audio stream), the stats
-	// interceptor (a wrapper on every packet, for GetStats, unused) and
-	// video simulcast header extensions.
-	var ir interceptor.Registry
-	ir.Add(reportFactory{sess.reports})
-	return webrtc.NewAPI(webrtc.WithSettingEngine(se), webrtc.WithMediaEngine(&me), webrtc.WithInterceptorRegistry(&ir)), nil
 }
 
 // newCredentials mints the session's local ufrag (a routing token) and pwd
@@ -418,12 +353,13 @@ func (s *Server) Close() error {
 	s.clock.Close()
 	s.reports.Close()
 	s.cancel()
-	err := s.mux.Close()
-	if cerr := s.sock.Close(); err == nil && !errors.Is(cerr, net.ErrClosed) {
+	var err error
+	if cerr := s.sock.Close(); !errors.Is(cerr, net.ErrClosed) {
 		err = cerr
 	}
 	if s.conn != nil {
 		_ = s.conn.Close() // stops its sweeper; the socket is already closed
 	}
+	s.peer.Close() // its read loop ends with the socket
 	return err
 }

@@ -2,23 +2,24 @@ package transceiver
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/pion/datachannel"
 	"github.com/pion/rtp"
-	"github.com/pion/webrtc/v4"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/hop"
+	"github.com/switchboard-rtc/switchboard/internal/peer"
 	"github.com/switchboard-rtc/switchboard/internal/rtcpreport"
 )
 
@@ -40,12 +41,16 @@ type session struct {
 	id      string
 	owner   string // id of the client token that created the session; "" when signaling is open
 	srv     *Server
-	api     *webrtc.API    // the session's own API: its SettingEngine holds the credentials an ICE restart uses
 	ingress netip.AddrPort // the address the answer advertises
 	log     *slog.Logger
-	pc      *webrtc.PeerConnection
-	out     *webrtc.TrackLocalStaticRTP // audio from the backend to the client
-	outSSRC uint32                      // out's SSRC, for the media delay probe
+	peer    *peer.Session // ICE-lite, DTLS-SRTP and SCTP (internal/peer)
+	offer   *peer.Offer   // the offer answered; guarded by imu after an ICE restart
+	cert    *certificate  // the DTLS certificate presented
+	setup   string        // the answer's a=setup: "active" or "passive"
+	outSSRC uint32        // the SSRC of the audio sent to the client
+	cname   string        // its RTCP CNAME
+	opusPT  uint8         // the Opus payload type, the offer's
+	sent    rtcpreport.LocalStream
 	be      *bridge.Conn
 	media   *media                  // codecs and paced playout (media.go)
 	reports *rtcpreport.Interceptor // the session's RTCP reports (reports.go)
@@ -57,10 +62,14 @@ type session struct {
 	ctx     context.Context // cancelled when the session ends
 	cancel  context.CancelFunc
 
-	events    atomic.Pointer[webrtc.DataChannel] // the oai-events channel, once the client opened it
+	events    atomic.Pointer[datachannel.DataChannel] // the oai-events channel, once the client opened it
 	connected atomic.Bool
 	silent    atomic.Bool // the client went silent (consent.go)
-	checked   atomic.Bool // an authenticated connectivity check came (pending.go)
+	// connSent is closed when the last connection-state report has been
+	// sent (consent.go); guarded by connMu.
+	connMu   sync.Mutex
+	connSent chan struct{}
+	checked  atomic.Bool // an authenticated connectivity check came (pending.go)
 	// The pending slot (pending.go): the key it counts under, and whether
 	// the session still holds it.
 	pendingKey  netip.Prefix
@@ -75,10 +84,13 @@ type session struct {
 	// imu serializes ICE restarts (restart.go) and guards the ICE
 	// session's identity: its local ufrag (a routing token) and its
 	// generation, which the ETag names.
-	imu     sync.Mutex
-	ufrag   string // guarded by imu
-	iceGen  int    // guarded by imu; 1 for the offer's ICE session, +1 per restart
-	iceDone bool   // guarded by imu; set by end: no restart after it
+	imu   sync.Mutex
+	ufrag string // guarded by imu
+	// lastOffer is the client's last offer SDP (an ICE restart's fragment
+	// applies to it); guarded by imu.
+	lastOffer string
+	iceGen    int  // guarded by imu; 1 for the offer's ICE session, +1 per restart
+	iceDone   bool // guarded by imu; set by end: no restart after it
 	// restarted is the last ICE restart; guarded by imu.
 	restarted *lastRestart
 }
@@ -124,9 +136,10 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		if s.conn != nil {
 			s.conn.RemoveSession(ufrag)
 		}
-		if sess.pc != nil {
-			_ = sess.pc.Close()
+		if sess.peer != nil {
+			_ = sess.peer.Close()
 		}
+		_ = sess.reports.Close()
 		if !joined {
 			if r := <-dialed; r.be != nil {
 				_ = r.be.End(context.Background(), bridge.ReasonError)
@@ -136,43 +149,52 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	}
 
 	sess.reports = s.reports.New()
-	if sess.api, err = s.newAPI(sess, ufrag, pwd, info.dtlsRole); err != nil {
+	if sess.cert, err = s.certs.get(time.Now()); err != nil {
 		return fail(err)
+	}
+	o := info.offer
+	role := info.dtlsRole
+	if role == 0 {
+		role = peer.DTLSClient
+		if s.cfg.DTLSRole == "server" {
+			role = peer.DTLSServer
+		}
+	}
+	sess.setup = "active"
+	if role == peer.DTLSServer {
+		sess.setup = "passive"
+	}
+	sess.offer, sess.lastOffer = o, offer
+	sess.opusPT = o.Sections[o.Audio].OpusPT
+	sess.outSSRC, sess.cname = randomSSRC(), newSessionID()
+	pcfg := peer.SessionConfig{
+		LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: o.ICEUfrag,
+		Role:                role,
+		Certificate:         sess.cert.tls,
+		Fingerprints:        o.Fingerprints,
+		Data:                o.Data >= 0,
+		RemoteSCTPInit:      o.SCTPInit,
+		DisconnectedTimeout: s.cfg.DisconnectedTimeout,
+		FailedTimeout:       s.cfg.ConsentTimeout,
+		RTPQueue:            mediaQueue,
+		OnCheck:             sess.onCheck,
+		OnState:             sess.onPeerState,
+		OnRTCP:              sess.onRTCP,
+		OnDataChannel:       sess.onDataChannel,
+	}
+	if o.Data >= 0 {
+		pcfg.MaxMessageSize = o.Sections[o.Data].MaxMessageSize
 	}
 	if s.conn != nil {
 		// Follow the client across NAT rebindings (hop/latch.go).
 		s.conn.AddSession(ufrag, pwd)
 	}
-	pcConfig, err := s.peerConfig()
+	if sess.peer, err = s.peer.NewSession(pcfg); err != nil {
+		return fail(err)
+	}
+	answer, err := sess.answer(o, ufrag, pwd)
 	if err != nil {
 		return fail(err)
-	}
-	if sess.pc, err = sess.api.NewPeerConnection(pcConfig); err != nil {
-		return fail(err)
-	}
-	if err := sess.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: offer}); err != nil {
-		return fail(fmt.Errorf("%w: %v", ErrBadOffer, err))
-	}
-	if sess.out, err = webrtc.NewTrackLocalStaticRTP(opusCodec.RTPCodecCapability, "audio", "switchboard"); err != nil {
-		return fail(err)
-	}
-	sender, err := sess.pc.AddTrack(sess.out)
-	if err != nil {
-		return fail(err)
-	}
-	sess.outSSRC = senderSSRC(sender)
-	answer, err := sess.pc.CreateAnswer(nil)
-	if err != nil {
-		return fail(fmt.Errorf("%w: %v", ErrBadOffer, err))
-	}
-	gathered := webrtc.GatheringCompletePromise(sess.pc)
-	if err := sess.pc.SetLocalDescription(answer); err != nil {
-		return fail(err)
-	}
-	select {
-	case <-gathered:
-	case <-ctx.Done():
-		return fail(ctx.Err())
 	}
 	r := <-dialed
 	joined = true
@@ -181,6 +203,8 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		return fail(fmt.Errorf("%w: %v", ErrBackend, r.err))
 	}
 	sess.be = r.be
+	sess.sent = sess.reports.AddLocalStream(sess.outSSRC, opusClockRate)
+	sess.reports.Start(sess.peer.WriteRTCP)
 	if err := sess.newMedia(); err != nil {
 		_ = sess.be.End(context.Background(), bridge.ReasonError)
 		sess.be = nil
@@ -196,74 +220,90 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	}
 	s.sessions[id] = sess
 	sess.watchSetup() // under s.mu: whoever finds the session in the table finds its timer
-	s.wg.Add(1)
+	s.wg.Add(2)       // fromBackend, fromClient
 	s.mu.Unlock()
 	s.metrics.sessionsStarted.Inc()
 
-	sess.pc.OnTrack(sess.onTrack)
-	sess.pc.OnDataChannel(sess.onDataChannel)
-	sess.pc.OnConnectionStateChange(sess.onConnectionState)
-	sess.pc.OnICEConnectionStateChange(sess.onICEState)
-	sess.pc.SCTP().Transport().OnStateChange(sess.onDTLSState)
 	go sess.fromBackend()
+	go sess.fromClient()
 	sess.watchChecks()
 	sess.log.Info("session created", "ufrag", ufrag)
-	return sess, finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress), nil
+	return sess, answer, nil
 }
 
-// finalizeAnswer makes the answer advertise exactly one candidate, at
-// ingress. It removes candidate lines for ICE component 2 (RTCP), which
-// Pion writes beside every component-1 candidate and which BUNDLE with
-// rtcp-mux (RFC 8843, RFC 5761), offered by every WebRTC client, makes
-// redundant; and it puts ingress in the remaining candidate when it differs
-// from the mux's advertised address (a region's nearest Global Relay). As
-// an ICE-lite agent (RFC 8445 §2.5) never sends checks, the address the
-// client sends to need not be one Pion knows: checks reach the shared mux
-// whichever relay forwards them.
-func finalizeAnswer(sdp string, ingress netip.AddrPort) string {
-	var b strings.Builder
-	b.Grow(len(sdp))
-	for line := range strings.SplitAfterSeq(sdp, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 6 || !strings.HasPrefix(f[0], "a=candidate:") {
-			b.WriteString(line)
-			continue
-		}
-		if f[1] != "1" {
-			continue
-		}
-		if ingress.IsValid() {
-			f[4], f[5] = ingress.Addr().String(), strconv.Itoa(int(ingress.Port()))
-			line = strings.Join(f, " ") + "\r\n"
-		}
-		b.WriteString(line)
+// mediaQueue is how many decrypted client RTP packets may wait for the
+// session's media reader (fromClient): 320 ms of 20 ms audio. The reader
+// waits only on the bridge write; past it packets are dropped, counted
+// (peer_dropped_total{reason="rtp_queue_full"}).
+const mediaQueue = 16
+
+// The answer's a=msid (RFC 8830): the stream and track ids of the audio
+// sent to the client.
+const (
+	answerStreamID = "switchboard"
+	answerTrackID  = "audio"
+)
+
+// answer returns the SDP answer to o with the session's local ICE
+// credentials ufrag and pwd.
+func (sess *session) answer(o *peer.Offer, ufrag, pwd string) (string, error) {
+	ans, err := peer.Answer(o, peer.AnswerParams{
+		ICEUfrag: ufrag, ICEPwd: pwd,
+		Fingerprint:    sess.cert.fp,
+		Setup:          sess.setup,
+		Candidate:      sess.ingress,
+		AudioSSRC:      sess.outSSRC,
+		CNAME:          sess.cname,
+		StreamID:       answerStreamID,
+		TrackID:        answerTrackID,
+		SCTPPort:       5000,
+		MaxMessageSize: eventsMaxSize,
+		SCTPInit:       sess.peer.LocalSCTPInit(),
+	})
+	if err != nil {
+		return "", fmt.Errorf("transceiver: answer: %w", err)
 	}
-	return b.String()
+	return ans, nil
 }
 
-// onTrack forwards the client's Opus packets to the backend as they come:
-// payloads untouched for Opus, decoded for the PCM formats (media.go).
-func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
-	if tr.Kind() != webrtc.RTPCodecTypeAudio || !sess.claimAudioTrack() {
-		return
+// randomSSRC returns a random nonzero SSRC (RFC 3550 §8.1).
+func randomSSRC() uint32 {
+	var b [4]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if v := binary.BigEndian.Uint32(b[:]); v != 0 {
+			return v
+		}
 	}
+}
+
+// fromClient forwards the client's Opus packets to the backend as they
+// come: payloads untouched for Opus, decoded for the PCM formats
+// (media.go). It is the session's one media goroutine: the shared read
+// loop decrypts and queues (internal/peer), this one decodes and writes
+// the bridge, which may block.
+func (sess *session) fromClient() {
+	defer sess.srv.wg.Done()
 	defer sess.stopTurns()
-	// One buffer and one packet for the session's life: TrackRemote.ReadRTP
-	// allocates both per packet. pkt.Payload aliases buf until the next
-	// Read; toBackend does not keep it (the bridge copies the frame).
+	// One buffer and one packet for the session's life. pkt.Payload
+	// aliases buf until the next read; toBackend does not keep it (the
+	// bridge copies the frame).
 	buf := make([]byte, hop.MaxPayload)
 	var rp rtp.Packet
 	pkt := &rp
+	var audio uint32 // the client's audio SSRC: its first stream's
+	var recv rtcpreport.RemoteStream
+	ignored := uint32(0)
 	deadline := false // a read deadline is set: turn detection waits on wall time
 	for {
 		if wait := sess.turnsWait(time.Now()); wait > 0 {
-			_ = tr.SetReadDeadline(time.Now().Add(wait))
+			_ = sess.peer.SetReadDeadline(time.Now().Add(wait))
 			deadline = true
 		} else if deadline {
-			_ = tr.SetReadDeadline(time.Time{})
+			_ = sess.peer.SetReadDeadline(time.Time{})
 			deadline = false
 		}
-		n, _, err := tr.Read(buf)
+		n, err := sess.peer.ReadRTP(buf)
 		if err != nil {
 			if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 				sess.idleTurns(time.Now())
@@ -277,6 +317,20 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 			sess.srv.metrics.clientAudioDropped.WithLabelValues("invalid_rtp").Inc()
 			continue
 		}
+		switch {
+		case audio == 0:
+			audio = pkt.SSRC
+			recv = sess.reports.AddRemoteStream(audio, opusClockRate)
+		case pkt.SSRC != audio:
+			// A second stream (an offer with several audio sections):
+			// the decoder follows one.
+			if pkt.SSRC != ignored {
+				ignored = pkt.SSRC
+				sess.srv.metrics.tracksIgnored.Inc()
+			}
+			continue
+		}
+		recv.Received(buf[:n], time.Now())
 		if len(pkt.Payload) == 0 {
 			continue // padding-only packet
 		}
@@ -294,60 +348,58 @@ func (sess *session) onTrack(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
 	}
 }
 
-func (sess *session) onDataChannel(dc *webrtc.DataChannel) {
-	if dc.Label() != EventsLabel {
-		sess.log.Info("ignoring data channel", "label", dc.Label())
-		dc.OnOpen(func() { sess.readDataChannel(dc, false) })
-		return
+// onDataChannel takes a data channel the client opened (on the peer
+// session's goroutine): oai-events is bridged, any other drained.
+func (sess *session) onDataChannel(dc *datachannel.DataChannel) {
+	forward := dc.Config.Label == EventsLabel
+	if !forward {
+		sess.log.Info("ignoring data channel", "label", dc.Config.Label)
+	} else {
+		sess.events.Store(dc)
 	}
-	// Pion hands over a remote-created channel once it is open; store it
-	// now, not in OnOpen, or a backend reply to the client's first message
-	// could arrive before the OnOpen callback ran and be dropped.
-	sess.events.Store(dc)
-	dc.OnOpen(func() { sess.readDataChannel(dc, true) }) // events.go
+	sess.srv.wg.Add(1)
+	go sess.readDataChannel(dc, forward) // events.go
 }
 
-func (sess *session) onConnectionState(st webrtc.PeerConnectionState) {
-	sess.log.Debug("peer connection state", "state", st.String())
+// onPeerState follows the peer session's connection events. It runs on
+// the shared read loop, the consent sweeper or the peer session's
+// goroutine, so it must not block: what talks to the backend runs on a
+// goroutine of its own (reportConnection).
+func (sess *session) onPeerState(st peer.State) {
+	sess.log.Debug("peer state", "state", st.String())
+	m := sess.srv.metrics
 	switch st {
-	case webrtc.PeerConnectionStateConnected:
+	case peer.StateICEConnected:
+		if !sess.iceUp.Swap(true) {
+			m.setup.WithLabelValues(phaseICE).Observe(time.Since(sess.created).Seconds())
+		} else {
+			sess.reportConnection(st)
+		}
+	case peer.StateDisconnected:
+		sess.reportConnection(st)
+	case peer.StateFailed:
+		if !sess.connected.Load() {
+			m.setupFailures.WithLabelValues(phaseICE, "failed").Inc()
+		}
+		sess.end(bridge.ReasonICEFailed)
+	case peer.StateDTLSConnected:
+		if !sess.dtlsUp.Swap(true) {
+			m.setup.WithLabelValues(phaseDTLS).Observe(time.Since(sess.created).Seconds())
+		}
+	case peer.StateDTLSFailed:
+		if !sess.dtlsUp.Load() {
+			m.setupFailures.WithLabelValues(phaseDTLS, "failed").Inc()
+		}
+		sess.end(bridge.ReasonICEFailed)
+	case peer.StateConnected:
 		if !sess.connected.Swap(true) {
 			sess.setupTimer.Stop()
-			sess.srv.metrics.connect.Observe(time.Since(sess.created).Seconds())
+			m.connect.Observe(time.Since(sess.created).Seconds())
 		}
 		sess.leavePending()
 		sess.startPlayout()
-	case webrtc.PeerConnectionStateFailed:
-		sess.end(bridge.ReasonICEFailed)
-	case webrtc.PeerConnectionStateClosed:
+	case peer.StateClosed:
 		sess.end(bridge.ReasonClientHangup)
-	}
-}
-
-func (sess *session) onICEState(st webrtc.ICEConnectionState) {
-	sess.reportConnection(st)
-	switch st {
-	case webrtc.ICEConnectionStateConnected:
-		if !sess.iceUp.Swap(true) {
-			sess.srv.metrics.setup.WithLabelValues(phaseICE).Observe(time.Since(sess.created).Seconds())
-		}
-	case webrtc.ICEConnectionStateFailed:
-		if !sess.connected.Load() {
-			sess.srv.metrics.setupFailures.WithLabelValues(phaseICE, "failed").Inc()
-		}
-	}
-}
-
-func (sess *session) onDTLSState(st webrtc.DTLSTransportState) {
-	switch st {
-	case webrtc.DTLSTransportStateConnected:
-		if !sess.dtlsUp.Swap(true) {
-			sess.srv.metrics.setup.WithLabelValues(phaseDTLS).Observe(time.Since(sess.created).Seconds())
-		}
-	case webrtc.DTLSTransportStateFailed:
-		if !sess.dtlsUp.Load() {
-			sess.srv.metrics.setupFailures.WithLabelValues(phaseDTLS, "failed").Inc()
-		}
 	}
 }
 
@@ -377,7 +429,7 @@ func (sess *session) fromBackend() {
 			sess.onControl(m.Control)
 		case m.Event != nil:
 			dc := sess.events.Load()
-			if dc == nil || dc.SendText(string(m.Event)) != nil {
+			if dc == nil || sendText(dc, m.Event) != nil {
 				sess.dropped.Add(1)
 				sess.srv.metrics.eventsDropped.Inc()
 			}
@@ -398,14 +450,14 @@ const EndEventType = "switchboard.session.end"
 // if open, and waits briefly for the message to leave.
 func (sess *session) notifyClient(reason string) {
 	dc := sess.events.Load()
-	if dc == nil || dc.ReadyState() != webrtc.DataChannelStateOpen {
+	if dc == nil {
 		return
 	}
 	msg, _ := json.Marshal(struct {
 		Type   string `json:"type"`
 		Reason string `json:"reason"`
 	}{EndEventType, reason})
-	if dc.SendText(string(msg)) != nil {
+	if sendText(dc, msg) != nil {
 		return
 	}
 	deadline := time.Now().Add(200 * time.Millisecond)
@@ -444,8 +496,10 @@ func (sess *session) teardown(reason string) {
 	sess.cancel()
 	sess.media.evWG.Wait() // a report stuck on the backend failed when End closed the bridge
 	sess.notifyClient(reason)
-	_ = sess.pc.Close() // sends DTLS close_notify
-	sess.imu.Lock()     // waits for a restart in progress
+	_ = sess.peer.Close() // sends DTLS close_notify; no peer event after it
+	_ = sess.reports.Close()
+	sess.waitConnectionReports(context.Background()) // the bridge is closed: they end at once
+	sess.imu.Lock()                                  // waits for a restart in progress
 	sess.iceDone = true
 	if s.conn != nil {
 		s.conn.RemoveSession(sess.ufrag)

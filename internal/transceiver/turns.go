@@ -300,7 +300,7 @@ func (sess *session) sendClientTurn(typ, member string, ms int64) {
 		member:     ms,
 		"item_id":  sess.turns.item,
 	})
-	if dc.SendText(string(msg)) != nil {
+	if sendText(dc, msg) != nil {
 		sess.srv.metrics.eventsDropped.Inc()
 	}
 }

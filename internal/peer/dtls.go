@@ -1,0 +1,163 @@
+package peer
+
+import (
+	"bytes"
+	_ "crypto/md5" // a=fingerprint hash functions (RFC 8122 §5)
+	_ "crypto/sha1"
+	_ "crypto/sha256"
+	_ "crypto/sha512"
+	"crypto/x509"
+	"errors"
+	"fmt"
+
+	"github.com/pion/dtls/v3"
+	"github.com/pion/dtls/v3/pkg/crypto/fingerprint"
+	"github.com/pion/srtp/v3"
+)
+
+// DTLS-SRTP (RFC 5763, RFC 5764).
+//
+// The session's DTLS connection runs over its feed (feed.go) with the
+// Endpoint's certificate, offering the SRTP protection profiles Pion
+// offers (AEAD AES-256-GCM, AEAD AES-128-GCM, AES-128-CM-HMAC-SHA1-80, RFC
+// 7714 and RFC 5764 §4.1.2) and asking for the extended master secret (RFC
+// 7627). The client's certificate is self-signed; it is trusted only when it
+// matches one of the offer's fingerprints (RFC 8122 §5). After the
+// handshake, the SRTP master keys and salts come from the DTLS exporter
+// (RFC 5764 §4.2), the client-write half for whichever side is the DTLS
+// client.
+
+var (
+	errNoCertificate       = errors.New("peer: the client sent no DTLS certificate")
+	errFingerprintMismatch = errors.New("peer: the client's DTLS certificate matches no fingerprint of the offer")
+	errNoSRTPProfile       = errors.New("peer: DTLS negotiated no SRTP protection profile")
+)
+
+// srtpProfiles are the profiles offered, most preferred first.
+var srtpProfiles = []dtls.SRTPProtectionProfile{
+	dtls.SRTP_AEAD_AES_256_GCM,
+	dtls.SRTP_AEAD_AES_128_GCM,
+	dtls.SRTP_AES128_CM_HMAC_SHA1_80,
+}
+
+// replayWindow is the SRTP and SRTCP replay window, in packets (RFC 3711
+// §3.3.2 asks for at least 64), as Pion's SRTP sessions keep.
+const replayWindow = 64
+
+// srtpKeys are a session's SRTP contexts: local encrypts (under
+// Session.wmu), remote decrypts (the read loop alone).
+type srtpKeys struct {
+	local, remote *srtp.Context
+}
+
+// handshake runs the DTLS handshake in the session's role.
+func (s *Session) handshake() (*dtls.Conn, error) {
+	e := s.e
+	shared := []dtls.Option{
+		dtls.WithCertificates(s.cfg.Certificate),
+		dtls.WithSRTPProtectionProfiles(srtpProfiles...),
+		dtls.WithExtendedMasterSecret(dtls.RequestExtendedMasterSecret),
+		// The chain is not verified: the certificate is self-signed and
+		// checked against the offer's fingerprints instead.
+		dtls.WithInsecureSkipVerify(true),
+		dtls.WithVerifyPeerCertificate(s.verifyCertificate),
+		dtls.WithLoggerFactory(e.cfg.LoggerFactory),
+	}
+	var conn *dtls.Conn
+	var err error
+	raddr := udpAddr(s.remote())
+	if s.cfg.Role == DTLSClient {
+		opts := make([]dtls.ClientOption, 0, len(shared))
+		for _, o := range shared {
+			opts = append(opts, o)
+		}
+		conn, err = dtls.ClientWithOptions(s.dtls, raddr, opts...)
+	} else {
+		opts := make([]dtls.ServerOption, 0, len(shared)+2)
+		for _, o := range shared {
+			opts = append(opts, o)
+		}
+		opts = append(opts, dtls.WithClientAuth(dtls.RequireAnyClientCert), dtls.WithInsecureSkipVerifyHello(e.cfg.InsecureSkipHelloVerify))
+		conn, err = dtls.ServerWithOptions(s.dtls, raddr, opts...)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		_ = conn.Close()
+		return nil, ErrClosed
+	}
+	s.conn = conn
+	s.mu.Unlock()
+	err = conn.HandshakeContext(s.ctx)
+	s.dtls.handshaken()
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// verifyCertificate checks the client's certificate against the offer's
+// fingerprints.
+func (s *Session) verifyCertificate(raw [][]byte, _ [][]*x509.Certificate) error {
+	if len(raw) == 0 {
+		return errNoCertificate
+	}
+	cert, err := x509.ParseCertificate(raw[0])
+	if err != nil {
+		return err
+	}
+	for _, fp := range s.cfg.Fingerprints {
+		h, err := fingerprint.HashFromString(fp.Hash)
+		if err != nil || !h.Available() {
+			continue
+		}
+		d := h.New()
+		d.Write(cert.Raw)
+		if bytes.Equal(d.Sum(nil), fp.Digest) {
+			return nil
+		}
+	}
+	return errFingerprintMismatch
+}
+
+// startSRTP derives the session's SRTP contexts from the handshake.
+func (s *Session) startSRTP(conn *dtls.Conn) error {
+	dp, ok := conn.SelectedSRTPProtectionProfile()
+	if !ok {
+		return errNoSRTPProfile
+	}
+	var profile srtp.ProtectionProfile
+	switch dp {
+	case dtls.SRTP_AEAD_AES_256_GCM:
+		profile = srtp.ProtectionProfileAeadAes256Gcm
+	case dtls.SRTP_AEAD_AES_128_GCM:
+		profile = srtp.ProtectionProfileAeadAes128Gcm
+	case dtls.SRTP_AES128_CM_HMAC_SHA1_80:
+		profile = srtp.ProtectionProfileAes128CmHmacSha1_80
+	default:
+		return fmt.Errorf("%w: %v", errNoSRTPProfile, dp)
+	}
+	state, ok := conn.ConnectionState()
+	if !ok {
+		return errors.New("peer: DTLS connection state unavailable")
+	}
+	cfg := srtp.Config{Profile: profile}
+	if err := cfg.ExtractSessionKeysFromDTLS(&state, s.cfg.Role == DTLSClient); err != nil {
+		return err
+	}
+	local, err := srtp.CreateContext(cfg.Keys.LocalMasterKey, cfg.Keys.LocalMasterSalt, profile)
+	if err != nil {
+		return err
+	}
+	remote, err := srtp.CreateContext(cfg.Keys.RemoteMasterKey, cfg.Keys.RemoteMasterSalt, profile,
+		srtp.SRTPReplayProtection(replayWindow), srtp.SRTCPReplayProtection(replayWindow))
+	if err != nil {
+		return err
+	}
+	s.setKeys(&srtpKeys{local: local, remote: remote})
+	return nil
+}

@@ -1,0 +1,132 @@
+package peer
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/pion/transport/v5/deadline"
+)
+
+// dtlsQueue is how many DTLS records a session's DTLS connection may be
+// behind the read loop. DTLS carries the handshake (a flight is a few
+// records) and the data channels' SCTP packets, which the DTLS reader
+// takes as they come; a full queue drops, as a full socket buffer would.
+const dtlsQueue = 32
+
+// feed is the net.PacketConn a session's DTLS connection runs over: the
+// read loop pushes the session's DTLS records into it, and its writes go
+// to the session's client address on the shared socket.
+type feed struct {
+	s      *Session
+	in     chan []byte
+	done   chan struct{}
+	once   sync.Once
+	rdline *deadline.Deadline
+	// ready is closed when the handshake has ended (handshaken). Until
+	// then application data waits here: pion/dtls keeps only one record
+	// of early application data (its Finished may still be pending) and
+	// drops the rest, which a peer that finished first and sent at once
+	// (SCTP's first DATA chunks) would have to retransmit after its RTO,
+	// a second later.
+	ready     chan struct{}
+	readyOnce sync.Once
+	held      []byte // a record taken from in, waiting for ready; the reader's alone
+}
+
+// contentApplicationData is the DTLS record content type of application
+// data (RFC 6347 §4.1, RFC 5246 §6.2.1).
+const contentApplicationData = 23
+
+func newFeed(s *Session) *feed {
+	return &feed{s: s, in: make(chan []byte, dtlsQueue), done: make(chan struct{}), rdline: deadline.New(), ready: make(chan struct{})}
+}
+
+// handshaken releases application data held for the end of the handshake.
+func (f *feed) handshaken() { f.readyOnce.Do(func() { close(f.ready) }) }
+
+// push queues a copy of b and reports whether it fit. Read loop only.
+func (f *feed) push(b []byte) bool {
+	select {
+	case <-f.done:
+		return true // closed: nothing reads, nothing to count
+	default:
+	}
+	select {
+	case f.in <- bytes.Clone(b):
+		return true
+	default:
+		return false
+	}
+}
+
+// ReadFrom returns the next queued datagram. One that starts with
+// application data waits for the end of the handshake.
+func (f *feed) ReadFrom(p []byte) (int, net.Addr, error) {
+	b := f.held
+	f.held = nil
+	if b == nil {
+		select {
+		case b = <-f.in:
+		case <-f.done:
+			return 0, nil, net.ErrClosed
+		case <-f.rdline.Done():
+			return 0, nil, os.ErrDeadlineExceeded
+		}
+	}
+	if b[0] == contentApplicationData {
+		select {
+		case <-f.ready:
+		case <-f.done:
+			return 0, nil, net.ErrClosed
+		case <-f.rdline.Done():
+			f.held = b
+			return 0, nil, os.ErrDeadlineExceeded
+		}
+	}
+	return copy(p, b), f.remote(), nil
+}
+
+// WriteTo writes p to the session's selected client address, whatever
+// addr says: the address follows the client's nominations and NAT
+// rebindings.
+func (f *feed) WriteTo(p []byte, _ net.Addr) (int, error) {
+	select {
+	case <-f.done:
+		return 0, net.ErrClosed
+	default:
+	}
+	a := f.s.remote()
+	if !a.IsValid() {
+		return 0, errNoAddress
+	}
+	return f.s.e.conn.WriteToAddrPort(p, a)
+}
+
+func (f *feed) remote() net.Addr {
+	return net.UDPAddrFromAddrPort(f.s.remote())
+}
+
+// Close ends reads and writes. Idempotent.
+func (f *feed) Close() error {
+	f.once.Do(func() { close(f.done) })
+	return nil
+}
+
+func (f *feed) LocalAddr() net.Addr { return f.s.e.conn.LocalAddr() }
+
+func (f *feed) SetDeadline(t time.Time) error { return f.SetReadDeadline(t) }
+
+func (f *feed) SetReadDeadline(t time.Time) error {
+	f.rdline.Set(t)
+	return nil
+}
+
+// SetWriteDeadline does nothing: writes do not block.
+func (f *feed) SetWriteDeadline(time.Time) error { return nil }
+
+// udpAddr is addr as the net.Addr DTLS wants for its peer.
+func udpAddr(a netip.AddrPort) net.Addr { return net.UDPAddrFromAddrPort(a) }

@@ -1,0 +1,158 @@
+package peer
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+
+	"github.com/pion/stun/v4"
+)
+
+// ICE-lite (RFC 8445 §2.5), answered in the read loop.
+//
+// A lite agent sends no checks; it answers the client's. A Binding request
+// is for the session whose local ufrag is the first part of its USERNAME
+// ("<local ufrag>:<remote ufrag>", RFC 8445 §7.2.2), must carry that whole
+// USERNAME, a MESSAGE-INTEGRITY that verifies with the session's local pwd
+// (short-term credentials, RFC 8489 §9.1) and a FINGERPRINT (RFC 8445 §7.3).
+// The answer is a Binding success response with XOR-MAPPED-ADDRESS, signed
+// with the same pwd and fingerprinted. A valid check teaches the Endpoint
+// the client's address (later DTLS and SRTP from it go to the session) and
+// refreshes the session's consent; the first one, or one with USE-CANDIDATE
+// (the controlling client nominating the pair, RFC 8445 §8.1.1), makes its
+// address the one the session sends to, and the first nomination connects
+// the session (Session.checked).
+//
+// Anything else that looks like STUN is dropped and counted (DropReason).
+
+// reader is the read loop's scratch state, reused for every datagram.
+type reader struct {
+	req, res stun.Message
+	dec      decryptScratch
+}
+
+// maxLearned bounds the client addresses one session learns (a client
+// checks from each of its candidates; a browser has a few).
+const maxLearned = 8
+
+func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
+	m := &rd.req
+	m.Reset()
+	m.Raw = append(m.Raw[:0], b...)
+	if err := m.Decode(); err != nil {
+		e.drop(DropSTUNMalformed)
+		return
+	}
+	if m.Type != stun.BindingRequest {
+		e.drop(DropSTUNNotRequest)
+		return
+	}
+	user, err := m.Get(stun.AttrUsername)
+	if err != nil {
+		e.drop(DropSTUNBadUsername)
+		return
+	}
+	i := bytes.IndexByte(user, ':')
+	if i <= 0 {
+		e.drop(DropSTUNBadUsername)
+		return
+	}
+	e.mu.RLock()
+	s := e.byUfrag[string(user[:i])]
+	e.mu.RUnlock()
+	if s == nil {
+		e.drop(DropSTUNUnknownUfrag)
+		return
+	}
+	cred := s.credentials()
+	if string(user[i+1:]) != cred.remoteUfrag {
+		e.drop(DropSTUNBadUsername)
+		return
+	}
+	if err := stun.Fingerprint.Check(m); err != nil {
+		e.drop(DropSTUNBadFingerprint)
+		return
+	}
+	if err := cred.integrity.Check(m); err != nil {
+		e.drop(DropSTUNBadIntegrity)
+		return
+	}
+	use := m.Contains(stun.AttrUseCandidate)
+
+	res := &rd.res
+	res.Reset()
+	res.WriteHeader()
+	ip := addr.Addr().Unmap()
+	err = res.Build(
+		stun.NewType(stun.MethodBinding, stun.ClassSuccessResponse),
+		stun.NewTransactionIDSetter(m.TransactionID),
+		&stun.XORMappedAddress{IP: net.IP(ip.AsSlice()), Port: int(addr.Port())},
+		cred.integrity,
+		stun.Fingerprint,
+	)
+	if err == nil {
+		_, _ = e.conn.WriteToAddrPort(res.Raw, addr)
+	}
+	e.learn(s, addr)
+	s.checked(addr, use)
+}
+
+// learn maps addr to s, for the DTLS and SRTP that follow.
+func (e *Endpoint) learn(s *Session, addr netip.AddrPort) {
+	e.mu.RLock()
+	cur := e.byAddr[addr]
+	e.mu.RUnlock()
+	if cur == s {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s.gone {
+		return
+	}
+	if old := e.byAddr[addr]; old != nil && old != s {
+		old.learned = deleteAddr(old.learned, addr)
+	}
+	if len(s.learned) == maxLearned {
+		delete(e.byAddr, s.learned[0])
+		s.learned = s.learned[1:]
+	}
+	e.byAddr[addr] = s
+	s.learned = append(s.learned, addr)
+}
+
+func deleteAddr(l []netip.AddrPort, a netip.AddrPort) []netip.AddrPort {
+	for i, x := range l {
+		if x == a {
+			return append(l[:i], l[i+1:]...)
+		}
+	}
+	return l
+}
+
+// register adds s under its local ufrag.
+func (e *Endpoint) register(s *Session, ufrag string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, dup := e.byUfrag[ufrag]; dup {
+		return errDuplicateUfrag
+	}
+	e.byUfrag[ufrag] = s
+	return nil
+}
+
+// forget removes s and every address it learned.
+func (e *Endpoint) forget(s *Session) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.gone = true
+	if e.byUfrag[s.ufrag()] == s {
+		delete(e.byUfrag, s.ufrag())
+	}
+	for _, a := range s.learned {
+		if e.byAddr[a] == s {
+			delete(e.byAddr, a)
+		}
+	}
+	s.learned = nil
+}

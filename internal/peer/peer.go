@@ -1,0 +1,293 @@
+// Package peer is a lean WebRTC endpoint built from Pion's parts, without
+// webrtc.PeerConnection: ICE-lite (RFC 8445 §2.5) answered inline with
+// pion/stun, DTLS-SRTP (RFC 5764) with pion/dtls and pion/srtp, data
+// channels (RFC 8831, RFC 8832) with pion/sctp and pion/datachannel, and
+// the SDP of an answer (sdp.go).
+//
+// One Endpoint serves every session on one shared UDP socket from one read
+// loop. It demultiplexes each datagram by its first byte (RFC 7983 §7):
+// STUN Binding requests are checked and answered there and then, with no
+// goroutine per session; DTLS records go to the session's DTLS connection
+// through a small queue; SRTP and SRTCP are decrypted in the read loop with
+// the session's srtp.Context, the RTP queued for the session's one media
+// reader (Session.ReadRTP) and the RTCP handed to SessionConfig.OnRTCP.
+// Outbound RTP and RTCP are encrypted on the writer's goroutine and written
+// to the socket directly (Session.WriteRTP, WriteRTCP), so a socket that
+// batches sends (internal/hop) batches them.
+//
+// Per session it runs pion/dtls's three goroutines (the handshake state
+// machine, the record reader and its read watcher), pion/sctp's three (read,
+// write, timers) and one of its own that drives the handshake and then
+// accepts data channels; the caller adds its media reader (ReadRTP) and
+// whatever reads the channels. ICE and SRTP cost no goroutine per session;
+// liveness (RFC 7675 consent) is watched for every session by one sweeper
+// goroutine of the Endpoint.
+package peer
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pion/logging"
+)
+
+// PacketConn is the shared socket an Endpoint reads and writes: a UDP
+// socket, or internal/hop's Conn over one. Reads come from the Endpoint's
+// one read loop; writes from any goroutine.
+type PacketConn interface {
+	ReadFromAddrPort(b []byte) (int, netip.AddrPort, error)
+	WriteToAddrPort(b []byte, addr netip.AddrPort) (int, error)
+	LocalAddr() net.Addr
+}
+
+// DropReason says why the read loop dropped a datagram. Its String is the
+// reason label of the metric the caller counts drops in.
+type DropReason uint8
+
+// Reasons a datagram is dropped.
+const (
+	// DropUnknownPacket: the first byte is none of STUN, DTLS, RTP/RTCP
+	// (RFC 7983 §7).
+	DropUnknownPacket DropReason = iota
+	// DropSTUNMalformed: a STUN message that does not decode.
+	DropSTUNMalformed
+	// DropSTUNNotRequest: a STUN message other than a Binding request (a
+	// lite agent sends no requests, so expects no responses).
+	DropSTUNNotRequest
+	// DropSTUNUnknownUfrag: a Binding request whose USERNAME names no
+	// session's local ufrag (an ended session, a restart's old ufrag).
+	DropSTUNUnknownUfrag
+	// DropSTUNBadUsername: a USERNAME that is not "<local>:<remote>" with
+	// the session's remote ufrag (RFC 8445 §7.3).
+	DropSTUNBadUsername
+	// DropSTUNBadIntegrity: no MESSAGE-INTEGRITY, or one that does not
+	// verify with the session's pwd (RFC 8489 §9.1.4).
+	DropSTUNBadIntegrity
+	// DropSTUNBadFingerprint: no FINGERPRINT, or a wrong one (RFC 8489
+	// §14.7; RFC 8445 §7.3 requires it).
+	DropSTUNBadFingerprint
+	// DropUnknownAddress: DTLS or SRTP from an address no session has
+	// learned from an authenticated check.
+	DropUnknownAddress
+	// DropDTLSQueueFull: the session's DTLS connection is not reading.
+	DropDTLSQueueFull
+	// DropSRTPNotReady: SRTP or SRTCP before the DTLS handshake gave keys,
+	// past the few kept for them.
+	DropSRTPNotReady
+	// DropSRTPAuth: SRTP or SRTCP that does not decrypt and authenticate
+	// (RFC 3711 §3.3), or a replay.
+	DropSRTPAuth
+	// DropRTPQueueFull: the session's media reader is behind.
+	DropRTPQueueFull
+	// NumDropReasons is the number of reasons.
+	NumDropReasons
+)
+
+var dropNames = [NumDropReasons]string{
+	"unknown_packet", "stun_malformed", "stun_not_request", "stun_unknown_ufrag", "stun_bad_username",
+	"stun_bad_integrity", "stun_bad_fingerprint", "unknown_address", "dtls_queue_full", "srtp_not_ready",
+	"srtp_auth", "rtp_queue_full",
+}
+
+// String returns the reason's metric label, e.g. "stun_bad_integrity".
+func (r DropReason) String() string {
+	if r < NumDropReasons {
+		return dropNames[r]
+	}
+	return "unknown"
+}
+
+// Config configures an Endpoint.
+type Config struct {
+	// Conn is the shared socket. Required. The Endpoint reads it until a
+	// read fails with net.ErrClosed; the caller closes it.
+	Conn PacketConn
+	// InsecureSkipHelloVerify skips the DTLS HelloVerifyRequest cookie
+	// round trip when a session is the DTLS server (RFC 6347 §4.2.1 makes
+	// it optional; ICE has already proved the path).
+	InsecureSkipHelloVerify bool
+	// ConsentTick is how often the sweeper looks at how long each
+	// session's client has been silent. Default 1 s.
+	ConsentTick time.Duration
+	// MaxPayload is the longest datagram read, in bytes. Default 1500.
+	MaxPayload int
+	// OnDrop, if set, is called for every datagram dropped, on the read
+	// loop (or, for SRTP that came before a session's keys, on the
+	// session's goroutine). It must not block.
+	OnDrop func(DropReason)
+	// LoggerFactory receives the DTLS, SCTP and data channel libraries'
+	// logs. Nil: none.
+	LoggerFactory logging.LoggerFactory
+	// Logger receives the Endpoint's own (rare) lines. Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Endpoint serves the sessions of one shared socket.
+type Endpoint struct {
+	// Set once.
+	cfg  Config
+	conn PacketConn
+	log  *slog.Logger
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	mu      sync.RWMutex
+	byUfrag map[string]*Session         // local ufrag → session; guarded by mu
+	byAddr  map[netip.AddrPort]*Session // learned client address → session; guarded by mu
+
+	drops [NumDropReasons]atomic.Uint64
+
+	closeOnce sync.Once
+}
+
+// New returns an Endpoint and starts its read loop and consent sweeper.
+func New(cfg Config) (*Endpoint, error) {
+	if cfg.Conn == nil {
+		return nil, errors.New("peer: Config.Conn is required")
+	}
+	if cfg.ConsentTick <= 0 {
+		cfg.ConsentTick = time.Second
+	}
+	if cfg.MaxPayload <= 0 {
+		cfg.MaxPayload = 1500
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.LoggerFactory == nil {
+		lf := logging.NewDefaultLoggerFactory()
+		lf.DefaultLogLevel = logging.LogLevelDisabled
+		cfg.LoggerFactory = lf
+	}
+	e := &Endpoint{
+		cfg:     cfg,
+		conn:    cfg.Conn,
+		log:     cfg.Logger,
+		stop:    make(chan struct{}),
+		byUfrag: make(map[string]*Session),
+		byAddr:  make(map[netip.AddrPort]*Session),
+	}
+	e.wg.Add(2)
+	go e.readLoop()
+	go e.sweep()
+	return e, nil
+}
+
+// Close stops the consent sweeper and waits for the read loop, which ends
+// when the socket is closed: close Config.Conn first. Sessions are not
+// closed; close them before.
+func (e *Endpoint) Close() {
+	e.closeOnce.Do(func() { close(e.stop) })
+	e.wg.Wait()
+}
+
+// Drops returns how many datagrams the read loop dropped, by reason.
+func (e *Endpoint) Drops() [NumDropReasons]uint64 {
+	var d [NumDropReasons]uint64
+	for i := range d {
+		d[i] = e.drops[i].Load()
+	}
+	return d
+}
+
+func (e *Endpoint) drop(r DropReason) {
+	e.drops[r].Add(1)
+	if e.cfg.OnDrop != nil {
+		e.cfg.OnDrop(r)
+	}
+}
+
+// readLoop reads the shared socket and demultiplexes every datagram by its
+// first byte (RFC 7983 §7): 0–3 STUN, 20–63 DTLS, 128–191 RTP and RTCP.
+func (e *Endpoint) readLoop() {
+	defer e.wg.Done()
+	buf := make([]byte, e.cfg.MaxPayload)
+	var rd reader
+	for {
+		n, addr, err := e.conn.ReadFromAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+				continue
+			}
+			e.log.Warn("peer: socket read failed; the endpoint stops", "err", err)
+			return
+		}
+		b := buf[:n]
+		if n == 0 {
+			e.drop(DropUnknownPacket)
+			continue
+		}
+		switch c := b[0]; {
+		case c <= 3:
+			e.handleSTUN(&rd, b, addr)
+		case c >= 20 && c <= 63:
+			s := e.session(addr)
+			if s == nil {
+				e.drop(DropUnknownAddress)
+				continue
+			}
+			s.seen()
+			if !s.dtls.push(b) {
+				e.drop(DropDTLSQueueFull)
+			}
+		case c >= 128 && c <= 191:
+			s := e.session(addr)
+			if s == nil {
+				e.drop(DropUnknownAddress)
+				continue
+			}
+			if r := s.handleSRTP(&rd, b); r != dropNone {
+				e.drop(r)
+			}
+		default:
+			e.drop(DropUnknownPacket)
+		}
+	}
+}
+
+// dropNone: a handler kept the datagram.
+const dropNone = NumDropReasons
+
+// session returns the session that learned addr, or nil.
+func (e *Endpoint) session(addr netip.AddrPort) *Session {
+	e.mu.RLock()
+	s := e.byAddr[addr]
+	e.mu.RUnlock()
+	return s
+}
+
+// sweep looks at every connected session's silence once per ConsentTick
+// (consent.go).
+func (e *Endpoint) sweep() {
+	defer e.wg.Done()
+	t := time.NewTicker(e.cfg.ConsentTick)
+	defer t.Stop()
+	var live []*Session
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+		}
+		e.mu.RLock()
+		for _, s := range e.byUfrag {
+			live = append(live, s)
+		}
+		e.mu.RUnlock()
+		now := time.Now()
+		for _, s := range live {
+			s.checkConsent(now)
+		}
+		clear(live)
+		live = live[:0]
+	}
+}

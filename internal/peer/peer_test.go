@@ -1,0 +1,696 @@
+package peer
+
+import (
+	"crypto/sha256"
+	"crypto/tls"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pion/datachannel"
+	"github.com/pion/dtls/v3/pkg/crypto/selfsign"
+	"github.com/pion/rtp"
+	"github.com/pion/stun/v4"
+	"github.com/pion/webrtc/v4"
+)
+
+// TestMain (goleak) is in sdp_test.go.
+
+// udpConn gives a UDP socket the method names of PacketConn.
+type udpConn struct{ *net.UDPConn }
+
+func (c udpConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
+	return c.ReadFromUDPAddrPort(b)
+}
+
+func (c udpConn) WriteToAddrPort(b []byte, a netip.AddrPort) (int, error) {
+	return c.WriteToUDPAddrPort(b, a)
+}
+
+// server is an Endpoint on a loopback socket.
+type server struct {
+	ep   *Endpoint
+	sock *net.UDPConn
+	// advertise, if valid, is the answer's candidate instead of sock's
+	// address (a test's cuttable path).
+	advertise netip.AddrPort
+	cert      tls.Certificate
+	fp        Fingerprint
+}
+
+func newServer(t *testing.T, mutate ...func(*Config)) *server {
+	t.Helper()
+	sock, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := selfsign.GenerateSelfSigned()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(cert.Certificate[0])
+	cfg := Config{Conn: udpConn{sock}, InsecureSkipHelloVerify: true}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	ep, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &server{ep: ep, sock: sock, cert: cert, fp: Fingerprint{Hash: "sha-256", Digest: sum[:]}}
+	t.Cleanup(func() {
+		_ = sock.Close()
+		ep.Close()
+	})
+	return s
+}
+
+func (s *server) addr() netip.AddrPort { return s.sock.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+func (s *server) candidate() netip.AddrPort {
+	if s.advertise.IsValid() {
+		return s.advertise
+	}
+	return s.addr()
+}
+
+// path is a UDP forwarder between one client and the server that can be
+// cut: the client's traffic then stops reaching the server, as when a
+// laptop's lid closes.
+type path struct {
+	front, back *net.UDPConn
+	cut         atomic.Bool
+	wg          sync.WaitGroup
+}
+
+func newPath(t *testing.T, server netip.AddrPort) *path {
+	t.Helper()
+	p := &path{}
+	var err error
+	if p.front, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if p.back, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	var client atomic.Pointer[netip.AddrPort]
+	p.wg.Add(2)
+	go func() {
+		defer p.wg.Done()
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := p.front.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			client.Store(&from)
+			if !p.cut.Load() {
+				_, _ = p.back.WriteToUDPAddrPort(buf[:n], server)
+			}
+		}
+	}()
+	go func() {
+		defer p.wg.Done()
+		buf := make([]byte, 1500)
+		for {
+			n, err := p.back.Read(buf)
+			if err != nil {
+				return
+			}
+			if c := client.Load(); c != nil {
+				_, _ = p.front.WriteToUDPAddrPort(buf[:n], *c)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = p.front.Close()
+		_ = p.back.Close()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *path) addr() netip.AddrPort { return p.front.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// client is a Pion PeerConnection offering Opus audio and an oai-events
+// data channel, as the transceiver's clients do.
+type client struct {
+	pc    *webrtc.PeerConnection
+	track *webrtc.TrackLocalStaticRTP
+	dc    *webrtc.DataChannel
+	echo  chan *rtp.Packet // RTP the client receives
+	msgs  chan string      // data channel messages it receives
+	open  chan struct{}
+	dtls  chan webrtc.DTLSTransportState
+	ice   chan webrtc.ICEConnectionState
+}
+
+func newClient(t *testing.T, data bool, mutate ...func(*webrtc.SettingEngine)) *client {
+	t.Helper()
+	var me webrtc.MediaEngine
+	if err := me.RegisterDefaultCodecs(); err != nil {
+		t.Fatal(err)
+	}
+	var se webrtc.SettingEngine
+	se.SetIncludeLoopbackCandidate(true)
+	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
+	for _, m := range mutate {
+		m(&se)
+	}
+	pc, err := webrtc.NewAPI(webrtc.WithMediaEngine(&me), webrtc.WithSettingEngine(se)).NewPeerConnection(webrtc.Configuration{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &client{pc: pc, echo: make(chan *rtp.Packet, 64), msgs: make(chan string, 16), open: make(chan struct{}),
+		dtls: make(chan webrtc.DTLSTransportState, 16), ice: make(chan webrtc.ICEConnectionState, 16)}
+	t.Cleanup(func() { _ = pc.Close() })
+	c.track, err = webrtc.NewTrackLocalStaticRTP(webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2}, "audio", "client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pc.AddTrack(c.track); err != nil {
+		t.Fatal(err)
+	}
+	if data {
+		c.dc, err = pc.CreateDataChannel("oai-events", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.dc.OnOpen(func() { close(c.open) })
+		c.dc.OnMessage(func(m webrtc.DataChannelMessage) { c.msgs <- string(m.Data) })
+	}
+	pc.OnTrack(func(tr *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
+		for {
+			p, _, err := tr.ReadRTP()
+			if err != nil {
+				return
+			}
+			select {
+			case c.echo <- p:
+			default:
+			}
+		}
+	})
+	pc.SCTP().Transport().OnStateChange(func(st webrtc.DTLSTransportState) { c.dtls <- st })
+	pc.OnICEConnectionStateChange(func(st webrtc.ICEConnectionState) {
+		select {
+		case c.ice <- st:
+		default:
+		}
+	})
+	return c
+}
+
+// offer returns the client's complete offer.
+func (c *client) offer(t *testing.T, restart bool) string {
+	t.Helper()
+	o, err := c.pc.CreateOffer(&webrtc.OfferOptions{ICERestart: restart})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gathered := webrtc.GatheringCompletePromise(c.pc)
+	if err := c.pc.SetLocalDescription(o); err != nil {
+		t.Fatal(err)
+	}
+	<-gathered
+	return c.pc.LocalDescription().SDP
+}
+
+func (c *client) answer(t *testing.T, sdp string) {
+	t.Helper()
+	if err := c.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: sdp}); err != nil {
+		t.Fatalf("client refused the answer: %v\n%s", err, sdp)
+	}
+}
+
+// sessionParts is what a test's session reports.
+type sessionParts struct {
+	states chan State
+	checks atomic.Int64
+	dcs    chan *datachannel.DataChannel
+}
+
+var ufragSeq atomic.Int64
+
+func newCreds() (ufrag, pwd string) {
+	n := strconv.FormatInt(ufragSeq.Add(1), 10)
+	return "ufrag" + n, "pwdpwdpwdpwdpwdpwdpwdpwd" + n
+}
+
+// connect offers from c, answers with a session on s, and returns it.
+func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig)) (*Session, *sessionParts) {
+	t.Helper()
+	o, err := ParseOffer(c.offer(t, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ufrag, pwd := newCreds()
+	parts := &sessionParts{states: make(chan State, 32), dcs: make(chan *datachannel.DataChannel, 4)}
+	role, setup := DTLSClient, "active"
+	if o.Setup == "active" {
+		role, setup = DTLSServer, "passive"
+	}
+	cfg := SessionConfig{
+		LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: o.ICEUfrag, Role: role, Certificate: s.cert,
+		Fingerprints: o.Fingerprints, Data: o.Data >= 0, RemoteSCTPInit: o.SCTPInit,
+		OnCheck:       func(netip.AddrPort, bool) { parts.checks.Add(1) },
+		OnState:       func(st State) { parts.states <- st },
+		OnDataChannel: func(dc *datachannel.DataChannel) { parts.dcs <- dc },
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	sess, err := s.ep.NewSession(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sess.Close() })
+	ans, err := Answer(o, AnswerParams{
+		ICEUfrag: ufrag, ICEPwd: pwd, Fingerprint: s.fp, Setup: setup, Candidate: s.candidate(),
+		AudioSSRC: 0x1234, CNAME: "peer-test", StreamID: "switchboard", TrackID: "audio",
+		SCTPPort: 5000, MaxMessageSize: 65536, SCTPInit: sess.LocalSCTPInit(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.answer(t, ans)
+	return sess, parts
+}
+
+func waitState(t *testing.T, p *sessionParts, want State) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case st := <-p.states:
+			if st == want {
+				return
+			}
+			if st == StateDTLSFailed || st == StateFailed && want != StateFailed {
+				t.Fatalf("session state %v while waiting for %v", st, want)
+			}
+		case <-timeout:
+			t.Fatalf("no session state %v", want)
+		}
+	}
+}
+
+// echoRTP reads the session's RTP and writes it back with the session's
+// SSRC, until the session closes.
+func echoRTP(sess *Session, wg *sync.WaitGroup) {
+	defer wg.Done()
+	buf := make([]byte, 1500)
+	var p rtp.Packet
+	for {
+		n, err := sess.ReadRTP(buf)
+		if err != nil {
+			return
+		}
+		if p.Unmarshal(buf[:n]) != nil {
+			continue
+		}
+		p.SSRC = 0x1234
+		_ = sess.WriteRTP(&p.Header, p.Payload)
+	}
+}
+
+// echoDC answers every message on dc with "echo:" and the message.
+func echoDC(dc *datachannel.DataChannel, wg *sync.WaitGroup) {
+	defer wg.Done()
+	buf := make([]byte, 4096)
+	for {
+		n, isString, err := dc.ReadDataChannel(buf)
+		if err != nil {
+			return
+		}
+		_, _ = dc.WriteDataChannel(append([]byte("echo:"), buf[:n]...), isString)
+	}
+}
+
+// sendUntilEcho sends Opus-sized packets from the client until one comes
+// back with the payload it carried.
+func sendUntilEcho(t *testing.T, c *client, mark byte) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for seq := uint16(0); time.Now().Before(deadline); seq++ {
+		payload := []byte{mark, 0xfc, 0xff, 0xfe, byte(seq)}
+		if err := c.track.WriteRTP(&rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: 111, SequenceNumber: seq, Timestamp: uint32(seq) * 960}, Payload: payload}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case p := <-c.echo:
+			if p.SSRC != 0x1234 {
+				t.Fatalf("echo SSRC %#x, want 0x1234", p.SSRC)
+			}
+			if len(p.Payload) > 0 && p.Payload[0] == mark {
+				return
+			}
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	t.Fatal("no RTP echoed")
+}
+
+func dcRoundTrip(t *testing.T, c *client, msg string) {
+	t.Helper()
+	if err := c.dc.SendText(msg); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-c.msgs:
+		if got != "echo:"+msg {
+			t.Fatalf("data channel got %q, want %q", got, "echo:"+msg)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no data channel echo")
+	}
+}
+
+// TestPionClient: a Pion client connects to a session: ICE-lite checks,
+// DTLS, SRTP both ways (RTP echoed), data channel messages both ways, an
+// ICE restart after which both still flow and the old ufrag is refused,
+// and the server's close, which the client sees as DTLS closed.
+func TestPionClient(t *testing.T) {
+	s := newServer(t)
+	c := newClient(t, true)
+	sess, parts := connect(t, s, c)
+	waitState(t, parts, StateConnected)
+	if parts.checks.Load() == 0 {
+		t.Fatal("OnCheck saw no check")
+	}
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go echoRTP(sess, &wg)
+	var dc *datachannel.DataChannel
+	select {
+	case dc = <-parts.dcs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no data channel")
+	}
+	if dc.Config.Label != "oai-events" {
+		t.Fatalf("label %q", dc.Config.Label)
+	}
+	wg.Add(1)
+	go echoDC(dc, &wg)
+	<-c.open
+	sendUntilEcho(t, c, 1)
+	dcRoundTrip(t, c, `{"type":"hello"}`)
+
+	// ICE restart: the client's new offer, new local credentials.
+	oldUfrag := sess.ufrag()
+	o, err := ParseOffer(c.offer(t, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ufrag, pwd := newCreds()
+	if err := sess.Restart(ufrag, pwd, o.ICEUfrag); err != nil {
+		t.Fatal(err)
+	}
+	ans, err := Answer(o, AnswerParams{
+		ICEUfrag: ufrag, ICEPwd: pwd, Fingerprint: s.fp, Setup: "active", Candidate: s.addr(),
+		AudioSSRC: 0x1234, CNAME: "peer-test", StreamID: "switchboard", TrackID: "audio", SCTPPort: 5000, MaxMessageSize: 65536,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := parts.checks.Load()
+	c.answer(t, ans)
+	for deadline := time.Now().Add(10 * time.Second); parts.checks.Load() == before; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no check with the restarted credentials")
+		}
+	}
+	sendUntilEcho(t, c, 2)
+	dcRoundTrip(t, c, "after restart")
+
+	// A check with the old ufrag and old pwd is not answered.
+	unknown := s.ep.Drops()[DropSTUNUnknownUfrag]
+	raw := bindingRequest(t, oldUfrag+":"+o.ICEUfrag, "whatever", true)
+	sendRaw(t, s.addr(), raw, false)
+	waitDrop(t, s.ep, DropSTUNUnknownUfrag, unknown+1)
+
+	// The server closes: the client sees DTLS closed (close_notify).
+	_ = sess.Close()
+	wg.Wait()
+	waitClientDTLS(t, c, webrtc.DTLSTransportStateClosed)
+}
+
+func waitClientDTLS(t *testing.T, c *client, want webrtc.DTLSTransportState) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case st := <-c.dtls:
+			if st == want {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("client DTLS never %v", want)
+		}
+	}
+}
+
+// TestClientCloses: the client's close (DTLS close_notify) is
+// StateClosed.
+func TestClientCloses(t *testing.T) {
+	s := newServer(t)
+	c := newClient(t, true)
+	_, parts := connect(t, s, c)
+	waitState(t, parts, StateConnected)
+	<-c.open
+	if err := c.pc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, parts, StateClosed)
+}
+
+// TestConsent: a connected client that goes silent is disconnected, back
+// when its traffic resumes, and failed when it stays silent.
+func TestConsent(t *testing.T) {
+	s := newServer(t, func(c *Config) { c.ConsentTick = 20 * time.Millisecond })
+	p := newPath(t, s.addr())
+	s.advertise = p.addr()
+	c := newClient(t, false)
+	_, parts := connect(t, s, c, func(sc *SessionConfig) {
+		sc.DisconnectedTimeout, sc.FailedTimeout = 300*time.Millisecond, 3*time.Second
+	})
+	waitState(t, parts, StateConnected)
+	p.cut.Store(true)
+	waitState(t, parts, StateDisconnected)
+	p.cut.Store(false)
+	if err := c.track.WriteRTP(&rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: 111, SequenceNumber: 1}, Payload: []byte{1}}); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, parts, StateICEConnected)
+	p.cut.Store(true)
+	waitState(t, parts, StateDisconnected)
+	waitState(t, parts, StateFailed)
+}
+
+// TestWrongFingerprint: a client whose certificate matches no fingerprint
+// of the offer fails DTLS.
+func TestWrongFingerprint(t *testing.T) {
+	s := newServer(t)
+	c := newClient(t, true)
+	_, parts := connect(t, s, c, func(sc *SessionConfig) {
+		fp := sc.Fingerprints[0]
+		fp.Digest = append([]byte(nil), fp.Digest...)
+		fp.Digest[0] ^= 0xff
+		sc.Fingerprints = []Fingerprint{fp}
+	})
+	waitState(t, parts, StateDTLSFailed)
+}
+
+func bindingRequest(t *testing.T, username, pwd string, fingerprint bool) []byte {
+	t.Helper()
+	setters := []stun.Setter{stun.TransactionID, stun.BindingRequest, stun.NewUsername(username), stun.NewShortTermIntegrity(pwd)}
+	if fingerprint {
+		setters = append(setters, stun.Fingerprint)
+	}
+	m, err := stun.Build(setters...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Raw
+}
+
+// sendRaw sends b to the server from a fresh socket and, if wantReply,
+// returns the reply.
+func sendRaw(t *testing.T, to netip.AddrPort, b []byte, wantReply bool) *stun.Message {
+	t.Helper()
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.WriteToUDPAddrPort(b, to); err != nil {
+		t.Fatal(err)
+	}
+	if !wantReply {
+		return nil
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 1500)
+	n, err := conn.Read(buf)
+	if err != nil {
+		t.Fatalf("no reply: %v", err)
+	}
+	m := &stun.Message{Raw: buf[:n]}
+	if err := m.Decode(); err != nil {
+		t.Fatal(err)
+	}
+	var xor stun.XORMappedAddress
+	if err := xor.GetFrom(m); err != nil {
+		t.Fatalf("reply without XOR-MAPPED-ADDRESS: %v", err)
+	}
+	if got := conn.LocalAddr().(*net.UDPAddr); !xor.IP.Equal(got.IP) || xor.Port != got.Port {
+		t.Fatalf("XOR-MAPPED-ADDRESS %v, want %v", xor, got)
+	}
+	return m
+}
+
+func waitDrop(t *testing.T, ep *Endpoint, r DropReason, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for ep.Drops()[r] < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v drops %d, want %d", r, ep.Drops()[r], want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestBadSTUN: checks that do not authenticate are dropped and counted by
+// reason, and a good one is answered with the sender's address, signed.
+func TestBadSTUN(t *testing.T) {
+	var counted [NumDropReasons]atomic.Uint64
+	s := newServer(t, func(c *Config) { c.OnDrop = func(r DropReason) { counted[r].Add(1) } })
+	sess, err := s.ep.NewSession(SessionConfig{LocalUfrag: "local", LocalPwd: "localpwdlocalpwdlocalpwd", RemoteUfrag: "remote",
+		Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	if _, err := s.ep.NewSession(SessionConfig{LocalUfrag: "local", LocalPwd: "x", RemoteUfrag: "y", Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}}); err == nil {
+		t.Fatal("a second session took the same ufrag")
+	}
+	cases := []struct {
+		name string
+		b    []byte
+		want DropReason
+	}{
+		{"garbage", []byte{0, 1, 0, 0, 1, 2, 3}, DropSTUNMalformed},
+		{"unknown ufrag", bindingRequest(t, "nobody:remote", "localpwdlocalpwdlocalpwd", true), DropSTUNUnknownUfrag},
+		{"wrong remote ufrag", bindingRequest(t, "local:other", "localpwdlocalpwdlocalpwd", true), DropSTUNBadUsername},
+		{"no colon", bindingRequest(t, "local", "localpwdlocalpwdlocalpwd", true), DropSTUNBadUsername},
+		{"wrong pwd", bindingRequest(t, "local:remote", "wrongpwdwrongpwdwrongpwd", true), DropSTUNBadIntegrity},
+		{"no fingerprint", bindingRequest(t, "local:remote", "localpwdlocalpwdlocalpwd", false), DropSTUNBadFingerprint},
+		{"indication", mustBuild(t, stun.TransactionID, stun.NewType(stun.MethodBinding, stun.ClassIndication), stun.Fingerprint), DropSTUNNotRequest},
+		{"DTLS from a stranger", []byte{22, 254, 253, 0, 0}, DropUnknownAddress},
+		{"SRTP from a stranger", make([]byte, 40), DropUnknownPacket},
+	}
+	cases[len(cases)-1].b[0] = 0x80
+	cases[len(cases)-1].want = DropUnknownAddress
+	for _, tc := range cases {
+		before := s.ep.Drops()[tc.want]
+		sendRaw(t, s.addr(), tc.b, false)
+		waitDrop(t, s.ep, tc.want, before+1)
+		if got := counted[tc.want].Load(); got != before+1 {
+			t.Fatalf("%s: OnDrop counted %d, want %d", tc.name, got, before+1)
+		}
+	}
+	sendRaw(t, s.addr(), []byte{70, 0, 0}, false)
+	waitDrop(t, s.ep, DropUnknownPacket, 1)
+
+	// A good check is answered, signed with the local pwd.
+	m := sendRaw(t, s.addr(), bindingRequest(t, "local:remote", "localpwdlocalpwdlocalpwd", true), true)
+	if m.Type != stun.BindingSuccess {
+		t.Fatalf("reply %v", m.Type)
+	}
+	if err := stun.NewShortTermIntegrity("localpwdlocalpwdlocalpwd").Check(m); err != nil {
+		t.Fatalf("reply integrity: %v", err)
+	}
+	if err := stun.Fingerprint.Check(m); err != nil {
+		t.Fatalf("reply fingerprint: %v", err)
+	}
+}
+
+func mustBuild(t *testing.T, setters ...stun.Setter) []byte {
+	t.Helper()
+	m, err := stun.Build(setters...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Raw
+}
+
+// TestPionClientSNAP: a client that offers SCTP SNAP (a=sctp-init) gets
+// an answer with the session's own, and its data channel opens without
+// the association's 4-way handshake and carries messages both ways.
+func TestPionClientSNAP(t *testing.T) {
+	s := newServer(t)
+	c := newClient(t, true, func(se *webrtc.SettingEngine) { se.EnableSctpSnap(true) })
+	sess, parts := connect(t, s, c)
+	if sess.LocalSCTPInit() == nil {
+		t.Fatal("the offer had a=sctp-init but the session has none to answer")
+	}
+	waitState(t, parts, StateConnected)
+	var dc *datachannel.DataChannel
+	select {
+	case dc = <-parts.dcs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no data channel")
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go echoDC(dc, &wg)
+	<-c.open
+	dcRoundTrip(t, c, "snap")
+	_ = sess.Close()
+	wg.Wait()
+}
+
+// TestEarlyMedia: the client is the DTLS server, so its handshake ends
+// first, and it sends RTP the moment it does, while the session's last
+// flight has not yet given it keys. That packet is kept until the keys
+// come and echoed, not dropped.
+func TestEarlyMedia(t *testing.T) {
+	s := newServer(t)
+	c := newClient(t, false)
+	sent := make(chan error, 1)
+	c.pc.SCTP().Transport().OnStateChange(func(st webrtc.DTLSTransportState) {
+		if st == webrtc.DTLSTransportStateConnected {
+			// Pion calls this holding the transport's lock, which the
+			// write waits for: it goes out as the handshake returns.
+			go func() {
+				sent <- c.track.WriteRTP(&rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: 111, SequenceNumber: 7, Timestamp: 960}, Payload: []byte{9, 0xfc}})
+			}()
+		}
+	})
+	sess, parts := connect(t, s, c)
+	if sess.cfg.Role != DTLSClient {
+		t.Fatal("the session must be the DTLS client for the client to finish first")
+	}
+	waitState(t, parts, StateConnected)
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go echoRTP(sess, &wg)
+	select {
+	case p := <-c.echo:
+		if p.SequenceNumber != 7 || p.Payload[0] != 9 {
+			t.Fatalf("echo seq %d payload %x, want the first packet", p.SequenceNumber, p.Payload)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the packet sent as the client's handshake ended was not echoed (drops %v)", s.ep.Drops())
+	}
+	_ = sess.Close()
+	wg.Wait()
+}

@@ -1,0 +1,402 @@
+package peer
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pion/datachannel"
+	"github.com/pion/dtls/v3"
+	"github.com/pion/rtcp"
+	"github.com/pion/rtp"
+	"github.com/pion/sctp"
+	"github.com/pion/stun/v4"
+	"github.com/pion/transport/v5/deadline"
+)
+
+// Errors of sessions.
+var (
+	// ErrClosed: the session is closed.
+	ErrClosed = errors.New("peer: session closed")
+	// ErrNotConnected: media written before the DTLS handshake gave SRTP
+	// keys.
+	ErrNotConnected = errors.New("peer: session not connected")
+	// ErrTooBig: an RTP packet longer than Config.MaxPayload.
+	ErrTooBig = errors.New("peer: packet longer than the maximum payload")
+
+	errDuplicateUfrag = errors.New("peer: local ufrag already in use")
+	errNoAddress      = errors.New("peer: no client address selected yet")
+)
+
+// DTLSRole is the DTLS role a session takes (RFC 5763 §5: the answer's
+// a=setup, active for the client, passive for the server).
+type DTLSRole uint8
+
+// DTLS roles.
+const (
+	DTLSClient DTLSRole = iota + 1
+	DTLSServer
+)
+
+// State is a session's connection event, passed to SessionConfig.OnState.
+type State uint8
+
+// Session states.
+const (
+	// StateICEConnected: the client nominated a pair (a valid check with
+	// USE-CANDIDATE), or traffic resumed after StateDisconnected.
+	StateICEConnected State = iota + 1
+	// StateDisconnected: nothing authenticated arrived for
+	// SessionConfig.DisconnectedTimeout.
+	StateDisconnected
+	// StateFailed: nothing authenticated arrived for
+	// SessionConfig.FailedTimeout: consent is lost (RFC 7675 §5.1). Final.
+	StateFailed
+	// StateDTLSConnected: the DTLS handshake completed and the remote
+	// certificate matched a fingerprint of the offer.
+	StateDTLSConnected
+	// StateDTLSFailed: the DTLS handshake failed (or gave no SRTP
+	// profile). Final.
+	StateDTLSFailed
+	// StateConnected: SRTP keys are derived; media flows both ways.
+	StateConnected
+	// StateClosed: the client closed the DTLS association (close_notify or
+	// a fatal alert). Final.
+	StateClosed
+)
+
+var stateNames = [...]string{"", "ice_connected", "disconnected", "failed", "dtls_connected", "dtls_failed", "connected", "closed"}
+
+// String returns the state's name, e.g. "ice_connected".
+func (s State) String() string {
+	if int(s) < len(stateNames) && s != 0 {
+		return stateNames[s]
+	}
+	return "unknown"
+}
+
+// SessionConfig is one session: its ICE credentials, the remote DTLS
+// certificate's fingerprints, and where its traffic goes.
+type SessionConfig struct {
+	// LocalUfrag and LocalPwd are the session's ICE credentials (the
+	// answer's), RemoteUfrag the client's (the offer's). Required.
+	LocalUfrag, LocalPwd, RemoteUfrag string
+	// Role is the DTLS role taken. Required.
+	Role DTLSRole
+	// Certificate is the DTLS certificate the session presents (a
+	// self-signed one, authenticated by the answer's fingerprint, RFC
+	// 8122; sessions may share one). Required.
+	Certificate tls.Certificate
+	// Fingerprints are the offer's a=fingerprint lines: the client's
+	// certificate must match one (RFC 8122 §5). At least one.
+	Fingerprints []Fingerprint
+	// Data runs an SCTP association for data channels over DTLS (the
+	// offer has an application m-section).
+	Data bool
+	// MaxMessageSize is the client's a=max-message-size (RFC 8841 §6), in
+	// bytes: the largest message sent to it. 0: 65536.
+	MaxMessageSize int
+	// RemoteSCTPInit is the offer's a=sctp-init (SCTP SNAP, a Pion
+	// extension): with it, the association starts without its 4-way
+	// handshake and LocalSCTPInit gives the answer's. Nil: none.
+	RemoteSCTPInit []byte
+	// DisconnectedTimeout and FailedTimeout bound the client's silence
+	// (RFC 7675); 0 disables either.
+	DisconnectedTimeout, FailedTimeout time.Duration
+	// RTPQueue is how many decrypted RTP packets may wait for ReadRTP.
+	// Default 16 (320 ms of 20 ms audio).
+	RTPQueue int
+
+	// OnCheck, if set, is called on the read loop for every valid
+	// connectivity check, with the client's address and whether the check
+	// nominated it (USE-CANDIDATE). It must not block.
+	OnCheck func(addr netip.AddrPort, nominated bool)
+	// OnState, if set, is called with each connection event, on the read
+	// loop, the consent sweeper or the session's goroutine. It must not
+	// block.
+	OnState func(State)
+	// OnRTCP, if set, is called on the read loop with each decrypted
+	// compound RTCP packet (RFC 3550 §6.1); for the few that came before
+	// the SRTP keys, on the session's goroutine. It must not block or keep
+	// b.
+	OnRTCP func(b []byte)
+	// OnDataChannel, if set, is called with each data channel the client
+	// opens (DCEP, RFC 8832), on the session's goroutine: it must return
+	// promptly (start the channel's reader on a goroutine of its own). The
+	// channel closes with the session.
+	OnDataChannel func(*datachannel.DataChannel)
+}
+
+// credentials are a session's current ICE credentials.
+type credentials struct {
+	localUfrag, remoteUfrag string
+	integrity               stun.MessageIntegrity
+}
+
+// Session is one client's ICE-lite, DTLS-SRTP and SCTP association on
+// the Endpoint's socket.
+type Session struct {
+	// Set once.
+	e      *Endpoint
+	cfg    SessionConfig
+	dtls   *feed
+	rtpq   chan *[]byte
+	rdline *deadline.Deadline
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	done   chan struct{} // closed when run returns
+	snap   []byte        // the answer's a=sctp-init; nil: no SNAP
+
+	cred     atomic.Pointer[credentials]
+	addr     atomic.Pointer[netip.AddrPort] // the selected client address; nil until the first check
+	lastSeen atomic.Int64                   // unix ns of the last authenticated datagram
+	iceUp    atomic.Bool                    // a valid check came; run started
+	keys     atomic.Pointer[srtpKeys]
+	closing  atomic.Bool
+
+	// Consent state, the sweeper's alone.
+	silent, failed bool
+
+	// emu guards early, SRTP and SRTCP that came before the keys
+	// (media.go), and the keys' publication.
+	emu   sync.Mutex
+	early [][]byte
+
+	// wmu guards the outbound SRTP context and the scratch headers.
+	wmu   sync.Mutex
+	whdr  rtp.Header
+	wrtcp rtcp.Header
+
+	mu    sync.Mutex
+	conn  *dtls.Conn        // guarded by mu; nil until the handshake starts
+	assoc *sctp.Association // guarded by mu
+
+	// Guarded by Endpoint.mu.
+	learned []netip.AddrPort
+	gone    bool
+
+	closeOnce sync.Once
+}
+
+// NewSession registers a session on e: checks for its local ufrag are
+// answered from now on. It errs if the ufrag is taken or the config is
+// incomplete.
+func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
+	switch {
+	case cfg.LocalUfrag == "" || cfg.LocalPwd == "" || cfg.RemoteUfrag == "":
+		return nil, errors.New("peer: a session needs local and remote ICE credentials")
+	case cfg.Role != DTLSClient && cfg.Role != DTLSServer:
+		return nil, errors.New("peer: a session needs a DTLS role")
+	case len(cfg.Certificate.Certificate) == 0:
+		return nil, errors.New("peer: a session needs a DTLS certificate")
+	case len(cfg.Fingerprints) == 0:
+		return nil, errors.New("peer: a session needs the remote certificate's fingerprint")
+	}
+	if cfg.RTPQueue <= 0 {
+		cfg.RTPQueue = 16
+	}
+	if cfg.MaxMessageSize <= 0 {
+		cfg.MaxMessageSize = 65536
+	}
+	s := &Session{e: e, cfg: cfg, rtpq: make(chan *[]byte, cfg.RTPQueue), rdline: deadline.New(), done: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.dtls = newFeed(s)
+	s.cred.Store(&credentials{localUfrag: cfg.LocalUfrag, remoteUfrag: cfg.RemoteUfrag, integrity: stun.NewShortTermIntegrity(cfg.LocalPwd)})
+	if cfg.Data && len(cfg.RemoteSCTPInit) > 0 {
+		snap, err := sctp.GenerateOutOfBandToken(s.sctpOptions(nil)...)
+		if err != nil {
+			return nil, err
+		}
+		s.snap = snap
+	}
+	if err := e.register(s, cfg.LocalUfrag); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// LocalSCTPInit returns the answer's a=sctp-init payload when the offer
+// had one (SessionConfig.RemoteSCTPInit), else nil.
+func (s *Session) LocalSCTPInit() []byte { return s.snap }
+
+func (s *Session) credentials() *credentials { return s.cred.Load() }
+
+func (s *Session) ufrag() string { return s.cred.Load().localUfrag }
+
+// remote returns the selected client address; invalid before the first
+// check.
+func (s *Session) remote() netip.AddrPort {
+	if a := s.addr.Load(); a != nil {
+		return *a
+	}
+	return netip.AddrPort{}
+}
+
+// RemoteAddr returns the client address the session sends to; invalid
+// before the first valid check.
+func (s *Session) RemoteAddr() netip.AddrPort { return s.remote() }
+
+func (s *Session) seen() { s.lastSeen.Store(time.Now().UnixNano()) }
+
+func (s *Session) state(st State) {
+	if s.cfg.OnState != nil {
+		s.cfg.OnState(st)
+	}
+}
+
+// checked handles a valid check from addr (ice.go). Read loop.
+//
+// The first valid check selects its address, so that the session can
+// answer and send; the first nominating one (USE-CANDIDATE, which the
+// controlling client sends on the pair it chose, RFC 8445 §8.1.1) selects
+// its address and connects ICE: the DTLS handshake starts then, as a
+// full agent's would on its selected pair.
+func (s *Session) checked(addr netip.AddrPort, nominated bool) {
+	s.seen()
+	if s.cfg.OnCheck != nil {
+		s.cfg.OnCheck(addr, nominated)
+	}
+	if cur := s.remote(); !cur.IsValid() || nominated && cur != addr {
+		s.addr.Store(&addr)
+	}
+	if !nominated || s.iceUp.Load() {
+		return
+	}
+	s.mu.Lock()
+	start := !s.closing.Load() && !s.iceUp.Swap(true)
+	s.mu.Unlock()
+	if start {
+		s.state(StateICEConnected)
+		go s.run()
+	}
+}
+
+// checkConsent reports the client's silence (the sweeper, peer.go).
+func (s *Session) checkConsent(now time.Time) {
+	if !s.iceUp.Load() || s.failed || s.closing.Load() {
+		return
+	}
+	silent := now.Sub(time.Unix(0, s.lastSeen.Load()))
+	fail, disc := s.cfg.FailedTimeout, s.cfg.DisconnectedTimeout
+	switch {
+	case fail > 0 && silent >= fail:
+		s.failed = true
+		s.state(StateFailed)
+	case disc > 0 && silent >= disc:
+		if !s.silent {
+			s.silent = true
+			s.state(StateDisconnected)
+		}
+	case s.silent:
+		s.silent = false
+		s.state(StateICEConnected)
+	}
+}
+
+// Restart moves the session to new ICE credentials (an ICE restart, RFC
+// 8445 §9): checks must now carry localUfrag and remoteUfrag and verify
+// with localPwd; the old local ufrag is forgotten at once. DTLS, SRTP and
+// SCTP continue, and media keeps going to the selected address until a
+// check selects another.
+func (s *Session) Restart(localUfrag, localPwd, remoteUfrag string) error {
+	if localUfrag == "" || localPwd == "" || remoteUfrag == "" {
+		return errors.New("peer: an ICE restart needs local and remote credentials")
+	}
+	e := s.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s.gone {
+		return ErrClosed
+	}
+	old := s.cred.Load().localUfrag
+	if _, dup := e.byUfrag[localUfrag]; dup && localUfrag != old {
+		return errDuplicateUfrag
+	}
+	delete(e.byUfrag, old)
+	e.byUfrag[localUfrag] = s
+	s.cred.Store(&credentials{localUfrag: localUfrag, remoteUfrag: remoteUfrag, integrity: stun.NewShortTermIntegrity(localPwd)})
+	return nil
+}
+
+// Close closes the session: the SCTP association, then DTLS with a
+// close_notify alert (RFC 5246 §7.2.1) when the handshake completed; the
+// Endpoint forgets the session's ufrag and addresses. It waits for the
+// session's goroutine. Idempotent.
+func (s *Session) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closing.Store(true)
+		assoc, conn, started := s.assoc, s.conn, s.iceUp.Load()
+		s.mu.Unlock()
+		s.cancel()
+		if assoc != nil {
+			_ = assoc.Close() // closes conn too
+		}
+		if conn != nil {
+			_ = conn.Close()
+		}
+		_ = s.dtls.Close()
+		s.e.forget(s)
+		if started {
+			<-s.done
+		}
+		// Return what waits for ReadRTP to the pool.
+		for {
+			select {
+			case bp := <-s.rtpq:
+				putBuf(bp)
+				continue
+			default:
+			}
+			break
+		}
+	})
+	return nil
+}
+
+// Done is closed when the session is closed (Close).
+func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
+
+// run drives the session after its first valid check: the DTLS handshake,
+// SRTP keys, then the SCTP association and its data channels until DTLS
+// ends.
+func (s *Session) run() {
+	defer close(s.done)
+	conn, err := s.handshake()
+	if err != nil {
+		if !s.closing.Load() {
+			s.e.log.Debug("peer: DTLS handshake failed", "ufrag", s.ufrag(), "err", err)
+			s.state(StateDTLSFailed)
+		}
+		return
+	}
+	s.state(StateDTLSConnected)
+	if err := s.startSRTP(conn); err != nil {
+		if !s.closing.Load() {
+			s.e.log.Debug("peer: SRTP keys", "ufrag", s.ufrag(), "err", err)
+			s.state(StateDTLSFailed)
+		}
+		_ = conn.Close()
+		return
+	}
+	s.state(StateConnected)
+	if s.cfg.Data {
+		s.serveSCTP(conn)
+	}
+	// Without data channels, or once the association is gone, read DTLS
+	// until it closes: its reader must see the client's close_notify.
+	bp := getBuf()
+	for {
+		if _, err := conn.Read(*bp); err != nil {
+			break
+		}
+	}
+	putBuf(bp)
+	if !s.closing.Load() {
+		s.state(StateClosed)
+	}
+}
