@@ -64,7 +64,13 @@ func Dial(ctx context.Context, url string, start SessionStart) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bridge: dial %s: %w", url, err)
 	}
-	c := newCore(ws)
+	c := newCore(newWSTransport(ws))
+	if got := ws.Subprotocol(); got != Subprotocol {
+		err := fmt.Errorf("%w: backend selected subprotocol %q, want %q", ErrVersion, got, Subprotocol)
+		_ = c.fail(CloseVersion, err)
+		_ = c.Close()
+		return nil, err
+	}
 	if err := c.dialHandshake(ctx, start); err != nil {
 		_ = c.Close()
 		return nil, err
@@ -73,9 +79,6 @@ func Dial(ctx context.Context, url string, start SessionStart) (*Conn, error) {
 }
 
 func (c *core) dialHandshake(ctx context.Context, start SessionStart) error {
-	if got := c.ws.Subprotocol(); got != Subprotocol {
-		return c.fail(CloseVersion, fmt.Errorf("%w: backend selected subprotocol %q, want %q", ErrVersion, got, Subprotocol))
-	}
 	if err := c.sendJSON(ctx, helloOffer{Type: typeHello, Version: Version, AudioFormats: offeredFormats}); err != nil {
 		return err
 	}

@@ -85,7 +85,7 @@ func Accept(w http.ResponseWriter, r *http.Request, opts AcceptOptions) (*Server
 	if err != nil {
 		return nil, fmt.Errorf("bridge: accept: %w", err)
 	}
-	c := newCore(ws)
+	c := newCore(newWSTransport(ws))
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	start, err := c.acceptHandshake(ctx, formats, opts)
