@@ -262,16 +262,20 @@ func (c *core) fail(code websocket.StatusCode, err error) error {
 // (truncated to the 123 bytes a close frame holds). The library bounds
 // it to 5 s for the write and 5 s for the peer's reply.
 func (c *core) closeWith(code websocket.StatusCode, reason string) {
-	c.closeOnce.Do(func() {
-		const maxReason = 123
-		if len(reason) > maxReason {
-			reason = reason[:maxReason]
-			for !utf8.ValidString(reason) {
-				reason = reason[:len(reason)-1]
-			}
+	c.closeOnce.Do(func() { _ = c.t.close(code, truncReason(reason)) })
+}
+
+// truncReason cuts a close reason to the 123 bytes a close frame holds,
+// on a rune boundary.
+func truncReason(reason string) string {
+	const maxReason = 123
+	if len(reason) > maxReason {
+		reason = reason[:maxReason]
+		for !utf8.ValidString(reason) {
+			reason = reason[:len(reason)-1]
 		}
-		_ = c.t.close(code, reason)
-	})
+	}
+	return reason
 }
 
 // End sends session.end with reason (unless the peer already ended the
