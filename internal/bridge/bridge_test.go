@@ -25,7 +25,7 @@ import (
 // serve starts a loopback HTTP server running h and returns its ws://
 // URL. Cleanup waits until every handler call has returned (hijacked
 // connections are not tracked by httptest).
-func serve(t *testing.T, h http.Handler) string {
+func serve(t testing.TB, h http.Handler) string {
 	t.Helper()
 	var wg sync.WaitGroup
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -44,7 +44,7 @@ func echoSession(sc *bridge.ServerConn) {
 
 // serveV2 serves the bridge with Serve (v1 and v2), each session handled
 // by session; it returns the URL and the connections' stats.
-func serveV2(t *testing.T, session func(*bridge.ServerConn)) (string, *bridge.MuxStats) {
+func serveV2(t testing.TB, session func(*bridge.ServerConn)) (string, *bridge.MuxStats) {
 	stats := new(bridge.MuxStats)
 	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = bridge.Serve(w, r, bridge.AcceptOptions{Stats: stats}, session)
@@ -124,7 +124,7 @@ func TestPoolV1Backend(t *testing.T) {
 }
 
 // echoURLV1 serves an echo through Accept, which speaks only v1.
-func echoURLV1(t *testing.T) string {
+func echoURLV1(t testing.TB) string {
 	return serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sc, err := bridge.Accept(w, r, bridge.AcceptOptions{})
 		if err != nil {
