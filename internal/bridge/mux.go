@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -233,6 +234,10 @@ func (m *muxConn) writeLoop() {
 		case <-m.done:
 			return
 		}
+		// Let the goroutines that are already runnable (sessions woken
+		// by the same burst of packets) queue their records first: a
+		// yield, not a timer, so an idle connection adds no delay.
+		runtime.Gosched()
 		m.mu.Lock()
 		b := m.batch
 		m.batch, m.spare = m.spare[:0], nil
