@@ -501,3 +501,52 @@ func FuzzParseRecord(f *testing.F) {
 		}
 	})
 }
+
+func TestV2SessionHandshakeError(t *testing.T) {
+	// A session whose hello has another version fails alone (a close
+	// record with 4001 for its index, HandshakeError called); the
+	// connection's next session and the sessions of other connections
+	// go on.
+	failed := make(chan error, 1)
+	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = bridge.Serve(w, r, bridge.AcceptOptions{HandshakeError: func(err error) { failed <- err }}, echoSession)
+	}))
+	p := newPool(t, url, 8)
+	ctx := testCtx(t)
+	a := poolDial(t, p, "a")
+	ws := rawV2(t, url)
+	if err := ws.Write(ctx, websocket.MessageBinary, bridge.AppendRecord(nil, 1, bridge.RecordText, []byte(`{"type":"hello","version":7,"audio_formats":["opus/48000/2"]}`))); err != nil {
+		t.Fatal(err)
+	}
+	_, b, err := ws.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := bridge.ParseRecord(b)
+	if err != nil || r.Session != 1 || r.Kind != bridge.RecordClose || len(r.Payload) < 2 || binary.BigEndian.Uint16(r.Payload) != bridge.CloseVersion {
+		t.Fatalf("answer to a v7 session hello: %+v, %v; want a close record with %d", r, err, bridge.CloseVersion)
+	}
+	select {
+	case err := <-failed:
+		if !errors.Is(err, bridge.ErrVersion) {
+			t.Errorf("HandshakeError got %v, want ErrVersion", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("HandshakeError not called")
+	}
+	// The raw connection's next session works.
+	if err := ws.Write(ctx, websocket.MessageBinary, bridge.AppendRecord(nil, 2, bridge.RecordText, []byte(`{"type":"hello","version":1,"audio_formats":["opus/48000/2"]}`))); err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err = ws.Read(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, _, err := bridge.ParseRecord(b); err != nil || r.Session != 2 || r.Kind != bridge.RecordText {
+		t.Fatalf("answer to session 2's hello: %+v, %v", r, err)
+	}
+	_ = ws.Close(websocket.StatusNormalClosure, "")
+	if err := exchange(ctx, a, "a", 20); err != nil {
+		t.Error(err)
+	}
+	_ = a.End(ctx, bridge.ReasonClientHangup)
+}
