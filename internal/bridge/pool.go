@@ -178,16 +178,13 @@ func (p *Pool) dialConn(ctx context.Context, start SessionStart) (*Conn, error) 
 		return nil, fmt.Errorf("%w: pool closed", ErrClosed)
 	}
 	p.conns[m] = 0
-	p.all.Add(2)
+	p.all.Add(1)
 	p.mu.Unlock()
 	m.start()
 	go func() {
 		defer p.all.Done()
-		m.wait()
-	}()
-	go func() {
-		defer p.all.Done()
 		m.readLoop()
+		m.wait()
 	}()
 	return nil, nil
 }
