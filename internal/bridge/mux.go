@@ -30,7 +30,10 @@ type muxConn struct {
 
 	smu      sync.Mutex
 	sessions map[uint64]*stream // guarded by smu
-	maxID    uint64             // highest index assigned (client) or seen (server); guarded by smu
+	// unnumbered: client sessions opened that have sent nothing yet, so
+	// have no index (see stream.write); guarded by smu.
+	unnumbered map[*stream]struct{}
+	maxID      uint64 // highest index assigned (client) or seen (server); guarded by smu
 
 	// mu guards the following and every stream's closed, gen and pending.
 	mu       sync.Mutex
@@ -54,7 +57,7 @@ func newMuxConn(ws *websocket.Conn, client bool, stats *MuxStats) *muxConn {
 	return &muxConn{
 		ws: ws, client: client, stats: stats,
 		wake: make(chan struct{}, 1), done: make(chan struct{}), flushed: make(chan struct{}),
-		sessions: make(map[uint64]*stream),
+		sessions: make(map[uint64]*stream), unnumbered: make(map[*stream]struct{}),
 		batch:    make([]byte, 0, 16<<10), spare: make([]byte, 0, 16<<10),
 	}
 }
@@ -203,7 +206,9 @@ func (m *muxConn) dispatch(r Record) {
 }
 
 // open registers a new session (client side); nil when the connection is
-// over.
+// over. The session gets its index with its first record (number), so
+// that indexes reach the peer in increasing order however the sessions'
+// first sends interleave.
 func (m *muxConn) open() *stream {
 	m.mu.Lock()
 	failed := m.err != nil || m.draining
@@ -211,12 +216,22 @@ func (m *muxConn) open() *stream {
 	if failed {
 		return nil
 	}
+	s := newStream(m, 0)
 	m.smu.Lock()
-	defer m.smu.Unlock()
-	m.maxID++
-	s := newStream(m, m.maxID)
-	m.sessions[s.id] = s
+	m.unnumbered[s] = struct{}{}
+	m.smu.Unlock()
 	return s
+}
+
+// number gives a client session the next index, as its first record is
+// queued; m.mu is held, so records carry increasing new indexes.
+func (m *muxConn) number(s *stream) {
+	m.smu.Lock()
+	m.maxID++
+	s.id = m.maxID
+	delete(m.unnumbered, s)
+	m.sessions[s.id] = s
+	m.smu.Unlock()
 }
 
 func (m *muxConn) kick() {
@@ -284,8 +299,11 @@ func (m *muxConn) fail(err error) {
 		close(m.done)
 		_ = m.ws.CloseNow()
 		m.smu.Lock()
-		ss := make([]*stream, 0, len(m.sessions))
+		ss := make([]*stream, 0, len(m.sessions)+len(m.unnumbered))
 		for _, s := range m.sessions {
+			ss = append(ss, s)
+		}
+		for s := range m.unnumbered {
 			ss = append(ss, s)
 		}
 		m.smu.Unlock()
@@ -305,8 +323,11 @@ func (m *muxConn) wait() { m.wg.Wait() }
 type stream struct {
 	// Set once, never mutated.
 	m     *muxConn
-	id    uint64
 	ready chan struct{} // capacity 1: a push or the end happened
+	// id is the session index: set at creation on the server side, and by
+	// number under m.mu with the first record on the client side (0
+	// until then).
+	id uint64
 
 	// Guarded by m.mu.
 	closed  bool   // no more records may be sent for this session
@@ -425,6 +446,9 @@ func (s *stream) write(ctx context.Context, typ websocket.MessageType, b []byte)
 		}
 		m.mu.Lock()
 	}
+	if s.id == 0 {
+		m.number(s)
+	}
 	if s.gen != m.gen {
 		s.gen, s.pending = m.gen, 0
 	}
@@ -469,7 +493,7 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 		return nil
 	}
 	s.closed = true
-	if m.err == nil {
+	if m.err == nil && s.id != 0 {
 		var p [2 + 123]byte
 		m.batch = AppendRecord(m.batch, s.id, RecordClose, appendClosePayload(p[:0], code, reason))
 	}
@@ -506,14 +530,17 @@ func (s *stream) ended(err error) {
 	}
 }
 
-// leave removes the session from the table, once.
+// leave removes the session from the table; it runs once per session,
+// when closed turns true.
 func (s *stream) leave() {
 	m := s.m
 	m.smu.Lock()
-	_, ok := m.sessions[s.id]
-	delete(m.sessions, s.id)
+	if s.id != 0 {
+		delete(m.sessions, s.id)
+	}
+	delete(m.unnumbered, s)
 	m.smu.Unlock()
-	if ok && m.onGone != nil {
+	if m.onGone != nil {
 		m.onGone()
 	}
 }

@@ -550,3 +550,40 @@ func TestV2SessionHandshakeError(t *testing.T) {
 	}
 	_ = a.End(ctx, bridge.ReasonClientHangup)
 }
+
+func TestV2ConcurrentOpens(t *testing.T) {
+	// Sessions opened at once on one connection: their first records
+	// interleave in any order, and each must still reach the backend as
+	// a new session (indexes are given in the order records are queued).
+	url, stats := serveV2(t, echoSession)
+	p := newPool(t, url, 128)
+	ctx := testCtx(t)
+	if err := exchange(ctx, poolDial(t, p, "first"), "first", 1); err != nil { // the connection is up
+		t.Fatal(err)
+	}
+	const n = 100
+	cs := make([]*bridge.Conn, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { cs[i], errs[i] = p.Dial(ctx, bridge.SessionStart{SessionID: fmt.Sprint("c", i)}) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("session %d: %v", i, err)
+		}
+		t.Cleanup(func() { _ = cs[i].Close() })
+	}
+	if got := p.Conns(); got != 1 {
+		t.Errorf("%d connections, want 1", got)
+	}
+	for i, c := range cs {
+		if err := exchange(ctx, c, fmt.Sprint("c", i), 3); err != nil {
+			t.Error(err)
+		}
+	}
+	if d := stats.Drops(bridge.DropClosedSession) + stats.Drops(bridge.DropUnknownSession); d != 0 {
+		t.Errorf("backend dropped %d records for closed or unknown sessions", d)
+	}
+}
