@@ -58,7 +58,7 @@ func newMuxConn(ws *websocket.Conn, client bool, stats *MuxStats) *muxConn {
 		ws: ws, client: client, stats: stats,
 		wake: make(chan struct{}, 1), done: make(chan struct{}), flushed: make(chan struct{}),
 		sessions: make(map[uint64]*stream), unnumbered: make(map[*stream]struct{}),
-		batch:    make([]byte, 0, 16<<10), spare: make([]byte, 0, 16<<10),
+		batch: make([]byte, 0, 16<<10), spare: make([]byte, 0, 16<<10),
 	}
 }
 
