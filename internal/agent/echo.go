@@ -46,16 +46,17 @@ func NewEchoConfig(cfg EchoConfig) (http.Handler, error) {
 	return &echo{logger: cfg.Logger, format: cfg.Format}, nil
 }
 
-// NewEcho returns an http.Handler serving the bridge (one session per
-// WebSocket) at any path; mount it at "/v1/bridge". It accepts
+// NewEcho returns an http.Handler serving the bridge (v1: one session per
+// WebSocket; v2: many, docs/bridge.md §12) at any path; mount it at "/v1/bridge". It accepts
 // bridge.FormatOpus, sends every audio frame back unchanged (same
 // sequence number, timestamp and payload) and every event back
 // unchanged, and logs session start and end through logger (nil means
 // slog.Default()).
 //
-// Each ServeHTTP returns when the transceiver sends session.end (the
-// agent then completes the close handshake), when the connection drops,
-// or on a protocol error; it leaves no goroutine behind. Closing the
+// Each session ends when the transceiver sends session.end (the agent
+// then completes the close handshake), when the connection drops, or on
+// a protocol error; ServeHTTP returns when its connection's sessions have
+// ended, and leaves no goroutine behind. Closing the
 // http.Server does not end hijacked bridge connections: end sessions
 // from the transceiver side.
 func NewEcho(logger *slog.Logger) http.Handler {
@@ -64,12 +65,16 @@ func NewEcho(logger *slog.Logger) http.Handler {
 }
 
 func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	sc, err := bridge.Accept(w, r, bridge.AcceptOptions{Formats: []string{e.format}})
+	handshakeErr := func(err error) { e.logger.Warn("bridge handshake failed", "remote", r.RemoteAddr, "err", err) }
+	err := bridge.Serve(w, r, bridge.AcceptOptions{Formats: []string{e.format}, HandshakeError: handshakeErr}, e.serveSession)
 	if err != nil {
-		e.logger.Warn("bridge handshake failed", "remote", r.RemoteAddr, "err", err)
-		return
+		handshakeErr(err)
 	}
-	defer sc.Close()
+}
+
+// serveSession runs one bridge session (one per v1 WebSocket, many per
+// v2 connection, each in its own goroutine).
+func (e *echo) serveSession(sc *bridge.ServerConn) {
 	log := e.logger.With("session_id", sc.Session().SessionID)
 	log.Info("session start", "format", sc.Format(), "metadata", sc.Session().Metadata)
 

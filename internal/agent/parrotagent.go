@@ -125,12 +125,16 @@ func NewParrotAgent(cfg ParrotAgentConfig) (http.Handler, error) {
 }
 
 func (a *parrotAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	sc, err := bridge.Accept(w, r, bridge.AcceptOptions{Formats: []string{a.cfg.Format}, TurnDetection: a.hello})
-	if err != nil {
-		a.cfg.Logger.Warn("bridge handshake failed", "remote", r.RemoteAddr, "err", err)
-		return
+	handshakeErr := func(err error) { a.cfg.Logger.Warn("bridge handshake failed", "remote", r.RemoteAddr, "err", err) }
+	opts := bridge.AcceptOptions{Formats: []string{a.cfg.Format}, TurnDetection: a.hello, HandshakeError: handshakeErr}
+	if err := bridge.Serve(w, r, opts, a.serveSession); err != nil {
+		handshakeErr(err)
 	}
-	defer sc.Close()
+}
+
+// serveSession runs one bridge session (one per v1 WebSocket, many per
+// v2 connection, each in its own goroutine).
+func (a *parrotAgent) serveSession(sc *bridge.ServerConn) {
 	log := a.cfg.Logger.With("session_id", sc.Session().SessionID)
 	log.Info("session start", "format", sc.Format(), "turn_detection", a.td.String(), "own_vad", a.cfg.OwnVAD)
 	s, err := a.newSession(sc)

@@ -25,7 +25,7 @@ import (
 // serve starts a loopback HTTP server running h and returns its ws://
 // URL. Cleanup waits until every handler call has returned (hijacked
 // connections are not tracked by httptest).
-func serve(t *testing.T, h http.Handler) string {
+func serve(t testing.TB, h http.Handler) string {
 	t.Helper()
 	var wg sync.WaitGroup
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -677,7 +677,17 @@ func TestAudioPathAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("allocation count")
 	}
-	c := dial(t, echoURL(t))
+	t.Run("v1", func(t *testing.T) { audioPathAllocs(t, dial(t, echoURL(t))) })
+	t.Run("v2", func(t *testing.T) {
+		p := newPool(t, echoURL(t), 0)
+		audioPathAllocs(t, poolDial(t, p, "s1"))
+		if p.Conns() != 1 {
+			t.Fatalf("the session is not on a v2 connection")
+		}
+	})
+}
+
+func audioPathAllocs(t *testing.T, c *bridge.Conn) {
 	ctx := context.Background()
 	f := bridge.AudioFrame{Seq: 1, Timestamp: 960, Payload: make([]byte, 120)}
 	roundTrip := func() {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -52,11 +51,8 @@ var offeredFormats = []string{FormatOpus, FormatPCM24k, FormatPCM16k}
 // the connection closes during setup. On error no connection is left
 // open.
 func Dial(ctx context.Context, url string, start SessionStart) (*Conn, error) {
-	if start.SessionID == "" {
-		return nil, errors.New("bridge: dial: empty SessionStart.SessionID")
-	}
-	if start.Session != nil && !IsJSONObject(start.Session) {
-		return nil, errors.New("bridge: dial: SessionStart.Session is not a JSON object")
+	if err := checkStart(start); err != nil {
+		return nil, err
 	}
 	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{
 		Subprotocols: []string{Subprotocol},
@@ -64,7 +60,18 @@ func Dial(ctx context.Context, url string, start SessionStart) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bridge: dial %s: %w", url, err)
 	}
-	c := newCore(ws)
+	return handshakeV1(ctx, ws, start)
+}
+
+// handshakeV1 runs a v1 session's setup on a dialed WebSocket.
+func handshakeV1(ctx context.Context, ws *websocket.Conn, start SessionStart) (*Conn, error) {
+	c := newCore(newWSTransport(ws))
+	if got := ws.Subprotocol(); got != Subprotocol {
+		err := fmt.Errorf("%w: backend selected subprotocol %q, want %q", ErrVersion, got, Subprotocol)
+		_ = c.fail(CloseVersion, err)
+		_ = c.Close()
+		return nil, err
+	}
 	if err := c.dialHandshake(ctx, start); err != nil {
 		_ = c.Close()
 		return nil, err
@@ -73,9 +80,6 @@ func Dial(ctx context.Context, url string, start SessionStart) (*Conn, error) {
 }
 
 func (c *core) dialHandshake(ctx context.Context, start SessionStart) error {
-	if got := c.ws.Subprotocol(); got != Subprotocol {
-		return c.fail(CloseVersion, fmt.Errorf("%w: backend selected subprotocol %q, want %q", ErrVersion, got, Subprotocol))
-	}
 	if err := c.sendJSON(ctx, helloOffer{Type: typeHello, Version: Version, AudioFormats: offeredFormats}); err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"sync/atomic"
 	"unicode/utf8"
@@ -17,7 +16,7 @@ import (
 // receiving audio, events and session.end over one WebSocket.
 type core struct {
 	// Set once before the core is shared, never mutated.
-	ws     *websocket.Conn
+	t      transport // the WebSocket (v1) or one session of a v2 connection
 	format string
 	// noClientEvents: the backend's hello had
 	// "output_audio_buffer_events": false.
@@ -35,10 +34,7 @@ type core struct {
 	wbuf  []byte
 	ended bool // guarded by wmu: End ran; nothing may follow session.end
 
-	// rbuf is the reused read buffer; only the single Recv caller
-	// touches it.
-	rbuf   []byte
-	rframe AudioFrame // the frame Recv returns a pointer to
+	rframe AudioFrame // the frame Recv returns a pointer to; only the single Recv caller touches it
 
 	ignored   atomic.Uint64 // messages ignored: unknown type or frame kind
 	peerEnded atomic.Bool   // a session.end was received
@@ -47,9 +43,8 @@ type core struct {
 	endErr    error // written in endOnce
 }
 
-func newCore(ws *websocket.Conn) *core {
-	ws.SetReadLimit(MaxMessageSize)
-	return &core{ws: ws, wbuf: make([]byte, 0, 2048), rbuf: make([]byte, 0, 4096)}
+func newCore(t transport) *core {
+	return &core{t: t, wbuf: make([]byte, 0, 2048)}
 }
 
 // Format returns the audio format agreed in the hello exchange, e.g.
@@ -121,7 +116,7 @@ func (c *core) write(ctx context.Context, typ websocket.MessageType, b []byte) e
 	if c.ended {
 		return fmt.Errorf("%w: the session was ended", ErrClosed)
 	}
-	if err := c.ws.Write(ctx, typ, b); err != nil {
+	if err := c.t.write(ctx, typ, b); err != nil {
 		return closedErr(ctx, err)
 	}
 	return nil
@@ -218,28 +213,12 @@ func (c *core) Recv(ctx context.Context) (Message, error) {
 	}
 }
 
-// read reads one whole message into rbuf.
+// read reads one whole message; b is valid until the next read.
 func (c *core) read(ctx context.Context) (websocket.MessageType, []byte, error) {
-	typ, r, err := c.ws.Reader(ctx)
+	typ, b, err := c.t.read(ctx)
 	if err != nil {
 		return 0, nil, closedErr(ctx, err)
 	}
-	b := c.rbuf[:0]
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			c.rbuf = b
-			return 0, nil, closedErr(ctx, err)
-		}
-	}
-	c.rbuf = b
 	return typ, b, nil
 }
 
@@ -283,16 +262,20 @@ func (c *core) fail(code websocket.StatusCode, err error) error {
 // (truncated to the 123 bytes a close frame holds). The library bounds
 // it to 5 s for the write and 5 s for the peer's reply.
 func (c *core) closeWith(code websocket.StatusCode, reason string) {
-	c.closeOnce.Do(func() {
-		const maxReason = 123
-		if len(reason) > maxReason {
-			reason = reason[:maxReason]
-			for !utf8.ValidString(reason) {
-				reason = reason[:len(reason)-1]
-			}
+	c.closeOnce.Do(func() { _ = c.t.close(code, truncReason(reason)) })
+}
+
+// truncReason cuts a close reason to the 123 bytes a close frame holds,
+// on a rune boundary.
+func truncReason(reason string) string {
+	const maxReason = 123
+	if len(reason) > maxReason {
+		reason = reason[:maxReason]
+		for !utf8.ValidString(reason) {
+			reason = reason[:len(reason)-1]
 		}
-		_ = c.ws.Close(code, reason)
-	})
+	}
+	return reason
 }
 
 // End sends session.end with reason (unless the peer already ended the
@@ -341,7 +324,7 @@ func (c *core) lockForEnd(ctx context.Context) {
 // End to end a session gracefully. Close is idempotent, safe for
 // concurrent use, and unblocks Recv and pending sends.
 func (c *core) Close() error {
-	c.closeOnce.Do(func() { _ = c.ws.CloseNow() })
+	c.closeOnce.Do(func() { _ = c.t.closeNow() })
 	return nil
 }
 

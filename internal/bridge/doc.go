@@ -30,4 +30,16 @@
 //
 // Dial is the transceiver side (Conn); Accept is the backend side
 // (ServerConn). Both share one implementation of the session phase.
+//
+// Version 2 (SubprotocolV2, docs/bridge.md §12) carries many sessions
+// over one WebSocket with the same messages: each WebSocket message is a
+// batch of records, each
+//
+//	uvarint session index | kind (RecordBinary, RecordText, RecordClose) | uvarint length | payload
+//
+// written by one writer per connection that takes everything queued each
+// time it writes (group commit, no timer). Pool is its transceiver side
+// (it falls back to one v1 WebSocket per session when the backend
+// selects v1); Serve is its backend side (both versions), handing each
+// session to the caller as the same ServerConn.
 package bridge

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -38,6 +39,13 @@ type AcceptOptions struct {
 	// input.speech_started / input.speech_stopped. It must be a JSON
 	// object (Accept fails before upgrading otherwise). Default: none.
 	TurnDetection json.RawMessage
+	// HandshakeError, when set, is called by Serve with the error of each
+	// v2 session whose setup failed (a v1 setup error is Serve's result).
+	// It must not block.
+	HandshakeError func(error)
+	// Stats, when set, counts what Serve's v2 connections dropped and
+	// wrote (shared by every connection given the same Stats).
+	Stats *MuxStats
 }
 
 // ServerConn is the backend side of one bridge session, returned by
@@ -63,15 +71,29 @@ func (s *ServerConn) Session() SessionStart { return s.session }
 // out-of-order message; closed with 1002) or ErrClosed. On error no
 // connection is left open.
 func Accept(w http.ResponseWriter, r *http.Request, opts AcceptOptions) (*ServerConn, error) {
-	if !offersSubprotocol(r.Header) {
+	if !offersSubprotocol(r.Header, Subprotocol) {
 		err := fmt.Errorf("%w: request does not offer WebSocket subprotocol %q", ErrVersion, Subprotocol)
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return nil, err
 	}
+	formats, timeout, err := opts.check(w)
+	if err != nil {
+		return nil, err
+	}
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: accept: %w", err)
+	}
+	return acceptV1(ws, formats, timeout, opts)
+}
+
+// check validates opts and returns its formats and handshake timeout
+// with defaults filled; on error it answers HTTP 500.
+func (opts AcceptOptions) check(w http.ResponseWriter) ([]string, time.Duration, error) {
 	if opts.TurnDetection != nil && !IsJSONObject(opts.TurnDetection) {
 		err := fmt.Errorf("bridge: AcceptOptions.TurnDetection is not a JSON object: %.64q", opts.TurnDetection)
 		http.Error(w, "backend misconfigured", http.StatusInternalServerError)
-		return nil, err
+		return nil, 0, err
 	}
 	formats := opts.Formats
 	if len(formats) == 0 {
@@ -81,11 +103,11 @@ func Accept(w http.ResponseWriter, r *http.Request, opts AcceptOptions) (*Server
 	if timeout <= 0 {
 		timeout = 10 * time.Second
 	}
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}})
-	if err != nil {
-		return nil, fmt.Errorf("bridge: accept: %w", err)
-	}
-	c := newCore(ws)
+	return formats, timeout, nil
+}
+
+func acceptV1(ws *websocket.Conn, formats []string, timeout time.Duration, opts AcceptOptions) (*ServerConn, error) {
+	c := newCore(newWSTransport(ws))
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	start, err := c.acceptHandshake(ctx, formats, opts)
@@ -94,6 +116,77 @@ func Accept(w http.ResponseWriter, r *http.Request, opts AcceptOptions) (*Server
 		return nil, err
 	}
 	return &ServerConn{core: c, session: start}, nil
+}
+
+// Serve answers one bridge upgrade request in either version and runs
+// serve for each session it carries: with v1 (the request offers only
+// Subprotocol) once, in the calling goroutine; with v2 (it offers
+// SubprotocolV2) in a new goroutine per session the transceiver opens on
+// the connection (docs/bridge.md §12). serve gets a ServerConn exactly as
+// Accept returns it, with the same methods and semantics, whichever the
+// version; Serve closes it after serve returns.
+//
+// Serve returns when the connection is over and every serve has
+// returned. Its error is the v1 setup error (as Accept's), the v2
+// connection hello's, or nil; v2 sessions whose setup fails go to
+// opts.HandshakeError. A request that offers neither subprotocol gets
+// HTTP 400 and an error wrapping ErrVersion.
+func Serve(w http.ResponseWriter, r *http.Request, opts AcceptOptions, serve func(*ServerConn)) error {
+	if !offersSubprotocol(r.Header, Subprotocol) && !offersSubprotocol(r.Header, SubprotocolV2) {
+		err := fmt.Errorf("%w: request offers neither WebSocket subprotocol %q nor %q", ErrVersion, SubprotocolV2, Subprotocol)
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return err
+	}
+	formats, timeout, err := opts.check(w)
+	if err != nil {
+		return err
+	}
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{SubprotocolV2, Subprotocol}})
+	if err != nil {
+		return fmt.Errorf("bridge: accept: %w", err)
+	}
+	if ws.Subprotocol() != SubprotocolV2 {
+		sc, err := acceptV1(ws, formats, timeout, opts)
+		if err != nil {
+			return err
+		}
+		defer sc.Close()
+		serve(sc)
+		return nil
+	}
+	m := newMuxConn(ws, false, opts.Stats)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	err = m.helloExchange(ctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	var sessions sync.WaitGroup
+	m.onStream = func(s *stream) {
+		sessions.Add(1)
+		go func() {
+			defer sessions.Done()
+			c := newCore(s)
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			start, err := c.acceptHandshake(ctx, formats, opts)
+			cancel()
+			if err != nil {
+				_ = c.Close()
+				if opts.HandshakeError != nil {
+					opts.HandshakeError(err)
+				}
+				return
+			}
+			sc := &ServerConn{core: c, session: start}
+			defer sc.Close()
+			serve(sc)
+		}()
+	}
+	m.start()
+	m.readLoop() // until the connection is over
+	m.wait()
+	sessions.Wait()
+	return nil
 }
 
 func (c *core) acceptHandshake(ctx context.Context, formats []string, opts AcceptOptions) (SessionStart, error) {
@@ -144,11 +237,11 @@ func (c *core) acceptHandshake(ctx context.Context, formats []string, opts Accep
 }
 
 // offersSubprotocol reports whether the Sec-WebSocket-Protocol request
-// headers list Subprotocol (RFC 6455 §11.3.4: comma-separated tokens).
-func offersSubprotocol(h http.Header) bool {
+// headers list proto (RFC 6455 §11.3.4: comma-separated tokens).
+func offersSubprotocol(h http.Header, proto string) bool {
 	for _, v := range h.Values("Sec-WebSocket-Protocol") {
 		for tok := range strings.SplitSeq(v, ",") {
-			if strings.TrimSpace(tok) == Subprotocol {
+			if strings.TrimSpace(tok) == proto {
 				return true
 			}
 		}

@@ -75,6 +75,7 @@ type Server struct {
 	auth    *auth.Authority       // nil: signaling is open
 	clock   *playout.Clock        // paces every session's output (media.go)
 	reports *rtcpreport.Generator // sends every session's RTCP reports (reports.go)
+	bridges *bridge.Pool          // every session's bridge, v2 connections shared (bridgepool.go)
 	ctx     context.Context
 	cancel  context.CancelFunc
 
@@ -126,6 +127,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 	s.reports = rtcpreport.NewGenerator(cfg.ReportInterval)
 	s.pion = newPionLogs(s.log)
 	s.metrics = newMetrics(s, reg)
+	s.bridges = newBridgePool(cfg.BackendURL, reg)
 	s.probe = newDelayProbe(s.metrics.mediaDelay)
 	if cfg.Direct {
 		if s.cfg.advertise.Port() == 0 {
@@ -350,6 +352,7 @@ func (s *Server) Close() error {
 	}
 	s.ends.Wait()
 	s.wg.Wait()
+	_ = s.bridges.Close()
 	s.clock.Close()
 	s.reports.Close()
 	s.cancel()

@@ -122,7 +122,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
 		defer dcancel()
 		start := time.Now()
-		be, err := bridge.Dial(dctx, s.cfg.BackendURL, bridge.SessionStart{SessionID: id, Metadata: meta, Session: info.session})
+		be, err := s.bridges.Dial(dctx, bridge.SessionStart{SessionID: id, Metadata: meta, Session: info.session})
 		if err != nil {
 			s.metrics.bridgeErrors.WithLabelValues("dial").Inc()
 		} else {

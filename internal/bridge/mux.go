@@ -1,0 +1,546 @@
+package bridge
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/coder/websocket"
+)
+
+// muxConn is one v2 WebSocket carrying many sessions (docs/bridge.md
+// §12). A read loop demultiplexes records into per-session queues; a
+// write loop sends, each time it runs, everything the sessions queued
+// since its last write as one WebSocket message (group commit: no timer,
+// so no added delay; under load one write carries many frames).
+type muxConn struct {
+	// Set once, never mutated.
+	ws       *websocket.Conn
+	client   bool      // transceiver side: assigns session indexes
+	stats    *MuxStats // never nil
+	wake     chan struct{}
+	done     chan struct{} // closed by fail: the connection is over
+	onStream func(*stream) // server: a session opened (called by the read loop)
+	onGone   func()        // a session left the table (pool accounting); may be nil
+	onFail   func()        // the connection failed or drained; may be nil
+
+	smu      sync.Mutex
+	sessions map[uint64]*stream // guarded by smu
+	// unnumbered: client sessions opened that have sent nothing yet, so
+	// have no index (see stream.write); guarded by smu.
+	unnumbered map[*stream]struct{}
+	maxID      uint64 // highest index assigned (client) or seen (server); guarded by smu
+
+	// mu guards the following and every stream's closed, gen and pending.
+	mu       sync.Mutex
+	batch    []byte        // records waiting for the write loop
+	spare    []byte        // the last written batch, reused
+	gen      uint64        // batches taken by the write loop
+	flushed  chan struct{} // closed when the write loop takes the batch, if waiting
+	waiting  bool          // a sender waits on flushed
+	err      error         // why the connection is over; set by fail
+	draining bool          // write what is queued, then close with 1000
+
+	failOnce sync.Once
+	wg       sync.WaitGroup // the write loop
+}
+
+func newMuxConn(ws *websocket.Conn, client bool, stats *MuxStats) *muxConn {
+	if stats == nil {
+		stats = new(MuxStats)
+	}
+	ws.SetReadLimit(MaxBatchSize)
+	return &muxConn{
+		ws: ws, client: client, stats: stats,
+		wake: make(chan struct{}, 1), done: make(chan struct{}), flushed: make(chan struct{}),
+		sessions: make(map[uint64]*stream), unnumbered: make(map[*stream]struct{}),
+		batch: make([]byte, 0, 16<<10), spare: make([]byte, 0, 16<<10),
+	}
+}
+
+// connHello is the v2 connection-level hello (session index 0), both
+// ways.
+type connHello struct {
+	Type    string `json:"type"`
+	Version int    `json:"version"`
+}
+
+var helloV2 = func() []byte {
+	b, _ := json.Marshal(connHello{Type: typeHello, Version: VersionV2})
+	return AppendRecord(nil, 0, RecordText, b)
+}()
+
+// helloExchange sends the connection hello (client first) and checks the
+// peer's. On error the WebSocket is closed (4001, or 1002 when malformed).
+func (m *muxConn) helloExchange(ctx context.Context) error {
+	if m.client {
+		if err := m.ws.Write(ctx, websocket.MessageBinary, helloV2); err != nil {
+			_ = m.ws.CloseNow()
+			return closedErr(ctx, err)
+		}
+	}
+	typ, b, err := m.ws.Read(ctx)
+	if err != nil {
+		_ = m.ws.CloseNow()
+		return closedErr(ctx, err)
+	}
+	protoErr := func(what string) error {
+		err := fmt.Errorf("%w: v2 connection hello: %s", ErrProtocol, what)
+		_ = m.ws.Close(websocket.StatusProtocolError, truncReason(err.Error()))
+		return err
+	}
+	if typ != websocket.MessageBinary {
+		return protoErr("text message")
+	}
+	r, _, err := ParseRecord(b)
+	if err != nil || r.Session != 0 || r.Kind != RecordText {
+		return protoErr("want a text record for session 0")
+	}
+	var h connHello
+	if err := json.Unmarshal(r.Payload, &h); err != nil || h.Type != typeHello {
+		return protoErr("want hello")
+	}
+	if h.Version != VersionV2 {
+		err := fmt.Errorf("%w: v2 connection hello version %d, want %d", ErrVersion, h.Version, VersionV2)
+		_ = m.ws.Close(CloseVersion, truncReason(err.Error()))
+		return err
+	}
+	if !m.client {
+		if err := m.ws.Write(ctx, websocket.MessageBinary, helloV2); err != nil {
+			_ = m.ws.CloseNow()
+			return closedErr(ctx, err)
+		}
+	}
+	return nil
+}
+
+// start runs the write loop; the caller runs readLoop.
+func (m *muxConn) start() {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.writeLoop()
+	}()
+}
+
+func (m *muxConn) readLoop() {
+	var buf []byte
+	for {
+		typ, r, err := m.ws.Reader(context.Background())
+		if err != nil {
+			m.fail(err)
+			return
+		}
+		if buf, err = readAll(r, buf[:0]); err != nil {
+			m.fail(err)
+			return
+		}
+		if typ != websocket.MessageBinary {
+			m.stats.drop(DropTextMessage)
+			continue
+		}
+		m.dispatchBatch(buf)
+	}
+}
+
+// dispatchBatch hands each record of one batch to its session.
+func (m *muxConn) dispatchBatch(b []byte) {
+	for len(b) > 0 {
+		r, rest, err := ParseRecord(b)
+		if err != nil {
+			m.stats.drop(DropMalformed)
+			return
+		}
+		b = rest
+		m.dispatch(r)
+	}
+}
+
+func (m *muxConn) dispatch(r Record) {
+	switch r.Kind {
+	case RecordBinary, RecordText, RecordClose:
+	default:
+		m.stats.drop(DropUnknownKind)
+		return
+	}
+	if r.Session == 0 {
+		m.stats.drop(DropUnknownSession)
+		return
+	}
+	m.smu.Lock()
+	s := m.sessions[r.Session]
+	if s == nil {
+		if !m.client && r.Session > m.maxID && r.Kind != RecordClose && m.onStream != nil {
+			// A new session from the transceiver (its hello).
+			m.maxID = r.Session
+			s = newStream(m, r.Session)
+			m.sessions[r.Session] = s
+			m.smu.Unlock()
+			s.push(r)
+			m.onStream(s)
+			return
+		}
+		seen := r.Session <= m.maxID
+		m.smu.Unlock()
+		switch {
+		case seen && r.Kind == RecordClose:
+			// The peer's close crossing ours: nothing to do.
+		case seen:
+			m.stats.drop(DropClosedSession)
+		default:
+			m.stats.drop(DropUnknownSession)
+		}
+		return
+	}
+	m.smu.Unlock()
+	if r.Kind == RecordClose {
+		code, reason := parseClosePayload(r.Payload)
+		s.ended(websocket.CloseError{Code: websocket.StatusCode(code), Reason: reason})
+		return
+	}
+	s.push(r)
+}
+
+// open registers a new session (client side); nil when the connection is
+// over. The session gets its index with its first record (number), so
+// that indexes reach the peer in increasing order however the sessions'
+// first sends interleave.
+func (m *muxConn) open() *stream {
+	m.mu.Lock()
+	failed := m.err != nil || m.draining
+	m.mu.Unlock()
+	if failed {
+		return nil
+	}
+	s := newStream(m, 0)
+	m.smu.Lock()
+	m.unnumbered[s] = struct{}{}
+	m.smu.Unlock()
+	return s
+}
+
+// number gives a client session the next index, as its first record is
+// queued; m.mu is held, so records carry increasing new indexes.
+func (m *muxConn) number(s *stream) {
+	m.smu.Lock()
+	m.maxID++
+	s.id = m.maxID
+	delete(m.unnumbered, s)
+	m.sessions[s.id] = s
+	m.smu.Unlock()
+}
+
+func (m *muxConn) kick() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (m *muxConn) writeLoop() {
+	ctx := context.Background()
+	for {
+		select {
+		case <-m.wake:
+		case <-m.done:
+			return
+		}
+		// Let the goroutines that are already runnable (sessions woken
+		// by the same burst of packets) queue their records first: a
+		// yield, not a timer, so an idle connection adds no delay.
+		runtime.Gosched()
+		m.mu.Lock()
+		b := m.batch
+		m.batch, m.spare = m.spare[:0], nil
+		m.gen++
+		if m.waiting {
+			close(m.flushed)
+			m.flushed, m.waiting = make(chan struct{}), false
+		}
+		m.mu.Unlock()
+		if len(b) > 0 {
+			if err := m.ws.Write(ctx, websocket.MessageBinary, b); err != nil {
+				m.fail(err)
+				return
+			}
+			m.stats.batches.Add(1)
+		}
+		m.mu.Lock()
+		m.spare = b[:0]
+		drained := m.draining && len(m.batch) == 0
+		m.mu.Unlock()
+		if drained {
+			_ = m.ws.Close(websocket.StatusNormalClosure, "")
+			m.fail(fmt.Errorf("%w: drained", errSessionClosed))
+			return
+		}
+	}
+}
+
+// drain writes what is queued, then closes the WebSocket with 1000.
+func (m *muxConn) drain() {
+	m.mu.Lock()
+	m.draining = true
+	m.mu.Unlock()
+	m.kick()
+}
+
+// fail ends the connection and every session on it with err (their Recv
+// returns it, wrapped in ErrClosed, after what was already queued).
+func (m *muxConn) fail(err error) {
+	m.failOnce.Do(func() {
+		m.mu.Lock()
+		m.err = err
+		m.mu.Unlock()
+		close(m.done)
+		_ = m.ws.CloseNow()
+		m.smu.Lock()
+		ss := make([]*stream, 0, len(m.sessions)+len(m.unnumbered))
+		for _, s := range m.sessions {
+			ss = append(ss, s)
+		}
+		for s := range m.unnumbered {
+			ss = append(ss, s)
+		}
+		m.smu.Unlock()
+		for _, s := range ss {
+			s.ended(err)
+		}
+		if m.onFail != nil {
+			m.onFail()
+		}
+	})
+}
+
+// wait waits for the write loop.
+func (m *muxConn) wait() { m.wg.Wait() }
+
+// stream is one session of a muxConn: the transport under its core.
+type stream struct {
+	// Set once, never mutated.
+	m     *muxConn
+	ready chan struct{} // capacity 1: a push or the end happened
+	// id is the session index: set at creation on the server side, and by
+	// number under m.mu with the first record on the client side (0
+	// until then).
+	id uint64
+
+	// Guarded by m.mu.
+	closed  bool   // no more records may be sent for this session
+	gen     uint64 // the batch generation pending counts for
+	pending int    // payload bytes this session added to batch gen
+
+	qmu  sync.Mutex
+	in   []byte // guarded by qmu: received records, each kind (1) | length (4, LE) | payload
+	qerr error  // guarded by qmu: why the session ended; read returns it once drained
+
+	dead atomic.Bool // ended locally: read fails at once
+	out  []byte      // only the reader: the records being read
+	off  int         // only the reader: read position in out
+}
+
+func newStream(m *muxConn, id uint64) *stream {
+	return &stream{m: m, id: id, ready: make(chan struct{}, 1)}
+}
+
+func (s *stream) signal() {
+	select {
+	case s.ready <- struct{}{}:
+	default:
+	}
+}
+
+// push queues one received record, or ends the session if its queue is
+// full.
+func (s *stream) push(r Record) {
+	s.qmu.Lock()
+	if s.qerr != nil {
+		s.qmu.Unlock()
+		s.m.stats.drop(DropClosedSession)
+		return
+	}
+	if len(s.in) > 0 && len(s.in)+len(r.Payload) > SessionQueueLimit {
+		s.qmu.Unlock()
+		s.m.stats.drop(DropQueueFull)
+		_ = s.finish(CloseQueueFull, "bridge v2: session receive queue full",
+			fmt.Errorf("%w: receive queue passed %d bytes", errSessionClosed, SessionQueueLimit))
+		return
+	}
+	s.in = append(s.in, r.Kind)
+	s.in = binary.LittleEndian.AppendUint32(s.in, uint32(len(r.Payload)))
+	s.in = append(s.in, r.Payload...)
+	s.qmu.Unlock()
+	s.signal()
+}
+
+func (s *stream) read(ctx context.Context) (websocket.MessageType, []byte, error) {
+	for {
+		if s.dead.Load() {
+			s.qmu.Lock()
+			err := s.qerr
+			s.qmu.Unlock()
+			return 0, nil, err
+		}
+		if s.off < len(s.out) {
+			kind := s.out[s.off]
+			n := int(binary.LittleEndian.Uint32(s.out[s.off+1:]))
+			p := s.out[s.off+5 : s.off+5+n]
+			s.off += 5 + n
+			if kind == RecordBinary {
+				return websocket.MessageBinary, p, nil
+			}
+			return websocket.MessageText, p, nil
+		}
+		s.qmu.Lock()
+		if len(s.in) > 0 {
+			s.in, s.out, s.off = s.out[:0], s.in, 0
+			s.qmu.Unlock()
+			continue
+		}
+		err := s.qerr
+		s.qmu.Unlock()
+		if err != nil {
+			return 0, nil, err
+		}
+		select {
+		case <-s.ready:
+		case <-ctx.Done():
+			_ = s.closeNow()
+			return 0, nil, ctx.Err()
+		}
+	}
+}
+
+func (s *stream) write(ctx context.Context, typ websocket.MessageType, b []byte) error {
+	kind := RecordText
+	if typ == websocket.MessageBinary {
+		kind = RecordBinary
+	}
+	m := s.m
+	m.mu.Lock()
+	for {
+		if s.closed || m.err != nil {
+			m.mu.Unlock()
+			return s.endErr()
+		}
+		share := 0
+		if s.gen == m.gen {
+			share = s.pending
+		}
+		if (share == 0 || share+len(b) <= SessionBatchShare) && (len(m.batch) == 0 || len(m.batch)+len(b) <= batchTarget) {
+			break
+		}
+		m.waiting = true
+		flushed := m.flushed
+		m.mu.Unlock()
+		select {
+		case <-flushed:
+		case <-m.done:
+		case <-ctx.Done():
+			_ = s.closeNow()
+			return ctx.Err()
+		}
+		m.mu.Lock()
+	}
+	if s.id == 0 {
+		m.number(s)
+	}
+	if s.gen != m.gen {
+		s.gen, s.pending = m.gen, 0
+	}
+	s.pending += len(b)
+	m.batch = AppendRecord(m.batch, s.id, kind, b)
+	m.mu.Unlock()
+	m.stats.records.Add(1)
+	m.kick()
+	return nil
+}
+
+// endErr is what a send after the session's end returns.
+func (s *stream) endErr() error {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	if s.qerr != nil {
+		return s.qerr
+	}
+	return errSessionClosed
+}
+
+func (s *stream) close(code websocket.StatusCode, reason string) error {
+	return s.finish(uint16(code), reason, errSessionClosed)
+}
+
+// closeNow ends the session with close code 1006: the peer sees it
+// dropped, as a v1 peer sees a dropped connection.
+func (s *stream) closeNow() error {
+	return s.finish(uint16(websocket.StatusAbnormalClosure), "", errSessionClosed)
+}
+
+// finish ends the session from this side: it queues a RecordClose (the
+// write loop sends it after the session's earlier records), fails later
+// reads with err, and leaves the table.
+func (s *stream) finish(code uint16, reason string, err error) error {
+	m := s.m
+	m.mu.Lock()
+	if s.closed {
+		m.mu.Unlock()
+		s.dead.Store(true)
+		s.signal()
+		return nil
+	}
+	s.closed = true
+	if m.err == nil && s.id != 0 {
+		var p [2 + 123]byte
+		m.batch = AppendRecord(m.batch, s.id, RecordClose, appendClosePayload(p[:0], code, reason))
+	}
+	m.mu.Unlock()
+	m.kick()
+	s.qmu.Lock()
+	if s.qerr == nil {
+		s.qerr = err
+	}
+	s.in = nil
+	s.qmu.Unlock()
+	s.dead.Store(true)
+	s.signal()
+	s.leave()
+	return nil
+}
+
+// ended ends the session because the peer closed it or the connection
+// failed: reads return what was queued, then err.
+func (s *stream) ended(err error) {
+	m := s.m
+	m.mu.Lock()
+	was := s.closed
+	s.closed = true
+	m.mu.Unlock()
+	s.qmu.Lock()
+	if s.qerr == nil {
+		s.qerr = err
+	}
+	s.qmu.Unlock()
+	s.signal()
+	if !was {
+		s.leave()
+	}
+}
+
+// leave removes the session from the table; it runs once per session,
+// when closed turns true.
+func (s *stream) leave() {
+	m := s.m
+	m.smu.Lock()
+	if s.id != 0 {
+		delete(m.sessions, s.id)
+	}
+	delete(m.unnumbered, s)
+	m.smu.Unlock()
+	if m.onGone != nil {
+		m.onGone()
+	}
+}
