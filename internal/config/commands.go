@@ -181,6 +181,7 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 	fs.StringVar(&c.Redis, "redis", "", "Redis host:port to register in (relays with -membership redis find this transceiver there); empty: no registration")
 	fs.IntVar(&t.OutputBitrate, "output-bitrate", audio.DefaultBitrate, "Opus bitrate (bit/s) of audio encoded from PCM backends")
 	fs.IntVar(&t.OutputComplexity, "output-complexity", audio.DefaultComplexity, "Opus encoder complexity (1-10) of audio encoded from PCM backends: CPU per frame against search effort (libopus's default is 10)")
+	fs.IntVar(&t.Ptime, "ptime", transceiver.DefaultPtime, "ms of audio per RTP packet to and from clients: 20, or 10 (answers carry a=ptime:10; a few ms less per reply at twice the packets per session)")
 	fs.DurationVar(&t.OutputQueueMax, "output-queue-max", playout.DefaultMaxQueued, "cap on a session's queued output audio; past it backend audio is refused (error output_queue_full)")
 	fs.DurationVar(&t.ReportInterval, "report-interval", transceiver.DefaultReportInterval, "interval of each session's RTCP sender and receiver reports (100ms to 10s)")
 	fs.StringVar(&c.HopAd, "hop-advertise", "", "internal-hop ip:port registered for relays (default: -listen, which must then be a concrete IP)")

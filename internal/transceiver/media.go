@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/pion/rtp"
 
@@ -68,8 +70,8 @@ type media struct {
 	// Set once.
 	q        *playout.Queue
 	dec      *audio.Decoder // nil for Opus passthrough; only onTrack uses it
-	frameDur int            // PCM: one frame at 48 kHz (960)
-	frameLen int            // PCM: samples per frame at the format's rate
+	frameDur int            // PCM: one encoded frame at 48 kHz (Config.Ptime: 960 or 480)
+	frameLen int            // PCM: samples per encoded frame at the format's rate
 
 	// encMu guards enc: the bridge reader encodes, the clock's worker
 	// flushes a reply's last partial frame (OnUnderrun).
@@ -125,10 +127,10 @@ func (sess *session) newMedia() error {
 		if m.dec, err = audio.NewDecoder(rate); err != nil {
 			return err
 		}
-		if m.enc, err = audio.NewEncoderConfig(audio.EncoderConfig{Rate: rate, Bitrate: cfg.OutputBitrate, Complexity: cfg.OutputComplexity}); err != nil {
+		if m.enc, err = audio.NewEncoderConfig(audio.EncoderConfig{Rate: rate, Bitrate: cfg.OutputBitrate, Complexity: cfg.OutputComplexity, FrameMs: cfg.Ptime}); err != nil {
 			return err
 		}
-		m.frameDur, m.frameLen = playout.TickSamples, audio.FrameSamples(rate)
+		m.frameDur, m.frameLen = cfg.Ptime*48, m.enc.FrameSamples()
 	}
 	m.rtpPkt.Header = rtp.Header{Version: 2, PayloadType: uint8(opusCodec.PayloadType)}
 	// Audio the backend sends before the client is connected (a greeting
@@ -353,7 +355,7 @@ func (sess *session) onControl(c *bridge.Control) {
 func (sess *session) reportTail(err error) {
 	if errors.Is(err, playout.ErrFull) {
 		sess.sendControl(bridge.Control{Type: bridge.TypeError, Code: bridge.ErrCodeQueueFull,
-			Message: "the last, partial 20 ms frame of a reply did not fit in the output queue; dropped"})
+			Message: "the last, partial frame of a reply did not fit in the output queue; dropped"})
 	}
 }
 
@@ -495,6 +497,36 @@ func (sess *session) reportPlayout(e playout.Event) {
 	if dc.SendText(string(msg)) != nil {
 		sess.srv.metrics.eventsDropped.Inc()
 	}
+}
+
+// clockTick is the playout clock's period for c.Ptime: one packet per
+// session per tick (playout.ClockConfig.Tick).
+func (c *Config) clockTick() time.Duration { return time.Duration(c.Ptime) * time.Millisecond }
+
+// withPtime returns the answer sdp with a=ptime:ptime (RFC 4566 §6: the
+// audio, in ms, the answerer wants in each packet it receives) after the
+// Opus rtpmap of its audio section, so that the client's encoder sends
+// packets of that length (Chromium's WebRTC takes the remote description's
+// ptime as its Opus frame size). At DefaultPtime the answer is left as it
+// is: 20 ms is what WebRTC clients send unasked.
+func withPtime(sdp string, ptime int) string {
+	if ptime == DefaultPtime || ptime == 0 {
+		return sdp
+	}
+	var b strings.Builder
+	b.Grow(len(sdp) + 16)
+	audio, done := false, false
+	for line := range strings.SplitAfterSeq(sdp, "\n") {
+		b.WriteString(line)
+		switch {
+		case strings.HasPrefix(line, "m="):
+			audio = strings.HasPrefix(line, "m=audio ")
+		case audio && !done && strings.HasPrefix(line, "a=rtpmap:") && strings.Contains(strings.ToLower(line), " opus/48000"):
+			b.WriteString("a=ptime:" + strconv.Itoa(ptime) + "\r\n")
+			done = true
+		}
+	}
+	return b.String()
 }
 
 // isClientClear reports whether a data-channel message is the client's

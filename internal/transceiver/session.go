@@ -208,7 +208,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	go sess.fromBackend()
 	sess.watchChecks()
 	sess.log.Info("session created", "ufrag", ufrag)
-	return sess, finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress), nil
+	return sess, withPtime(finalizeAnswer(sess.pc.LocalDescription().SDP, sess.ingress), s.cfg.Ptime), nil
 }
 
 // finalizeAnswer makes the answer advertise exactly one candidate, at
