@@ -48,6 +48,7 @@ type Demo struct {
 	HTTP  string `yaml:"http"`
 	Relay string `yaml:"relay"`
 	Mode  string `yaml:"mode"`
+	Ptime int    `yaml:"ptime"`
 	Log   Log    `yaml:",inline"`
 }
 
@@ -57,6 +58,7 @@ func (c *Demo) Flags() *flag.FlagSet {
 	fs.StringVar(&c.Mode, "mode", agent.ModeParrot, "agent: parrot (a conversation: it answers with what you said, and stops when you talk over it) or echo")
 	fs.StringVar(&c.HTTP, "http", demo.DefaultHTTPAddr, "address of the web page, signaling API and /metrics")
 	fs.StringVar(&c.Relay, "relay", demo.DefaultRelayAddr, "relay public UDP address (advertised in answers)")
+	fs.IntVar(&c.Ptime, "ptime", demo.DefaultPtime, "ms of audio per RTP packet to and from the browser: 20 or 10 (as the transceiver's -ptime)")
 	c.Log.RegisterFlags(fs, "text", "the -http address")
 	return done(fs)
 }
