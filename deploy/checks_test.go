@@ -641,6 +641,7 @@ var transceiverSettings = []struct{ value, flag string }{
 	{"transceiver.consentTimeout", "consent-timeout"},
 	{"transceiver.outputBitrate", "output-bitrate"},
 	{"transceiver.outputComplexity", "output-complexity"},
+	{"transceiver.ptime", "ptime"},
 }
 
 // checkTokenKeys: relays and transceivers read the fleet key from the same

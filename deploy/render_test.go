@@ -219,6 +219,7 @@ func customValues() map[string]any {
 			"maxPendingPerClient": 8,
 			"consentTimeout":      "20s",
 			"outputComplexity":    8,
+			"ptime":               10,
 			"hpa":                 map[string]any{"enabled": false},
 			"ingress": map[string]any{
 				"enabled":   true,

@@ -87,6 +87,15 @@ type Options struct {
 	// JitterBufferTarget is the RTCRtpReceiver.jitterBufferTarget the
 	// page sets on the agent's audio in ModeEdgeHint.
 	JitterBufferTarget time.Duration
+	// Ptimes are the transceiver's packet lengths (transceiver.Config.Ptime,
+	// ms: 20 or 10) each mode runs with, in order (default 20 alone).
+	Ptimes []int
+	// Rounds runs every mode at every ptime, in turn, this many times
+	// (default 1), Cycles each time; a row pools its rounds. Short
+	// alternating rounds put the configurations compared under the same
+	// machine load, which moves Chromium's jitter buffer more than most
+	// changes do.
+	Rounds int
 	// Logger gets progress; nil discards it.
 	Logger *slog.Logger
 }
@@ -94,6 +103,8 @@ type Options struct {
 // Mode is one mode's measurements, ms.
 type Mode struct {
 	Name string
+	// Ptime is the transceiver's packet length, ms.
+	Ptime int
 	// StopAtBackend is (a), Reply (b), Quiet (c), one value per turn.
 	StopAtBackend, Reply, Quiet []float64
 	// Heard is, per interruption, the user's onset → the page's receipt
@@ -104,6 +115,13 @@ type Mode struct {
 	Turns int
 	// Split is where (b)'s time went, per reply (see Split).
 	Split Split
+	// ClientPacketMs is, per run, the call's length over the packets the
+	// page's microphone sent in it (getStats outbound-rtp packetsSent):
+	// the browser's Opus frame, which follows the answer's a=ptime.
+	ClientPacketMs []float64
+	// Loads are the 1-minute load averages at the start and end of each
+	// run.
+	Loads [][2]string
 }
 
 // Split divides (b), per reply, ms. Up, Edge and Browser add up to (b)
@@ -129,8 +147,9 @@ type Split struct {
 	// the jitter buffer, decoding, playout and the page's analyser.
 	Browser []float64
 	// QuietLead: how long each reply plays before its first 10 ms at or
-	// above the page's −45 dBFS (the parrot starts a reply 10 ms before
-	// its first 10 ms with a −40 dBFS peak): part of Browser.
+	// above the page's −45 dBFS, in whole 10 ms blocks (the parrot starts
+	// a reply 2 ms before its first sample at −40 dBFS, faded in; a soft
+	// start of speech counts here too): part of Browser.
 	QuietLead []float64
 	// JitterBuffer is the mean time the reply's first 300 ms of samples
 	// spent in the page's jitter buffer (getStats inbound-rtp
@@ -206,6 +225,22 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if len(opts.Ptimes) == 0 {
+		opts.Ptimes = []int{transceiver.DefaultPtime}
+	}
+	if opts.Rounds < 1 {
+		opts.Rounds = 1
+	}
+	for _, mode := range opts.Modes {
+		if mode != ModeEdge && mode != ModeBackend && mode != ModeEdgeHint {
+			return nil, fmt.Errorf("voicebench: mode %q: want %s, %s or %s", mode, ModeEdge, ModeEdgeHint, ModeBackend)
+		}
+	}
+	for _, pt := range opts.Ptimes {
+		if pt != 10 && pt != 20 {
+			return nil, fmt.Errorf("voicebench: ptime %d: want 10 or 20", pt)
+		}
+	}
 	bin, err := chromiumPath()
 	if err != nil {
 		return nil, err
@@ -234,19 +269,44 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	listenMs := last/cyclesInFile*(len(sc.Samples)/48) + ends[last%cyclesInFile]
 	listen := time.Duration(listenMs)*time.Millisecond + 2*time.Second
 	for _, mode := range opts.Modes {
-		if mode != ModeEdge && mode != ModeBackend && mode != ModeEdgeHint {
-			return nil, fmt.Errorf("voicebench: mode %q: want %s, %s or %s", mode, ModeEdge, ModeEdgeHint, ModeBackend)
+		for _, pt := range opts.Ptimes {
+			res.Modes = append(res.Modes, Mode{Name: mode, Ptime: pt})
 		}
-		opts.Logger.Info("voice bench: mode", "mode", mode, "listen", listen.Round(time.Second))
-		m, err := runMode(ctx, opts, mode, bin, wav, listen)
-		if err != nil {
-			return nil, fmt.Errorf("voicebench: %s: %w", mode, err)
+	}
+	for round := range opts.Rounds {
+		for i := range res.Modes {
+			row := &res.Modes[i]
+			load := loadAverage()
+			opts.Logger.Info("voice bench: mode", "mode", row.Name, "ptime", row.Ptime, "round", round+1, "listen", listen.Round(time.Second), "load", load)
+			m, err := runMode(ctx, opts, row.Name, row.Ptime, bin, wav, listen)
+			if err != nil {
+				return nil, fmt.Errorf("voicebench: %s, ptime %d: %w", row.Name, row.Ptime, err)
+			}
+			row.merge(m)
+			row.Loads = append(row.Loads, [2]string{load, loadAverage()})
 		}
-		res.Modes = append(res.Modes, *m)
 	}
 	res.Duration = time.Since(start)
 	res.Load[1] = loadAverage()
 	return res, nil
+}
+
+// merge adds run m's measurements to row r.
+func (r *Mode) merge(m *Mode) {
+	r.StopAtBackend = append(r.StopAtBackend, m.StopAtBackend...)
+	r.Reply = append(r.Reply, m.Reply...)
+	r.Quiet = append(r.Quiet, m.Quiet...)
+	r.Heard = append(r.Heard, m.Heard...)
+	r.Turns += m.Turns
+	r.ClientPacketMs = append(r.ClientPacketMs, m.ClientPacketMs...)
+	s, o := &r.Split, &m.Split
+	s.Up = append(s.Up, o.Up...)
+	s.Edge = append(s.Edge, o.Edge...)
+	s.Agent = append(s.Agent, o.Agent...)
+	s.Browser = append(s.Browser, o.Browser...)
+	s.QuietLead = append(s.QuietLead, o.QuietLead...)
+	s.JitterBuffer = append(s.JitterBuffer, o.JitterBuffer...)
+	s.JitterTarget = append(s.JitterTarget, o.JitterTarget...)
 }
 
 // loadAverage returns the 1-minute load average (Linux), or "?".
@@ -414,7 +474,7 @@ func (tr *tracer) stopLatencies(silenceMs int) []float64 {
 
 // runMode builds a stack (relay, transceiver, parrot agent, the page),
 // calls it from Chromium for listen, and reads the measurements.
-func runMode(ctx context.Context, opts Options, mode, bin, wav string, listen time.Duration) (*Mode, error) {
+func runMode(ctx context.Context, opts Options, mode string, ptime int, bin, wav string, listen time.Duration) (*Mode, error) {
 	log := slog.New(minLevel{opts.Logger.Handler(), slog.LevelWarn})
 	var closers []func()
 	defer func() {
@@ -451,6 +511,7 @@ func runMode(ctx context.Context, opts Options, mode, bin, wav string, listen ti
 		Advertise:   px.Addr().String(),
 		AllowRelays: []string{netip.PrefixFrom(rly.InternalAddr().Addr(), 32).String()},
 		BackendURL:  "ws" + strings.TrimPrefix(be.URL, "http") + "/v1/bridge",
+		Ptime:       ptime,
 	}, keys, nil, log)
 	if err != nil {
 		return nil, err
@@ -503,10 +564,19 @@ func runMode(ctx context.Context, opts Options, mode, bin, wav string, listen ti
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	sentBefore, err := chromedp.Run(bctx, chromedp.Evaluate[float64](`window.switchboard.stats.packetsSent`))
+	if err != nil {
+		return nil, err
+	}
+	listenStart := time.Now()
 	select {
 	case <-time.After(listen):
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+	sentAfter, err := chromedp.Run(bctx, chromedp.Evaluate[float64](`window.switchboard.stats.packetsSent`))
+	if err != nil {
+		return nil, err
 	}
 	talk, err := chromedp.Run(bctx, chromedp.Evaluate[pageTalk](`window.switchboard.talk`))
 	if err != nil {
@@ -522,7 +592,10 @@ func runMode(ctx context.Context, opts Options, mode, bin, wav string, listen ti
 			return nil, errors.New("the page could not set RTCRtpReceiver.jitterBufferTarget (not supported)")
 		}
 	}
-	m := &Mode{Name: mode, Turns: len(talk.Turns), StopAtBackend: tr.stopLatencies(vad.DefaultSilenceDurationMs)}
+	m := &Mode{Name: mode, Ptime: ptime, Turns: len(talk.Turns), StopAtBackend: tr.stopLatencies(vad.DefaultSilenceDurationMs)}
+	if sentAfter > sentBefore {
+		m.ClientPacketMs = []float64{float64(time.Since(listenStart).Milliseconds()) / (sentAfter - sentBefore)}
+	}
 	m.Split.Agent = tr.agentLatencies()
 	tr.mu.Lock()
 	m.Split.QuietLead = slices.Clone(tr.leads)
@@ -598,8 +671,12 @@ func Stats(xs []float64) (median, p90 float64) {
 // Markdown writes the results table.
 func (r *Result) Markdown(w io.Writer) {
 	rtt := float64(r.Opts.RTT) / float64(time.Millisecond)
-	fmt.Fprintf(w, "RTT %s added between Chromium and the relay (%s each way), %d cycles per mode (two user turns each, the second over the reply), silence window %d ms subtracted from (a) and (b); %s; %s in all.\n\n",
-		r.Opts.RTT, r.Opts.RTT/2, r.Opts.Cycles, r.Silence, r.Browser, r.Duration.Round(time.Second))
+	rounds := ""
+	if r.Opts.Rounds > 1 {
+		rounds = fmt.Sprintf(" in each of %d rounds (every row in turn, each round; rows pool their rounds)", r.Opts.Rounds)
+	}
+	fmt.Fprintf(w, "RTT %s added between Chromium and the relay (%s each way), %d cycles per mode%s (two user turns each, the second over the reply), silence window %d ms subtracted from (a) and (b); %s; %s in all.\n\n",
+		r.Opts.RTT, r.Opts.RTT/2, r.Opts.Cycles, rounds, r.Silence, r.Browser, r.Duration.Round(time.Second))
 	fmt.Fprintln(w, "| who cuts the reply | (a) speech end → stop at the backend, ms | (b) speech end → reply heard, ms | (c) user's onset → agent quiet in the page, ms | of which: onset → speech_started in the page, ms |")
 	fmt.Fprintln(w, "|---|---|---|---|---|")
 	cell := func(xs []float64) string {
@@ -612,7 +689,7 @@ func (r *Result) Markdown(w io.Writer) {
 	for _, m := range r.Modes {
 		name := map[string]string{ModeEdge: "edge (turn detection in the transceiver)", ModeBackend: "backend (its own VAD, output.clear)",
 			ModeEdgeHint: fmt.Sprintf("edge, the page's receiver with jitterBufferTarget %d ms", r.Opts.JitterBufferTarget.Milliseconds())}[m.Name]
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", name, cell(m.StopAtBackend), cell(m.Reply), cell(m.Quiet), cell(m.Heard))
+		fmt.Fprintf(w, "| %s%s | %s | %s | %s | %s |\n", name, r.ptimeNote(m), cell(m.StopAtBackend), cell(m.Reply), cell(m.Quiet), cell(m.Heard))
 	}
 	fmt.Fprintf(w, "| target (issue 12) | ≤ 30 | ≤ 1 RTT + 60 = %.0f | ≤ 1 RTT + 80 = %.0f | |\n", rtt+60, rtt+80)
 	fmt.Fprintln(w, "| reference: LiveKit Agents default (0.5 s of speech before an interruption) | | | ≥ 500 + the same path | |")
@@ -625,10 +702,30 @@ func (r *Result) Markdown(w io.Writer) {
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
 	for _, m := range r.Modes {
 		s := m.Split
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", m.Name, cell(s.Up), cell(s.Edge), cell(s.Agent), cell(s.Browser), cell(s.QuietLead), cell(s.JitterBuffer), cell(s.JitterTarget))
+		fmt.Fprintf(w, "| %s%s | %s | %s | %s | %s | %s | %s | %s |\n", m.Name, r.ptimeNote(m), cell(s.Up), cell(s.Edge), cell(s.Agent), cell(s.Browser), cell(s.QuietLead), cell(s.JitterBuffer), cell(s.JitterTarget))
 	}
 	fmt.Fprintf(w, "\nThe detector's speech end minus the page's on the same audio (the script through Opus), per utterance: %s ms.\n", cell(r.EndLag))
 	fmt.Fprintf(w, "Load average (1 min) at the start and the end: %s, %s.\n", r.Load[0], r.Load[1])
+	fmt.Fprintln(w, "\nPer row: the microphone's packets (the call's length over getStats packetsSent, per run, ms) and the load average (1 min) at the start and end of each run:")
+	fmt.Fprintln(w)
+	for _, m := range r.Modes {
+		var pk, ld []string
+		for _, x := range m.ClientPacketMs {
+			pk = append(pk, fmt.Sprintf("%.1f", x))
+		}
+		for _, l := range m.Loads {
+			ld = append(ld, l[0]+"–"+l[1])
+		}
+		fmt.Fprintf(w, "* %s%s: a packet every %s ms; load %s\n", m.Name, r.ptimeNote(m), strings.Join(pk, ", "), strings.Join(ld, ", "))
+	}
+}
+
+// ptimeNote names m's ptime in a row when the run compared several.
+func (r *Result) ptimeNote(m Mode) string {
+	if len(r.Opts.Ptimes) < 2 && m.Ptime == transceiver.DefaultPtime {
+		return ""
+	}
+	return fmt.Sprintf(", ptime %d", m.Ptime)
 }
 
 func chromiumPath() (string, error) {

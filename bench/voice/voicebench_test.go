@@ -3,6 +3,7 @@ package voicebench
 import (
 	"bytes"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"testing"
@@ -14,9 +15,11 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestShortRun is the CI version of `switchboard-bench voice`: two cycles
-// (four user turns, two of them over the agent's reply) in each mode, 50
-// ms RTT. It checks that every figure was measured, not how fast: speed
-// is the benchmark's business (docs/benchmarks.md).
+// (four user turns, two of them over the agent's reply) in each mode, at
+// ptime 20 and 10, 50 ms RTT. It checks that every figure was measured,
+// not how fast: speed is the benchmark's business (docs/benchmarks.md);
+// and that Chromium's microphone sends the packet length the answer's
+// a=ptime asks for.
 func TestShortRun(t *testing.T) {
 	if _, err := exec.LookPath("chromium"); err != nil {
 		if os.Getenv("CI") != "" {
@@ -32,7 +35,7 @@ func TestShortRun(t *testing.T) {
 			t.Skipf("%s not installed", tool)
 		}
 	}
-	res, err := Run(t.Context(), Options{RTT: 50 * time.Millisecond, Cycles: 2, Logger: slog.New(slog.DiscardHandler)})
+	res, err := Run(t.Context(), Options{RTT: 50 * time.Millisecond, Cycles: 2, Ptimes: []int{20, 10}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,6 +46,11 @@ func TestShortRun(t *testing.T) {
 		if len(m.StopAtBackend) < 3 || len(m.Reply) < 3 || len(m.Quiet) < 1 {
 			t.Errorf("%s: measured %d stops, %d replies, %d interruptions over %d turns; want at least 3, 3 and 1",
 				m.Name, len(m.StopAtBackend), len(m.Reply), len(m.Quiet), m.Turns)
+		}
+		// The call's length over the packets sent: within a few ms of
+		// the ptime (the page polls its stats every 500 ms).
+		if len(m.ClientPacketMs) != 1 || math.Abs(m.ClientPacketMs[0]-float64(m.Ptime)) > 3 {
+			t.Errorf("%s, ptime %d: the microphone sent a packet every %v ms, want about %d", m.Name, m.Ptime, m.ClientPacketMs, m.Ptime)
 		}
 	}
 }

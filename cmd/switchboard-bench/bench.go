@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,8 +28,19 @@ func runBenchVoice(ctx context.Context, args []string, stdout io.Writer) error {
 	cycles := fs.Int("cycles", 20, "script cycles per mode; each has two user turns, the second over the agent's reply")
 	modes := fs.String("modes", "", "comma-separated: edge, edge-hint, backend (default edge,backend); edge-hint is edge with the page's receiver given -jitter-buffer-target")
 	jbt := fs.Duration("jitter-buffer-target", 0, "RTCRtpReceiver.jitterBufferTarget the page sets in mode edge-hint")
+	ptimes := fs.String("ptime", "20", "comma-separated transceiver -ptime values (10, 20) each mode runs with, e.g. 20,10 to compare them")
+	rounds := fs.Int("rounds", 1, "run every mode at every ptime, in turn, this many times (-cycles each); rows pool their rounds, so compared configurations share the machine's load")
+	jsonOut := fs.String("json", "", "also write every measurement (per turn, per run) as JSON to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	var pts []int
+	for f := range strings.SplitSeq(*ptimes, ",") {
+		pt, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || (pt != 10 && pt != 20) {
+			return fmt.Errorf("-ptime %q: want 10 or 20, comma-separated", f)
+		}
+		pts = append(pts, pt)
 	}
 	if *rtt < 0 {
 		return errors.New("-rtt must not be negative")
@@ -35,7 +48,7 @@ func runBenchVoice(ctx context.Context, args []string, stdout io.Writer) error {
 	if *jbt < 0 || *jbt > 4*time.Second {
 		return errors.New("-jitter-buffer-target must be from 0 to 4s (the range RTCRtpReceiver.jitterBufferTarget takes)")
 	}
-	opts := voicebench.Options{RTT: *rtt, Cycles: *cycles, JitterBufferTarget: *jbt,
+	opts := voicebench.Options{RTT: *rtt, Cycles: *cycles, JitterBufferTarget: *jbt, Ptimes: pts, Rounds: *rounds,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	if *modes != "" {
 		opts.Modes = strings.Split(*modes, ",")
@@ -45,6 +58,13 @@ func runBenchVoice(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	res.Markdown(stdout)
+	if *jsonOut != "" {
+		b, err := json.MarshalIndent(res, "", " ")
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(*jsonOut, b, 0o644)
+	}
 	return nil
 }
 

@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -84,9 +86,9 @@ type parrotAgent struct {
 // per WebSocket; mount it at "/v1/bridge") with the parrot: it asks for
 // PCM and turn detection in its hello, and when the user stops talking
 // (input.speech_stopped) it plays back what they said, sent in one burst
-// that the transceiver's paced playout spreads over real time (from 10 ms
-// before the first sound: the prefix padding's quiet start is not played,
-// as a voice agent starts its reply with speech), tagged
+// that the transceiver's paced playout spreads over real time (from 2 ms
+// before the first sound, faded in: the prefix padding's quiet start is
+// not played, as a voice agent starts its reply with speech), tagged
 // with output.response "resp_sb_N". When the user talks over a reply the
 // edge cuts it (turn detection with interrupt_response), or the agent
 // sends output.clear (interrupt_response false, or OwnVAD). Events from
@@ -341,23 +343,36 @@ func NewMode(mode, format string, logger *slog.Logger) (http.Handler, error) {
 	return nil, fmt.Errorf("agent: mode %q: want %s or %s", mode, ModeParrot, ModeEcho)
 }
 
-// quietPeak is the largest sample, in magnitude, of a 10 ms block that
-// trimLeadingQuiet counts as quiet: −40 dBFS.
+// quietPeak is the sample magnitude from which trimLeadingQuiet counts a
+// reply's sound as begun: −40 dBFS.
 const quietPeak = 328
 
-// trimLeadingQuiet returns pcm (PCM16 little-endian at rate Hz) from 10 ms
-// before its first block of 10 ms whose peak reaches quietPeak; all of it
-// when it starts with sound, nothing when it has none.
+// replyLeadMs is how much of the quiet before a reply's first sound the
+// parrot plays, faded in from silence: enough that the cut is no click
+// (the lead is under quietPeak, and the ramp takes it from zero), short
+// enough that the reply's first packet carries its sound. A reply cut at
+// a 10 ms block boundary started with 10 ms of quiet at the median, which
+// the listener waited through (docs/benchmarks.md, turn-taking).
+const replyLeadMs = 2
+
+// trimLeadingQuiet returns a copy of pcm (PCM16 little-endian at rate Hz)
+// from replyLeadMs before its first sample whose magnitude reaches
+// quietPeak, that lead faded in linearly from zero; all of it, the start
+// faded in the same way, when the sound comes sooner; nil when it has
+// none. pcm is not modified.
 func trimLeadingQuiet(pcm []byte, rate int) []byte {
-	block := 2 * rate / 100
-	for off := 0; off < len(pcm); off += block {
-		end := min(len(pcm), off+block)
-		for i := off; i+1 < end; i += 2 {
-			v := int(int16(uint16(pcm[i]) | uint16(pcm[i+1])<<8))
-			if v >= quietPeak || v <= -quietPeak {
-				return pcm[max(0, off-block):]
-			}
+	lead := rate * replyLeadMs / 1000 // samples
+	for i := 0; i+1 < len(pcm); i += 2 {
+		v := int(int16(binary.LittleEndian.Uint16(pcm[i:])))
+		if v < quietPeak && v > -quietPeak {
+			continue
 		}
+		out := bytes.Clone(pcm[max(0, i-2*lead):])
+		for k := range min(lead, len(out)/2) {
+			s := int(int16(binary.LittleEndian.Uint16(out[2*k:])))
+			binary.LittleEndian.PutUint16(out[2*k:], uint16(int16(s*k/lead)))
+		}
+		return out
 	}
 	return nil
 }

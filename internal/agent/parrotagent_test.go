@@ -99,11 +99,12 @@ func TestParrotAgentBridge(t *testing.T) {
 	if len(tags) != 1 || tags[0] != "resp_sb_1" {
 		t.Errorf("response tags %q, want [resp_sb_1]", tags)
 	}
-	// The reply is the sound, from 10 ms before it (the padding's quiet
-	// start is trimmed), to the speech's end.
-	want := append(make([]byte, 480), speech...)
+	// The reply is the sound, from 2 ms (48 samples) before its first
+	// sample at −40 dBFS (the sine's second), to the speech's end: the
+	// padding's quiet start is trimmed.
+	want := append(make([]byte, 2*47), speech...)
 	if !bytes.Equal(reply, want) {
-		t.Errorf("reply is %d bytes, want the %d bytes of speech after 10 ms of quiet", len(reply), len(want))
+		t.Errorf("reply is %d bytes, want the %d bytes of speech after 2 ms of quiet", len(reply), len(want))
 	}
 
 	// The user talks over the reply: the edge clears; the parrot must
@@ -126,23 +127,54 @@ func TestParrotAgentBridge(t *testing.T) {
 	}
 }
 
+// TestTrimLeadingQuiet: a reply starts 2 ms before its first sample at
+// −40 dBFS, those 2 ms faded in from zero (no click where the quiet was
+// cut), the rest as it was; the input is not modified.
 func TestTrimLeadingQuiet(t *testing.T) {
-	quiet, loud := pcmFrames(5, false), pcmFrames(1, true)
+	const rate, lead = 24000, 48            // 2 ms at 24 kHz
+	pcm := func(samples ...[2]int) []byte { // runs of {count, value}
+		var b []byte
+		for _, r := range samples {
+			for range r[0] {
+				b = binary.LittleEndian.AppendUint16(b, uint16(int16(r[1])))
+			}
+		}
+		return b
+	}
+	ramp := func(v int) []byte { // lead samples of v faded in
+		var b []byte
+		for k := range lead {
+			b = binary.LittleEndian.AppendUint16(b, uint16(int16(v*k/lead)))
+		}
+		return b
+	}
+	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
 	for _, tt := range []struct {
 		name string
 		in   []byte
-		want int // bytes kept
+		want []byte
 	}{
-		{"quiet then sound", append(append([]byte{}, quiet...), loud...), len(loud) + 480},
-		{"sound first", loud, len(loud)},
-		{"quiet only", quiet, 0},
-		{"empty", nil, 0},
+		{"quiet then sound", pcm([2]int{240, 0}, [2]int{100, 5000}), pcm([2]int{lead, 0}, [2]int{100, 5000})},
+		{"a quiet hum before the sound: faded in", pcm([2]int{240, 300}, [2]int{100, -5000}), cat(ramp(300), pcm([2]int{100, -5000}))},
+		{"the sound at once: its start faded in", pcm([2]int{100, 5000}), cat(ramp(5000), pcm([2]int{100 - lead, 5000}))},
+		{"sound 1 ms in: all kept", pcm([2]int{24, 300}, [2]int{100, 5000}), cat(ramp(300)[:2*24], ramp(5000)[2*24:], pcm([2]int{100 - 24, 5000}))},
+		{"just under −40 dBFS is quiet", pcm([2]int{240, 327}), nil},
+		{"empty", nil, nil},
 	} {
-		if got := len(trimLeadingQuiet(tt.in, 24000)); got != tt.want {
-			t.Errorf("%s: kept %d bytes, want %d", tt.name, got, tt.want)
-		}
+		t.Run(tt.name, func(t *testing.T) {
+			in := bytes.Clone(tt.in)
+			got := trimLeadingQuiet(in, rate)
+			if !bytes.Equal(got, tt.want) {
+				t.Errorf("got %d bytes %v…, want %d bytes %v…", len(got), head(got), len(tt.want), head(tt.want))
+			}
+			if !bytes.Equal(in, tt.in) {
+				t.Error("the input was modified")
+			}
+		})
 	}
 }
+
+func head(b []byte) []byte { return b[:min(len(b), 16)] }
 
 // TestQuietLead: the quiet lead a TraceReply reports is the time before
 // the first 10 ms block at −45 dBFS RMS or more, in whole blocks.

@@ -399,3 +399,62 @@ func TestAllocs(t *testing.T) {
 		t.Errorf("decode with concealment: %v allocations, want 0", n)
 	}
 }
+
+// TestEncoderTenMs: with FrameMs 10 every packet is 10 ms (480 samples on
+// the RTP clock, per its TOC), a partial frame is flushed as one more, and
+// the speech survives the round trip as with 20 ms packets; other frame
+// lengths are refused.
+func TestEncoderTenMs(t *testing.T) {
+	pcm := speech(t) // 48 kHz
+	in := make([]byte, 0, len(pcm))
+	for i := 0; i+2 <= len(pcm); i += 2 { // 48 → 24 kHz
+		in = binary.LittleEndian.AppendUint16(in, uint16(int16((int(pcm[i])+int(pcm[i+1]))/2)))
+	}
+	e, err := NewEncoderConfig(EncoderConfig{Rate: 24000, FrameMs: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.FrameSamples() != 240 {
+		t.Fatalf("FrameSamples = %d, want 240", e.FrameSamples())
+	}
+	client, _ := opus.NewDecoder(48000, 1)
+	buf := make([]int16, 5760)
+	var got []int16
+	packets := 0
+	take := func(ps []Packet) {
+		for _, p := range ps {
+			packets++
+			if d, err := PacketDuration(p.Payload); err != nil || d != 480 {
+				t.Fatalf("packet %d: duration %d (%v), want 480", packets, d, err)
+			}
+			n, err := client.Decode(p.Payload, buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, buf[:n]...)
+		}
+	}
+	ps, err := e.Write(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	take(ps)
+	ps, err = e.Flush()
+	if err != nil {
+		t.Fatal(err)
+	}
+	take(ps)
+	if want := (len(in)/2 + 239) / 240; packets != want {
+		t.Fatalf("%d packets, want %d", packets, want)
+	}
+	w, env, lag := audiotest.Similarity(audiotest.Decimate(pcm, 2), audiotest.Decimate(got, 2), 24000, 24000/20)
+	t.Logf("10 ms packets: correlation waveform %.3f, envelope %.3f, at lag %d samples", w, env, lag)
+	if env < 0.9 || w < 0.8 {
+		t.Errorf("correlation waveform %.3f (want ≥ 0.8), envelope %.3f (want ≥ 0.9)", w, env)
+	}
+	for _, ms := range []int{5, 15, 40, -10} {
+		if _, err := NewEncoderConfig(EncoderConfig{Rate: 24000, FrameMs: ms}); err == nil {
+			t.Errorf("FrameMs %d accepted", ms)
+		}
+	}
+}

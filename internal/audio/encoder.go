@@ -30,14 +30,14 @@ const DefaultComplexity = 5
 // for (OPUS_SET_PACKET_LOSS_PERC); libopus adds no FEC at 0.
 const encoderLossPercent = 10
 
-// Packet is one encoded 20 ms Opus packet.
+// Packet is one encoded Opus packet (20 ms, or EncoderConfig.FrameMs).
 type Packet struct {
 	// Payload aliases the encoder's buffer; valid until the next call.
 	Payload []byte
 }
 
-// Encoder frames 16-bit mono PCM at one rate into 20 ms frames and
-// encodes each as one Opus packet (RFC 6716) for RTP (RFC 7587): libopus
+// Encoder frames 16-bit mono PCM at one rate into 20 ms frames (or
+// EncoderConfig.FrameMs) and encodes each as one Opus packet (RFC 6716) for RTP (RFC 7587): libopus
 // application VoIP, in-band FEC on, a fixed target bitrate. Input may
 // come in chunks of any whole number of samples; a partial frame waits
 // for the next chunk, or for Flush, which pads it with silence.
@@ -64,6 +64,10 @@ type EncoderConfig struct {
 	// (libopus's default); 0 means DefaultComplexity. libopus's own 0 is
 	// not offered: it turns off the SILK search that keeps speech clean.
 	Complexity int
+	// FrameMs is the audio in each packet, ms: 20 (FrameDuration, the
+	// default when 0) or 10 (RFC 6716 §2.1.4 frame sizes): 10 ms packets
+	// halve the packetization delay, at twice the packet rate.
+	FrameMs int
 }
 
 // NewEncoder returns an encoder for mono PCM at rate Hz (16000 or 24000
@@ -92,6 +96,14 @@ func NewEncoderConfig(c EncoderConfig) (*Encoder, error) {
 	if complexity < 1 || complexity > 10 {
 		return nil, fmt.Errorf("audio: Opus complexity %d: want 1 to 10", complexity)
 	}
+	frameMs := c.FrameMs
+	switch frameMs {
+	case 0:
+		frameMs = FrameDuration
+	case 10, FrameDuration:
+	default:
+		return nil, fmt.Errorf("audio: Opus frame %d ms: want 10 or 20", frameMs)
+	}
 	enc, err := opus.NewEncoder(rate, 1, opus.AppVoIP)
 	if err != nil {
 		return nil, fmt.Errorf("audio: opus encoder: %w", err)
@@ -106,9 +118,12 @@ func NewEncoderConfig(c EncoderConfig) (*Encoder, error) {
 			return nil, fmt.Errorf("audio: opus encoder: %w", err)
 		}
 	}
-	frame := FrameSamples(rate)
+	frame := rate * frameMs / 1000
 	return &Encoder{enc: enc, rate: rate, frame: frame, pend: make([]int16, 0, frame)}, nil
 }
+
+// FrameSamples returns the samples of input in each packet.
+func (e *Encoder) FrameSamples() int { return e.frame }
 
 // Rate returns the encoder's input sample rate in Hz.
 func (e *Encoder) Rate() int { return e.rate }

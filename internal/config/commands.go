@@ -59,6 +59,7 @@ type Demo struct {
 	HTTP  string `yaml:"http"`
 	Relay string `yaml:"relay"`
 	Mode  string `yaml:"mode"`
+	Ptime int    `yaml:"ptime"`
 	Log   Log    `yaml:",inline"`
 }
 
@@ -68,6 +69,7 @@ func (c *Demo) Flags() *flag.FlagSet {
 	fs.StringVar(&c.Mode, "mode", agent.ModeParrot, "agent: parrot (a conversation: it answers with what you said, and stops when you talk over it) or echo")
 	fs.StringVar(&c.HTTP, "http", demo.DefaultHTTPAddr, "address of the web page, signaling API and /metrics")
 	fs.StringVar(&c.Relay, "relay", demo.DefaultRelayAddr, "relay public UDP address (advertised in answers)")
+	fs.IntVar(&c.Ptime, "ptime", demo.DefaultPtime, "ms of audio per RTP packet to and from the browser: 20 or 10 (as the transceiver's -ptime)")
 	c.Log.RegisterFlags(fs, "text", "the -http address")
 	describe(fs, "demo [flags]",
 		"Runs a relay, a transceiver, the reference agent (-mode) and a web page in\n"+
@@ -202,6 +204,7 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 	fs.StringVar(&c.Redis, "redis", "", "Redis host:port to register in (relays with -membership redis find this transceiver there); empty: no registration")
 	fs.IntVar(&t.OutputBitrate, "output-bitrate", audio.DefaultBitrate, "Opus bitrate (bit/s) of audio encoded from PCM backends")
 	fs.IntVar(&t.OutputComplexity, "output-complexity", audio.DefaultComplexity, "Opus encoder complexity (1-10) of audio encoded from PCM backends: CPU per frame against search effort (libopus's default is 10)")
+	fs.IntVar(&t.Ptime, "ptime", transceiver.DefaultPtime, "ms of audio per RTP packet to and from clients: 20, or 10 (answers carry a=ptime:10; a few ms less per reply at twice the packets per session)")
 	fs.DurationVar(&t.OutputQueueMax, "output-queue-max", playout.DefaultMaxQueued, "cap on a session's queued output audio; past it backend audio is refused (error output_queue_full)")
 	fs.DurationVar(&t.ReportInterval, "report-interval", transceiver.DefaultReportInterval, "interval of each session's RTCP sender and receiver reports (100ms to 10s)")
 	fs.StringVar(&c.HopAd, "hop-advertise", "", "internal-hop ip:port registered for relays (default: -listen, which must then be a concrete IP)")

@@ -35,6 +35,10 @@ const (
 	DefaultHTTPAddr = "127.0.0.1:8080"
 	// DefaultRelayAddr is the relay's public UDP address, STUN's port.
 	DefaultRelayAddr = "127.0.0.1:3478"
+	// DefaultPtime is `switchboard demo -ptime`'s default, ms: the
+	// transceiver's own default, 20 (see docs/benchmarks.md, turn-taking,
+	// for what 10 ms packets change in a conversation).
+	DefaultPtime = transceiver.DefaultPtime
 )
 
 // Config configures the demo. Zero values take the defaults.
@@ -56,6 +60,10 @@ type Config struct {
 	// Pprof serves Go's profiles (net/http/pprof) at /debug/pprof/ on
 	// HTTPAddr. Off by default: keep it off public networks.
 	Pprof bool
+	// Ptime is the transceiver's packet length to and from the browser,
+	// ms (transceiver.Config.Ptime: 20 or 10; 0: the transceiver's
+	// default, 20). A bad value fails Start with the transceiver's error.
+	Ptime int
 }
 
 // Demo is a running demo.
@@ -120,6 +128,7 @@ func Start(cfg Config) (*Demo, error) {
 		Advertise:   rly.PublicAddr().String(),
 		AllowRelays: []string{netip.PrefixFrom(internal.Addr(), internal.Addr().BitLen()).String()},
 		BackendURL:  "ws://" + ln.Addr().String() + "/v1/bridge",
+		Ptime:       cfg.Ptime,
 	}, keys, reg, log.With("component", "transceiver"))
 	if err != nil {
 		_ = rly.Close()

@@ -1,6 +1,8 @@
 package playout
 
 import (
+	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -8,11 +10,14 @@ import (
 )
 
 // Clock is the shared media clock: one ticking goroutine and Workers
-// worker goroutines that drain the active queues every Tick. Create it
-// with NewClock and Close it when done.
+// worker goroutines that drain the active queues every tick (Tick, or
+// ClockConfig.Tick). Create it with NewClock or NewClockConfig and Close
+// it when done.
 type Clock struct {
 	// Set once (start by run, before the first tick).
 	start   time.Time
+	period  time.Duration // the tick
+	samples int64         // the tick at 48 kHz
 	workers []*worker
 	batcher Batcher // nil: none
 	stop    chan struct{}
@@ -37,8 +42,48 @@ type ClockStats struct {
 }
 
 // NewClock starts a clock with the given number of workers (0: one per
-// CPU, runtime.GOMAXPROCS).
+// CPU, runtime.GOMAXPROCS) and the default tick, Tick.
 func NewClock(workers int) *Clock { return NewBatchedClock(workers, nil) }
+
+// ClockConfig configures NewClockConfig.
+type ClockConfig struct {
+	// Workers is the number of worker goroutines (0: one per CPU,
+	// runtime.GOMAXPROCS).
+	Workers int
+	// Tick is the clock period, TickShort or Tick (0: Tick). A queue
+	// sends what is due once per tick, so a run starts, on average, half a
+	// tick after its first audio is queued, and packets shorter than the
+	// tick would leave in pairs: sessions that send 10 ms packets need the
+	// 10 ms tick (the transceiver's ptime setting). Packets of 20 ms on a
+	// 10 ms clock leave every other tick.
+	Tick time.Duration
+	// Batcher, if set, brackets every tick of every worker (see
+	// NewBatchedClock).
+	Batcher Batcher
+}
+
+// TickShort is the short clock period ClockConfig.Tick takes: one 10 ms
+// packet per session per tick.
+const TickShort = 10 * time.Millisecond
+
+// ErrTick is returned by NewClockConfig for a Tick it does not take.
+var ErrTick = errors.New("playout: clock tick must be 10ms or 20ms")
+
+// NewClockConfig starts a clock configured by cfg. It returns ErrTick for
+// a tick other than TickShort or Tick.
+func NewClockConfig(cfg ClockConfig) (*Clock, error) {
+	switch cfg.Tick {
+	case 0:
+		cfg.Tick = Tick
+	case TickShort, Tick:
+	default:
+		return nil, fmt.Errorf("%w, not %v", ErrTick, cfg.Tick)
+	}
+	c := newClock(cfg.Workers, cfg.Tick)
+	c.batcher = cfg.Batcher
+	c.startWorkers()
+	return c, nil
+}
 
 // Batcher brackets each worker's tick, so that the packets its Sinks send
 // in the tick can leave together: Hold before the tick's first SendPacket,
@@ -51,27 +96,34 @@ type Batcher interface {
 // NewBatchedClock is NewClock with every tick of every worker bracketed
 // by b's Hold and Flush (nil: none).
 func NewBatchedClock(workers int, b Batcher) *Clock {
-	c := newClock(workers)
+	c := newClock(workers, Tick)
 	c.batcher = b
+	c.startWorkers()
+	return c
+}
+
+func (c *Clock) startWorkers() {
 	for _, w := range c.workers {
 		c.wg.Go(w.run)
 	}
 	c.wg.Go(c.run)
-	return c
 }
 
-// newClock builds a clock without starting it: tests drive its workers'
-// runTick by hand.
-func newClock(workers int) *Clock {
+// newClock builds a clock ticking every tick (TickShort or Tick) without
+// starting it: tests drive its workers' runTick by hand.
+func newClock(workers int, tick time.Duration) *Clock {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	c := &Clock{stop: make(chan struct{})}
+	c := &Clock{stop: make(chan struct{}), period: tick, samples: int64(tick / (time.Second / 48000))}
 	for range workers {
 		c.workers = append(c.workers, &worker{c: c, wake: make(chan struct{}, 1), buf: make([]byte, 0, 4096)})
 	}
 	return c
 }
+
+// Tick returns the clock's period.
+func (c *Clock) Tick() time.Duration { return c.period }
 
 // Stats returns the clock's counters.
 func (c *Clock) Stats() ClockStats {
@@ -86,15 +138,15 @@ func (c *Clock) Close() {
 }
 
 func (c *Clock) run() {
-	c.start = time.Now() // tick n fires at about start + n×Tick
-	t := time.NewTicker(Tick)
+	c.start = time.Now() // tick n fires at about start + n×period
+	t := time.NewTicker(c.period)
 	defer t.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
 		case now := <-t.C:
-			c.tick.Store(int64(now.Sub(c.start) / Tick))
+			c.tick.Store(int64(now.Sub(c.start) / c.period))
 			for _, w := range c.workers {
 				select {
 				case w.wake <- struct{}{}:

@@ -1,11 +1,25 @@
 package playout
 
+import (
+	"fmt"
+	"time"
+)
+
 // NewManualClock returns a clock whose ticks are played only by RunTick:
 // no goroutine, no timer. For tests and benchmarks that need a
 // deterministic timeline.
-func NewManualClock(workers int) *Clock { return newClock(workers) }
+func NewManualClock(workers int) *Clock { return newClock(workers, Tick) }
 
-// RunTick plays tick n (n×Tick after the clock's start) on every worker
+// NewManualClockTick is NewManualClock with another tick (TickShort or
+// Tick).
+func NewManualClockTick(workers int, tick time.Duration) (*Clock, error) {
+	if tick != TickShort && tick != Tick {
+		return nil, fmt.Errorf("%w, not %v", ErrTick, tick)
+	}
+	return newClock(workers, tick), nil
+}
+
+// RunTick plays tick n (n ticks after the clock's start) on every worker
 // of a manual clock, in the caller's goroutine. Do not call it on a clock
 // made by NewClock.
 func (c *Clock) RunTick(n int64) {

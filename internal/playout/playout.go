@@ -1,7 +1,8 @@
 // Package playout paces backend audio to clients: each session has a
 // bounded output Queue of encoded packets, marks and response tags, and one
-// shared Clock drains every session's queue at one 20 ms packet per tick,
-// however fast the backend filled it (docs/bridge.md §6).
+// shared Clock drains every session's queue at its real-time pace, one
+// tick (20 ms, or 10 ms for 10 ms packets) at a time, however fast the
+// backend filled it (docs/bridge.md §6).
 //
 // # Clock
 //
@@ -16,8 +17,9 @@
 //
 // # Timeline
 //
-// Tick number n starts at n×Tick after the clock's start; on the RTP clock
-// of Opus (48 kHz, RFC 7587 §4.1) that is n×960 samples. A queue keeps the
+// Tick number n starts at n ticks after the clock's start; on the RTP
+// clock of Opus (48 kHz, RFC 7587 §4.1) that is n×960 samples with the
+// default Tick, n×480 with TickShort. A queue keeps the
 // timeline position where its next packet starts. A packet is due when it
 // starts before the end of the current tick, so packets of 10, 20 or 60 ms
 // all leave at their real-time pace. When nothing was due for a while (the
@@ -65,10 +67,12 @@ import (
 	"time"
 )
 
-// Tick is the clock period: one 20 ms packet per session per tick.
+// Tick is the default clock period: one 20 ms packet per session per
+// tick (ClockConfig.Tick may take TickShort instead).
 const Tick = 20 * time.Millisecond
 
-// TickSamples is Tick on the Opus RTP clock (48 kHz, RFC 7587 §4.1).
+// TickSamples is Tick on the Opus RTP clock (48 kHz, RFC 7587 §4.1): one
+// 20 ms packet.
 const TickSamples = 960
 
 // Errors returned by Queue methods.

@@ -51,8 +51,8 @@ type QueueConfig struct {
 	// tick. Called at most once per underrun.
 	OnUnderrun func()
 	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
-	// Clear which cuts a run sends ClearTailTicks times on the next
-	// ticks, continuing the run's RTP numbering, outside any run (no
+	// Clear which cuts a run sends ClearTailTicks times, one every 20 ms
+	// from the next tick, continuing the run's RTP numbering, outside any run (no
 	// events, not counted in played_ms). A receiver whose jitter buffer
 	// runs dry conceals the missing audio (Opus PLC, WebRTC NetEq's
 	// expand) and keeps sounding the reply for a while; a few packets of
@@ -101,6 +101,7 @@ type Queue struct {
 	onEvents   func()
 	maxQueued  int64 // 48 kHz samples
 	maxItems   int
+	period     int64 // the clock's tick, 48 kHz samples
 	grace      int64 // RunGrace, 48 kHz samples, whole ticks
 	notify     chan struct{}
 
@@ -142,6 +143,7 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		cfg.RunGrace = DefaultRunGrace
 	}
 	w := c.workers[int(c.next.Add(1))%len(c.workers)]
+	ticks := int64((cfg.RunGrace + c.period - 1) / c.period)
 	return &Queue{
 		w:          w,
 		sink:       sink,
@@ -149,7 +151,8 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		onEvents:   cfg.OnEvents,
 		maxQueued:  int64(cfg.MaxQueued / Tick * TickSamples),
 		maxItems:   cfg.MaxItems,
-		grace:      int64((cfg.RunGrace+Tick-1)/Tick) * TickSamples,
+		period:     c.samples,
+		grace:      ticks * c.samples,
 		notify:     make(chan struct{}, 1),
 		paused:     cfg.Paused,
 		seq:        uint16(rand.Uint32()),
@@ -381,7 +384,7 @@ func (q *Queue) compact() {
 // and ends the run when the queue stayed empty. It reports whether the
 // queue stays on the worker's active list.
 func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
-	now, first := n*TickSamples, from*TickSamples
+	now, first := n*q.period, from*q.period
 	events := q.take(now, first, w)
 	if len(w.batch) == 0 && q.onUnderrun != nil && q.wantsTail(now) {
 		q.onUnderrun()
@@ -421,7 +424,7 @@ func (q *Queue) stop() {
 func (q *Queue) wantsTail(now int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !q.running || q.head != len(q.items) || q.underrun || now < q.tl+TickSamples {
+	if !q.running || q.head != len(q.items) || q.underrun || now < q.tl+q.period {
 		return false
 	}
 	q.underrun = true
@@ -437,7 +440,7 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	nev := len(q.events)
-	q.pace.add(now/TickSamples, q.inflow)
+	q.pace.add(now/paceSlot, q.inflow)
 	q.inflow = 0
 	if q.paused {
 		return false
@@ -445,9 +448,9 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 	// Catch-up (docs/bridge.md §6.1): a run whose backlog is over the
 	// target while the backend streams at about real time plays one more
 	// tick's worth now; those packets do not advance the timeline.
-	due := now + TickSamples
-	if q.running && q.tl >= first && q.queued > CatchUpTarget+TickSamples && q.pace.realTime() {
-		due += TickSamples
+	due := now + q.period
+	if q.running && q.tl >= first && q.queued > CatchUpTarget+q.period && q.pace.realTime() {
+		due += q.period
 	}
 	var extra int64
 	for q.head < len(q.items) && !q.closed {
@@ -468,7 +471,7 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 		if q.tl >= due {
 			break // not due in this tick
 		}
-		if q.tl >= now+TickSamples {
+		if q.tl >= now+q.period {
 			extra += int64(it.dur) // due only for the catch-up
 		}
 		marker := false
@@ -504,7 +507,7 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 		q.tl -= extra
 		w.c.caughtUp.Add(uint64(extra))
 	}
-	if q.tailLeft > 0 && q.head == len(q.items) && !q.running && q.tl < now+TickSamples && !q.closed {
+	if q.tailLeft > 0 && q.head == len(q.items) && !q.running && q.tl < now+q.period && !q.closed {
 		// The clear tail: silence where the cut reply was, on its timeline.
 		if q.tl < first {
 			q.ts += uint32(now - q.tl)
@@ -515,8 +518,8 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 		w.batch = append(w.batch, Packet{Seq: q.seq, Timestamp: q.ts})
 		w.batch[len(w.batch)-1].Payload = w.buf[start:len(w.buf):len(w.buf)]
 		q.seq++
-		q.ts += TickSamples
-		q.tl += TickSamples
+		q.ts += tailSamples
+		q.tl += tailSamples
 		q.tailLeft--
 	}
 	if q.head == len(q.items) {
@@ -532,16 +535,26 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 // up (docs/bridge.md §6.1).
 const CatchUpTarget = 3 * TickSamples
 
+// tailSamples is the duration of a ClearTail packet (20 ms), 48 kHz
+// samples: it follows the one before it on the timeline, whatever the
+// clock's tick.
+const tailSamples = TickSamples
+
 // PaceWindow is how far back a queue looks to tell whether its backend
 // streams at about real time: it pushed between half of PaceWindow and
 // PaceWindow plus CatchUpTarget of audio in the last PaceWindow. Twice the
 // longest stall whose backlog is caught up without a pause.
 const PaceWindow = 2 * time.Second
 
+// paceSlot is the time one slot of a paceWindow covers, 48 kHz samples
+// (20 ms, whatever the clock's tick).
+const paceSlot = TickSamples
+
 const paceTicks = int64(PaceWindow / Tick)
 
-// paceWindow is the audio pushed in each of the last paceTicks ticks (a
-// ring indexed by tick number) and their sum, in 48 kHz samples.
+// paceWindow is the audio pushed in each of the last paceTicks slots of
+// paceSlot (a ring indexed by slot number: the timeline position over
+// paceSlot) and their sum, in 48 kHz samples.
 type paceWindow struct {
 	slots [paceTicks]int64
 	last  int64 // the latest tick recorded
@@ -549,7 +562,7 @@ type paceWindow struct {
 	sum   int64
 }
 
-// add records samples pushed by tick n (n never decreases).
+// add records samples pushed by slot n (n never decreases).
 func (p *paceWindow) add(n, samples int64) {
 	if n > p.last {
 		if n-p.last >= paceTicks {

@@ -47,7 +47,12 @@ type harness struct {
 }
 
 func newHarness(t *testing.T, cfg QueueConfig) *harness {
-	c := newClock(1)
+	return newHarnessTick(t, Tick, cfg)
+}
+
+// newHarnessTick is newHarness on a clock ticking every tick.
+func newHarnessTick(t *testing.T, tick time.Duration, cfg QueueConfig) *harness {
+	c := newClock(1, tick)
 	h := &harness{t: t, c: c, rec: &recorder{}, n: 1000}
 	h.q = c.NewQueue(h.rec, cfg)
 	return h

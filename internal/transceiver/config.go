@@ -40,6 +40,9 @@ const (
 	DefaultDrainTimeout = 30 * time.Second
 	// DefaultReportInterval is Config.ReportInterval's default.
 	DefaultReportInterval = rtcpreport.DefaultInterval
+	// DefaultPtime is Config.Ptime's default, ms: Opus's usual 20 ms
+	// packets, which answers do not name.
+	DefaultPtime = 20
 )
 
 // Defaults for a client that goes silent (consent.go).
@@ -155,6 +158,18 @@ type Config struct {
 	// for paced playout (docs/bridge.md §6.1); audio past it is refused
 	// with an output_queue_full error. Default 60s (playout.DefaultMaxQueued).
 	OutputQueueMax time.Duration `yaml:"output_queue_max"`
+	// Ptime is the audio in each RTP packet to and from clients, ms: 20
+	// (DefaultPtime) or 10. At 10 the answer carries a=ptime:10 (RFC 4566
+	// §6), which WebRTC clients such as Chromium follow in the frame size
+	// of their Opus encoder; the transceiver encodes audio from PCM
+	// backends in 10 ms packets and paces every session on a 10 ms clock
+	// (an Opus backend's packets keep their own length). A reply's first
+	// packet then waits half a 10 ms tick, not half a 20 ms one: about
+	// 5 ms sooner (docs/benchmarks.md, turn-taking), for twice the
+	// packets per session, both ways.
+	// Frames to and from PCM backends stay 20 ms (docs/bridge.md §5); an
+	// Opus backend gets the client's packets as they come.
+	Ptime int `yaml:"ptime"`
 
 	advertise netip.AddrPort
 	allow     []netip.Prefix
@@ -239,6 +254,13 @@ func (c *Config) Validate() error {
 		c.OutputQueueMax = playout.DefaultMaxQueued
 	case c.OutputQueueMax < playout.Tick || c.OutputQueueMax > 10*time.Minute:
 		return fmt.Errorf("transceiver: output_queue_max %v must be 20ms to 10m (a whole reply should fit: 60s is the default)", c.OutputQueueMax)
+	}
+	switch c.Ptime {
+	case 0:
+		c.Ptime = DefaultPtime
+	case 10, 20:
+	default:
+		return fmt.Errorf("transceiver: ptime %d must be 10 or 20 (ms of audio per RTP packet to and from clients; 20 is the default, 10 halves the packetization delay at twice the packet rate)", c.Ptime)
 	}
 	switch {
 	case c.ReportInterval == 0:

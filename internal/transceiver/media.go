@@ -69,8 +69,8 @@ type media struct {
 	// Set once.
 	q        *playout.Queue
 	dec      *audio.Decoder // nil for Opus passthrough; only onTrack uses it
-	frameDur int            // PCM: one frame at 48 kHz (960)
-	frameLen int            // PCM: samples per frame at the format's rate
+	frameDur int            // PCM: one encoded frame at 48 kHz (Config.Ptime: 960 or 480)
+	frameLen int            // PCM: samples per encoded frame at the format's rate
 
 	// encMu guards enc: the bridge reader encodes, the clock's worker
 	// flushes a reply's last partial frame (OnUnderrun).
@@ -126,10 +126,10 @@ func (sess *session) newMedia() error {
 		if m.dec, err = audio.NewDecoder(rate); err != nil {
 			return err
 		}
-		if m.enc, err = audio.NewEncoderConfig(audio.EncoderConfig{Rate: rate, Bitrate: cfg.OutputBitrate, Complexity: cfg.OutputComplexity}); err != nil {
+		if m.enc, err = audio.NewEncoderConfig(audio.EncoderConfig{Rate: rate, Bitrate: cfg.OutputBitrate, Complexity: cfg.OutputComplexity, FrameMs: cfg.Ptime}); err != nil {
 			return err
 		}
-		m.frameDur, m.frameLen = playout.TickSamples, audio.FrameSamples(rate)
+		m.frameDur, m.frameLen = cfg.Ptime*48, m.enc.FrameSamples()
 	}
 	m.rtpPkt.Header = rtp.Header{Version: 2, PayloadType: sess.opusPT, SSRC: sess.outSSRC}
 	// Audio the backend sends before the client is connected (a greeting
@@ -354,7 +354,7 @@ func (sess *session) onControl(c *bridge.Control) {
 func (sess *session) reportTail(err error) {
 	if errors.Is(err, playout.ErrFull) {
 		sess.sendControl(bridge.Control{Type: bridge.TypeError, Code: bridge.ErrCodeQueueFull,
-			Message: "the last, partial 20 ms frame of a reply did not fit in the output queue; dropped"})
+			Message: "the last, partial frame of a reply did not fit in the output queue; dropped"})
 	}
 }
 
@@ -498,6 +498,22 @@ func (sess *session) reportPlayout(e playout.Event) {
 	if sendText(dc, msg) != nil {
 		sess.srv.metrics.eventsDropped.Inc()
 	}
+}
+
+// clockTick is the playout clock's period for c.Ptime: one packet per
+// session per tick (playout.ClockConfig.Tick).
+func (c *Config) clockTick() time.Duration { return time.Duration(c.Ptime) * time.Millisecond }
+
+// answerPtime is the a=ptime the answer carries (RFC 4566 §6: the audio,
+// in ms, the answerer wants in each packet it receives), so that the
+// client's encoder sends packets of that length (Chromium's WebRTC takes
+// the remote description's ptime as its Opus frame size); 0, no a=ptime,
+// at DefaultPtime: 20 ms is what WebRTC clients send unasked.
+func (c *Config) answerPtime() int {
+	if c.Ptime == DefaultPtime {
+		return 0
+	}
+	return c.Ptime
 }
 
 // isClientClear reports whether a data-channel message is the client's

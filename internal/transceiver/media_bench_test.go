@@ -31,7 +31,11 @@ func (s *nopSink) SendPacket(*playout.Packet) { s.n++ }
 //
 // The WebSocket write, SRTP and the UDP send are the same calls for every
 // format and are left out (PCM frames are larger on the bridge: 960 bytes
-// at 24 kHz against about 100). Compare the sub-benchmarks of one run:
+// at 24 kHz against about 100). The "ptime 10" case is PCM at 24 kHz
+// with -ptime 10: per 20 ms, two 10 ms client packets decoded into one
+// frame, one backend frame encoded into two 10 ms packets, two 10 ms
+// ticks (what doubles besides, SRTP and the sends per packet, is left out
+// as for every case). Compare the sub-benchmarks of one run:
 //
 //	go test -run '^$' -bench MediaPath -count 5 ./internal/transceiver
 func BenchmarkMediaPath(b *testing.B) {
@@ -47,8 +51,22 @@ func BenchmarkMediaPath(b *testing.B) {
 		n, _ := enc.Encode(w.Samples[i:i+960], buf)
 		client = append(client, append([]byte(nil), buf[:n]...))
 	}
-	for _, format := range []string{bridge.FormatOpus, bridge.FormatPCM24k, bridge.FormatPCM16k} {
-		b.Run(format, func(b *testing.B) {
+	var client10 [][]byte // the same speech in 10 ms packets, two per 20 ms
+	for i := 0; i+480 <= len(w.Samples); i += 480 {
+		n, _ := enc.Encode(w.Samples[i:i+480], buf)
+		client10 = append(client10, append([]byte(nil), buf[:n]...))
+	}
+	for _, tc := range []struct {
+		name, format string
+		ptime        int
+	}{
+		{bridge.FormatOpus, bridge.FormatOpus, 20},
+		{bridge.FormatPCM24k, bridge.FormatPCM24k, 20},
+		{bridge.FormatPCM16k, bridge.FormatPCM16k, 20},
+		{bridge.FormatPCM24k + " ptime 10", bridge.FormatPCM24k, 10},
+	} {
+		format, per := tc.format, 20/tc.ptime // packets per 20 ms
+		b.Run(tc.name, func(b *testing.B) {
 			rate := bridge.SampleRate(format)
 			var dec *audio.Decoder
 			var pcmEnc *audio.Encoder
@@ -57,7 +75,7 @@ func BenchmarkMediaPath(b *testing.B) {
 				backend = client
 			} else {
 				dec, _ = audio.NewDecoder(rate)
-				pcmEnc, _ = audio.NewEncoder(rate, 0)
+				pcmEnc, _ = audio.NewEncoderConfig(audio.EncoderConfig{Rate: rate, FrameMs: tc.ptime})
 				d, _ := audio.NewDecoder(rate)
 				for i, p := range client {
 					for _, f := range d.Push(uint16(i), uint32(i*960), p) {
@@ -65,7 +83,10 @@ func BenchmarkMediaPath(b *testing.B) {
 					}
 				}
 			}
-			clock := playout.NewManualClock(1)
+			clock, err := playout.NewManualClockTick(1, time.Duration(tc.ptime)*time.Millisecond)
+			if err != nil {
+				b.Fatal(err)
+			}
 			q := clock.NewQueue(&nopSink{}, playout.QueueConfig{})
 			wire := make([]byte, 0, 2048)
 			b.ReportAllocs()
@@ -73,12 +94,19 @@ func BenchmarkMediaPath(b *testing.B) {
 			cpu0 := processCPU()
 			for b.Loop() {
 				// client → backend
-				p := client[i%len(client)]
-				if dec == nil {
-					wire = bridge.AppendAudioFrame(wire[:0], bridge.AudioFrame{Seq: uint16(i), Timestamp: uint32(i * 960), Payload: p})
-				} else {
-					for _, f := range dec.Push(uint16(i), uint32(i*960), p) {
+				switch {
+				case dec == nil:
+					wire = bridge.AppendAudioFrame(wire[:0], bridge.AudioFrame{Seq: uint16(i), Timestamp: uint32(i * 960), Payload: client[i%len(client)]})
+				case per == 1:
+					for _, f := range dec.Push(uint16(i), uint32(i*960), client[i%len(client)]) {
 						wire = bridge.AppendAudioFrame(wire[:0], bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM})
+					}
+				default:
+					for k := range per {
+						j := per*i + k
+						for _, f := range dec.Push(uint16(j), uint32(j*480), client10[j%len(client10)]) {
+							wire = bridge.AppendAudioFrame(wire[:0], bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM})
+						}
 					}
 				}
 				// backend → client
@@ -89,15 +117,17 @@ func BenchmarkMediaPath(b *testing.B) {
 				} else {
 					pkts, _ := pcmEnc.Write(in)
 					for _, op := range pkts {
-						_ = q.PushAudio(op.Payload, playout.TickSamples)
+						_ = q.PushAudio(op.Payload, playout.TickSamples/per)
 					}
 				}
-				clock.RunTick(int64(1000 + i))
+				for k := range per {
+					clock.RunTick(int64(1000 + per*i + k))
+				}
 				i++
 			}
 			// CPU time, not wall time: on a shared machine it does not count
 			// the time the benchmark waited for a core.
-			b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/1000/float64(b.N), "cpu-µs/frame")
+			b.ReportMetric(float64((processCPU()-cpu0).Nanoseconds())/1000/float64(b.N), "cpu-µs/20ms")
 		})
 	}
 }

@@ -160,7 +160,12 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	// Each tick's paced packets leave together (hop.Conn.Hold, Flush).
-	s.clock = playout.NewBatchedClock(0, s.udp)
+	if s.clock, err = playout.NewClockConfig(playout.ClockConfig{Tick: cfg.clockTick(), Batcher: s.udp}); err != nil {
+		s.cancel()
+		s.peer.Close()
+		_ = sock.Close()
+		return nil, fmt.Errorf("transceiver: %w", err)
+	}
 	return s, nil
 }
 

@@ -259,6 +259,7 @@ func (sess *session) answer(o *peer.Offer, ufrag, pwd string) (string, error) {
 		SCTPPort:       5000,
 		MaxMessageSize: eventsMaxSize,
 		SCTPInit:       sess.peer.LocalSCTPInit(),
+		Ptime:          sess.srv.cfg.answerPtime(),
 	})
 	if err != nil {
 		return "", fmt.Errorf("transceiver: answer: %w", err)
