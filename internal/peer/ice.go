@@ -65,7 +65,9 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 		return
 	}
 	cred := s.credentials()
-	if string(user[i+1:]) != cred.remoteUfrag {
+	// RFC 8445 §7.3: the whole USERNAME is this generation's
+	// "<local>:<remote>" (a restart may have raced the lookup).
+	if string(user[:i]) != cred.localUfrag || string(user[i+1:]) != cred.remoteUfrag {
 		e.drop(DropSTUNBadUsername)
 		return
 	}
@@ -93,6 +95,13 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 	if err == nil {
 		_, _ = e.conn.WriteToAddrPort(res.Raw, addr)
 	}
+	// A retransmission, or a replay of a captured check from another
+	// address (short-term credentials have no replay protection, RFC
+	// 8489 §9.1), is answered as STUN asks but changes nothing: it does
+	// not teach its address, move the session or refresh consent.
+	if s.replayed(m.TransactionID) {
+		return
+	}
 	e.learn(s, addr)
 	s.checked(addr, use)
 }
@@ -114,8 +123,16 @@ func (e *Endpoint) learn(s *Session, addr netip.AddrPort) {
 		old.learned = deleteAddr(old.learned, addr)
 	}
 	if len(s.learned) == maxLearned {
-		delete(e.byAddr, s.learned[0])
-		s.learned = s.learned[1:]
+		// Evict the oldest address but the selected one, whose DTLS and
+		// SRTP must keep reaching the session.
+		sel := s.remote()
+		for i, a := range s.learned {
+			if a != sel {
+				delete(e.byAddr, a)
+				s.learned = append(s.learned[:i], s.learned[i+1:]...)
+				break
+			}
+		}
 	}
 	e.byAddr[addr] = s
 	s.learned = append(s.learned, addr)

@@ -235,7 +235,8 @@ func (e *Endpoint) readLoop() {
 				e.drop(DropUnknownAddress)
 				continue
 			}
-			s.seen()
+			// Not yet authenticated: consent is refreshed only once
+			// the record layer has verified it (authConn).
 			if !s.dtls.push(b) {
 				e.drop(DropDTLSQueueFull)
 			}

@@ -694,3 +694,168 @@ func TestEarlyMedia(t *testing.T) {
 	_ = sess.Close()
 	wg.Wait()
 }
+
+// checkFrom sends the check b to the server from c and waits for its
+// answer.
+func checkFrom(t *testing.T, c *net.UDPConn, to netip.AddrPort, b []byte) {
+	t.Helper()
+	if _, err := c.WriteToUDPAddrPort(b, to); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 1500)
+	if _, err := c.Read(buf); err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+}
+
+func newSock(t *testing.T) *net.UDPConn {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func sockAddr(c *net.UDPConn) netip.AddrPort { return c.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// liteSession is a session with fixed credentials and no client: tests
+// sign its checks themselves.
+func liteSession(t *testing.T, s *server) *Session {
+	t.Helper()
+	sess, err := s.ep.NewSession(SessionConfig{LocalUfrag: "local", LocalPwd: "localpwdlocalpwdlocalpwd", RemoteUfrag: "remote",
+		Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sess.Close() })
+	return sess
+}
+
+func check(t *testing.T, username, pwd string, nominate bool) []byte {
+	t.Helper()
+	setters := []stun.Setter{stun.TransactionID, stun.BindingRequest, stun.NewUsername(username)}
+	if nominate {
+		setters = append(setters, stun.RawAttribute{Type: stun.AttrUseCandidate})
+	}
+	setters = append(setters, stun.NewShortTermIntegrity(pwd), stun.Fingerprint)
+	return mustBuild(t, setters...)
+}
+
+// TestReplayDoesNotRedirect: a captured nominating check replayed byte for
+// byte from another address is answered but does not move the session's
+// media there, nor teach that address; a valid non-nominating check from
+// another address does not move it either; a fresh nominating one does.
+func TestReplayDoesNotRedirect(t *testing.T) {
+	s := newServer(t)
+	sess := liteSession(t, s)
+	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
+	victim, attacker, other := newSock(t), newSock(t), newSock(t)
+	nom := check(t, user, pwd, true)
+	checkFrom(t, victim, s.addr(), nom)
+	if got := sess.RemoteAddr(); got != sockAddr(victim) {
+		t.Fatalf("remote %v after the nominating check, want %v", got, sockAddr(victim))
+	}
+	checkFrom(t, attacker, s.addr(), nom)
+	if got := sess.RemoteAddr(); got != sockAddr(victim) {
+		t.Fatalf("a replayed check from %v moved the session's media to %v", sockAddr(attacker), got)
+	}
+	if s.ep.session(sockAddr(attacker)) != nil {
+		t.Fatal("a replayed check taught its address")
+	}
+	checkFrom(t, other, s.addr(), check(t, user, pwd, false))
+	if got := sess.RemoteAddr(); got != sockAddr(victim) {
+		t.Fatalf("a non-nominating check moved the session to %v", got)
+	}
+	if s.ep.session(sockAddr(other)) != sess {
+		t.Fatal("a valid check did not teach its address")
+	}
+	checkFrom(t, other, s.addr(), check(t, user, pwd, true))
+	if got := sess.RemoteAddr(); got != sockAddr(other) {
+		t.Fatalf("a fresh nominating check from %v left the session on %v", sockAddr(other), got)
+	}
+}
+
+// TestEvictKeepsSelected: a session that learns more than maxLearned
+// addresses forgets the oldest but the selected one, whose SRTP and DTLS
+// must still reach it.
+func TestEvictKeepsSelected(t *testing.T) {
+	s := newServer(t)
+	sess := liteSession(t, s)
+	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
+	sel := newSock(t)
+	checkFrom(t, sel, s.addr(), check(t, user, pwd, true))
+	var others []*net.UDPConn
+	for range maxLearned {
+		c := newSock(t)
+		checkFrom(t, c, s.addr(), check(t, user, pwd, false))
+		others = append(others, c)
+	}
+	if got := sess.RemoteAddr(); got != sockAddr(sel) {
+		t.Fatalf("remote %v, want the nominated %v", got, sockAddr(sel))
+	}
+	if s.ep.session(sockAddr(sel)) != sess {
+		t.Fatal("the selected address was evicted: its SRTP and DTLS would drop as unknown_address")
+	}
+	if s.ep.session(sockAddr(others[0])) != nil {
+		t.Fatal("the oldest unselected address was not evicted")
+	}
+	// SRTP from the selected address reaches the session (not yet
+	// keyed: kept for the keys, not dropped as unknown_address).
+	before := s.ep.Drops()[DropUnknownAddress]
+	rtpPkt := make([]byte, 40)
+	rtpPkt[0] = 0x80
+	if _, err := sel.WriteToUDPAddrPort(rtpPkt, s.addr()); err != nil {
+		t.Fatal(err)
+	}
+	// A DTLS datagram from a stranger after it, to know the read loop
+	// has handled the SRTP.
+	sendRaw(t, s.addr(), []byte{22, 254, 253, 0, 0}, false)
+	waitDrop(t, s.ep, DropUnknownAddress, before+1)
+	if got := s.ep.Drops()[DropUnknownAddress]; got != before+1 {
+		t.Fatalf("SRTP from the selected address dropped as unknown_address")
+	}
+}
+
+// TestDTLSGarbageKeepsNoConsent: datagrams in the DTLS range from the
+// client's address that do not authenticate do not refresh consent: the
+// session still fails once the client's real traffic stops (RFC 7675).
+func TestDTLSGarbageKeepsNoConsent(t *testing.T) {
+	s := newServer(t, func(c *Config) { c.ConsentTick = 20 * time.Millisecond })
+	p := newPath(t, s.addr())
+	s.advertise = p.addr()
+	c := newClient(t, true)
+	_, parts := connect(t, s, c, func(sc *SessionConfig) {
+		sc.DisconnectedTimeout, sc.FailedTimeout = 200*time.Millisecond, 600*time.Millisecond
+	})
+	waitState(t, parts, StateConnected)
+	p.cut.Store(true)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// From the client's address as the server sees it (the path's
+		// back socket): an application data record with a bad MAC, and
+		// a handshake record.
+		garbage := [][]byte{
+			{23, 254, 253, 0, 1, 0, 0, 0, 0, 0, 9, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8},
+			{22, 254, 253, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0},
+		}
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			_, _ = p.back.WriteToUDPAddrPort(garbage[i%2], s.addr())
+		}
+	}()
+	waitState(t, parts, StateFailed)
+	close(stop)
+	wg.Wait()
+}

@@ -158,6 +158,12 @@ type Session struct {
 	keys     atomic.Pointer[srtpKeys]
 	closing  atomic.Bool
 
+	// The transaction IDs of the last checks, the read loop's alone
+	// (Session.replayed).
+	txids [txRing][stun.TransactionIDSize]byte
+	txn   int // next slot
+	txLen int // slots filled
+
 	// Consent state, the sweeper's alone.
 	silent, failed bool
 
@@ -248,7 +254,29 @@ func (s *Session) state(st State) {
 	}
 }
 
-// checked handles a valid check from addr (ice.go). Read loop.
+// txRing is how many recent check transaction IDs a session remembers.
+// A client gives each check a fresh one (RFC 8489 §6.2.1); an identical
+// one is a retransmission or a replay.
+const txRing = 16
+
+// replayed reports whether id is one of the session's last txRing check
+// transaction IDs, and remembers it if not. MESSAGE-INTEGRITY covers the
+// ID, so whoever lacks the pwd cannot mint a fresh one; a replay of a
+// check older than the ring is still accepted, and the client's next
+// nominating check moves the session back. Read loop.
+func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
+	for i := range s.txLen {
+		if s.txids[i] == id {
+			return true
+		}
+	}
+	s.txids[s.txn] = id
+	s.txn = (s.txn + 1) % txRing
+	s.txLen = min(s.txLen+1, txRing)
+	return false
+}
+
+// checked handles a valid, fresh check from addr (ice.go). Read loop.
 //
 // The first valid check selects its address, so that the session can
 // answer and send; the first nominating one (USE-CANDIDATE, which the
@@ -299,9 +327,11 @@ func (s *Session) checkConsent(now time.Time) {
 
 // Restart moves the session to new ICE credentials (an ICE restart, RFC
 // 8445 §9): checks must now carry localUfrag and remoteUfrag and verify
-// with localPwd; the old local ufrag is forgotten at once. DTLS, SRTP and
-// SCTP continue, and media keeps going to the selected address until a
-// check selects another.
+// with localPwd; the old local ufrag is forgotten at once, and so are the
+// client addresses learned from the old generation's checks but the
+// selected one. DTLS, SRTP and SCTP continue, and media keeps going to the
+// selected address until a nominating check selects another. It fails with
+// ErrClosed once the session is closed.
 func (s *Session) Restart(localUfrag, localPwd, remoteUfrag string) error {
 	if localUfrag == "" || localPwd == "" || remoteUfrag == "" {
 		return errors.New("peer: an ICE restart needs local and remote credentials")
@@ -318,6 +348,17 @@ func (s *Session) Restart(localUfrag, localPwd, remoteUfrag string) error {
 	}
 	delete(e.byUfrag, old)
 	e.byUfrag[localUfrag] = s
+	sel := s.remote()
+	kept := s.learned[:0]
+	for _, a := range s.learned {
+		if a == sel {
+			kept = append(kept, a)
+		} else if e.byAddr[a] == s {
+			delete(e.byAddr, a)
+		}
+	}
+	clear(s.learned[len(kept):])
+	s.learned = kept
 	s.cred.Store(&credentials{localUfrag: localUfrag, remoteUfrag: remoteUfrag, integrity: stun.NewShortTermIntegrity(localPwd)})
 	return nil
 }
@@ -385,13 +426,14 @@ func (s *Session) run() {
 	}
 	s.state(StateConnected)
 	if s.cfg.Data {
-		s.serveSCTP(conn)
+		s.serveSCTP(authConn{conn, s})
 	}
 	// Without data channels, or once the association is gone, read DTLS
 	// until it closes: its reader must see the client's close_notify.
+	ac := authConn{conn, s}
 	bp := getBuf()
 	for {
-		if _, err := conn.Read(*bp); err != nil {
+		if _, err := ac.Read(*bp); err != nil {
 			break
 		}
 	}
@@ -399,4 +441,22 @@ func (s *Session) run() {
 	if !s.closing.Load() {
 		s.state(StateClosed)
 	}
+}
+
+// authConn is the session's DTLS connection as SCTP reads it: a record
+// that the record layer returns has authenticated (its MAC or AEAD tag
+// verified), so it refreshes the client's consent (RFC 7675 §5.1). The
+// read loop does not refresh consent for DTLS: anyone can send a datagram
+// from the client's address that looks like DTLS.
+type authConn struct {
+	*dtls.Conn
+	s *Session
+}
+
+func (c authConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.s.seen()
+	}
+	return n, err
 }
