@@ -65,6 +65,9 @@ type session struct {
 	events    atomic.Pointer[datachannel.DataChannel] // the oai-events channel, once the client opened it
 	connected atomic.Bool
 	silent    atomic.Bool // the client went silent (consent.go)
+	// Data channels the client opened other than oai-events, taken and
+	// refused; the peer session's goroutine's alone (onDataChannel).
+	dcOthers, dcRefused int
 	// connSent is closed when the last connection-state report has been
 	// sent (consent.go); guarded by connMu.
 	connMu   sync.Mutex
@@ -348,11 +351,28 @@ func (sess *session) fromClient() {
 	}
 }
 
+// maxDataChannels bounds the data channels one session takes: the first
+// oai-events and maxDataChannels-1 others, which are drained. Each costs
+// a reader goroutine, and DCEP lets a client open up to 65535 (RFC 8832).
+const maxDataChannels = 4
+
 // onDataChannel takes a data channel the client opened (on the peer
-// session's goroutine): oai-events is bridged, any other drained.
+// session's goroutine): the first oai-events is bridged; others are
+// drained, up to maxDataChannels in all, and beyond it closed at once,
+// counted, and logged once per session. Channels open in no set order,
+// so oai-events always has its place.
 func (sess *session) onDataChannel(dc *datachannel.DataChannel) {
-	forward := dc.Config.Label == EventsLabel
+	forward := dc.Config.Label == EventsLabel && sess.events.Load() == nil
+	if !forward && sess.dcOthers == maxDataChannels-1 {
+		sess.srv.metrics.dcRefused.Inc()
+		if sess.dcRefused++; sess.dcRefused == 1 {
+			sess.log.Info("refusing data channels over the limit", "limit", maxDataChannels, "label", dc.Config.Label)
+		}
+		_ = dc.Close()
+		return
+	}
 	if !forward {
+		sess.dcOthers++
 		sess.log.Info("ignoring data channel", "label", dc.Config.Label)
 	} else {
 		sess.events.Store(dc)
