@@ -74,7 +74,8 @@ const (
 	// DropUnknownAddress: DTLS or SRTP from an address no session has
 	// learned from an authenticated check.
 	DropUnknownAddress
-	// DropDTLSQueueFull: the session's DTLS connection is not reading.
+	// DropDTLSQueueFull: the session's DTLS connection is 256 KiB of
+	// datagrams behind the read loop (dtlsQueueBytes).
 	DropDTLSQueueFull
 	// DropSRTPNotReady: SRTP or SRTCP before the DTLS handshake gave keys,
 	// past the few kept for them.

@@ -1,11 +1,15 @@
 package peer
 
 import (
+	"bytes"
+	"crypto/md5"
+	"crypto/sha1"
 	"crypto/sha256"
 	"crypto/tls"
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -85,6 +89,9 @@ type path struct {
 	front, back *net.UDPConn
 	cut         atomic.Bool
 	wg          sync.WaitGroup
+	// lastRTP is a copy of the last SRTP datagram (not SRTCP) the
+	// client sent through the path.
+	lastRTP atomic.Pointer[[]byte]
 }
 
 func newPath(t *testing.T, server netip.AddrPort) *path {
@@ -108,6 +115,10 @@ func newPath(t *testing.T, server netip.AddrPort) *path {
 				return
 			}
 			client.Store(&from)
+			if b := buf[:n]; n > 12 && b[0] >= 128 && b[0] <= 191 && !isRTCP(b) {
+				c := bytes.Clone(b)
+				p.lastRTP.Store(&c)
+			}
 			if !p.cut.Load() {
 				_, _ = p.back.WriteToUDPAddrPort(buf[:n], server)
 			}
@@ -321,7 +332,7 @@ func echoRTP(sess *Session, wg *sync.WaitGroup) {
 // echoDC answers every message on dc with "echo:" and the message.
 func echoDC(dc *datachannel.DataChannel, wg *sync.WaitGroup) {
 	defer wg.Done()
-	buf := make([]byte, 4096)
+	buf := make([]byte, 64<<10)
 	for {
 		n, isString, err := dc.ReadDataChannel(buf)
 		if err != nil {
@@ -723,10 +734,14 @@ func sockAddr(c *net.UDPConn) netip.AddrPort { return c.LocalAddr().(*net.UDPAdd
 
 // liteSession is a session with fixed credentials and no client: tests
 // sign its checks themselves.
-func liteSession(t *testing.T, s *server) *Session {
+func liteSession(t *testing.T, s *server, mutate ...func(*SessionConfig)) *Session {
 	t.Helper()
-	sess, err := s.ep.NewSession(SessionConfig{LocalUfrag: "local", LocalPwd: "localpwdlocalpwdlocalpwd", RemoteUfrag: "remote",
-		Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}})
+	cfg := SessionConfig{LocalUfrag: "local", LocalPwd: "localpwdlocalpwdlocalpwd", RemoteUfrag: "remote",
+		Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	sess, err := s.ep.NewSession(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -857,5 +872,167 @@ func TestDTLSGarbageKeepsNoConsent(t *testing.T) {
 	}()
 	waitState(t, parts, StateFailed)
 	close(stop)
+	wg.Wait()
+}
+
+// TestRestartForgetsOldAddresses: an ICE restart forgets the addresses
+// learned from the old generation's checks but the selected one, which
+// keeps carrying DTLS and SRTP until a new nomination.
+func TestRestartForgetsOldAddresses(t *testing.T) {
+	s := newServer(t)
+	sess := liteSession(t, s)
+	sel, other := newSock(t), newSock(t)
+	checkFrom(t, sel, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", true))
+	checkFrom(t, other, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", false))
+	if s.ep.session(sockAddr(other)) != sess {
+		t.Fatal("a valid check did not teach its address")
+	}
+	if err := sess.Restart("local2", "local2pwdlocal2pwdlocal2", "remote2"); err != nil {
+		t.Fatal(err)
+	}
+	if s.ep.session(sockAddr(other)) != nil {
+		t.Fatal("an address of the old generation is still mapped after the restart")
+	}
+	if s.ep.session(sockAddr(sel)) != sess || sess.RemoteAddr() != sockAddr(sel) {
+		t.Fatal("the restart dropped the selected address")
+	}
+	// The old generation's credentials are refused, the new ones work.
+	before := s.ep.Drops()[DropSTUNUnknownUfrag]
+	sendRaw(t, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", false), false)
+	waitDrop(t, s.ep, DropSTUNUnknownUfrag, before+1)
+	checkFrom(t, other, s.addr(), check(t, "local2:remote2", "local2pwdlocal2pwdlocal2", false))
+	// The new local ufrag with the old remote one: not this generation.
+	before = s.ep.Drops()[DropSTUNBadUsername]
+	sendRaw(t, s.addr(), check(t, "local2:remote", "local2pwdlocal2pwdlocal2", false), false)
+	waitDrop(t, s.ep, DropSTUNBadUsername, before+1)
+	_ = sess.Close()
+	if err := sess.Restart("local3", "local3pwdlocal3pwdlocal3", "remote3"); err != ErrClosed {
+		t.Fatalf("Restart after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestHandshakeTimeout: a client that nominates and never starts DTLS
+// fails the session's handshake after HandshakeTimeout.
+func TestHandshakeTimeout(t *testing.T) {
+	s := newServer(t)
+	states := make(chan State, 8)
+	liteSession(t, s, func(c *SessionConfig) {
+		c.HandshakeTimeout = 100 * time.Millisecond
+		c.OnState = func(st State) { states <- st }
+	})
+	checkFrom(t, newSock(t), s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", true))
+	for {
+		select {
+		case st := <-states:
+			if st == StateDTLSFailed {
+				return
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the handshake did not time out")
+		}
+	}
+}
+
+// TestFingerprintStrongestHash: the client's certificate is checked
+// against the fingerprint of the strongest hash function offered; MD5 is
+// not accepted.
+func TestFingerprintStrongestHash(t *testing.T) {
+	s := newServer(t)
+	der := s.cert.Certificate[0]
+	good256 := sha256.Sum256(der)
+	good1 := sha1.Sum(der)
+	goodMD5 := md5.Sum(der)
+	bad := func(d []byte) []byte { d = bytes.Clone(d); d[0] ^= 0xff; return d }
+	cases := []struct {
+		name string
+		fps  []Fingerprint
+		ok   bool
+	}{
+		{"sha-256", []Fingerprint{{"sha-256", good256[:]}}, true},
+		{"SHA-256 upper case", []Fingerprint{{"SHA-256", good256[:]}}, true},
+		{"sha-1", []Fingerprint{{"sha-1", good1[:]}}, true},
+		{"md5 only", []Fingerprint{{"md5", goodMD5[:]}}, false},
+		{"wrong sha-256, right md5", []Fingerprint{{"sha-256", bad(good256[:])}, {"md5", goodMD5[:]}}, false},
+		{"wrong sha-256, right sha-1", []Fingerprint{{"sha-1", good1[:]}, {"sha-256", bad(good256[:])}}, false},
+		{"right sha-256, wrong sha-1", []Fingerprint{{"sha-1", bad(good1[:])}, {"sha-256", good256[:]}}, true},
+		{"unknown hash", []Fingerprint{{"sha3-256", good256[:]}}, false},
+	}
+	for _, tc := range cases {
+		sess := &Session{cfg: SessionConfig{Fingerprints: tc.fps}}
+		err := sess.verifyCertificate([][]byte{der}, nil)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: verify %v, want ok %v", tc.name, err, tc.ok)
+		}
+	}
+}
+
+// TestSRTPReplay: an SRTP packet the session already decrypted, sent again
+// from the client's address, is dropped as srtp_auth (the replay window,
+// RFC 3711 §3.3.2).
+func TestSRTPReplay(t *testing.T) {
+	s := newServer(t)
+	p := newPath(t, s.addr())
+	s.advertise = p.addr()
+	c := newClient(t, false)
+	sess, parts := connect(t, s, c)
+	waitState(t, parts, StateConnected)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go echoRTP(sess, &wg)
+	sendUntilEcho(t, c, 5)
+	captured := p.lastRTP.Load()
+	if captured == nil {
+		t.Fatal("no SRTP went through the path")
+	}
+	before := s.ep.Drops()[DropSRTPAuth]
+	if _, err := p.back.WriteToUDPAddrPort(*captured, s.addr()); err != nil {
+		t.Fatal(err)
+	}
+	waitDrop(t, s.ep, DropSRTPAuth, before+1)
+	_ = sess.Close()
+	wg.Wait()
+}
+
+// TestLargeDataChannelMessages: messages of 60 KB (a session.update with
+// tool schemas), sent back to back, come as bursts of SCTP packets that
+// the session's DTLS queue holds: each is echoed whole, and nothing is
+// dropped as dtls_queue_full.
+func TestLargeDataChannelMessages(t *testing.T) {
+	s := newServer(t)
+	c := newClient(t, true)
+	sess, parts := connect(t, s, c)
+	waitState(t, parts, StateConnected)
+	var dc *datachannel.DataChannel
+	select {
+	case dc = <-parts.dcs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no data channel")
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go echoDC(dc, &wg)
+	<-c.open
+	var msgs []string
+	for i := range 4 {
+		m := strings.Repeat(string(rune('a'+i)), 60<<10)
+		msgs = append(msgs, m)
+		if err := c.dc.SendText(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, m := range msgs {
+		select {
+		case got := <-c.msgs:
+			if got != "echo:"+m {
+				t.Fatalf("message %d: echo of %d bytes, want %d", i, len(got), len("echo:"+m))
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("message %d not echoed (drops %v)", i, s.ep.Drops())
+		}
+	}
+	if n := s.ep.Drops()[DropDTLSQueueFull]; n != 0 {
+		t.Fatalf("%d datagrams dropped as dtls_queue_full", n)
+	}
+	_ = sess.Close()
 	wg.Wait()
 }

@@ -59,8 +59,8 @@ const (
 	// StateDTLSConnected: the DTLS handshake completed and the remote
 	// certificate matched a fingerprint of the offer.
 	StateDTLSConnected
-	// StateDTLSFailed: the DTLS handshake failed (or gave no SRTP
-	// profile). Final.
+	// StateDTLSFailed: the DTLS handshake failed, did not end within
+	// SessionConfig.HandshakeTimeout, or gave no SRTP profile. Final.
 	StateDTLSFailed
 	// StateConnected: SRTP keys are derived; media flows both ways.
 	StateConnected
@@ -92,7 +92,9 @@ type SessionConfig struct {
 	// 8122; sessions may share one). Required.
 	Certificate tls.Certificate
 	// Fingerprints are the offer's a=fingerprint lines: the client's
-	// certificate must match one (RFC 8122 §5). At least one.
+	// certificate must match one of those of the strongest hash function
+	// among them (RFC 8122 §5); sha-1 and sha-2 are accepted, md5 and
+	// unknown functions ignored. At least one.
 	Fingerprints []Fingerprint
 	// Data runs an SCTP association for data channels over DTLS (the
 	// offer has an application m-section).
@@ -104,6 +106,11 @@ type SessionConfig struct {
 	// extension): with it, the association starts without its 4-way
 	// handshake and LocalSCTPInit gives the answer's. Nil: none.
 	RemoteSCTPInit []byte
+	// HandshakeTimeout bounds the DTLS handshake, from the first
+	// nomination; past it the session reports StateDTLSFailed. Default
+	// 30 s (about when RFC 6347 §4.2.4.1's retransmissions, doubling
+	// from 1 s, would have given up).
+	HandshakeTimeout time.Duration
 	// DisconnectedTimeout and FailedTimeout bound the client's silence
 	// (RFC 7675); 0 disables either.
 	DisconnectedTimeout, FailedTimeout time.Duration
@@ -207,6 +214,9 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 	}
 	if cfg.MaxMessageSize <= 0 {
 		cfg.MaxMessageSize = 65536
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = 30 * time.Second
 	}
 	s := &Session{e: e, cfg: cfg, rtpq: make(chan *[]byte, cfg.RTPQueue), rdline: deadline.New(), done: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
