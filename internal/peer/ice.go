@@ -81,6 +81,18 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 	}
 	use := m.Contains(stun.AttrUseCandidate)
 
+	// A retransmission, or a replay of a captured check from another
+	// address (short-term credentials have no replay protection, RFC
+	// 8489 §9.1), is answered as STUN asks but changes nothing: it does
+	// not teach its address, move the session or refresh consent. A fresh
+	// check is taken before it is answered, so that a client (or a test)
+	// that has the answer finds the session already moved.
+	start := false
+	if !s.replayed(m.TransactionID) {
+		e.learn(s, addr)
+		start = s.checked(addr, use)
+	}
+
 	res := &rd.res
 	res.Reset()
 	res.WriteHeader()
@@ -95,15 +107,11 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 	if err == nil {
 		_, _ = e.conn.WriteToAddrPort(res.Raw, addr)
 	}
-	// A retransmission, or a replay of a captured check from another
-	// address (short-term credentials have no replay protection, RFC
-	// 8489 §9.1), is answered as STUN asks but changes nothing: it does
-	// not teach its address, move the session or refresh consent.
-	if s.replayed(m.TransactionID) {
-		return
+	if start {
+		// After the answer: the client's ICE connects on it, and
+		// DTLS that came before might be dropped.
+		s.connectICE()
 	}
-	e.learn(s, addr)
-	s.checked(addr, use)
 }
 
 // learn maps addr to s, for the DTLS and SRTP that follow.

@@ -286,14 +286,16 @@ func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
 	return false
 }
 
-// checked handles a valid, fresh check from addr (ice.go). Read loop.
+// checked handles a valid, fresh check from addr (ice.go) and reports
+// whether it is the first nomination, for which the caller calls
+// connectICE once it has answered. Read loop.
 //
 // The first valid check selects its address, so that the session can
-// answer and send; the first nominating one (USE-CANDIDATE, which the
-// controlling client sends on the pair it chose, RFC 8445 §8.1.1) selects
-// its address and connects ICE: the DTLS handshake starts then, as a
-// full agent's would on its selected pair.
-func (s *Session) checked(addr netip.AddrPort, nominated bool) {
+// answer and send; a nominating one (USE-CANDIDATE, which the controlling
+// client sends on the pair it chose, RFC 8445 §8.1.1) selects its
+// address, and the first connects ICE: the DTLS handshake starts then, as
+// a full agent's would on its selected pair.
+func (s *Session) checked(addr netip.AddrPort, nominated bool) (first bool) {
 	s.seen()
 	if s.cfg.OnCheck != nil {
 		s.cfg.OnCheck(addr, nominated)
@@ -302,15 +304,19 @@ func (s *Session) checked(addr netip.AddrPort, nominated bool) {
 		s.addr.Store(&addr)
 	}
 	if !nominated || s.iceUp.Load() {
-		return
+		return false
 	}
 	s.mu.Lock()
 	start := !s.closing.Load() && !s.iceUp.Swap(true)
 	s.mu.Unlock()
-	if start {
-		s.state(StateICEConnected)
-		go s.run()
-	}
+	return start
+}
+
+// connectICE reports ICE connected and starts the session's goroutine
+// (run), after the first nominating check. Read loop.
+func (s *Session) connectICE() {
+	s.state(StateICEConnected)
+	go s.run()
 }
 
 // checkConsent reports the client's silence (the sweeper, peer.go).
