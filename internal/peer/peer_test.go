@@ -242,7 +242,10 @@ func (c *client) answer(t *testing.T, sdp string) {
 type sessionParts struct {
 	states chan State
 	checks atomic.Int64
-	dcs    chan *datachannel.DataChannel
+	// checked is signalled at each valid check (capacity 1: a signal
+	// pending stands for any number of checks).
+	checked chan struct{}
+	dcs     chan *datachannel.DataChannel
 }
 
 var ufragSeq atomic.Int64
@@ -260,7 +263,7 @@ func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig))
 		t.Fatal(err)
 	}
 	ufrag, pwd := newCreds()
-	parts := &sessionParts{states: make(chan State, 32), dcs: make(chan *datachannel.DataChannel, 4)}
+	parts := &sessionParts{states: make(chan State, 32), checked: make(chan struct{}, 1), dcs: make(chan *datachannel.DataChannel, 4)}
 	role, setup := DTLSClient, "active"
 	if o.Setup == "active" {
 		role, setup = DTLSServer, "passive"
@@ -268,7 +271,13 @@ func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig))
 	cfg := SessionConfig{
 		LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: o.ICEUfrag, Role: role, Certificate: s.cert,
 		Fingerprints: o.Fingerprints, Data: o.Data >= 0, RemoteSCTPInit: o.SCTPInit,
-		OnCheck:       func(netip.AddrPort, bool) { parts.checks.Add(1) },
+		OnCheck: func(netip.AddrPort, bool) {
+			parts.checks.Add(1)
+			select {
+			case parts.checked <- struct{}{}:
+			default:
+			}
+		},
 		OnState:       func(st State) { parts.states <- st },
 		OnDataChannel: func(dc *datachannel.DataChannel) { parts.dcs <- dc },
 	}
@@ -429,21 +438,27 @@ func TestPionClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := parts.checks.Load()
+	select { // a check of the old generation, from before the restart
+	case <-parts.checked:
+	default:
+	}
 	c.answer(t, ans)
-	for deadline := time.Now().Add(10 * time.Second); parts.checks.Load() == before; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no check with the restarted credentials")
-		}
+	select {
+	case <-parts.checked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no check with the restarted credentials")
 	}
 	sendUntilEcho(t, c, 2)
 	dcRoundTrip(t, c, "after restart")
 
-	// A check with the old ufrag and old pwd is not answered.
+	// A check of the old generation (old ufrags, old pwd) is not
+	// answered, nor one with the new ufrags signed with the old pwd.
 	unknown := s.ep.Drops()[DropSTUNUnknownUfrag]
-	raw := bindingRequest(t, oldUfrag+":"+o.ICEUfrag, "whatever", true)
-	sendRaw(t, s.addr(), raw, false)
+	sendRaw(t, s.addr(), bindingRequest(t, oldUfrag+":"+sess.cfg.RemoteUfrag, sess.cfg.LocalPwd, true), false)
 	waitDrop(t, s.ep, DropSTUNUnknownUfrag, unknown+1)
+	integrity := s.ep.Drops()[DropSTUNBadIntegrity]
+	sendRaw(t, s.addr(), bindingRequest(t, ufrag+":"+o.ICEUfrag, sess.cfg.LocalPwd, true), false)
+	waitDrop(t, s.ep, DropSTUNBadIntegrity, integrity+1)
 
 	// The server closes: the client sees DTLS closed (close_notify).
 	_ = sess.Close()
@@ -1035,4 +1050,90 @@ func TestLargeDataChannelMessages(t *testing.T) {
 	}
 	_ = sess.Close()
 	wg.Wait()
+}
+
+// TestBadCheckTeachesNothing: a nominating check with a bad
+// MESSAGE-INTEGRITY or FINGERPRINT from a new address is dropped without
+// teaching that address, moving the session or refreshing its consent.
+func TestBadCheckTeachesNothing(t *testing.T) {
+	s := newServer(t)
+	sess := liteSession(t, s)
+	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
+	victim := newSock(t)
+	checkFrom(t, victim, s.addr(), check(t, user, pwd, true))
+	seen := sess.lastSeen.Load()
+	badPwd := check(t, user, "wrongpwdwrongpwdwrongpwd", true)
+	badFP := check(t, user, pwd, true)
+	badFP[len(badFP)-1] ^= 0xff // the FINGERPRINT's CRC
+	for _, tc := range []struct {
+		b    []byte
+		want DropReason
+	}{{badPwd, DropSTUNBadIntegrity}, {badFP, DropSTUNBadFingerprint}} {
+		attacker := newSock(t)
+		before := s.ep.Drops()[tc.want]
+		if _, err := attacker.WriteToUDPAddrPort(tc.b, s.addr()); err != nil {
+			t.Fatal(err)
+		}
+		waitDrop(t, s.ep, tc.want, before+1)
+		if s.ep.session(sockAddr(attacker)) != nil {
+			t.Fatalf("%v: the check taught its address", tc.want)
+		}
+		if got := sess.RemoteAddr(); got != sockAddr(victim) {
+			t.Fatalf("%v: the check moved the session to %v", tc.want, got)
+		}
+		if sess.lastSeen.Load() != seen {
+			t.Fatalf("%v: the check refreshed consent", tc.want)
+		}
+		// And DTLS from it is still from a stranger.
+		before = s.ep.Drops()[DropUnknownAddress]
+		if _, err := attacker.WriteToUDPAddrPort([]byte{22, 254, 253, 0, 0}, s.addr()); err != nil {
+			t.Fatal(err)
+		}
+		waitDrop(t, s.ep, DropUnknownAddress, before+1)
+	}
+}
+
+// TestEarlySRTPBounded: SRTP from the selected address before the DTLS
+// handshake gave keys is kept up to earlyMax packets; the rest are dropped
+// as srtp_not_ready.
+func TestEarlySRTPBounded(t *testing.T) {
+	s := newServer(t)
+	liteSession(t, s)
+	c := newSock(t)
+	checkFrom(t, c, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", true))
+	pkt := make([]byte, 40)
+	pkt[0], pkt[1] = 0x80, 111
+	for range earlyMax + 1 {
+		if _, err := c.WriteToUDPAddrPort(pkt, s.addr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitDrop(t, s.ep, DropSRTPNotReady, 1)
+	// Sync on the read loop, then check that only the one past earlyMax
+	// was dropped.
+	before := s.ep.Drops()[DropUnknownPacket]
+	sendRaw(t, s.addr(), []byte{70, 0, 0}, false)
+	waitDrop(t, s.ep, DropUnknownPacket, before+1)
+	if n := s.ep.Drops()[DropSRTPNotReady]; n != 1 {
+		t.Fatalf("srtp_not_ready %d, want 1 (the packet past the %d kept)", n, earlyMax)
+	}
+}
+
+// TestCloseRacesHandshake: Close right after the nominating check, while
+// the session's goroutine starts the DTLS handshake, returns, leaks no
+// goroutine (TestMain's goleak) and races nothing (-race).
+func TestCloseRacesHandshake(t *testing.T) {
+	s := newServer(t)
+	c := newSock(t)
+	for i := range 100 {
+		sess := liteSession(t, s, func(sc *SessionConfig) {
+			if i%2 == 0 {
+				sc.Role = DTLSClient // sends its ClientHello at once
+			}
+		})
+		checkFrom(t, c, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", true))
+		if err := sess.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
