@@ -44,7 +44,11 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 		return
 	}
 	if m.Type != stun.BindingRequest {
-		e.drop(DropSTUNNotRequest)
+		if m.Type.Class == stun.ClassIndication {
+			e.drop(DropSTUNIndication)
+		} else {
+			e.drop(DropSTUNNotRequest)
+		}
 		return
 	}
 	user, err := m.Get(stun.AttrUsername)

@@ -616,7 +616,8 @@ func TestBadSTUN(t *testing.T) {
 		{"no colon", bindingRequest(t, "local", "localpwdlocalpwdlocalpwd", true), DropSTUNBadUsername},
 		{"wrong pwd", bindingRequest(t, "local:remote", "wrongpwdwrongpwdwrongpwd", true), DropSTUNBadIntegrity},
 		{"no fingerprint", bindingRequest(t, "local:remote", "localpwdlocalpwdlocalpwd", false), DropSTUNBadFingerprint},
-		{"indication", mustBuild(t, stun.TransactionID, stun.NewType(stun.MethodBinding, stun.ClassIndication), stun.Fingerprint), DropSTUNNotRequest},
+		{"indication", mustBuild(t, stun.TransactionID, stun.NewType(stun.MethodBinding, stun.ClassIndication), stun.Fingerprint), DropSTUNIndication},
+		{"response", mustBuild(t, stun.TransactionID, stun.BindingSuccess, stun.Fingerprint), DropSTUNNotRequest},
 		{"DTLS from a stranger", []byte{22, 254, 253, 0, 0}, DropUnknownAddress},
 		{"SRTP from a stranger", make([]byte, 40), DropUnknownPacket},
 	}

@@ -25,7 +25,8 @@ var (
 	// ErrNotConnected: media written before the DTLS handshake gave SRTP
 	// keys.
 	ErrNotConnected = errors.New("peer: session not connected")
-	// ErrTooBig: an RTP packet longer than Config.MaxPayload.
+	// ErrTooBig: an RTP packet whose SRTP datagram could be longer than
+	// Config.MaxPayload (the packet plus 16 bytes of SRTP tag).
 	ErrTooBig = errors.New("peer: packet longer than the maximum payload")
 
 	errDuplicateUfrag = errors.New("peer: local ufrag already in use")

@@ -98,7 +98,7 @@ type session struct {
 	restarted *lastRestart
 }
 
-// newSession builds the peer connection and opens the backend bridge in
+// newSession registers the peer session and opens the backend bridge in
 // parallel, then returns the complete answer.
 func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, meta map[string]string, owner string) (*session, string, error) {
 	ufrag, pwd, err := s.newCredentials()
@@ -502,7 +502,7 @@ func (sess *session) watchSetup() {
 }
 
 // teardown ends the session: the backend is told why, the client gets
-// the goodbye event, and the peer connection is closed. It runs once, on
+// the goodbye event, and the peer session is closed. It runs once, on
 // the tracked goroutine end starts (lifecycle.go), after the session left
 // the table.
 func (sess *session) teardown(reason string) {
