@@ -72,7 +72,6 @@ type session struct {
 	// sent (consent.go); guarded by connMu.
 	connMu   sync.Mutex
 	connSent chan struct{}
-	checked  atomic.Bool // an authenticated connectivity check came (pending.go)
 	// The pending slot (pending.go): the key it counts under, and whether
 	// the session still holds it.
 	pendingKey  netip.Prefix
@@ -180,7 +179,6 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		DisconnectedTimeout: s.cfg.DisconnectedTimeout,
 		FailedTimeout:       s.cfg.ConsentTimeout,
 		RTPQueue:            mediaQueue,
-		OnCheck:             sess.onCheck,
 		OnState:             sess.onPeerState,
 		OnRTCP:              sess.onRTCP,
 		OnDataChannel:       sess.onDataChannel,
