@@ -1138,3 +1138,50 @@ func TestCloseRacesHandshake(t *testing.T) {
 		}
 	}
 }
+
+// TestQueuesFull: DTLS that nobody reads yet (the address checked but
+// has not nominated, so the handshake has not started) queues up to
+// dtlsQueueBytes, then drops as dtls_queue_full; RTP that the media
+// reader does not take drops as rtp_queue_full past SessionConfig.RTPQueue.
+func TestQueuesFull(t *testing.T) {
+	t.Run("dtls", func(t *testing.T) {
+		s := newServer(t)
+		sess := liteSession(t, s)
+		c := newSock(t)
+		checkFrom(t, c, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", false))
+		rec := make([]byte, 1200)
+		rec[0], rec[1], rec[2] = 22, 254, 253
+		for i := 0; s.ep.Drops()[DropDTLSQueueFull] == 0; i++ {
+			if i == 5000 {
+				t.Fatalf("no dtls_queue_full after %d records of %d bytes", i, len(rec))
+			}
+			if _, err := c.WriteToUDPAddrPort(rec, s.addr()); err != nil {
+				t.Fatal(err)
+			}
+			if i%64 == 63 {
+				time.Sleep(time.Millisecond) // let the socket buffer drain
+			}
+		}
+		sess.dtls.mu.Lock()
+		held := sess.dtls.qBytes
+		sess.dtls.mu.Unlock()
+		if held > dtlsQueueBytes || held < dtlsQueueBytes-len(rec) {
+			t.Fatalf("the queue holds %d bytes when full, want about %d", held, dtlsQueueBytes)
+		}
+	})
+	t.Run("rtp", func(t *testing.T) {
+		s := newServer(t)
+		c := newClient(t, false)
+		_, parts := connect(t, s, c, func(sc *SessionConfig) { sc.RTPQueue = 2 })
+		waitState(t, parts, StateConnected)
+		for seq := uint16(0); s.ep.Drops()[DropRTPQueueFull] == 0; seq++ {
+			if seq == 1000 {
+				t.Fatal("no rtp_queue_full with nobody reading")
+			}
+			if err := c.track.WriteRTP(&rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: 111, SequenceNumber: seq}, Payload: []byte{1}}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+}
