@@ -169,6 +169,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	sess.offer, sess.lastOffer = o, offer
 	sess.opusPT = o.Sections[o.Audio].OpusPT
 	sess.outSSRC, sess.cname = randomSSRC(), newSessionID()
+	sess.reports.SetCNAME(sess.cname) // RFC 3550 §6.1: SDES CNAME in each compound
 	pcfg := peer.SessionConfig{
 		LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: o.ICEUfrag,
 		Role:                role,
