@@ -21,7 +21,9 @@ import (
 // refreshes the session's consent; the first one, or one with USE-CANDIDATE
 // (the controlling client nominating the pair, RFC 8445 §8.1.1), makes its
 // address the one the session sends to, and the first nomination connects
-// the session (Session.checked).
+// the session (Session.checked). A check whose transaction ID is among the
+// session's last 16 (a retransmission, or a replay from anywhere) is
+// answered and changes nothing (Session.replayed).
 //
 // Anything else that looks like STUN is dropped and counted (DropReason).
 
