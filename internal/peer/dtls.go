@@ -2,16 +2,17 @@ package peer
 
 import (
 	"bytes"
-	_ "crypto/md5" // a=fingerprint hash functions (RFC 8122 §5)
-	_ "crypto/sha1"
+	"context"
+	"crypto"
+	_ "crypto/sha1" // a=fingerprint hash functions (RFC 8122 §5)
 	_ "crypto/sha256"
 	_ "crypto/sha512"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/pion/dtls/v3"
-	"github.com/pion/dtls/v3/pkg/crypto/fingerprint"
 	"github.com/pion/srtp/v3"
 )
 
@@ -22,7 +23,8 @@ import (
 // offers (AEAD AES-256-GCM, AEAD AES-128-GCM, AES-128-CM-HMAC-SHA1-80, RFC
 // 7714 and RFC 5764 §4.1.2) and asking for the extended master secret (RFC
 // 7627). The client's certificate is self-signed; it is trusted only when it
-// matches one of the offer's fingerprints (RFC 8122 §5). After the
+// matches the offer's fingerprint of the strongest hash function offered
+// (RFC 8122 §5; SHA-1 and SHA-2 only, MD5 is not accepted). After the
 // handshake, the SRTP master keys and salts come from the DTLS exporter
 // (RFC 5764 §4.2), the client-write half for whichever side is the DTLS
 // client.
@@ -91,7 +93,9 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 	}
 	s.conn = conn
 	s.mu.Unlock()
-	err = conn.HandshakeContext(s.ctx)
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
+	err = conn.HandshakeContext(ctx)
+	cancel()
 	s.dtls.handshaken()
 	if err != nil {
 		_ = conn.Close()
@@ -100,8 +104,31 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 	return conn, nil
 }
 
+// fingerprintHashes are the a=fingerprint hash functions accepted, by
+// their SDP names (RFC 8122 §5; RFC 8827 §6.5 requires SHA-256).
+var fingerprintHashes = map[string]crypto.Hash{
+	"sha-1":   crypto.SHA1,
+	"sha-224": crypto.SHA224,
+	"sha-256": crypto.SHA256,
+	"sha-384": crypto.SHA384,
+	"sha-512": crypto.SHA512,
+}
+
+// strongestHash returns the strongest accepted hash function among fps
+// (crypto.Hash numbers the SHA family in increasing strength), or 0.
+func strongestHash(fps []Fingerprint) crypto.Hash {
+	var best crypto.Hash
+	for _, fp := range fps {
+		if h, ok := fingerprintHashes[strings.ToLower(fp.Hash)]; ok && h.Available() && h > best {
+			best = h
+		}
+	}
+	return best
+}
+
 // verifyCertificate checks the client's certificate against the offer's
-// fingerprints.
+// fingerprints of the strongest hash function among them (RFC 8122 §5:
+// one of the others may not be trusted to bind the certificate).
 func (s *Session) verifyCertificate(raw [][]byte, _ [][]*x509.Certificate) error {
 	if len(raw) == 0 {
 		return errNoCertificate
@@ -110,14 +137,15 @@ func (s *Session) verifyCertificate(raw [][]byte, _ [][]*x509.Certificate) error
 	if err != nil {
 		return err
 	}
+	h := strongestHash(s.cfg.Fingerprints)
+	if h == 0 {
+		return errFingerprintMismatch
+	}
+	d := h.New()
+	d.Write(cert.Raw)
+	sum := d.Sum(nil)
 	for _, fp := range s.cfg.Fingerprints {
-		h, err := fingerprint.HashFromString(fp.Hash)
-		if err != nil || !h.Available() {
-			continue
-		}
-		d := h.New()
-		d.Write(cert.Raw)
-		if bytes.Equal(d.Sum(nil), fp.Digest) {
+		if fingerprintHashes[strings.ToLower(fp.Hash)] == h && bytes.Equal(sum, fp.Digest) {
 			return nil
 		}
 	}

@@ -11,18 +11,27 @@ import (
 	"github.com/pion/transport/v5/deadline"
 )
 
-// dtlsQueue is how many DTLS records a session's DTLS connection may be
-// behind the read loop. DTLS carries the handshake (a flight is a few
-// records) and the data channels' SCTP packets, which the DTLS reader
-// takes as they come; a full queue drops, as a full socket buffer would.
-const dtlsQueue = 32
+// dtlsQueueBytes bounds the DTLS datagrams, in bytes, a session's DTLS
+// connection may be behind the read loop. DTLS carries the handshake (a
+// flight is a few records) and the data channels' SCTP packets: a large
+// message (a session.update with tool schemas is tens of KB) comes as a
+// burst of 1200-byte packets once SCTP's congestion window has opened,
+// which the DTLS reader, on a loaded machine, may not take as they come.
+// 256 KiB holds over 200 of them; a full queue drops, as a full socket
+// buffer would. The queue takes memory only while it holds datagrams.
+const dtlsQueueBytes = 256 << 10
 
 // feed is the net.PacketConn a session's DTLS connection runs over: the
 // read loop pushes the session's DTLS records into it, and its writes go
 // to the session's client address on the shared socket.
 type feed struct {
-	s      *Session
-	in     chan []byte
+	s *Session
+	// mu guards q, the datagrams not yet read, and qBytes, their bytes;
+	// notify (capacity 1) wakes the reader after a push.
+	mu     sync.Mutex
+	q      [][]byte
+	qBytes int
+	notify chan struct{}
 	done   chan struct{}
 	once   sync.Once
 	rdline *deadline.Deadline
@@ -42,7 +51,7 @@ type feed struct {
 const contentApplicationData = 23
 
 func newFeed(s *Session) *feed {
-	return &feed{s: s, in: make(chan []byte, dtlsQueue), done: make(chan struct{}), rdline: deadline.New(), ready: make(chan struct{})}
+	return &feed{s: s, notify: make(chan struct{}, 1), done: make(chan struct{}), rdline: deadline.New(), ready: make(chan struct{})}
 }
 
 // handshaken releases application data held for the end of the handshake.
@@ -55,12 +64,36 @@ func (f *feed) push(b []byte) bool {
 		return true // closed: nothing reads, nothing to count
 	default:
 	}
-	select {
-	case f.in <- bytes.Clone(b):
-		return true
-	default:
+	f.mu.Lock()
+	if f.qBytes+len(b) > dtlsQueueBytes {
+		f.mu.Unlock()
 		return false
 	}
+	f.q = append(f.q, bytes.Clone(b))
+	f.qBytes += len(b)
+	f.mu.Unlock()
+	select {
+	case f.notify <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// pop takes the oldest queued datagram, or returns nil.
+func (f *feed) pop() []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.q) == 0 {
+		return nil
+	}
+	b := f.q[0]
+	f.q[0] = nil
+	f.q = f.q[1:]
+	f.qBytes -= len(b)
+	if len(f.q) == 0 {
+		f.q = nil // let a burst's backing array go
+	}
+	return b
 }
 
 // ReadFrom returns the next queued datagram. One that starts with
@@ -68,9 +101,12 @@ func (f *feed) push(b []byte) bool {
 func (f *feed) ReadFrom(p []byte) (int, net.Addr, error) {
 	b := f.held
 	f.held = nil
-	if b == nil {
+	for b == nil {
+		if b = f.pop(); b != nil {
+			break
+		}
 		select {
-		case b = <-f.in:
+		case <-f.notify:
 		case <-f.done:
 			return 0, nil, net.ErrClosed
 		case <-f.rdline.Done():

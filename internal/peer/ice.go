@@ -21,7 +21,9 @@ import (
 // refreshes the session's consent; the first one, or one with USE-CANDIDATE
 // (the controlling client nominating the pair, RFC 8445 §8.1.1), makes its
 // address the one the session sends to, and the first nomination connects
-// the session (Session.checked).
+// the session (Session.checked). A check whose transaction ID is among the
+// session's last 16 (a retransmission, or a replay from anywhere) is
+// answered and changes nothing (Session.replayed).
 //
 // Anything else that looks like STUN is dropped and counted (DropReason).
 
@@ -44,7 +46,11 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 		return
 	}
 	if m.Type != stun.BindingRequest {
-		e.drop(DropSTUNNotRequest)
+		if m.Type.Class == stun.ClassIndication {
+			e.drop(DropSTUNIndication)
+		} else {
+			e.drop(DropSTUNNotRequest)
+		}
 		return
 	}
 	user, err := m.Get(stun.AttrUsername)
@@ -65,7 +71,9 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 		return
 	}
 	cred := s.credentials()
-	if string(user[i+1:]) != cred.remoteUfrag {
+	// RFC 8445 §7.3: the whole USERNAME is this generation's
+	// "<local>:<remote>" (a restart may have raced the lookup).
+	if string(user[:i]) != cred.localUfrag || string(user[i+1:]) != cred.remoteUfrag {
 		e.drop(DropSTUNBadUsername)
 		return
 	}
@@ -78,6 +86,18 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 		return
 	}
 	use := m.Contains(stun.AttrUseCandidate)
+
+	// A retransmission, or a replay of a captured check from another
+	// address (short-term credentials have no replay protection, RFC
+	// 8489 §9.1), is answered as STUN asks but changes nothing: it does
+	// not teach its address, move the session or refresh consent. A fresh
+	// check is taken before it is answered, so that a client (or a test)
+	// that has the answer finds the session already moved.
+	start := false
+	if !s.replayed(m.TransactionID) {
+		e.learn(s, addr)
+		start = s.checked(addr, use)
+	}
 
 	res := &rd.res
 	res.Reset()
@@ -93,8 +113,11 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 	if err == nil {
 		_, _ = e.conn.WriteToAddrPort(res.Raw, addr)
 	}
-	e.learn(s, addr)
-	s.checked(addr, use)
+	if start {
+		// After the answer: the client's ICE connects on it, and
+		// DTLS that came before might be dropped.
+		s.connectICE()
+	}
 }
 
 // learn maps addr to s, for the DTLS and SRTP that follow.
@@ -114,8 +137,16 @@ func (e *Endpoint) learn(s *Session, addr netip.AddrPort) {
 		old.learned = deleteAddr(old.learned, addr)
 	}
 	if len(s.learned) == maxLearned {
-		delete(e.byAddr, s.learned[0])
-		s.learned = s.learned[1:]
+		// Evict the oldest address but the selected one, whose DTLS and
+		// SRTP must keep reaching the session.
+		sel := s.remote()
+		for i, a := range s.learned {
+			if a != sel {
+				delete(e.byAddr, a)
+				s.learned = append(s.learned[:i], s.learned[i+1:]...)
+				break
+			}
+		}
 	}
 	e.byAddr[addr] = s
 	s.learned = append(s.learned, addr)

@@ -25,6 +25,10 @@ import (
 // the socket at once (a socket that batches RTP, internal/hop, copies them
 // into its batch).
 
+// srtpOverhead is the most SRTP adds to an RTP packet: the AEAD tag of
+// the GCM profiles (RFC 7714 §7.2, 16 bytes; HMAC-SHA1-80 adds 10).
+const srtpOverhead = 16
+
 // bufSize is the size of pooled packet buffers: the longest datagram the
 // path carries (internal/hop.MaxPayload) and SRTP's tag.
 const bufSize = 1500 + 32
@@ -159,7 +163,7 @@ func (s *Session) WriteRTP(h *rtp.Header, payload []byte) error {
 		return ErrNotConnected
 	}
 	hl := h.MarshalSize()
-	if hl+len(payload)+16 > bufSize {
+	if n := hl + len(payload) + srtpOverhead; n > s.e.cfg.MaxPayload || n > bufSize {
 		return ErrTooBig
 	}
 	plain, enc := getBuf(), getBuf()

@@ -18,7 +18,8 @@
 // Per session it runs pion/dtls's three goroutines (the handshake state
 // machine, the record reader and its read watcher), pion/sctp's three (read,
 // write, timers) and one of its own that drives the handshake and then
-// accepts data channels; the caller adds its media reader (ReadRTP) and
+// accepts data channels (as measured with pion/dtls v3.1.15 and pion/sctp
+// v1.12.0); the caller adds its media reader (ReadRTP) and
 // whatever reads the channels. ICE and SRTP cost no goroutine per session;
 // liveness (RFC 7675 consent) is watched for every session by one sweeper
 // goroutine of the Endpoint.
@@ -52,7 +53,8 @@ type DropReason uint8
 // Reasons a datagram is dropped.
 const (
 	// DropUnknownPacket: the first byte is none of STUN, DTLS, RTP/RTCP
-	// (RFC 7983 §7).
+	// (RFC 7983 §7), or the datagram is empty (RFC 7983 does not say; no
+	// protocol it names sends one).
 	DropUnknownPacket DropReason = iota
 	// DropSTUNMalformed: a STUN message that does not decode.
 	DropSTUNMalformed
@@ -74,7 +76,8 @@ const (
 	// DropUnknownAddress: DTLS or SRTP from an address no session has
 	// learned from an authenticated check.
 	DropUnknownAddress
-	// DropDTLSQueueFull: the session's DTLS connection is not reading.
+	// DropDTLSQueueFull: the session's DTLS connection is 256 KiB of
+	// datagrams behind the read loop (dtlsQueueBytes).
 	DropDTLSQueueFull
 	// DropSRTPNotReady: SRTP or SRTCP before the DTLS handshake gave keys,
 	// past the few kept for them.
@@ -84,6 +87,11 @@ const (
 	DropSRTPAuth
 	// DropRTPQueueFull: the session's media reader is behind.
 	DropRTPQueueFull
+	// DropSTUNIndication: a STUN indication (a Binding indication is a
+	// keepalive some stacks send, RFC 7675 allows it; it needs no answer
+	// and, unauthenticated, refreshes nothing). Counted apart from
+	// stun_not_request, which it would swamp.
+	DropSTUNIndication
 	// NumDropReasons is the number of reasons.
 	NumDropReasons
 )
@@ -91,7 +99,7 @@ const (
 var dropNames = [NumDropReasons]string{
 	"unknown_packet", "stun_malformed", "stun_not_request", "stun_unknown_ufrag", "stun_bad_username",
 	"stun_bad_integrity", "stun_bad_fingerprint", "unknown_address", "dtls_queue_full", "srtp_not_ready",
-	"srtp_auth", "rtp_queue_full",
+	"srtp_auth", "rtp_queue_full", "stun_indication",
 }
 
 // String returns the reason's metric label, e.g. "stun_bad_integrity".
@@ -114,7 +122,11 @@ type Config struct {
 	// ConsentTick is how often the sweeper looks at how long each
 	// session's client has been silent. Default 1 s.
 	ConsentTick time.Duration
-	// MaxPayload is the longest datagram read, in bytes. Default 1500.
+	// MaxPayload is the longest datagram read or written, in bytes.
+	// Default 1500. It must be at least the path MTU's payload: a longer
+	// datagram is cut by the read, and the cut DTLS or SRTP fails to
+	// authenticate (counted as srtp_auth, or dropped by DTLS). WriteRTP
+	// refuses a packet whose SRTP datagram could exceed it (ErrTooBig).
 	MaxPayload int
 	// OnDrop, if set, is called for every datagram dropped, on the read
 	// loop (or, for SRTP that came before a session's keys, on the
@@ -235,7 +247,8 @@ func (e *Endpoint) readLoop() {
 				e.drop(DropUnknownAddress)
 				continue
 			}
-			s.seen()
+			// Not yet authenticated: consent is refreshed only once
+			// the record layer has verified it (authConn).
 			if !s.dtls.push(b) {
 				e.drop(DropDTLSQueueFull)
 			}

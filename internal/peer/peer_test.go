@@ -1,11 +1,15 @@
 package peer
 
 import (
+	"bytes"
+	"crypto/md5"
+	"crypto/sha1"
 	"crypto/sha256"
 	"crypto/tls"
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -85,6 +89,9 @@ type path struct {
 	front, back *net.UDPConn
 	cut         atomic.Bool
 	wg          sync.WaitGroup
+	// lastRTP is a copy of the last SRTP datagram (not SRTCP) the
+	// client sent through the path.
+	lastRTP atomic.Pointer[[]byte]
 }
 
 func newPath(t *testing.T, server netip.AddrPort) *path {
@@ -108,6 +115,10 @@ func newPath(t *testing.T, server netip.AddrPort) *path {
 				return
 			}
 			client.Store(&from)
+			if b := buf[:n]; n > 12 && b[0] >= 128 && b[0] <= 191 && !isRTCP(b) {
+				c := bytes.Clone(b)
+				p.lastRTP.Store(&c)
+			}
 			if !p.cut.Load() {
 				_, _ = p.back.WriteToUDPAddrPort(buf[:n], server)
 			}
@@ -231,7 +242,10 @@ func (c *client) answer(t *testing.T, sdp string) {
 type sessionParts struct {
 	states chan State
 	checks atomic.Int64
-	dcs    chan *datachannel.DataChannel
+	// checked is signalled at each valid check (capacity 1: a signal
+	// pending stands for any number of checks).
+	checked chan struct{}
+	dcs     chan *datachannel.DataChannel
 }
 
 var ufragSeq atomic.Int64
@@ -249,7 +263,7 @@ func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig))
 		t.Fatal(err)
 	}
 	ufrag, pwd := newCreds()
-	parts := &sessionParts{states: make(chan State, 32), dcs: make(chan *datachannel.DataChannel, 4)}
+	parts := &sessionParts{states: make(chan State, 32), checked: make(chan struct{}, 1), dcs: make(chan *datachannel.DataChannel, 4)}
 	role, setup := DTLSClient, "active"
 	if o.Setup == "active" {
 		role, setup = DTLSServer, "passive"
@@ -257,7 +271,13 @@ func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig))
 	cfg := SessionConfig{
 		LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: o.ICEUfrag, Role: role, Certificate: s.cert,
 		Fingerprints: o.Fingerprints, Data: o.Data >= 0, RemoteSCTPInit: o.SCTPInit,
-		OnCheck:       func(netip.AddrPort, bool) { parts.checks.Add(1) },
+		OnCheck: func(netip.AddrPort, bool) {
+			parts.checks.Add(1)
+			select {
+			case parts.checked <- struct{}{}:
+			default:
+			}
+		},
 		OnState:       func(st State) { parts.states <- st },
 		OnDataChannel: func(dc *datachannel.DataChannel) { parts.dcs <- dc },
 	}
@@ -321,7 +341,7 @@ func echoRTP(sess *Session, wg *sync.WaitGroup) {
 // echoDC answers every message on dc with "echo:" and the message.
 func echoDC(dc *datachannel.DataChannel, wg *sync.WaitGroup) {
 	defer wg.Done()
-	buf := make([]byte, 4096)
+	buf := make([]byte, 64<<10)
 	for {
 		n, isString, err := dc.ReadDataChannel(buf)
 		if err != nil {
@@ -418,21 +438,27 @@ func TestPionClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := parts.checks.Load()
+	select { // a check of the old generation, from before the restart
+	case <-parts.checked:
+	default:
+	}
 	c.answer(t, ans)
-	for deadline := time.Now().Add(10 * time.Second); parts.checks.Load() == before; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no check with the restarted credentials")
-		}
+	select {
+	case <-parts.checked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no check with the restarted credentials")
 	}
 	sendUntilEcho(t, c, 2)
 	dcRoundTrip(t, c, "after restart")
 
-	// A check with the old ufrag and old pwd is not answered.
+	// A check of the old generation (old ufrags, old pwd) is not
+	// answered, nor one with the new ufrags signed with the old pwd.
 	unknown := s.ep.Drops()[DropSTUNUnknownUfrag]
-	raw := bindingRequest(t, oldUfrag+":"+o.ICEUfrag, "whatever", true)
-	sendRaw(t, s.addr(), raw, false)
+	sendRaw(t, s.addr(), bindingRequest(t, oldUfrag+":"+sess.cfg.RemoteUfrag, sess.cfg.LocalPwd, true), false)
 	waitDrop(t, s.ep, DropSTUNUnknownUfrag, unknown+1)
+	integrity := s.ep.Drops()[DropSTUNBadIntegrity]
+	sendRaw(t, s.addr(), bindingRequest(t, ufrag+":"+o.ICEUfrag, sess.cfg.LocalPwd, true), false)
+	waitDrop(t, s.ep, DropSTUNBadIntegrity, integrity+1)
 
 	// The server closes: the client sees DTLS closed (close_notify).
 	_ = sess.Close()
@@ -590,7 +616,8 @@ func TestBadSTUN(t *testing.T) {
 		{"no colon", bindingRequest(t, "local", "localpwdlocalpwdlocalpwd", true), DropSTUNBadUsername},
 		{"wrong pwd", bindingRequest(t, "local:remote", "wrongpwdwrongpwdwrongpwd", true), DropSTUNBadIntegrity},
 		{"no fingerprint", bindingRequest(t, "local:remote", "localpwdlocalpwdlocalpwd", false), DropSTUNBadFingerprint},
-		{"indication", mustBuild(t, stun.TransactionID, stun.NewType(stun.MethodBinding, stun.ClassIndication), stun.Fingerprint), DropSTUNNotRequest},
+		{"indication", mustBuild(t, stun.TransactionID, stun.NewType(stun.MethodBinding, stun.ClassIndication), stun.Fingerprint), DropSTUNIndication},
+		{"response", mustBuild(t, stun.TransactionID, stun.BindingSuccess, stun.Fingerprint), DropSTUNNotRequest},
 		{"DTLS from a stranger", []byte{22, 254, 253, 0, 0}, DropUnknownAddress},
 		{"SRTP from a stranger", make([]byte, 40), DropUnknownPacket},
 	}
@@ -693,4 +720,468 @@ func TestEarlyMedia(t *testing.T) {
 	}
 	_ = sess.Close()
 	wg.Wait()
+}
+
+// checkFrom sends the check b to the server from c and waits for its
+// answer.
+func checkFrom(t *testing.T, c *net.UDPConn, to netip.AddrPort, b []byte) {
+	t.Helper()
+	if _, err := c.WriteToUDPAddrPort(b, to); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 1500)
+	if _, err := c.Read(buf); err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+}
+
+func newSock(t *testing.T) *net.UDPConn {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func sockAddr(c *net.UDPConn) netip.AddrPort { return c.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// liteSession is a session with fixed credentials and no client: tests
+// sign its checks themselves.
+func liteSession(t *testing.T, s *server, mutate ...func(*SessionConfig)) *Session {
+	t.Helper()
+	cfg := SessionConfig{LocalUfrag: "local", LocalPwd: "localpwdlocalpwdlocalpwd", RemoteUfrag: "remote",
+		Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	sess, err := s.ep.NewSession(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sess.Close() })
+	return sess
+}
+
+func check(t *testing.T, username, pwd string, nominate bool) []byte {
+	t.Helper()
+	setters := []stun.Setter{stun.TransactionID, stun.BindingRequest, stun.NewUsername(username)}
+	if nominate {
+		setters = append(setters, stun.RawAttribute{Type: stun.AttrUseCandidate})
+	}
+	setters = append(setters, stun.NewShortTermIntegrity(pwd), stun.Fingerprint)
+	return mustBuild(t, setters...)
+}
+
+// TestReplayDoesNotRedirect: a captured nominating check replayed byte for
+// byte from another address is answered but does not move the session's
+// media there, nor teach that address; a valid non-nominating check from
+// another address does not move it either; a fresh nominating one does.
+func TestReplayDoesNotRedirect(t *testing.T) {
+	s := newServer(t)
+	sess := liteSession(t, s)
+	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
+	victim, attacker, other := newSock(t), newSock(t), newSock(t)
+	nom := check(t, user, pwd, true)
+	checkFrom(t, victim, s.addr(), nom)
+	if got := sess.RemoteAddr(); got != sockAddr(victim) {
+		t.Fatalf("remote %v after the nominating check, want %v", got, sockAddr(victim))
+	}
+	checkFrom(t, attacker, s.addr(), nom)
+	if got := sess.RemoteAddr(); got != sockAddr(victim) {
+		t.Fatalf("a replayed check from %v moved the session's media to %v", sockAddr(attacker), got)
+	}
+	if s.ep.session(sockAddr(attacker)) != nil {
+		t.Fatal("a replayed check taught its address")
+	}
+	checkFrom(t, other, s.addr(), check(t, user, pwd, false))
+	if got := sess.RemoteAddr(); got != sockAddr(victim) {
+		t.Fatalf("a non-nominating check moved the session to %v", got)
+	}
+	if s.ep.session(sockAddr(other)) != sess {
+		t.Fatal("a valid check did not teach its address")
+	}
+	checkFrom(t, other, s.addr(), check(t, user, pwd, true))
+	if got := sess.RemoteAddr(); got != sockAddr(other) {
+		t.Fatalf("a fresh nominating check from %v left the session on %v", sockAddr(other), got)
+	}
+}
+
+// TestEvictKeepsSelected: a session that learns more than maxLearned
+// addresses forgets the oldest but the selected one, whose SRTP and DTLS
+// must still reach it.
+func TestEvictKeepsSelected(t *testing.T) {
+	s := newServer(t)
+	sess := liteSession(t, s)
+	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
+	sel := newSock(t)
+	checkFrom(t, sel, s.addr(), check(t, user, pwd, true))
+	var others []*net.UDPConn
+	for range maxLearned {
+		c := newSock(t)
+		checkFrom(t, c, s.addr(), check(t, user, pwd, false))
+		others = append(others, c)
+	}
+	if got := sess.RemoteAddr(); got != sockAddr(sel) {
+		t.Fatalf("remote %v, want the nominated %v", got, sockAddr(sel))
+	}
+	if s.ep.session(sockAddr(sel)) != sess {
+		t.Fatal("the selected address was evicted: its SRTP and DTLS would drop as unknown_address")
+	}
+	if s.ep.session(sockAddr(others[0])) != nil {
+		t.Fatal("the oldest unselected address was not evicted")
+	}
+	// SRTP from the selected address reaches the session (not yet
+	// keyed: kept for the keys, not dropped as unknown_address).
+	before := s.ep.Drops()[DropUnknownAddress]
+	rtpPkt := make([]byte, 40)
+	rtpPkt[0] = 0x80
+	if _, err := sel.WriteToUDPAddrPort(rtpPkt, s.addr()); err != nil {
+		t.Fatal(err)
+	}
+	// A DTLS datagram from a stranger after it, to know the read loop
+	// has handled the SRTP.
+	sendRaw(t, s.addr(), []byte{22, 254, 253, 0, 0}, false)
+	waitDrop(t, s.ep, DropUnknownAddress, before+1)
+	if got := s.ep.Drops()[DropUnknownAddress]; got != before+1 {
+		t.Fatalf("SRTP from the selected address dropped as unknown_address")
+	}
+}
+
+// TestDTLSGarbageKeepsNoConsent: datagrams in the DTLS range from the
+// client's address that do not authenticate do not refresh consent: the
+// session still fails once the client's real traffic stops (RFC 7675).
+func TestDTLSGarbageKeepsNoConsent(t *testing.T) {
+	s := newServer(t, func(c *Config) { c.ConsentTick = 20 * time.Millisecond })
+	p := newPath(t, s.addr())
+	s.advertise = p.addr()
+	c := newClient(t, true)
+	_, parts := connect(t, s, c, func(sc *SessionConfig) {
+		sc.DisconnectedTimeout, sc.FailedTimeout = 200*time.Millisecond, 600*time.Millisecond
+	})
+	waitState(t, parts, StateConnected)
+	p.cut.Store(true)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// From the client's address as the server sees it (the path's
+		// back socket): an application data record with a bad MAC, and
+		// a handshake record.
+		garbage := [][]byte{
+			{23, 254, 253, 0, 1, 0, 0, 0, 0, 0, 9, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8},
+			{22, 254, 253, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0},
+		}
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			_, _ = p.back.WriteToUDPAddrPort(garbage[i%2], s.addr())
+		}
+	}()
+	waitState(t, parts, StateFailed)
+	close(stop)
+	wg.Wait()
+}
+
+// TestRestartForgetsOldAddresses: an ICE restart forgets the addresses
+// learned from the old generation's checks but the selected one, which
+// keeps carrying DTLS and SRTP until a new nomination.
+func TestRestartForgetsOldAddresses(t *testing.T) {
+	s := newServer(t)
+	sess := liteSession(t, s)
+	sel, other := newSock(t), newSock(t)
+	checkFrom(t, sel, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", true))
+	checkFrom(t, other, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", false))
+	if s.ep.session(sockAddr(other)) != sess {
+		t.Fatal("a valid check did not teach its address")
+	}
+	if err := sess.Restart("local2", "local2pwdlocal2pwdlocal2", "remote2"); err != nil {
+		t.Fatal(err)
+	}
+	if s.ep.session(sockAddr(other)) != nil {
+		t.Fatal("an address of the old generation is still mapped after the restart")
+	}
+	if s.ep.session(sockAddr(sel)) != sess || sess.RemoteAddr() != sockAddr(sel) {
+		t.Fatal("the restart dropped the selected address")
+	}
+	// The old generation's credentials are refused, the new ones work.
+	before := s.ep.Drops()[DropSTUNUnknownUfrag]
+	sendRaw(t, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", false), false)
+	waitDrop(t, s.ep, DropSTUNUnknownUfrag, before+1)
+	checkFrom(t, other, s.addr(), check(t, "local2:remote2", "local2pwdlocal2pwdlocal2", false))
+	// The new local ufrag with the old remote one: not this generation.
+	before = s.ep.Drops()[DropSTUNBadUsername]
+	sendRaw(t, s.addr(), check(t, "local2:remote", "local2pwdlocal2pwdlocal2", false), false)
+	waitDrop(t, s.ep, DropSTUNBadUsername, before+1)
+	_ = sess.Close()
+	if err := sess.Restart("local3", "local3pwdlocal3pwdlocal3", "remote3"); err != ErrClosed {
+		t.Fatalf("Restart after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestHandshakeTimeout: a client that nominates and never starts DTLS
+// fails the session's handshake after HandshakeTimeout.
+func TestHandshakeTimeout(t *testing.T) {
+	s := newServer(t)
+	states := make(chan State, 8)
+	liteSession(t, s, func(c *SessionConfig) {
+		c.HandshakeTimeout = 100 * time.Millisecond
+		c.OnState = func(st State) { states <- st }
+	})
+	checkFrom(t, newSock(t), s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", true))
+	for {
+		select {
+		case st := <-states:
+			if st == StateDTLSFailed {
+				return
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the handshake did not time out")
+		}
+	}
+}
+
+// TestFingerprintStrongestHash: the client's certificate is checked
+// against the fingerprint of the strongest hash function offered; MD5 is
+// not accepted.
+func TestFingerprintStrongestHash(t *testing.T) {
+	s := newServer(t)
+	der := s.cert.Certificate[0]
+	good256 := sha256.Sum256(der)
+	good1 := sha1.Sum(der)
+	goodMD5 := md5.Sum(der)
+	bad := func(d []byte) []byte { d = bytes.Clone(d); d[0] ^= 0xff; return d }
+	cases := []struct {
+		name string
+		fps  []Fingerprint
+		ok   bool
+	}{
+		{"sha-256", []Fingerprint{{"sha-256", good256[:]}}, true},
+		{"SHA-256 upper case", []Fingerprint{{"SHA-256", good256[:]}}, true},
+		{"sha-1", []Fingerprint{{"sha-1", good1[:]}}, true},
+		{"md5 only", []Fingerprint{{"md5", goodMD5[:]}}, false},
+		{"wrong sha-256, right md5", []Fingerprint{{"sha-256", bad(good256[:])}, {"md5", goodMD5[:]}}, false},
+		{"wrong sha-256, right sha-1", []Fingerprint{{"sha-1", good1[:]}, {"sha-256", bad(good256[:])}}, false},
+		{"right sha-256, wrong sha-1", []Fingerprint{{"sha-1", bad(good1[:])}, {"sha-256", good256[:]}}, true},
+		{"unknown hash", []Fingerprint{{"sha3-256", good256[:]}}, false},
+	}
+	for _, tc := range cases {
+		sess := &Session{cfg: SessionConfig{Fingerprints: tc.fps}}
+		err := sess.verifyCertificate([][]byte{der}, nil)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: verify %v, want ok %v", tc.name, err, tc.ok)
+		}
+	}
+}
+
+// TestSRTPReplay: an SRTP packet the session already decrypted, sent again
+// from the client's address, is dropped as srtp_auth (the replay window,
+// RFC 3711 §3.3.2).
+func TestSRTPReplay(t *testing.T) {
+	s := newServer(t)
+	p := newPath(t, s.addr())
+	s.advertise = p.addr()
+	c := newClient(t, false)
+	sess, parts := connect(t, s, c)
+	waitState(t, parts, StateConnected)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go echoRTP(sess, &wg)
+	sendUntilEcho(t, c, 5)
+	captured := p.lastRTP.Load()
+	if captured == nil {
+		t.Fatal("no SRTP went through the path")
+	}
+	before := s.ep.Drops()[DropSRTPAuth]
+	if _, err := p.back.WriteToUDPAddrPort(*captured, s.addr()); err != nil {
+		t.Fatal(err)
+	}
+	waitDrop(t, s.ep, DropSRTPAuth, before+1)
+	_ = sess.Close()
+	wg.Wait()
+}
+
+// TestLargeDataChannelMessages: messages of 60 KB (a session.update with
+// tool schemas), sent back to back, come as bursts of SCTP packets that
+// the session's DTLS queue holds: each is echoed whole, and nothing is
+// dropped as dtls_queue_full.
+func TestLargeDataChannelMessages(t *testing.T) {
+	s := newServer(t)
+	c := newClient(t, true)
+	sess, parts := connect(t, s, c)
+	waitState(t, parts, StateConnected)
+	var dc *datachannel.DataChannel
+	select {
+	case dc = <-parts.dcs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no data channel")
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go echoDC(dc, &wg)
+	<-c.open
+	var msgs []string
+	for i := range 4 {
+		m := strings.Repeat(string(rune('a'+i)), 60<<10)
+		msgs = append(msgs, m)
+		if err := c.dc.SendText(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, m := range msgs {
+		select {
+		case got := <-c.msgs:
+			if got != "echo:"+m {
+				t.Fatalf("message %d: echo of %d bytes, want %d", i, len(got), len("echo:"+m))
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("message %d not echoed (drops %v)", i, s.ep.Drops())
+		}
+	}
+	if n := s.ep.Drops()[DropDTLSQueueFull]; n != 0 {
+		t.Fatalf("%d datagrams dropped as dtls_queue_full", n)
+	}
+	_ = sess.Close()
+	wg.Wait()
+}
+
+// TestBadCheckTeachesNothing: a nominating check with a bad
+// MESSAGE-INTEGRITY or FINGERPRINT from a new address is dropped without
+// teaching that address, moving the session or refreshing its consent.
+func TestBadCheckTeachesNothing(t *testing.T) {
+	s := newServer(t)
+	sess := liteSession(t, s)
+	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
+	victim := newSock(t)
+	checkFrom(t, victim, s.addr(), check(t, user, pwd, true))
+	seen := sess.lastSeen.Load()
+	badPwd := check(t, user, "wrongpwdwrongpwdwrongpwd", true)
+	badFP := check(t, user, pwd, true)
+	badFP[len(badFP)-1] ^= 0xff // the FINGERPRINT's CRC
+	for _, tc := range []struct {
+		b    []byte
+		want DropReason
+	}{{badPwd, DropSTUNBadIntegrity}, {badFP, DropSTUNBadFingerprint}} {
+		attacker := newSock(t)
+		before := s.ep.Drops()[tc.want]
+		if _, err := attacker.WriteToUDPAddrPort(tc.b, s.addr()); err != nil {
+			t.Fatal(err)
+		}
+		waitDrop(t, s.ep, tc.want, before+1)
+		if s.ep.session(sockAddr(attacker)) != nil {
+			t.Fatalf("%v: the check taught its address", tc.want)
+		}
+		if got := sess.RemoteAddr(); got != sockAddr(victim) {
+			t.Fatalf("%v: the check moved the session to %v", tc.want, got)
+		}
+		if sess.lastSeen.Load() != seen {
+			t.Fatalf("%v: the check refreshed consent", tc.want)
+		}
+		// And DTLS from it is still from a stranger.
+		before = s.ep.Drops()[DropUnknownAddress]
+		if _, err := attacker.WriteToUDPAddrPort([]byte{22, 254, 253, 0, 0}, s.addr()); err != nil {
+			t.Fatal(err)
+		}
+		waitDrop(t, s.ep, DropUnknownAddress, before+1)
+	}
+}
+
+// TestEarlySRTPBounded: SRTP from the selected address before the DTLS
+// handshake gave keys is kept up to earlyMax packets; the rest are dropped
+// as srtp_not_ready.
+func TestEarlySRTPBounded(t *testing.T) {
+	s := newServer(t)
+	liteSession(t, s)
+	c := newSock(t)
+	checkFrom(t, c, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", true))
+	pkt := make([]byte, 40)
+	pkt[0], pkt[1] = 0x80, 111
+	for range earlyMax + 1 {
+		if _, err := c.WriteToUDPAddrPort(pkt, s.addr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitDrop(t, s.ep, DropSRTPNotReady, 1)
+	// Sync on the read loop, then check that only the one past earlyMax
+	// was dropped.
+	before := s.ep.Drops()[DropUnknownPacket]
+	sendRaw(t, s.addr(), []byte{70, 0, 0}, false)
+	waitDrop(t, s.ep, DropUnknownPacket, before+1)
+	if n := s.ep.Drops()[DropSRTPNotReady]; n != 1 {
+		t.Fatalf("srtp_not_ready %d, want 1 (the packet past the %d kept)", n, earlyMax)
+	}
+}
+
+// TestCloseRacesHandshake: Close right after the nominating check, while
+// the session's goroutine starts the DTLS handshake, returns, leaks no
+// goroutine (TestMain's goleak) and races nothing (-race).
+func TestCloseRacesHandshake(t *testing.T) {
+	s := newServer(t)
+	c := newSock(t)
+	for i := range 100 {
+		sess := liteSession(t, s, func(sc *SessionConfig) {
+			if i%2 == 0 {
+				sc.Role = DTLSClient // sends its ClientHello at once
+			}
+		})
+		checkFrom(t, c, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", true))
+		if err := sess.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestQueuesFull: DTLS that nobody reads yet (the address checked but
+// has not nominated, so the handshake has not started) queues up to
+// dtlsQueueBytes, then drops as dtls_queue_full; RTP that the media
+// reader does not take drops as rtp_queue_full past SessionConfig.RTPQueue.
+func TestQueuesFull(t *testing.T) {
+	t.Run("dtls", func(t *testing.T) {
+		s := newServer(t)
+		sess := liteSession(t, s)
+		c := newSock(t)
+		checkFrom(t, c, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", false))
+		rec := make([]byte, 1200)
+		rec[0], rec[1], rec[2] = 22, 254, 253
+		for i := 0; s.ep.Drops()[DropDTLSQueueFull] == 0; i++ {
+			if i == 5000 {
+				t.Fatalf("no dtls_queue_full after %d records of %d bytes", i, len(rec))
+			}
+			if _, err := c.WriteToUDPAddrPort(rec, s.addr()); err != nil {
+				t.Fatal(err)
+			}
+			if i%64 == 63 {
+				time.Sleep(time.Millisecond) // let the socket buffer drain
+			}
+		}
+		sess.dtls.mu.Lock()
+		held := sess.dtls.qBytes
+		sess.dtls.mu.Unlock()
+		if held > dtlsQueueBytes || held < dtlsQueueBytes-len(rec) {
+			t.Fatalf("the queue holds %d bytes when full, want about %d", held, dtlsQueueBytes)
+		}
+	})
+	t.Run("rtp", func(t *testing.T) {
+		s := newServer(t)
+		c := newClient(t, false)
+		_, parts := connect(t, s, c, func(sc *SessionConfig) { sc.RTPQueue = 2 })
+		waitState(t, parts, StateConnected)
+		for seq := uint16(0); s.ep.Drops()[DropRTPQueueFull] == 0; seq++ {
+			if seq == 1000 {
+				t.Fatal("no rtp_queue_full with nobody reading")
+			}
+			if err := c.track.WriteRTP(&rtp.Packet{Header: rtp.Header{Version: 2, PayloadType: 111, SequenceNumber: seq}, Payload: []byte{1}}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
 }

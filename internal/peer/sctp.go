@@ -1,8 +1,9 @@
 package peer
 
 import (
+	"net"
+
 	"github.com/pion/datachannel"
-	"github.com/pion/dtls/v3"
 	"github.com/pion/sctp"
 )
 
@@ -20,7 +21,7 @@ const sctpMTU = 1200
 
 // sctpOptions are the association's options over conn (nil: for the
 // SNAP token, which only needs the association parameters).
-func (s *Session) sctpOptions(conn *dtls.Conn) []sctp.ClientOption {
+func (s *Session) sctpOptions(conn net.Conn) []sctp.ClientOption {
 	opts := []sctp.ClientOption{
 		sctp.WithMTU(sctpMTU),
 		sctp.WithMaxMessageSize(uint32(s.cfg.MaxMessageSize)),
@@ -34,7 +35,7 @@ func (s *Session) sctpOptions(conn *dtls.Conn) []sctp.ClientOption {
 
 // serveSCTP runs the association and accepts the client's data channels
 // until the association ends.
-func (s *Session) serveSCTP(conn *dtls.Conn) {
+func (s *Session) serveSCTP(conn net.Conn) {
 	opts := s.sctpOptions(conn)
 	if s.snap != nil {
 		opts = append(opts, sctp.WithSNAP(s.snap, s.cfg.RemoteSCTPInit))

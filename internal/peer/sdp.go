@@ -16,7 +16,11 @@ import (
 // Fingerprint is one a=fingerprint (RFC 8122 §5): a hash function name, lower case
 // ("sha-256"), and its digest.
 type Fingerprint struct {
-	Hash   string
+	// Hash is the hash function's name in the RFC 8122 §5 registry
+	// ("sha-1", "sha-256", "sha-384", "sha-512", …).
+	Hash string
+	// Digest is the certificate's digest as raw bytes (32 for sha-256),
+	// not the colon-separated hex of the SDP line.
 	Digest []byte
 }
 

@@ -25,7 +25,8 @@ var (
 	// ErrNotConnected: media written before the DTLS handshake gave SRTP
 	// keys.
 	ErrNotConnected = errors.New("peer: session not connected")
-	// ErrTooBig: an RTP packet longer than Config.MaxPayload.
+	// ErrTooBig: an RTP packet whose SRTP datagram could be longer than
+	// Config.MaxPayload (the packet plus 16 bytes of SRTP tag).
 	ErrTooBig = errors.New("peer: packet longer than the maximum payload")
 
 	errDuplicateUfrag = errors.New("peer: local ufrag already in use")
@@ -59,8 +60,8 @@ const (
 	// StateDTLSConnected: the DTLS handshake completed and the remote
 	// certificate matched a fingerprint of the offer.
 	StateDTLSConnected
-	// StateDTLSFailed: the DTLS handshake failed (or gave no SRTP
-	// profile). Final.
+	// StateDTLSFailed: the DTLS handshake failed, did not end within
+	// SessionConfig.HandshakeTimeout, or gave no SRTP profile. Final.
 	StateDTLSFailed
 	// StateConnected: SRTP keys are derived; media flows both ways.
 	StateConnected
@@ -92,7 +93,9 @@ type SessionConfig struct {
 	// 8122; sessions may share one). Required.
 	Certificate tls.Certificate
 	// Fingerprints are the offer's a=fingerprint lines: the client's
-	// certificate must match one (RFC 8122 §5). At least one.
+	// certificate must match one of those of the strongest hash function
+	// among them (RFC 8122 §5); sha-1 and sha-2 are accepted, md5 and
+	// unknown functions ignored. At least one.
 	Fingerprints []Fingerprint
 	// Data runs an SCTP association for data channels over DTLS (the
 	// offer has an application m-section).
@@ -104,6 +107,11 @@ type SessionConfig struct {
 	// extension): with it, the association starts without its 4-way
 	// handshake and LocalSCTPInit gives the answer's. Nil: none.
 	RemoteSCTPInit []byte
+	// HandshakeTimeout bounds the DTLS handshake, from the first
+	// nomination; past it the session reports StateDTLSFailed. Default
+	// 30 s (about when RFC 6347 §4.2.4.1's retransmissions, doubling
+	// from 1 s, would have given up).
+	HandshakeTimeout time.Duration
 	// DisconnectedTimeout and FailedTimeout bound the client's silence
 	// (RFC 7675); 0 disables either.
 	DisconnectedTimeout, FailedTimeout time.Duration
@@ -158,6 +166,12 @@ type Session struct {
 	keys     atomic.Pointer[srtpKeys]
 	closing  atomic.Bool
 
+	// The transaction IDs of the last checks, the read loop's alone
+	// (Session.replayed).
+	txids [txRing][stun.TransactionIDSize]byte
+	txn   int // next slot
+	txLen int // slots filled
+
 	// Consent state, the sweeper's alone.
 	silent, failed bool
 
@@ -201,6 +215,9 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 	}
 	if cfg.MaxMessageSize <= 0 {
 		cfg.MaxMessageSize = 65536
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = 30 * time.Second
 	}
 	s := &Session{e: e, cfg: cfg, rtpq: make(chan *[]byte, cfg.RTPQueue), rdline: deadline.New(), done: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -248,14 +265,38 @@ func (s *Session) state(st State) {
 	}
 }
 
-// checked handles a valid check from addr (ice.go). Read loop.
+// txRing is how many recent check transaction IDs a session remembers.
+// A client gives each check a fresh one (RFC 8489 §6.2.1); an identical
+// one is a retransmission or a replay.
+const txRing = 16
+
+// replayed reports whether id is one of the session's last txRing check
+// transaction IDs, and remembers it if not. MESSAGE-INTEGRITY covers the
+// ID, so whoever lacks the pwd cannot mint a fresh one; a replay of a
+// check older than the ring is still accepted, and the client's next
+// nominating check moves the session back. Read loop.
+func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
+	for i := range s.txLen {
+		if s.txids[i] == id {
+			return true
+		}
+	}
+	s.txids[s.txn] = id
+	s.txn = (s.txn + 1) % txRing
+	s.txLen = min(s.txLen+1, txRing)
+	return false
+}
+
+// checked handles a valid, fresh check from addr (ice.go) and reports
+// whether it is the first nomination, for which the caller calls
+// connectICE once it has answered. Read loop.
 //
 // The first valid check selects its address, so that the session can
-// answer and send; the first nominating one (USE-CANDIDATE, which the
-// controlling client sends on the pair it chose, RFC 8445 §8.1.1) selects
-// its address and connects ICE: the DTLS handshake starts then, as a
-// full agent's would on its selected pair.
-func (s *Session) checked(addr netip.AddrPort, nominated bool) {
+// answer and send; a nominating one (USE-CANDIDATE, which the controlling
+// client sends on the pair it chose, RFC 8445 §8.1.1) selects its
+// address, and the first connects ICE: the DTLS handshake starts then, as
+// a full agent's would on its selected pair.
+func (s *Session) checked(addr netip.AddrPort, nominated bool) (first bool) {
 	s.seen()
 	if s.cfg.OnCheck != nil {
 		s.cfg.OnCheck(addr, nominated)
@@ -264,15 +305,19 @@ func (s *Session) checked(addr netip.AddrPort, nominated bool) {
 		s.addr.Store(&addr)
 	}
 	if !nominated || s.iceUp.Load() {
-		return
+		return false
 	}
 	s.mu.Lock()
 	start := !s.closing.Load() && !s.iceUp.Swap(true)
 	s.mu.Unlock()
-	if start {
-		s.state(StateICEConnected)
-		go s.run()
-	}
+	return start
+}
+
+// connectICE reports ICE connected and starts the session's goroutine
+// (run), after the first nominating check. Read loop.
+func (s *Session) connectICE() {
+	s.state(StateICEConnected)
+	go s.run()
 }
 
 // checkConsent reports the client's silence (the sweeper, peer.go).
@@ -299,9 +344,11 @@ func (s *Session) checkConsent(now time.Time) {
 
 // Restart moves the session to new ICE credentials (an ICE restart, RFC
 // 8445 §9): checks must now carry localUfrag and remoteUfrag and verify
-// with localPwd; the old local ufrag is forgotten at once. DTLS, SRTP and
-// SCTP continue, and media keeps going to the selected address until a
-// check selects another.
+// with localPwd; the old local ufrag is forgotten at once, and so are the
+// client addresses learned from the old generation's checks but the
+// selected one. DTLS, SRTP and SCTP continue, and media keeps going to the
+// selected address until a nominating check selects another. It fails with
+// ErrClosed once the session is closed.
 func (s *Session) Restart(localUfrag, localPwd, remoteUfrag string) error {
 	if localUfrag == "" || localPwd == "" || remoteUfrag == "" {
 		return errors.New("peer: an ICE restart needs local and remote credentials")
@@ -318,6 +365,17 @@ func (s *Session) Restart(localUfrag, localPwd, remoteUfrag string) error {
 	}
 	delete(e.byUfrag, old)
 	e.byUfrag[localUfrag] = s
+	sel := s.remote()
+	kept := s.learned[:0]
+	for _, a := range s.learned {
+		if a == sel {
+			kept = append(kept, a)
+		} else if e.byAddr[a] == s {
+			delete(e.byAddr, a)
+		}
+	}
+	clear(s.learned[len(kept):])
+	s.learned = kept
 	s.cred.Store(&credentials{localUfrag: localUfrag, remoteUfrag: remoteUfrag, integrity: stun.NewShortTermIntegrity(localPwd)})
 	return nil
 }
@@ -385,13 +443,14 @@ func (s *Session) run() {
 	}
 	s.state(StateConnected)
 	if s.cfg.Data {
-		s.serveSCTP(conn)
+		s.serveSCTP(authConn{conn, s})
 	}
 	// Without data channels, or once the association is gone, read DTLS
 	// until it closes: its reader must see the client's close_notify.
+	ac := authConn{conn, s}
 	bp := getBuf()
 	for {
-		if _, err := conn.Read(*bp); err != nil {
+		if _, err := ac.Read(*bp); err != nil {
 			break
 		}
 	}
@@ -399,4 +458,22 @@ func (s *Session) run() {
 	if !s.closing.Load() {
 		s.state(StateClosed)
 	}
+}
+
+// authConn is the session's DTLS connection as SCTP reads it: a record
+// that the record layer returns has authenticated (its MAC or AEAD tag
+// verified), so it refreshes the client's consent (RFC 7675 §5.1). The
+// read loop does not refresh consent for DTLS: anyone can send a datagram
+// from the client's address that looks like DTLS.
+type authConn struct {
+	*dtls.Conn
+	s *Session
+}
+
+func (c authConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.s.seen()
+	}
+	return n, err
 }

@@ -196,7 +196,18 @@ type Interceptor struct {
 	remote []*remoteStream        // guarded by mu
 	writer interceptor.RTCPWriter // guarded by mu; nil until bound
 	closed bool                   // guarded by mu
+	cname  string                 // guarded by mu; "" sends no SDES
 	slot   int                    // guarded by g.mu; -1 when not in the wheel
+}
+
+// SetCNAME makes every compound report end with an SDES packet carrying
+// cname for the reporting SSRC, as RFC 3550 §6.1 requires of every
+// compound RTCP packet (unless reduced-size RTCP, RFC 5506, was agreed).
+// "" (the default) sends none.
+func (i *Interceptor) SetCNAME(cname string) {
+	i.mu.Lock()
+	i.cname = cname
+	i.mu.Unlock()
 }
 
 // BindRTCPWriter keeps the writer reports are sent with and starts
@@ -404,6 +415,19 @@ func (i *Interceptor) reports(now time.Time) []rtcp.Packet {
 			ssrc = i.local[0].ssrc
 		}
 		pkts = append(pkts, &rtcp.ReceiverReport{SSRC: ssrc, Reports: blocks})
+	}
+	if len(pkts) > 0 && i.cname != "" {
+		var ssrc uint32 // the first report's sender
+		switch r := pkts[0].(type) {
+		case *rtcp.SenderReport:
+			ssrc = r.SSRC
+		case *rtcp.ReceiverReport:
+			ssrc = r.SSRC
+		}
+		pkts = append(pkts, &rtcp.SourceDescription{Chunks: []rtcp.SourceDescriptionChunk{{
+			Source: ssrc,
+			Items:  []rtcp.SourceDescriptionItem{{Type: rtcp.SDESCNAME, Text: i.cname}},
+		}}})
 	}
 	return pkts
 }

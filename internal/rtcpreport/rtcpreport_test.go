@@ -421,6 +421,13 @@ func TestReceiverReportOnly(t *testing.T) {
 	if len(pkts) != 1 || !ok || rr.SSRC != 5 || len(rr.Reports) != 1 || rr.Reports[0].SSRC != 6 {
 		t.Fatalf("reports %v, want one RR from 5 about 6", pkts)
 	}
+	i.SetCNAME("abc")
+	pkts = i.reports(t0)
+	sdes, ok := pkts[len(pkts)-1].(*rtcp.SourceDescription)
+	if len(pkts) != 2 || !ok || len(sdes.Chunks) != 1 || sdes.Chunks[0].Source != 5 ||
+		len(sdes.Chunks[0].Items) != 1 || sdes.Chunks[0].Items[0].Type != rtcp.SDESCNAME || sdes.Chunks[0].Items[0].Text != "abc" {
+		t.Fatalf("reports %v, want the RR then an SDES with CNAME abc for 5", pkts)
+	}
 	if err := i.report(t0); err != errNoWriter {
 		t.Fatalf("report with no writer: %v", err)
 	}

@@ -25,9 +25,10 @@ import (
 // The transition counts are in
 // switchboard_transceiver_client_connection_total{state}.
 
-// consentTick is how often the peer endpoint's sweeper looks at how long
-// each session's client has been silent: the report comes at most this
-// late.
+// consentTick is how often the peer endpoint's sweeper, one goroutine
+// for every session, looks at how long each session's client has been
+// silent: the report comes at most this late, while one sweep of all
+// sessions (O(N), under the endpoint's read lock) takes less than a tick.
 const consentTick = time.Second
 
 // reportConnection tells the backend when the connected client goes

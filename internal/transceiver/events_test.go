@@ -5,13 +5,16 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pion/webrtc/v4"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
 )
 
@@ -87,5 +90,73 @@ func TestDataChannelMessages(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatalf("message %d (%d bytes) did not come back", i, len(w))
 		}
+	}
+}
+
+// TestDataChannelLimit: a client that opens more data channels than
+// maxDataChannels gets the extra ones closed at once, each counted, with
+// one log line for the session; oai-events, whenever it opens among
+// them, still works.
+func TestDataChannelLimit(t *testing.T) {
+	var logs logbuf.Buffer
+	s, api, _ := newTestServerLog(t, slog.New(slog.NewTextHandler(&logs, nil)), func(c *Config) { c.Direct, c.Advertise = true, "" })
+	pc := webrtctest.PeerConnection(t)
+	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
+		t.Fatal(err)
+	}
+	events, err := pc.CreateDataChannel(webrtctest.EventsLabel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 4)
+	events.OnMessage(func(m webrtc.DataChannelMessage) { got <- string(m.Data) })
+	opened := make(chan struct{}, 1)
+	events.OnOpen(func() { opened <- struct{}{} })
+	const extra = maxDataChannels + 3
+	for i := range extra {
+		if _, err := pc.CreateDataChannel(fmt.Sprintf("extra-%d", i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := http.Post(api.URL+"/v1/calls", "application/sdp", strings.NewReader(webrtctest.Offer(t, pc)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("offer: %s: %s", resp.Status, answer)
+	}
+	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	select {
+	case <-opened:
+	case <-ctx.Done():
+		t.Fatal("oai-events did not open")
+	}
+	refused := extra + 1 - maxDataChannels
+	for testutil.ToFloat64(s.metrics.dcRefused) < float64(refused) {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("data_channels_refused_total %v, want %d", testutil.ToFloat64(s.metrics.dcRefused), refused)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := events.SendText(`{"type":"ping","id":"x"}`); err != nil {
+		t.Fatal(err, logs.String())
+	}
+	select {
+	case <-got:
+	case <-ctx.Done():
+		t.Fatal("oai-events message did not come back")
+	}
+	if n := testutil.ToFloat64(s.metrics.dcRefused); n != float64(refused) {
+		t.Fatalf("data_channels_refused_total %v, want %d", n, refused)
+	}
+	if n := strings.Count(logs.String(), "refusing data channels"); n != 1 {
+		t.Fatalf("%d log lines for the refused channels, want 1", n)
 	}
 }

@@ -42,6 +42,7 @@ type metrics struct {
 	offersRefused *prometheus.CounterVec
 	outputDropped prometheus.Counter // paced packets the client's track refused
 	tracksIgnored prometheus.Counter // client audio tracks after the first
+	dcRefused     prometheus.Counter // data channels beyond maxDataChannels
 	// rtcpDropped counts client RTCP packets dropped, by reason: malformed (reports.go).
 	rtcpDropped *prometheus.CounterVec
 	// peerDropped counts datagrams the peer endpoint's read loop dropped,
@@ -140,8 +141,11 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		}, []string{"reason"}),
 		peerDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_peer_dropped_total",
-			Help: "Client datagrams the WebRTC read loop dropped, by reason: unknown_packet (not STUN, DTLS or RTP, RFC 7983), stun_malformed, stun_not_request, stun_unknown_ufrag (no such session, or an ICE restart's old ufrag), stun_bad_username, stun_bad_integrity, stun_bad_fingerprint, unknown_address (DTLS or SRTP from an address no authenticated check came from), dtls_queue_full, srtp_not_ready, srtp_auth (SRTP or SRTCP that does not authenticate, or a replay), rtp_queue_full (the session's media reader is behind).",
+			Help: "Client datagrams the WebRTC read loop dropped, by reason: unknown_packet (not STUN, DTLS or RTP, RFC 7983), stun_malformed, stun_not_request (a response), stun_indication (a keepalive some clients send), stun_unknown_ufrag (no such session, or an ICE restart's old ufrag), stun_bad_username, stun_bad_integrity, stun_bad_fingerprint, unknown_address (DTLS or SRTP from an address no authenticated check came from), dtls_queue_full, srtp_not_ready, srtp_auth (SRTP or SRTCP that does not authenticate, or a replay), rtp_queue_full (the session's media reader is behind).",
 		}, []string{"reason"}),
+		dcRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_data_channels_refused_total", Help: "Data channels a client opened beyond the per-session limit (4), closed at once.",
+		}),
 		tracksIgnored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_tracks_ignored_total", Help: "Client audio tracks ignored because the session already has one (offers with several audio sections).",
 		}),
@@ -215,6 +219,6 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	}, func() float64 { return float64(s.pion.Suppressed()) })
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
 		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), pionSuppressed)
+		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), pionSuppressed)
 	return m
 }

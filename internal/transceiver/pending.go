@@ -130,21 +130,13 @@ func (sess *session) leavePending() {
 	s.mu.Unlock()
 }
 
-// onCheck is the session's connectivity-check hook: the peer endpoint
-// calls it, on its read loop, for every Binding request whose USERNAME,
-// MESSAGE-INTEGRITY and FINGERPRINT verified.
-func (sess *session) onCheck(netip.AddrPort, bool) {
-	if !sess.checked.Load() {
-		sess.checked.Store(true)
-	}
-}
-
 // watchChecks ends the session if no authenticated check has come within
-// Config.CheckTimeout. The timer holds no goroutine while it waits; its
-// callback only starts the session's end, which Close tracks.
+// Config.CheckTimeout: the peer session has a client address once one
+// has verified. The timer holds no goroutine while it waits; its callback
+// only starts the session's end, which Close tracks.
 func (sess *session) watchChecks() {
 	time.AfterFunc(sess.srv.cfg.CheckTimeout, func() {
-		if sess.checked.Load() || sess.ending.Load() {
+		if sess.peer.RemoteAddr().IsValid() || sess.ending.Load() {
 			return
 		}
 		sess.srv.metrics.setupFailures.WithLabelValues(phaseICE, "no_check").Inc()

@@ -112,6 +112,11 @@ func (s *Server) Restart(ctx context.Context, id, ifMatch, frag string) (answer,
 		return "", "", false, ErrRestartTooSoon
 	}
 	answer, err = sess.restartICE(f)
+	if errors.Is(err, peer.ErrClosed) {
+		// The session ended while the restart was being answered: as a
+		// restart after the end, not a failure.
+		return "", "", false, ErrNoSession
+	}
 	if err != nil {
 		s.metrics.iceRestarts.WithLabelValues("failed").Inc()
 		sess.log.Warn("ICE restart failed", "err", err)

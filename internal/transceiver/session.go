@@ -65,11 +65,13 @@ type session struct {
 	events    atomic.Pointer[datachannel.DataChannel] // the oai-events channel, once the client opened it
 	connected atomic.Bool
 	silent    atomic.Bool // the client went silent (consent.go)
+	// Data channels the client opened other than oai-events, taken and
+	// refused; the peer session's goroutine's alone (onDataChannel).
+	dcOthers, dcRefused int
 	// connSent is closed when the last connection-state report has been
 	// sent (consent.go); guarded by connMu.
 	connMu   sync.Mutex
 	connSent chan struct{}
-	checked  atomic.Bool // an authenticated connectivity check came (pending.go)
 	// The pending slot (pending.go): the key it counts under, and whether
 	// the session still holds it.
 	pendingKey  netip.Prefix
@@ -95,7 +97,7 @@ type session struct {
 	restarted *lastRestart
 }
 
-// newSession builds the peer connection and opens the backend bridge in
+// newSession registers the peer session and opens the backend bridge in
 // parallel, then returns the complete answer.
 func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, meta map[string]string, owner string) (*session, string, error) {
 	ufrag, pwd, err := s.newCredentials()
@@ -167,6 +169,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	sess.offer, sess.lastOffer = o, offer
 	sess.opusPT = o.Sections[o.Audio].OpusPT
 	sess.outSSRC, sess.cname = randomSSRC(), newSessionID()
+	sess.reports.SetCNAME(sess.cname) // RFC 3550 §6.1: SDES CNAME in each compound
 	pcfg := peer.SessionConfig{
 		LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: o.ICEUfrag,
 		Role:                role,
@@ -177,7 +180,6 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		DisconnectedTimeout: s.cfg.DisconnectedTimeout,
 		FailedTimeout:       s.cfg.ConsentTimeout,
 		RTPQueue:            mediaQueue,
-		OnCheck:             sess.onCheck,
 		OnState:             sess.onPeerState,
 		OnRTCP:              sess.onRTCP,
 		OnDataChannel:       sess.onDataChannel,
@@ -349,11 +351,28 @@ func (sess *session) fromClient() {
 	}
 }
 
+// maxDataChannels bounds the data channels one session takes: the first
+// oai-events and maxDataChannels-1 others, which are drained. Each costs
+// a reader goroutine, and DCEP lets a client open up to 65535 (RFC 8832).
+const maxDataChannels = 4
+
 // onDataChannel takes a data channel the client opened (on the peer
-// session's goroutine): oai-events is bridged, any other drained.
+// session's goroutine): the first oai-events is bridged; others are
+// drained, up to maxDataChannels in all, and beyond it closed at once,
+// counted, and logged once per session. Channels open in no set order,
+// so oai-events always has its place.
 func (sess *session) onDataChannel(dc *datachannel.DataChannel) {
-	forward := dc.Config.Label == EventsLabel
+	forward := dc.Config.Label == EventsLabel && sess.events.Load() == nil
+	if !forward && sess.dcOthers == maxDataChannels-1 {
+		sess.srv.metrics.dcRefused.Inc()
+		if sess.dcRefused++; sess.dcRefused == 1 {
+			sess.log.Info("refusing data channels over the limit", "limit", maxDataChannels, "label", dc.Config.Label)
+		}
+		_ = dc.Close()
+		return
+	}
 	if !forward {
+		sess.dcOthers++
 		sess.log.Info("ignoring data channel", "label", dc.Config.Label)
 	} else {
 		sess.events.Store(dc)
@@ -483,7 +502,7 @@ func (sess *session) watchSetup() {
 }
 
 // teardown ends the session: the backend is told why, the client gets
-// the goodbye event, and the peer connection is closed. It runs once, on
+// the goodbye event, and the peer session is closed. It runs once, on
 // the tracked goroutine end starts (lifecycle.go), after the session left
 // the table.
 func (sess *session) teardown(reason string) {
