@@ -353,7 +353,10 @@ func (m *muxConn) writeLoop() {
 		}
 		// Let the goroutines that are already runnable (sessions woken
 		// by the same burst of packets) queue their records first: a
-		// yield, not a timer, so an idle connection adds no delay.
+		// yield, not a timer, so an idle connection adds no delay (on
+		// an idle scheduler Gosched returns at once: a no-op). The
+		// batching figures in docs/benchmarks.md (bridge v2) depend on
+		// it.
 		runtime.Gosched()
 		m.mu.Lock()
 		b := m.batch
@@ -611,6 +614,7 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 	if m.err == nil && s.id != 0 {
 		var p [2 + 123]byte
 		m.batch = AppendRecord(m.batch, s.id, RecordClose, appendClosePayload(p[:0], code, reason))
+		m.stats.records.Add(1)
 	}
 	m.mu.Unlock()
 	m.kick()
