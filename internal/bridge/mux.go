@@ -36,6 +36,9 @@ type muxConn struct {
 	// writeStart is when the batch write in flight started (UnixNano), 0
 	// when none is: Pool.pick skips a connection whose write is stuck.
 	writeStart atomic.Int64
+	// queued is the bytes in every session's receive queue (stream.in),
+	// bounded by ConnQueueLimit.
+	queued atomic.Int64
 	// rx is set by the read loop on each message: the pinger pings only
 	// a connection that received nothing for a whole keepAlive period.
 	rx atomic.Bool
@@ -486,11 +489,46 @@ func (s *stream) push(r Record) {
 			fmt.Errorf("%w: receive queue passed %d bytes", errSessionClosed, SessionQueueLimit))
 		return
 	}
+	before := len(s.in)
 	s.in = append(s.in, r.Kind)
 	s.in = binary.LittleEndian.AppendUint32(s.in, uint32(len(r.Payload)))
 	s.in = append(s.in, r.Payload...)
+	total := s.m.queued.Add(int64(len(s.in) - before))
 	s.qmu.Unlock()
 	s.signal()
+	if total > ConnQueueLimit {
+		s.m.shed()
+	}
+}
+
+// shed ends the sessions with the largest receive queues, with
+// CloseQueueFull, until the connection's queued bytes are within
+// ConnQueueLimit. Only the read loop calls it.
+func (m *muxConn) shed() {
+	for m.queued.Load() > ConnQueueLimit {
+		m.smu.Lock()
+		ss := make([]*stream, 0, len(m.sessions))
+		for _, s := range m.sessions {
+			ss = append(ss, s)
+		}
+		m.smu.Unlock()
+		var big *stream
+		most := 0
+		for _, s := range ss {
+			s.qmu.Lock()
+			n := len(s.in)
+			s.qmu.Unlock()
+			if n > most {
+				big, most = s, n
+			}
+		}
+		if big == nil {
+			return // what is queued belongs to sessions already ending
+		}
+		m.stats.drop(DropQueueFull)
+		_ = big.finish(CloseQueueFull, "bridge v2: connection receive budget exceeded",
+			fmt.Errorf("%w: connection receive queues passed %d bytes", errSessionClosed, ConnQueueLimit))
+	}
 }
 
 func (s *stream) read(ctx context.Context) (websocket.MessageType, []byte, error) {
@@ -513,6 +551,7 @@ func (s *stream) read(ctx context.Context) (websocket.MessageType, []byte, error
 		}
 		s.qmu.Lock()
 		if len(s.in) > 0 {
+			s.m.queued.Add(-int64(len(s.in)))
 			s.in, s.out, s.off = s.out[:0], s.in, 0
 			s.qmu.Unlock()
 			continue
@@ -622,6 +661,7 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 	if s.qerr == nil {
 		s.qerr = err
 	}
+	m.queued.Add(-int64(len(s.in)))
 	s.in = nil
 	s.qmu.Unlock()
 	s.dead.Store(true)

@@ -49,8 +49,16 @@ const (
 	// CloseQueueFull, and the receiver counts DropQueueFull; the other
 	// sessions on the connection are not held up.
 	SessionQueueLimit = 4 << 20
+	// ConnQueueLimit bounds, in bytes, the records received on one v2
+	// connection and queued for its sessions' Recv (the queues
+	// SessionQueueLimit bounds one by one; 128 sessions at 4 MiB would be
+	// 512 MiB). Past it the session with the largest queue is ended with
+	// CloseQueueFull, counted as DropQueueFull, until the connection is
+	// under the limit again.
+	ConnQueueLimit = 32 << 20
 	// CloseQueueFull is the close code of a v2 session ended because its
-	// receive queue passed SessionQueueLimit.
+	// receive queue passed SessionQueueLimit, or was the largest when the
+	// connection's passed ConnQueueLimit.
 	CloseQueueFull = 4003
 )
 

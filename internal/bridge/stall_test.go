@@ -3,6 +3,7 @@ package bridge_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -296,5 +297,46 @@ func TestV2KeepAliveIdle(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // 15 keepalive periods without traffic
 	if err := exchange(testCtx(t), c, "a", 3); err != nil {
 		t.Fatalf("after idle keepalives: %v", err)
+	}
+}
+
+// TestV2ConnQueueLimit: sessions whose backend handlers do not read,
+// each below SessionQueueLimit, together pass ConnQueueLimit: the
+// receiver ends the session with the largest queue (4003, queue_full)
+// rather than holding every session's 4 MiB (review B2).
+func TestV2ConnQueueLimit(t *testing.T) {
+	stats := new(bridge.MuxStats)
+	stop := make(chan struct{})
+	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = bridge.Serve(w, r, bridge.AcceptOptions{Stats: stats}, func(*bridge.ServerConn) { <-stop })
+	}))
+	t.Cleanup(func() { close(stop) })
+	p := newPool(t, url, 0)
+	const (
+		sessions = 10
+		frame    = 64 << 10
+		frames   = (bridge.SessionQueueLimit - 256<<10) / frame // 3.75 MiB per session
+	)
+	if sessions*frames*frame <= bridge.ConnQueueLimit {
+		t.Fatal("the test does not pass the connection limit")
+	}
+	payload := make([]byte, frame)
+	sendCtx := testCtx(t)
+	for i := range sessions {
+		c := poolDial(t, p, fmt.Sprint("s", i))
+		for j := range frames {
+			if err := c.SendAudio(sendCtx, bridge.AudioFrame{Seq: uint16(j), Payload: payload}); err != nil {
+				break // ended by the backend's budget: its close record arrived
+			}
+		}
+	}
+	// The backend counts the drop once its read loop gets that far.
+	ctx := testCtx(t)
+	for stats.Drops(bridge.DropQueueFull) == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("queue_full %d after %d MiB queued on one connection, want ≥ 1", stats.Drops(bridge.DropQueueFull), sessions*frames*frame>>20)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
