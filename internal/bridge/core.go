@@ -158,8 +158,9 @@ type SessionEnd struct {
 // status 1002 and returns an error wrapping ErrProtocol. Once the
 // connection is closed, by either side, Recv returns an error wrapping
 // ErrClosed (and ErrVersion, ErrFormat or ErrProtocol when the peer's
-// close code says so). If ctx ends while Recv waits, the connection is
-// closed (a property of the WebSocket library).
+// close code says so). If ctx ends while Recv waits, the session is
+// aborted as by Close (the peer sees close code 1006): on v1 the
+// WebSocket library closes the connection, on v2 the session alone ends.
 //
 // The returned Audio frame and its Payload alias an internal buffer
 // valid until the next Recv; the frame struct itself is reused.
@@ -265,12 +266,15 @@ func (c *core) closeWith(code websocket.StatusCode, reason string) {
 	c.closeOnce.Do(func() { _ = c.t.close(code, truncReason(reason)) })
 }
 
+// maxCloseReason is how many bytes of reason a WebSocket close frame
+// holds (RFC 6455 §5.5: 125-byte control payload, 2 for the code).
+const maxCloseReason = 123
+
 // truncReason cuts a close reason to the 123 bytes a close frame holds,
 // on a rune boundary.
 func truncReason(reason string) string {
-	const maxReason = 123
-	if len(reason) > maxReason {
-		reason = reason[:maxReason]
+	if len(reason) > maxCloseReason {
+		reason = reason[:maxCloseReason]
 		for !utf8.ValidString(reason) {
 			reason = reason[:len(reason)-1]
 		}

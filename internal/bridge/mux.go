@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/coder/websocket"
 )
@@ -27,6 +28,20 @@ type muxConn struct {
 	onStream func(*stream) // server: a session opened (called by the read loop)
 	onGone   func()        // a session left the table (pool accounting); may be nil
 	onFail   func()        // the connection failed or drained; may be nil
+	// writeTimeout bounds each batch write; on expiry the connection
+	// fails. keepAlive is the idle period after which it is pinged (and
+	// the time the pong has to come back).
+	writeTimeout, keepAlive time.Duration
+
+	// writeStart is when the batch write in flight started (UnixNano), 0
+	// when none is: Pool.pick skips a connection whose write is stuck.
+	writeStart atomic.Int64
+	// queued is the bytes in every session's receive queue (stream.in),
+	// bounded by ConnQueueLimit.
+	queued atomic.Int64
+	// rx is set by the read loop on each message: the pinger pings only
+	// a connection that received nothing for a whole keepAlive period.
+	rx atomic.Bool
 
 	smu      sync.Mutex
 	sessions map[uint64]*stream // guarded by smu
@@ -46,16 +61,40 @@ type muxConn struct {
 	draining bool          // write what is queued, then close with 1000
 
 	failOnce sync.Once
-	wg       sync.WaitGroup // the write loop
+	wg       sync.WaitGroup // the write loop, the watchdog and the pinger
 }
 
-func newMuxConn(ws *websocket.Conn, client bool, stats *MuxStats) *muxConn {
+// DefaultWriteTimeout is PoolOptions.WriteTimeout's default: a v2
+// connection whose batch write has not completed within 5 s fails, with
+// all its sessions (their Recv return ErrClosed), instead of holding
+// them until the kernel gives up on the TCP stream (~15 min).
+const DefaultWriteTimeout = 5 * time.Second
+
+// DefaultKeepAlive is PoolOptions.KeepAlive's default: a v2 connection
+// that received nothing for 15 s is sent a WebSocket ping (RFC 6455
+// §5.5.2), and fails when the pong does not come back within another
+// 15 s: a half-open connection (backend host gone without a RST) is found
+// without traffic.
+const DefaultKeepAlive = 15 * time.Second
+
+// maxStuckWrite is how long a batch write may be in flight before
+// Pool.pick stops giving the connection new sessions (a quarter of the
+// write timeout when that is shorter).
+const maxStuckWrite = time.Second
+
+func newMuxConn(ws *websocket.Conn, client bool, stats *MuxStats, writeTimeout, keepAlive time.Duration) *muxConn {
 	if stats == nil {
 		stats = new(MuxStats)
 	}
+	if writeTimeout <= 0 {
+		writeTimeout = DefaultWriteTimeout
+	}
+	if keepAlive <= 0 {
+		keepAlive = DefaultKeepAlive
+	}
 	ws.SetReadLimit(MaxBatchSize)
 	return &muxConn{
-		ws: ws, client: client, stats: stats,
+		ws: ws, client: client, stats: stats, writeTimeout: writeTimeout, keepAlive: keepAlive,
 		wake: make(chan struct{}, 1), done: make(chan struct{}), flushed: make(chan struct{}),
 		sessions: make(map[uint64]*stream), unnumbered: make(map[*stream]struct{}),
 		batch: make([]byte, 0, 16<<10), spare: make([]byte, 0, 16<<10),
@@ -118,13 +157,79 @@ func (m *muxConn) helloExchange(ctx context.Context) error {
 	return nil
 }
 
-// start runs the write loop; the caller runs readLoop.
+// start runs the write loop, its watchdog and the pinger; the caller
+// runs readLoop.
 func (m *muxConn) start() {
-	m.wg.Add(1)
+	m.wg.Add(3)
 	go func() {
 		defer m.wg.Done()
 		m.writeLoop()
 	}()
+	go func() {
+		defer m.wg.Done()
+		m.watchdog()
+	}()
+	go func() {
+		defer m.wg.Done()
+		m.pinger()
+	}()
+}
+
+// watchdog fails the connection when a batch write has been in flight
+// for longer than writeTimeout (failing closes the socket, which ends the
+// write). A timer of its own rather than a deadline context per write:
+// the write path allocates nothing.
+func (m *muxConn) watchdog() {
+	t := time.NewTicker(m.writeTimeout / 4)
+	defer t.Stop()
+	for {
+		select {
+		case now := <-t.C:
+			if start := m.writeStart.Load(); start != 0 && now.Sub(time.Unix(0, start)) > m.writeTimeout {
+				m.fail(fmt.Errorf("%w: batch write not done within %v", errSessionClosed, m.writeTimeout))
+				return
+			}
+		case <-m.done:
+			return
+		}
+	}
+}
+
+// pinger pings the peer when nothing was received for keepAlive, and
+// fails the connection when the pong does not come back within
+// keepAlive. The read loop reads the pong (the library's Ping waits for
+// it); a ping waits behind a batch write in flight, so a stuck write
+// fails it too.
+func (m *muxConn) pinger() {
+	t := time.NewTicker(m.keepAlive)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-m.done:
+			return
+		}
+		if m.rx.Swap(false) {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), m.keepAlive)
+		err := m.ws.Ping(ctx)
+		cancel()
+		if err != nil {
+			m.fail(fmt.Errorf("%w: keepalive: no pong within %v: %w", errSessionClosed, m.keepAlive, err))
+			return
+		}
+	}
+}
+
+// stuck reports whether a batch write has been in flight for longer than
+// maxStuckWrite (or a quarter of the write timeout).
+func (m *muxConn) stuck(now time.Time) bool {
+	start := m.writeStart.Load()
+	if start == 0 {
+		return false
+	}
+	return now.Sub(time.Unix(0, start)) > min(maxStuckWrite, m.writeTimeout/4)
 }
 
 func (m *muxConn) readLoop() {
@@ -139,6 +244,7 @@ func (m *muxConn) readLoop() {
 			m.fail(err)
 			return
 		}
+		m.rx.Store(true)
 		if typ != websocket.MessageBinary {
 			m.stats.drop(DropTextMessage)
 			continue
@@ -242,7 +348,6 @@ func (m *muxConn) kick() {
 }
 
 func (m *muxConn) writeLoop() {
-	ctx := context.Background()
 	for {
 		select {
 		case <-m.wake:
@@ -251,7 +356,10 @@ func (m *muxConn) writeLoop() {
 		}
 		// Let the goroutines that are already runnable (sessions woken
 		// by the same burst of packets) queue their records first: a
-		// yield, not a timer, so an idle connection adds no delay.
+		// yield, not a timer, so an idle connection adds no delay (on
+		// an idle scheduler Gosched returns at once: a no-op). The
+		// batching figures in docs/benchmarks.md (bridge v2) depend on
+		// it.
 		runtime.Gosched()
 		m.mu.Lock()
 		b := m.batch
@@ -263,8 +371,15 @@ func (m *muxConn) writeLoop() {
 		}
 		m.mu.Unlock()
 		if len(b) > 0 {
-			if err := m.ws.Write(ctx, websocket.MessageBinary, b); err != nil {
-				m.fail(err)
+			// A batch not written within writeTimeout fails the
+			// connection (watchdog), so that a backend that stopped
+			// reading ends its sessions promptly rather than holding
+			// their senders.
+			m.writeStart.Store(time.Now().UnixNano())
+			err := m.ws.Write(context.Background(), websocket.MessageBinary, b)
+			m.writeStart.Store(0)
+			if err != nil {
+				m.fail(fmt.Errorf("%w: batch write: %w", errSessionClosed, err))
 				return
 			}
 			m.stats.batches.Add(1)
@@ -324,6 +439,10 @@ type stream struct {
 	// Set once, never mutated.
 	m     *muxConn
 	ready chan struct{} // capacity 1: a push or the end happened
+	// done is closed, under m.mu, when closed turns true: it wakes a
+	// write of this session waiting for room in the batch (End and Close
+	// must not wait for a backend that does not read).
+	done chan struct{}
 	// id is the session index: set at creation on the server side, and by
 	// number under m.mu with the first record on the client side (0
 	// until then).
@@ -344,7 +463,7 @@ type stream struct {
 }
 
 func newStream(m *muxConn, id uint64) *stream {
-	return &stream{m: m, id: id, ready: make(chan struct{}, 1)}
+	return &stream{m: m, id: id, ready: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 func (s *stream) signal() {
@@ -370,11 +489,46 @@ func (s *stream) push(r Record) {
 			fmt.Errorf("%w: receive queue passed %d bytes", errSessionClosed, SessionQueueLimit))
 		return
 	}
+	before := len(s.in)
 	s.in = append(s.in, r.Kind)
 	s.in = binary.LittleEndian.AppendUint32(s.in, uint32(len(r.Payload)))
 	s.in = append(s.in, r.Payload...)
+	total := s.m.queued.Add(int64(len(s.in) - before))
 	s.qmu.Unlock()
 	s.signal()
+	if total > ConnQueueLimit {
+		s.m.shed()
+	}
+}
+
+// shed ends the sessions with the largest receive queues, with
+// CloseQueueFull, until the connection's queued bytes are within
+// ConnQueueLimit. Only the read loop calls it.
+func (m *muxConn) shed() {
+	for m.queued.Load() > ConnQueueLimit {
+		m.smu.Lock()
+		ss := make([]*stream, 0, len(m.sessions))
+		for _, s := range m.sessions {
+			ss = append(ss, s)
+		}
+		m.smu.Unlock()
+		var big *stream
+		most := 0
+		for _, s := range ss {
+			s.qmu.Lock()
+			n := len(s.in)
+			s.qmu.Unlock()
+			if n > most {
+				big, most = s, n
+			}
+		}
+		if big == nil {
+			return // what is queued belongs to sessions already ending
+		}
+		m.stats.drop(DropQueueFull)
+		_ = big.finish(CloseQueueFull, "bridge v2: connection receive budget exceeded",
+			fmt.Errorf("%w: connection receive queues passed %d bytes", errSessionClosed, ConnQueueLimit))
+	}
 }
 
 func (s *stream) read(ctx context.Context) (websocket.MessageType, []byte, error) {
@@ -397,6 +551,7 @@ func (s *stream) read(ctx context.Context) (websocket.MessageType, []byte, error
 		}
 		s.qmu.Lock()
 		if len(s.in) > 0 {
+			s.m.queued.Add(-int64(len(s.in)))
 			s.in, s.out, s.off = s.out[:0], s.in, 0
 			s.qmu.Unlock()
 			continue
@@ -440,6 +595,7 @@ func (s *stream) write(ctx context.Context, typ websocket.MessageType, b []byte)
 		select {
 		case <-flushed:
 		case <-m.done:
+		case <-s.done: // the session ended: the loop returns endErr
 		case <-ctx.Done():
 			_ = s.closeNow()
 			return ctx.Err()
@@ -493,9 +649,11 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 		return nil
 	}
 	s.closed = true
+	close(s.done)
 	if m.err == nil && s.id != 0 {
 		var p [2 + 123]byte
 		m.batch = AppendRecord(m.batch, s.id, RecordClose, appendClosePayload(p[:0], code, reason))
+		m.stats.records.Add(1)
 	}
 	m.mu.Unlock()
 	m.kick()
@@ -503,6 +661,7 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 	if s.qerr == nil {
 		s.qerr = err
 	}
+	m.queued.Add(-int64(len(s.in)))
 	s.in = nil
 	s.qmu.Unlock()
 	s.dead.Store(true)
@@ -517,7 +676,10 @@ func (s *stream) ended(err error) {
 	m := s.m
 	m.mu.Lock()
 	was := s.closed
-	s.closed = true
+	if !was {
+		s.closed = true
+		close(s.done)
+	}
 	m.mu.Unlock()
 	s.qmu.Lock()
 	if s.qerr == nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 )
@@ -25,6 +26,15 @@ type PoolOptions struct {
 	// HTTPClient dials the WebSocket upgrade; nil means
 	// http.DefaultClient.
 	HTTPClient *http.Client
+	// WriteTimeout bounds each write of a batch on a v2 connection; on
+	// expiry the connection fails and its sessions end (ErrClosed).
+	// Default DefaultWriteTimeout. A connection whose write has been in
+	// flight for a quarter of it (at most 1 s) gets no new sessions.
+	WriteTimeout time.Duration
+	// KeepAlive is how long a v2 connection may receive nothing before
+	// it is pinged, and how long the pong may take before the connection
+	// fails. Default DefaultKeepAlive.
+	KeepAlive time.Duration
 }
 
 // Pool opens bridge sessions to one backend URL: over shared v2
@@ -44,11 +54,12 @@ type Pool struct {
 	stats MuxStats
 
 	mu      sync.Mutex
-	conns   map[*muxConn]int // live sessions per v2 connection; guarded by mu
-	dialing chan struct{}    // closed when the v2 dial in progress is done; guarded by mu
-	v1      bool             // the last connection dialed chose v1; guarded by mu
-	closed  bool             // guarded by mu
-	all     sync.WaitGroup   // every v2 connection's loops
+	conns   map[*muxConn]int      // live sessions per v2 connection not draining; guarded by mu
+	open    map[*muxConn]struct{} // every v2 connection not yet failed, draining ones too; guarded by mu
+	dialing chan struct{}         // closed when the v2 dial in progress is done; guarded by mu
+	v1      bool                  // the last connection dialed chose v1; guarded by mu
+	closed  bool                  // guarded by mu
+	all     sync.WaitGroup        // every v2 connection's loops
 }
 
 // NewPool returns a Pool for the backend at url (ws://, wss://, http://
@@ -57,7 +68,7 @@ func NewPool(url string, opts PoolOptions) *Pool {
 	if opts.SessionsPerConn <= 0 {
 		opts.SessionsPerConn = DefaultSessionsPerConn
 	}
-	return &Pool{url: url, opts: opts, conns: make(map[*muxConn]int)}
+	return &Pool{url: url, opts: opts, conns: make(map[*muxConn]int), open: make(map[*muxConn]struct{})}
 }
 
 // Stats returns the counters of the Pool's v2 connections.
@@ -129,12 +140,15 @@ func (p *Pool) Dial(ctx context.Context, start SessionStart) (*Conn, error) {
 	}
 }
 
-// pick returns the fullest v2 connection with room; p.mu is held.
+// pick returns the fullest v2 connection with room whose write is not
+// stuck (a new session there would wait for its hello to be written);
+// p.mu is held.
 func (p *Pool) pick() *muxConn {
 	var best *muxConn
 	n := -1
+	now := time.Now()
 	for m, live := range p.conns {
-		if live < p.opts.SessionsPerConn && live > n {
+		if live < p.opts.SessionsPerConn && live > n && !m.stuck(now) {
 			best, n = m, live
 		}
 	}
@@ -164,7 +178,7 @@ func (p *Pool) dialConn(ctx context.Context, start SessionStart) (*Conn, error) 
 		_ = ws.Close(CloseVersion, truncReason(err.Error()))
 		return nil, err
 	}
-	m := newMuxConn(ws, true, &p.stats)
+	m := newMuxConn(ws, true, &p.stats, p.opts.WriteTimeout, p.opts.KeepAlive)
 	if err := m.helloExchange(ctx); err != nil {
 		return nil, err
 	}
@@ -178,6 +192,7 @@ func (p *Pool) dialConn(ctx context.Context, start SessionStart) (*Conn, error) 
 		return nil, fmt.Errorf("%w: pool closed", ErrClosed)
 	}
 	p.conns[m] = 0
+	p.open[m] = struct{}{}
 	p.all.Add(1)
 	p.mu.Unlock()
 	m.start()
@@ -211,17 +226,18 @@ func (p *Pool) release(m *muxConn) {
 func (p *Pool) forget(m *muxConn) {
 	p.mu.Lock()
 	delete(p.conns, m)
+	delete(p.open, m)
 	p.mu.Unlock()
 }
 
-// Close closes every v2 connection at once (their sessions' Recv return
-// ErrClosed) and waits for their goroutines; later Dials fail. v1
+// Close closes every v2 connection at once, draining ones included
+// (their sessions' Recv return ErrClosed), and waits for their goroutines; later Dials fail. v1
 // sessions are the caller's to end. Idempotent.
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	p.closed = true
-	ms := make([]*muxConn, 0, len(p.conns))
-	for m := range p.conns {
+	ms := make([]*muxConn, 0, len(p.open))
+	for m := range p.open {
 		ms = append(ms, m)
 	}
 	p.mu.Unlock()

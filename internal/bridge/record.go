@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 )
 
@@ -48,8 +49,16 @@ const (
 	// CloseQueueFull, and the receiver counts DropQueueFull; the other
 	// sessions on the connection are not held up.
 	SessionQueueLimit = 4 << 20
+	// ConnQueueLimit bounds, in bytes, the records received on one v2
+	// connection and queued for its sessions' Recv (the queues
+	// SessionQueueLimit bounds one by one; 128 sessions at 4 MiB would be
+	// 512 MiB). Past it the session with the largest queue is ended with
+	// CloseQueueFull, counted as DropQueueFull, until the connection is
+	// under the limit again.
+	ConnQueueLimit = 32 << 20
 	// CloseQueueFull is the close code of a v2 session ended because its
-	// receive queue passed SessionQueueLimit.
+	// receive queue passed SessionQueueLimit, or was the largest when the
+	// connection's passed ConnQueueLimit.
 	CloseQueueFull = 4003
 )
 
@@ -117,12 +126,18 @@ func appendClosePayload(dst []byte, code uint16, reason string) []byte {
 }
 
 // parseClosePayload reads a RecordClose payload; a payload shorter than
-// the code reads as 1005 (no status, RFC 6455 §7.1.5).
+// the code reads as 1005 (no status, RFC 6455 §7.1.5). The reason, from
+// the network, is cut to 123 bytes and invalid UTF-8 in it replaced with
+// U+FFFD (docs/bridge.md §12.3), since it ends up in CloseError and logs.
 func parseClosePayload(p []byte) (uint16, string) {
 	if len(p) < 2 {
 		return 1005, ""
 	}
-	return binary.BigEndian.Uint16(p), string(p[2:])
+	reason := p[2:]
+	if len(reason) > maxCloseReason {
+		reason = reason[:maxCloseReason]
+	}
+	return binary.BigEndian.Uint16(p), truncReason(strings.ToValidUTF8(string(reason), "\uFFFD"))
 }
 
 // DropReason is why a v2 endpoint dropped something it received.
@@ -191,7 +206,8 @@ func (s *MuxStats) Drops(r DropReason) uint64 {
 // each is one write to the connection, usually one syscall.
 func (s *MuxStats) Batches() uint64 { return s.batches.Load() }
 
-// Records returns how many records were written in those batches.
+// Records returns how many records were written in those batches,
+// session close records included.
 func (s *MuxStats) Records() uint64 { return s.records.Load() }
 
 func (s *MuxStats) drop(r DropReason) { s.drops[r].Add(1) }

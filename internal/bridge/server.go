@@ -46,6 +46,10 @@ type AcceptOptions struct {
 	// Stats, when set, counts what Serve's v2 connections dropped and
 	// wrote (shared by every connection given the same Stats).
 	Stats *MuxStats
+	// WriteTimeout and KeepAlive bound Serve's v2 connections as
+	// PoolOptions' fields of the same names bound the transceiver's.
+	// Defaults DefaultWriteTimeout and DefaultKeepAlive.
+	WriteTimeout, KeepAlive time.Duration
 }
 
 // ServerConn is the backend side of one bridge session, returned by
@@ -154,7 +158,7 @@ func Serve(w http.ResponseWriter, r *http.Request, opts AcceptOptions, serve fun
 		serve(sc)
 		return nil
 	}
-	m := newMuxConn(ws, false, opts.Stats)
+	m := newMuxConn(ws, false, opts.Stats, opts.WriteTimeout, opts.KeepAlive)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	err = m.helloExchange(ctx)
 	cancel()

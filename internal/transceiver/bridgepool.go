@@ -14,7 +14,7 @@ import (
 //
 //	switchboard_transceiver_bridge_v2_dropped_total{reason}  records from the backend dropped (bridge.DropReason)
 //	switchboard_transceiver_bridge_v2_batches_total          WebSocket messages written to the backend
-//	switchboard_transceiver_bridge_v2_records_total          records (frames, events, …) in those messages
+//	switchboard_transceiver_bridge_v2_records_total          records (frames, events, …, session close records) in those messages
 func newBridgePool(url string, reg prometheus.Registerer) *bridge.Pool {
 	p := bridge.NewPool(url, bridge.PoolOptions{})
 	if reg == nil {
@@ -35,7 +35,7 @@ func newBridgePool(url string, reg prometheus.Registerer) *bridge.Pool {
 		}, func() float64 { return float64(st.Batches()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_bridge_v2_records_total",
-			Help: "Bridge v2 records (audio frames, events, control, session ends) written to the backend.",
+			Help: "Bridge v2 records (audio frames, events, control, session.end, close records) written to the backend.",
 		}, func() float64 { return float64(st.Records()) }),
 	)
 	return p

@@ -1,6 +1,7 @@
 package transceiver
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/pion/webrtc/v4"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -124,4 +126,92 @@ func TestBridgeV1Backend(t *testing.T) {
 	if got := s.bridges.Conns(); got != 0 {
 		t.Errorf("%d bridge v2 connections to a v1 backend, want 0", got)
 	}
+}
+
+// stalledV2Backend is a raw bridge v2 backend that answers the
+// connection hello and each session's hello, then, once a session.start
+// has arrived, stops reading (a backend whose event loop is stuck). It
+// returns the URL; started is closed at the first session.start.
+func stalledV2Backend(t *testing.T) (url string, started <-chan struct{}) {
+	t.Helper()
+	stop, st := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{bridge.SubprotocolV2}})
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		ctx := r.Context()
+		if _, _, err := ws.Read(ctx); err != nil { // the connection hello
+			return
+		}
+		if ws.Write(ctx, websocket.MessageBinary, bridge.AppendRecord(nil, 0, bridge.RecordText, []byte(`{"type":"hello","version":2}`))) != nil {
+			return
+		}
+		for {
+			_, b, err := ws.Read(ctx)
+			if err != nil {
+				return
+			}
+			for len(b) > 0 {
+				rec, rest, err := bridge.ParseRecord(b)
+				if err != nil {
+					return
+				}
+				b = rest
+				switch {
+				case bytes.Contains(rec.Payload, []byte(`"type":"hello"`)):
+					hello := fmt.Sprintf(`{"type":"hello","version":%d,"audio_format":%q}`, bridge.Version, bridge.FormatOpus)
+					if ws.Write(ctx, websocket.MessageBinary, bridge.AppendRecord(nil, rec.Session, bridge.RecordText, []byte(hello))) != nil {
+						return
+					}
+				case bytes.Contains(rec.Payload, []byte(`"type":"session.start"`)):
+					once.Do(func() { close(st) })
+					<-stop // never read again
+					return
+				}
+			}
+		}
+	}))
+	t.Cleanup(func() { close(stop); srv.Close() })
+	return "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/bridge", st
+}
+
+// TestCloseStalledV2Backend: Server.Close returns while a session's
+// bridge sends are blocked on a v2 backend that stopped reading (review
+// T1: teardown's End waited for the blocked send forever, and so did
+// Close). The client floods the events channel until the bridge's
+// records stop moving (TCP buffers full), then the server closes.
+func TestCloseStalledV2Backend(t *testing.T) {
+	url, started := stalledV2Backend(t)
+	s, api := directServer(t, func(c *Config) { c.BackendURL = url })
+	c := dialLive(t, api, nil)
+	t.Cleanup(func() { _ = c.pc.Close() })
+	waitFor(t, c.dcOpen, 20*time.Second, "data channel open")
+	waitFor(t, started, 20*time.Second, "session.start at the backend")
+	pad := strings.Repeat("x", 30<<10)
+	flood := make(chan struct{})
+	go func() {
+		defer close(flood)
+		for i := 0; i < 1000; i++ { // 30 MB, far beyond the socket buffers
+			if c.dc.SendText(fmt.Sprintf(`{"type":"x","i":%d,"pad":%q}`, i, pad)) != nil {
+				return
+			}
+		}
+	}()
+	// Wait until the bridge stops taking records: its send is blocked.
+	last, since := uint64(0), time.Now()
+	for time.Since(since) < 1500*time.Millisecond {
+		time.Sleep(100 * time.Millisecond)
+		if n := s.bridges.Stats().Records(); n != last {
+			last, since = n, time.Now()
+		}
+	}
+	t.Logf("bridge records before the stall: %d", last)
+	closed := make(chan struct{})
+	go func() { _ = s.Close(); close(closed) }()
+	waitFor(t, closed, 30*time.Second, "Server.Close with a stalled v2 backend")
+	_ = c.pc.Close()
+	<-flood
 }

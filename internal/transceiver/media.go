@@ -60,8 +60,11 @@ const (
 // bridgeCtx is the context of the media path's bridge calls (audio both
 // ways, playout reports). It never ends, so the WebSocket library arms no
 // context.AfterFunc per message (docs/bridge.md §10). The session's
-// teardown unblocks them: bridge End closes the connection, at once when a
-// send is stuck on a backend that does not read.
+// teardown unblocks them: when a send is stuck on a backend that does not
+// read, bridge End aborts the session once its ctx ends (v1: closes the
+// WebSocket; v2: wakes the session's blocked send), and a v2 connection
+// whose batch write is stuck fails after bridge.DefaultWriteTimeout
+// (TestCloseStalledV2Backend).
 var bridgeCtx = context.Background()
 
 // media is a session's codec and playout state.

@@ -1,0 +1,342 @@
+package bridge_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+)
+
+// stallProxy forwards TCP connections to a backend and can stall each
+// one: stop reading what the client sends (a backend that stops reading),
+// and stop forwarding what the backend sends (a half-open connection).
+type stallProxy struct {
+	ln   net.Listener
+	quit chan struct{}
+	wg   sync.WaitGroup
+
+	mu    sync.Mutex
+	conns []*proxied
+}
+
+type proxied struct {
+	up, down atomic.Bool // stalled: client → backend, backend → client
+	c, b     net.Conn
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln, quit: make(chan struct{})}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			pc := &proxied{c: c, b: b}
+			p.mu.Lock()
+			p.conns = append(p.conns, pc)
+			p.mu.Unlock()
+			p.wg.Add(2)
+			go p.pipe(pc, b, c, &pc.down)
+			go p.pipe(pc, c, b, &pc.up)
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		close(p.quit)
+		p.mu.Lock()
+		for _, pc := range p.conns {
+			_ = pc.c.Close()
+			_ = pc.b.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+// pipe copies from src to dst, not reading src while stalled is set.
+func (p *stallProxy) pipe(pc *proxied, src, dst net.Conn, stalled *atomic.Bool) {
+	defer p.wg.Done()
+	defer func() { _ = pc.c.Close(); _ = pc.b.Close() }()
+	buf := make([]byte, 4096)
+	for {
+		for stalled.Load() {
+			select {
+			case <-p.quit:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		n, err := src.Read(buf)
+		if err != nil {
+			return
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// conn returns the i-th proxied connection.
+func (p *stallProxy) conn(t *testing.T, i int) *proxied {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i >= len(p.conns) {
+		t.Fatalf("proxy has %d connections, want connection %d", len(p.conns), i)
+	}
+	return p.conns[i]
+}
+
+// proxiedV2 serves the echo session over Serve behind a stallProxy and
+// returns a Pool with opts dialing through the proxy.
+func proxiedV2(t *testing.T, opts bridge.PoolOptions) (*bridge.Pool, *stallProxy) {
+	// The backend never pings: only the transceiver side may find a
+	// stall.
+	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = bridge.Serve(w, r, bridge.AcceptOptions{KeepAlive: time.Hour, WriteTimeout: time.Hour}, echoSession)
+	}))
+	host := strings.SplitN(strings.TrimPrefix(url, "ws://"), "/", 2)[0]
+	px := newStallProxy(t, host)
+	p := bridge.NewPool(strings.Replace(url, host, px.ln.Addr().String(), 1), opts)
+	t.Cleanup(func() { _ = p.Close() })
+	return p, px
+}
+
+// sendUntilStalled sends 1000-byte frames on c with
+// context.Background() from a goroutine, and returns once no send has
+// completed for 1.5 s (the backend's socket buffers are full); the
+// channel gets the error that ends the sends.
+func sendUntilStalled(t *testing.T, c *bridge.Conn) <-chan error {
+	t.Helper()
+	var sent atomic.Int64
+	errc := make(chan error, 1)
+	go func() {
+		payload := make([]byte, 1000)
+		for i := 0; ; i++ {
+			if err := c.SendAudio(context.Background(), bridge.AudioFrame{Seq: uint16(i), Payload: payload}); err != nil {
+				errc <- err
+				return
+			}
+			sent.Add(1)
+		}
+	}()
+	last, since := int64(-1), time.Now()
+	for time.Since(since) < 1500*time.Millisecond {
+		select {
+		case err := <-errc:
+			t.Fatalf("sender returned before stalling: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if n := sent.Load(); n != last {
+			last, since = n, time.Now()
+		}
+	}
+	return errc
+}
+
+// waitErr waits for the end of a send or End; 20 s is far beyond any slowness
+// of a loaded machine (the send ends at once, or never without the fix).
+func waitErr(t *testing.T, errc <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("the blocked send did not return")
+		return nil
+	}
+}
+
+// TestV2EndUnblocksStalledSend: End must return, and free the session's
+// send blocked on a backend that stopped reading, when its ctx ends
+// (review B0: End used to wait for the blocked send forever). The write
+// timeout is out of reach here, so only End can free the sender.
+func TestV2EndUnblocksStalledSend(t *testing.T) {
+	p, px := proxiedV2(t, bridge.PoolOptions{WriteTimeout: time.Hour, KeepAlive: time.Hour})
+	c := poolDial(t, p, "x")
+	px.conn(t, 0).up.Store(true)
+	sendErr := sendUntilStalled(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	endErr := make(chan error, 1)
+	go func() { endErr <- c.End(ctx, bridge.ReasonClientHangup) }()
+	if err := waitErr(t, endErr); !errors.Is(err, bridge.ErrClosed) {
+		t.Errorf("End with a send blocked: %v, want ErrClosed", err)
+	}
+	if err := waitErr(t, sendErr); !errors.Is(err, bridge.ErrClosed) {
+		t.Errorf("blocked send after End: %v, want ErrClosed", err)
+	}
+	// Pool.Close ends the connection whose write is still stuck.
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestV2CloseUnblocksStalledSend: the same with Close.
+func TestV2CloseUnblocksStalledSend(t *testing.T) {
+	p, px := proxiedV2(t, bridge.PoolOptions{WriteTimeout: time.Hour, KeepAlive: time.Hour})
+	c := poolDial(t, p, "x")
+	px.conn(t, 0).up.Store(true)
+	sendErr := sendUntilStalled(t, c)
+	_ = c.Close()
+	if err := waitErr(t, sendErr); !errors.Is(err, bridge.ErrClosed) {
+		t.Errorf("blocked send after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestV2WriteTimeout: a backend that stops reading one connection fails
+// it after the write timeout: every session on it ends with ErrClosed
+// (senders and readers), and a new Dial gets a fresh connection (review
+// B1).
+func TestV2WriteTimeout(t *testing.T) {
+	p, px := proxiedV2(t, bridge.PoolOptions{WriteTimeout: 300 * time.Millisecond, KeepAlive: time.Hour})
+	a, b := poolDial(t, p, "a"), poolDial(t, p, "b")
+	if n := p.Conns(); n != 1 {
+		t.Fatalf("%d connections, want 1", n)
+	}
+	px.conn(t, 0).up.Store(true)
+	errc := make(chan error, 2)
+	for _, c := range []*bridge.Conn{a, b} {
+		go func() {
+			payload := make([]byte, 1000)
+			for i := 0; ; i++ {
+				if err := c.SendAudio(context.Background(), bridge.AudioFrame{Seq: uint16(i), Payload: payload}); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	for range 2 {
+		if err := <-errc; !errors.Is(err, bridge.ErrClosed) {
+			t.Errorf("send on the stalled connection: %v, want ErrClosed", err)
+		}
+	}
+	for _, c := range []*bridge.Conn{a, b} {
+		for {
+			_, err := c.Recv(context.Background())
+			if err != nil {
+				if !errors.Is(err, bridge.ErrClosed) {
+					t.Errorf("Recv on the failed connection: %v, want ErrClosed", err)
+				}
+				break
+			}
+		}
+	}
+	c := poolDial(t, p, "c")
+	if err := exchange(testCtx(t), c, "c", 10); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestV2PickSkipsStuckConnection: while a connection's write is stuck
+// (before its write timeout), new sessions go to a new connection rather
+// than waiting behind it (review B1).
+func TestV2PickSkipsStuckConnection(t *testing.T) {
+	p, px := proxiedV2(t, bridge.PoolOptions{WriteTimeout: time.Hour, KeepAlive: time.Hour})
+	a := poolDial(t, p, "a")
+	px.conn(t, 0).up.Store(true)
+	sendErr := sendUntilStalled(t, a)
+	c := poolDial(t, p, "c")
+	if n := p.Conns(); n != 2 {
+		t.Errorf("%d connections, want 2 (a new one next to the stuck one)", n)
+	}
+	if err := exchange(testCtx(t), c, "c", 10); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Close()
+	if err := waitErr(t, sendErr); !errors.Is(err, bridge.ErrClosed) {
+		t.Errorf("blocked send after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestV2KeepAlive: a connection on which nothing arrives any more (a
+// half-open TCP connection: the backend's host is gone) fails once a ping
+// gets no pong, so its sessions end without any traffic of their own
+// (review B1).
+func TestV2KeepAlive(t *testing.T) {
+	p, px := proxiedV2(t, bridge.PoolOptions{KeepAlive: 100 * time.Millisecond})
+	c := poolDial(t, p, "a")
+	if err := exchange(testCtx(t), c, "a", 3); err != nil {
+		t.Fatal(err)
+	}
+	pc := px.conn(t, 0)
+	pc.up.Store(true)
+	pc.down.Store(true)
+	if _, err := c.Recv(context.Background()); !errors.Is(err, bridge.ErrClosed) {
+		t.Errorf("Recv on a half-open connection: %v, want ErrClosed", err)
+	}
+}
+
+// TestV2KeepAliveIdle: an idle connection whose peer answers pings stays
+// up across many keepalive periods.
+func TestV2KeepAliveIdle(t *testing.T) {
+	p, _ := proxiedV2(t, bridge.PoolOptions{KeepAlive: 20 * time.Millisecond})
+	c := poolDial(t, p, "a")
+	time.Sleep(300 * time.Millisecond) // 15 keepalive periods without traffic
+	if err := exchange(testCtx(t), c, "a", 3); err != nil {
+		t.Fatalf("after idle keepalives: %v", err)
+	}
+}
+
+// TestV2ConnQueueLimit: sessions whose backend handlers do not read,
+// each below SessionQueueLimit, together pass ConnQueueLimit: the
+// receiver ends the session with the largest queue (4003, queue_full)
+// rather than holding every session's 4 MiB (review B2).
+func TestV2ConnQueueLimit(t *testing.T) {
+	stats := new(bridge.MuxStats)
+	stop := make(chan struct{})
+	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = bridge.Serve(w, r, bridge.AcceptOptions{Stats: stats}, func(*bridge.ServerConn) { <-stop })
+	}))
+	t.Cleanup(func() { close(stop) })
+	p := newPool(t, url, 0)
+	const (
+		sessions = 10
+		frame    = 64 << 10
+		frames   = (bridge.SessionQueueLimit - 256<<10) / frame // 3.75 MiB per session
+	)
+	if sessions*frames*frame <= bridge.ConnQueueLimit {
+		t.Fatal("the test does not pass the connection limit")
+	}
+	payload := make([]byte, frame)
+	sendCtx := testCtx(t)
+	for i := range sessions {
+		c := poolDial(t, p, fmt.Sprint("s", i))
+		for j := range frames {
+			if err := c.SendAudio(sendCtx, bridge.AudioFrame{Seq: uint16(j), Payload: payload}); err != nil {
+				break // ended by the backend's budget: its close record arrived
+			}
+		}
+	}
+	// The backend counts the drop once its read loop gets that far.
+	ctx := testCtx(t)
+	for stats.Drops(bridge.DropQueueFull) == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("queue_full %d after %d MiB queued on one connection, want ≥ 1", stats.Drops(bridge.DropQueueFull), sessions*frames*frame>>20)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
