@@ -82,7 +82,6 @@ type media struct {
 
 	full        atomic.Bool   // audio is being refused for the cap; one error per episode
 	tailRefused chan struct{} // flushTail → drainEvents: a tail did not fit; capacity 1
-	track       atomic.Bool   // the client's audio track is claimed (the first one)
 	eventID     atomic.Uint64 // client event ids
 	rtpPkt      rtp.Packet    // SendPacket's packet; only the clock worker touches it
 	decLast     audio.DecoderStats
@@ -158,17 +157,6 @@ func (sess *session) newMedia() error {
 
 // startPlayout lets the queued audio play: the client's media path is up.
 func (sess *session) startPlayout() { sess.media.q.Resume() }
-
-// claimAudioTrack reports whether tr's audio is the session's: the first
-// audio track the client sends. The decoder follows one stream; further
-// tracks (an offer with several audio sections) are ignored and counted.
-func (sess *session) claimAudioTrack() bool {
-	if sess.media.track.CompareAndSwap(false, true) {
-		return true
-	}
-	sess.srv.metrics.tracksIgnored.Inc()
-	return false
-}
 
 // toBackend forwards one client RTP packet: as it came for Opus, decoded
 // into 20 ms PCM frames (losses concealed) for the PCM formats.
