@@ -43,8 +43,18 @@ type feed struct {
 	// a second later.
 	ready     chan struct{}
 	readyOnce sync.Once
-	held      []byte // a record taken from in, waiting for ready; the reader's alone
+	// held is the application data taken from q before the end of the
+	// handshake, in arrival order, waiting for ready; the reader's alone.
+	// The reader goes on past it, so that the handshake records behind it
+	// (a retransmitted Finished, when the first was lost) still reach
+	// DTLS: waiting at the head of the queue would hold them up for good.
+	held [][]byte
 }
+
+// maxHeld bounds the application-data datagrams held for the end of the
+// handshake: a window's worth of SCTP's first packets. More are dropped,
+// as pion/dtls would drop them, and SCTP retransmits them.
+const maxHeld = 64
 
 // contentApplicationData is the DTLS record content type of application
 // data (RFC 6347 §4.1, RFC 5246 §6.2.1).
@@ -96,34 +106,55 @@ func (f *feed) pop() []byte {
 	return b
 }
 
-// ReadFrom returns the next queued datagram. One that starts with
-// application data waits for the end of the handshake.
+// ReadFrom returns the next queued datagram. Datagrams that start with
+// application data before the end of the handshake are held and returned,
+// in order, once it has ended; the handshake records that came after them
+// are returned meanwhile.
 func (f *feed) ReadFrom(p []byte) (int, net.Addr, error) {
-	b := f.held
-	f.held = nil
-	for b == nil {
-		if b = f.pop(); b != nil {
-			break
+	for {
+		ready := f.isReady()
+		if ready && len(f.held) > 0 {
+			b := f.held[0]
+			f.held[0] = nil
+			f.held = f.held[1:]
+			if len(f.held) == 0 {
+				f.held = nil
+			}
+			return copy(p, b), f.remote(), nil
 		}
-		select {
-		case <-f.notify:
-		case <-f.done:
-			return 0, nil, net.ErrClosed
-		case <-f.rdline.Done():
-			return 0, nil, os.ErrDeadlineExceeded
+		b := f.pop()
+		if b == nil {
+			var wake <-chan struct{} // the end of the handshake, when it releases held data
+			if !ready && len(f.held) > 0 {
+				wake = f.ready
+			}
+			select {
+			case <-f.notify:
+			case <-wake:
+			case <-f.done:
+				return 0, nil, net.ErrClosed
+			case <-f.rdline.Done():
+				return 0, nil, os.ErrDeadlineExceeded
+			}
+			continue
 		}
+		if b[0] == contentApplicationData && !ready {
+			if len(f.held) < maxHeld {
+				f.held = append(f.held, b)
+			}
+			continue
+		}
+		return copy(p, b), f.remote(), nil
 	}
-	if b[0] == contentApplicationData {
-		select {
-		case <-f.ready:
-		case <-f.done:
-			return 0, nil, net.ErrClosed
-		case <-f.rdline.Done():
-			f.held = b
-			return 0, nil, os.ErrDeadlineExceeded
-		}
+}
+
+func (f *feed) isReady() bool {
+	select {
+	case <-f.ready:
+		return true
+	default:
+		return false
 	}
-	return copy(p, b), f.remote(), nil
 }
 
 // WriteTo writes p to the session's selected client address, whatever
