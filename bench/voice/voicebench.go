@@ -342,7 +342,7 @@ func endLag(sc *speech.Script) ([]float64, error) {
 	if err != nil {
 		return nil, err
 	}
-	det, err := vad.NewDetector(vad.DefaultTurnDetection(), vad.Rate24k)
+	det, err := vad.NewDetector(vad.DefaultTurnDetection(), vad.Rate24k, vad.Frame20ms)
 	if err != nil {
 		return nil, err
 	}
@@ -462,7 +462,7 @@ func (tr *tracer) stopLatencies(silenceMs int) []float64 {
 	for _, s := range tr.stops {
 		// The frame that ends at the speech end, to the nearest frame.
 		end := s.ms - int64(silenceMs)
-		end -= end % vad.FrameMs
+		end -= end % vad.Frame20ms
 		f, ok := tr.frames[end]
 		if !ok {
 			continue

@@ -180,7 +180,7 @@ func (a *parrotAgent) newSession(sc *bridge.ServerConn) (*parrotSession, error) 
 	}
 	s := &parrotSession{a: a, sc: sc, p: p, id: sc.Session().SessionID}
 	if a.cfg.OwnVAD {
-		if s.det, err = vad.NewDetector(a.td, a.rate); err != nil {
+		if s.det, err = vad.NewDetector(a.td, a.rate, vad.Frame20ms); err != nil {
 			return nil, err
 		}
 		s.silence = make([]byte, s.det.FrameBytes())
@@ -246,11 +246,12 @@ func (s *parrotSession) ownVAD(ctx context.Context, f *bridge.AudioFrame) error 
 		s.detStarted, s.detBase = true, at
 	}
 	frames := [][]byte{}
-	if gap := (at - s.detBase - s.det.PositionMs()) / vad.FrameMs; gap > 0 {
+	fm := int64(s.det.FrameMs())
+	if gap := (at - s.detBase - s.det.PositionMs()) / fm; gap > 0 {
 		for range min(gap, 500) {
 			frames = append(frames, s.silence)
 		}
-		s.detBase += max(0, gap-500) * vad.FrameMs
+		s.detBase += max(0, gap-500) * fm
 	}
 	frames = append(frames, f.Payload)
 	for _, fr := range frames {

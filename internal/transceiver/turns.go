@@ -97,7 +97,7 @@ func (sess *session) turnsWait(now time.Time) time.Duration {
 	}
 	next := t.lastWall.Add(turnsIdleGrace)
 	if t.idleFed > 0 {
-		next = t.lastWall.Add(time.Duration(t.idleFed+1) * vad.FrameMs * time.Millisecond)
+		next = t.lastWall.Add(time.Duration(t.idleFed+1) * vad.Frame20ms * time.Millisecond)
 	}
 	return max(time.Millisecond, next.Sub(now))
 }
@@ -114,7 +114,7 @@ func (sess *session) idleTurns(now time.Time) {
 	if t.det == nil || !t.det.InSpeech() || t.lastWall.IsZero() || now.Sub(t.lastWall) < turnsIdleGrace {
 		return
 	}
-	due := int64(now.Sub(t.lastWall) / (vad.FrameMs * time.Millisecond))
+	due := int64(now.Sub(t.lastWall) / (vad.Frame20ms * time.Millisecond))
 	for t.idleFed < due && t.det != nil && t.det.InSpeech() {
 		t.idleFed++
 		sess.processTurn(t.silence)
@@ -207,7 +207,7 @@ func (sess *session) feedTurns(timestamp uint32, pcm []byte) {
 		t.fresh, t.offset = false, at // the detector starts at this frame
 	}
 	t.lastWall, t.idleFed = time.Now(), 0
-	gap := (at - t.offset - t.det.PositionMs()) / vad.FrameMs
+	gap := (at - t.offset - t.det.PositionMs()) / vad.Frame20ms
 	if gap < 0 {
 		return // idleTurns gave this frame's time to the detector as silence
 	}
@@ -226,13 +226,13 @@ func (sess *session) feedTurns(timestamp uint32, pcm []byte) {
 func (sess *session) fillTurns(gap int64) {
 	t := &sess.turns
 	cfg := t.det.Config()
-	first := min(gap, int64(cfg.SilenceDurationMs/vad.FrameMs+2))
+	first := min(gap, int64(cfg.SilenceDurationMs/vad.Frame20ms+2))
 	for range first {
 		sess.processTurn(t.silence)
 	}
 	rest := gap - first
-	pre := min(rest, int64(cfg.PrefixPaddingMs/vad.FrameMs+10))
-	t.offset += (rest - pre) * vad.FrameMs
+	pre := min(rest, int64(cfg.PrefixPaddingMs/vad.Frame20ms+10))
+	t.offset += (rest - pre) * vad.Frame20ms
 	for range pre {
 		sess.processTurn(t.silence)
 	}
@@ -332,7 +332,7 @@ func (sess *session) switchTurns(cfg *vad.TurnDetection) {
 			t.dec = dec
 		}
 	}
-	det, err := vad.NewDetector(*cfg, rate)
+	det, err := vad.NewDetector(*cfg, rate, vad.Frame20ms)
 	if err != nil {
 		code := bridge.ErrCodeTurnDetection
 		if errors.Is(err, vad.ErrUnavailable) {

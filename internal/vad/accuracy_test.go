@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 )
@@ -13,12 +12,15 @@ import (
 // speechLevel (10 dB SNR).
 const noiseLevel = speechLevel / 3.1622776601683795
 
-// run feeds pcm to a detector with the default configuration at rate and
-// returns its events, with the position at which each was decided
-// (end of the frame that produced it).
-func run(t testing.TB, rate int, pcm []byte) (evs []Event, decided []int64) {
+// frameLengths are the frame lengths the tests run the detector at, ms.
+var frameLengths = []int{Frame20ms, Frame10ms}
+
+// run feeds pcm to a detector with the default configuration at rate, in
+// frames of frameMs, and returns its events, with the position at which
+// each was decided (end of the frame that produced it).
+func run(t testing.TB, rate, frameMs int, pcm []byte) (evs []Event, decided []int64) {
 	t.Helper()
-	d, err := NewDetector(DefaultTurnDetection(), rate)
+	d, err := NewDetector(DefaultTurnDetection(), rate, frameMs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,34 +63,44 @@ type accuracyStats struct {
 
 // TestAccuracy runs the default detector over speech with pauses in
 // digital silence, in white noise and in babble noise (10 dB SNR, four
-// mixes of each), at both input rates, and over 60 s of each noise mix
-// alone. Every utterance must give exactly one speech start whose onset is
-// within 100 ms of the true onset (from the generation) and one stop
-// whose speech end is at most one frame after the true end;
-// noise alone must give no start. It logs the figures docs/vad.md reports.
+// mixes of each), at both input rates and both frame lengths, and over
+// 60 s of each noise mix alone. Every utterance must give exactly one
+// speech start whose onset is within 100 ms of the true onset (from the
+// generation) and one stop whose speech end is at most one frame after
+// the true end; noise alone must give no start. It logs the figures
+// docs/vad.md reports.
 func TestAccuracy(t *testing.T) {
 	speech.Require(t)
 	if testing.Short() {
 		t.Skip("generates minutes of audio")
 	}
-	for _, rate := range []int{Rate16k, Rate24k} {
+	for _, fm := range frameLengths {
+		for _, rate := range []int{Rate16k, Rate24k} {
+			accuracyAt(t, rate, fm)
+		}
+	}
+}
+
+// accuracyAt is TestAccuracy at one rate and frame length.
+func accuracyAt(t *testing.T, rate, fm int) {
+	{
 		st := &accuracyStats{}
 		// The cases run in parallel; the figures are logged when all
 		// are done.
-		t.Run(strconv.Itoa(rate), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%dms/%d", fm, rate), func(t *testing.T) {
 			t.Run("silence", func(t *testing.T) {
 				t.Parallel()
-				checkScene(t, makeScene(t, rate, nil), st)
+				checkScene(t, makeScene(t, rate, nil), fm, st)
 			})
 			for _, k := range noiseKinds {
 				for mix := range noiseMixes {
 					t.Run(fmt.Sprintf("%s%d", k.name, mix), func(t *testing.T) {
 						t.Parallel()
-						checkScene(t, makeScene(t, rate, func(n int) []float64 { return k.noise(t, rate, n, mix) }), st)
+						checkScene(t, makeScene(t, rate, func(n int) []float64 { return k.noise(t, rate, n, mix) }), fm, st)
 					})
 					t.Run(fmt.Sprintf("%s%d_alone", k.name, mix), func(t *testing.T) {
 						t.Parallel()
-						evs, _ := run(t, rate, toPCM(k.noise(t, rate, 60*rate, mix)))
+						evs, _ := run(t, rate, fm, toPCM(k.noise(t, rate, 60*rate, mix)))
 						st.mu.Lock()
 						st.noiseSec += 60
 						for _, ev := range evs {
@@ -105,20 +117,20 @@ func TestAccuracy(t *testing.T) {
 			}
 		})
 		if len(st.onsetErr) > 0 {
-			t.Logf("%d Hz: %d onsets: |onset error| p50 %d ms, max %d ms; start reported after the true onset p50 %d ms, p90 %d ms, max %d ms; "+
+			t.Logf("%d ms frames, %d Hz: %d onsets: |onset error| p50 %d ms, max %d ms; start reported after the true onset p50 %d ms, p90 %d ms, max %d ms; "+
 				"speech end error p50 %d ms (min %d, max %d); %d false starts in %d s of noise alone",
-				rate, len(st.onsetErr), pct(st.onsetErr, 50), slices.Max(st.onsetErr), pct(st.latency, 50), pct(st.latency, 90), slices.Max(st.latency),
+				fm, rate, len(st.onsetErr), pct(st.onsetErr, 50), slices.Max(st.onsetErr), pct(st.latency, 50), pct(st.latency, 90), slices.Max(st.latency),
 				pct(st.endErr, 50), slices.Min(st.endErr), slices.Max(st.endErr), st.falses, st.noiseSec)
 		}
 	}
 }
 
-// checkScene runs the default detector over sc and checks its events
-// against the truth, adding its figures to st.
-func checkScene(t *testing.T, sc scene, st *accuracyStats) {
+// checkScene runs the default detector over sc in frames of fm and
+// checks its events against the truth, adding its figures to st.
+func checkScene(t *testing.T, sc scene, fm int, st *accuracyStats) {
 	t.Helper()
 	const tolMs = 100
-	evs, decided := run(t, sc.rate, sc.pcm)
+	evs, decided := run(t, sc.rate, fm, sc.pcm)
 	var starts, stops []Event
 	var startAt []int64
 	for i, ev := range evs {
@@ -159,7 +171,7 @@ func checkScene(t *testing.T, sc scene, st *accuracyStats) {
 		}
 		// The silence window runs from the speech: the end is never
 		// placed past the frame in which the speech ended.
-		if late := stops[i].SpeechMs - int64(sc.offsets[i]); late > int64(FrameMs+sc.endSlackMs) {
+		if late := stops[i].SpeechMs - int64(sc.offsets[i]); late > int64(fm+sc.endSlackMs) {
 			t.Errorf("utterance %d: speech end at %d ms, %d ms after the true end %d ms: more than a frame (+%d ms for the codec)", i, stops[i].SpeechMs, late, sc.offsets[i], sc.endSlackMs)
 		}
 		if stops[i].SpeechMs <= starts[i].SpeechMs || stops[i].AudioMs-stops[i].SpeechMs != DefaultSilenceDurationMs {
@@ -194,25 +206,27 @@ func TestNoiseAfterSilence(t *testing.T) {
 		t.Skip("generates minutes of audio")
 	}
 	const onsetMs, settleMs = 2000, 5000
-	for _, rate := range []int{Rate16k, Rate24k} {
-		for _, k := range noiseKinds {
-			for mix := range noiseMixes {
-				t.Run(fmt.Sprintf("%d/%s%d", rate, k.name, mix), func(t *testing.T) {
-					x := k.noise(t, rate, 30*rate, mix)
-					clear(x[:onsetMs*rate/1000])
-					evs, _ := run(t, rate, toPCM(x))
-					for i, ev := range evs {
-						if ev.AudioMs > onsetMs+settleMs {
-							t.Errorf("event %v ends after %d ms", ev, onsetMs+settleMs)
+	for _, fm := range frameLengths {
+		for _, rate := range []int{Rate16k, Rate24k} {
+			for _, k := range noiseKinds {
+				for mix := range noiseMixes {
+					t.Run(fmt.Sprintf("%dms/%d/%s%d", fm, rate, k.name, mix), func(t *testing.T) {
+						x := k.noise(t, rate, 30*rate, mix)
+						clear(x[:onsetMs*rate/1000])
+						evs, _ := run(t, rate, fm, toPCM(x))
+						for i, ev := range evs {
+							if ev.AudioMs > onsetMs+settleMs {
+								t.Errorf("event %v ends after %d ms", ev, onsetMs+settleMs)
+							}
+							if want := []Kind{SpeechStarted, SpeechStopped}[i%2]; ev.Kind != want {
+								t.Errorf("event %d is %v, want %v", i, ev.Kind, want)
+							}
 						}
-						if want := []Kind{SpeechStarted, SpeechStopped}[i%2]; ev.Kind != want {
-							t.Errorf("event %d is %v, want %v", i, ev.Kind, want)
+						if len(evs)%2 != 0 {
+							t.Errorf("still in speech at the end: %v", evs)
 						}
-					}
-					if len(evs)%2 != 0 {
-						t.Errorf("still in speech at the end: %v", evs)
-					}
-				})
+					})
+				}
 			}
 		}
 	}

@@ -17,7 +17,7 @@ const (
 	DefaultPrefixPaddingMs   = 300
 	DefaultSilenceDurationMs = 500
 	MaxPrefixPaddingMs       = 2000
-	MinSilenceDurationMs     = FrameMs
+	MinSilenceDurationMs     = Frame20ms
 	MaxSilenceDurationMs     = 10000
 )
 
@@ -49,11 +49,12 @@ type TurnDetection struct {
 	// PrefixPaddingMs, 0 to MaxPrefixPaddingMs, is how much audio
 	// before the detected onset belongs to the utterance: speech-started
 	// positions include it, and Detector keeps that much audio so the
-	// first syllable is not clipped. Rounded up to whole 20 ms frames.
+	// first syllable is not clipped. Rounded up to whole frames of the
+	// detector (10 or 20 ms, Detector.FrameMs).
 	PrefixPaddingMs int `json:"prefix_padding_ms"`
 	// SilenceDurationMs, MinSilenceDurationMs to MaxSilenceDurationMs,
 	// is how long the talker must be silent before speech has stopped.
-	// Rounded up to whole 20 ms frames.
+	// Rounded up to whole frames of the detector (10 or 20 ms).
 	SilenceDurationMs int `json:"silence_duration_ms"`
 	// InterruptResponse says whether a speech start also clears the
 	// session's output queue (barge-in). Detector does not act on it:

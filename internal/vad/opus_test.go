@@ -10,9 +10,9 @@ import (
 )
 
 // throughOpus encodes pcm (PCM16 mono at rate) as a WebRTC client would,
-// Opus VoIP in 20 ms packets at bitrate, and decodes it at the same rate,
-// as the transceiver does before turn detection.
-func throughOpus(t testing.TB, rate, bitrate int, pcm []byte) []byte {
+// Opus VoIP in packets of packetMs at bitrate, and decodes it at the same
+// rate, as the transceiver does before turn detection.
+func throughOpus(t testing.TB, rate, bitrate, packetMs int, pcm []byte) []byte {
 	t.Helper()
 	enc, err := opus.NewEncoder(rate, 1, opus.AppVoIP)
 	if err != nil {
@@ -25,7 +25,7 @@ func throughOpus(t testing.TB, rate, bitrate int, pcm []byte) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := rate / 50
+	n := rate * packetMs / 1000
 	in := make([]int16, n)
 	out := make([]int16, n)
 	pkt := make([]byte, 1500)
@@ -59,42 +59,47 @@ func throughOpus(t testing.TB, rate, bitrate int, pcm []byte) []byte {
 // truth.
 const opusEndSlackMs = 20
 
+// TestAccuracyThroughOpus runs it with the client's packets of 20 ms and
+// 10 ms (the transceiver's -ptime 10) and the detector's frames of 20
+// and 10 ms.
 func TestAccuracyThroughOpus(t *testing.T) {
 	speech.Require(t)
 	if testing.Short() {
 		t.Skip("generates minutes of audio")
 	}
 	const bitrate = 32000
-	for _, rate := range []int{Rate16k, Rate24k} {
-		st := &accuracyStats{}
-		t.Run(fmt.Sprint(rate), func(t *testing.T) {
-			t.Run("silence", func(t *testing.T) {
-				t.Parallel()
-				sc := makeScene(t, rate, nil)
-				sc.pcm = throughOpus(t, rate, bitrate, sc.pcm)
-				sc.endSlackMs = opusEndSlackMs
-				checkScene(t, sc, st)
-			})
-			for _, k := range noiseKinds {
-				t.Run(k.name+"0", func(t *testing.T) {
+	for _, c := range []struct{ packetMs, fm int }{{20, Frame20ms}, {20, Frame10ms}, {10, Frame10ms}} {
+		for _, rate := range []int{Rate16k, Rate24k} {
+			st := &accuracyStats{}
+			t.Run(fmt.Sprintf("packets%dms/frames%dms/%d", c.packetMs, c.fm, rate), func(t *testing.T) {
+				t.Run("silence", func(t *testing.T) {
 					t.Parallel()
-					sc := makeScene(t, rate, func(n int) []float64 { return k.noise(t, rate, n, 0) })
-					sc.pcm = throughOpus(t, rate, bitrate, sc.pcm)
+					sc := makeScene(t, rate, nil)
+					sc.pcm = throughOpus(t, rate, bitrate, c.packetMs, sc.pcm)
 					sc.endSlackMs = opusEndSlackMs
-					checkScene(t, sc, st)
+					checkScene(t, sc, c.fm, st)
 				})
-				t.Run(k.name+"0_alone", func(t *testing.T) {
-					t.Parallel()
-					evs, _ := run(t, rate, throughOpus(t, rate, bitrate, toPCM(k.noise(t, rate, 60*rate, 0))))
-					if len(evs) != 0 {
-						t.Errorf("%d events on 60 s of noise alone, want none: %v", len(evs), evs)
-					}
-				})
+				for _, k := range noiseKinds {
+					t.Run(k.name+"0", func(t *testing.T) {
+						t.Parallel()
+						sc := makeScene(t, rate, func(n int) []float64 { return k.noise(t, rate, n, 0) })
+						sc.pcm = throughOpus(t, rate, bitrate, c.packetMs, sc.pcm)
+						sc.endSlackMs = opusEndSlackMs
+						checkScene(t, sc, c.fm, st)
+					})
+					t.Run(k.name+"0_alone", func(t *testing.T) {
+						t.Parallel()
+						evs, _ := run(t, rate, c.fm, throughOpus(t, rate, bitrate, c.packetMs, toPCM(k.noise(t, rate, 60*rate, 0))))
+						if len(evs) != 0 {
+							t.Errorf("%d events on 60 s of noise alone, want none: %v", len(evs), evs)
+						}
+					})
+				}
+			})
+			if len(st.onsetErr) > 0 {
+				t.Logf("%d ms packets, %d ms frames, %d Hz through Opus: %d onsets: |onset error| p50 %d ms, max %d ms; start reported after the true onset p50 %d ms, max %d ms; speech end error p50 %d ms",
+					c.packetMs, c.fm, rate, len(st.onsetErr), pct(st.onsetErr, 50), maxOf(st.onsetErr), pct(st.latency, 50), maxOf(st.latency), pct(st.endErr, 50))
 			}
-		})
-		if len(st.onsetErr) > 0 {
-			t.Logf("%d Hz through Opus: %d onsets: |onset error| p50 %d ms, max %d ms; start reported after the true onset p50 %d ms, max %d ms",
-				rate, len(st.onsetErr), pct(st.onsetErr, 50), maxOf(st.onsetErr), pct(st.latency, 50), maxOf(st.latency))
 		}
 	}
 }

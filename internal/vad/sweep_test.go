@@ -10,6 +10,7 @@ import (
 var (
 	sweep         = flag.Bool("vad.sweep", false, "run TestTuningSweep (minutes): the accuracy test's cases under other tunings")
 	sweepFirstMix = flag.Int("vad.sweep.mix", 0, "first noise mix TestTuningSweep runs (TestAccuracy runs 0 to 3; 4 and on are held out)")
+	sweepFrame    = flag.Int("vad.sweep.frame", Frame20ms, "frame length TestTuningSweep runs the detector at, ms (10 or 20)")
 )
 
 // TestTuningSweep runs the accuracy test's cases under a grid of tunings
@@ -39,7 +40,7 @@ func TestTuningSweep(t *testing.T) {
 		}
 	}
 	runTuned := func(tu tuning, rate int, pcm []byte) (evs []Event, at []int64) {
-		d, err := newDetector(DefaultTurnDetection(), rate, tu)
+		d, err := newDetector(DefaultTurnDetection(), rate, *sweepFrame, tu)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,12 +54,12 @@ func TestTuningSweep(t *testing.T) {
 		}
 		return evs, at
 	}
-	for _, rise := range []float64{0.05, 0.15} {
+	for _, rise := range []float64{2.5, 7.5} {
 		for _, m := range []float64{12, 14, 16} {
-			for _, sm := range []int{2, 3} {
+			for _, sm := range []int{40, 60} {
 				for _, q := range []float64{0.3, 0.5} {
-					for _, start := range []int{2, 3} {
-						tu := tuning{marginPerT: m, floorQ: q, smooth: sm, startCount: start, speechRise: rise}
+					for _, start := range []int{40, 60} {
+						tu := tuning{marginPerT: m, floorQ: q, smoothMs: sm, startMs: start, speechRise: rise}
 						bad, falses := 0, 0
 						var errs, lats []int64
 						for _, c := range cases {

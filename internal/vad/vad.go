@@ -3,9 +3,12 @@
 // "server_vad" turn detection reports it (input_audio_buffer.speech_started
 // with audio_start_ms, input_audio_buffer.speech_stopped with audio_end_ms).
 //
-// A Detector is fed the session's audio one 20 ms frame at a time, PCM16
-// little-endian mono at 16000 or 24000 Hz (the bridge's pcm16 formats,
-// docs/bridge.md), and returns at most one Event per frame. It is a pure
+// A Detector is fed the session's audio one frame at a time, frames of
+// 10 or 20 ms (chosen when it is made) of PCM16 little-endian mono at
+// 16000 or 24000 Hz (the bridge's pcm16 formats, docs/bridge.md), and
+// returns at most one Event per frame. Every rule below is stated in ms
+// and holds at either frame length; 10 ms frames put positions on a
+// 10 ms grid. It is a pure
 // state machine: no goroutines, no clock, no I/O, no allocation per frame.
 //
 // The voice activity decision per frame is WebRTC's VAD (the Gaussian
@@ -21,15 +24,15 @@
 //     7 dB at the default. WebRTC's VAD calls babble (other people
 //     talking) speech; the floor and margin are what keep the room from
 //     starting a turn. Threshold also picks the engine's aggressiveness.
-//   - an onset rule: speech starts when 2 of the last 4 frames count;
+//   - an onset rule: speech starts when 40 ms of the last 80 ms count;
 //     the reported onset is the first of them, moved back (up to 100 ms)
-//     over the frames just before it whose own energy, over the whole
-//     input band, stands 3 dB above its floor: an unvoiced start (/s/)
+//     over the frames just before it whose own energy (20 ms), over the
+//     whole input band, stands 3 dB above its floor: an unvoiced start (/s/)
 //     has its energy above 4 kHz, where the engine does not look;
 //   - an end rule: speech stops after SilenceDurationMs without a frame
 //     that counts, counted from the last frame of the last counting
 //     frame's energy window whose own power clears the bar (the 60 ms
-//     energy outlasts the speech by up to two frames);
+//     energy outlasts the speech by up to 40 ms);
 //   - a floor that keeps learning in speech when the energy has been
 //     stationary for a second, so noise switched on mid-session (taken
 //     for a talker at first) ends its false turn within seconds;
@@ -48,8 +51,13 @@ import (
 	"runtime"
 )
 
-// FrameMs is the length of one input frame, in milliseconds.
-const FrameMs = 20
+// Frame lengths a Detector takes, ms: WebRTC's VAD classifies frames of
+// either. 10 ms frames put the speech end, and so the stop, on a 10 ms
+// grid; 20 ms frames cost about half the CPU (docs/vad.md).
+const (
+	Frame10ms = 10
+	Frame20ms = 20
+)
 
 // Input sample rates a Detector accepts, Hz.
 const (
@@ -57,8 +65,13 @@ const (
 	Rate24k = 24000
 )
 
-// maxFrameSamples is the samples in one frame at the highest rate.
-const maxFrameSamples = Rate24k * FrameMs / 1000
+// maxFrameSamples is the samples in one frame at the highest rate and
+// the longest frame.
+const maxFrameSamples = Rate24k * Frame20ms / 1000
+
+// onsetMs is the window of the onset rule's whole-band energy: a 20 ms
+// frame alone, two 10 ms frames.
+const onsetMs = 20
 
 // tuning holds the parameters of the turn rules that the accuracy test
 // was used to choose (docs/vad.md); defaultTuning is what NewDetector
@@ -66,36 +79,45 @@ const maxFrameSamples = Rate24k * FrameMs / 1000
 type tuning struct {
 	marginPerT float64 // dB of margin above the floor per unit of Threshold
 	floorQ     float64 // quantile of frame energy the floor tracks
-	smooth     int     // frames whose mean power is a frame's energy, 1 to maxSmooth
-	startCount int     // frames of startWindow that must count for an onset
-	speechRise float64 // dB per frame the floor may rise in speech
+	smoothMs   int     // ms whose mean power is a frame's energy, 20 to maxSmoothMs
+	startMs    int     // ms of the last startWindowMs that must count for an onset
+	speechRise float64 // dB per second the floor may rise in speech
 }
 
-var defaultTuning = tuning{marginPerT: 14, floorQ: 0.5, smooth: 3, startCount: 2, speechRise: 0.05}
+var defaultTuning = tuning{marginPerT: 14, floorQ: 0.5, smoothMs: 60, startMs: 40, speechRise: 2.5}
 
-const maxSmooth = 4
-
-// Fixed parts of the turn rules around the engine (see the package doc).
+// Fixed parts of the turn rules around the engine (see the package doc),
+// in ms or per second: a detector turns them into frames of its length.
 const (
-	startWindow  = 4 // frames looked at for an onset
-	maxBacktrack = 5 // frames the onset may move back over
-	histLen      = startWindow + maxBacktrack
-	backtrackDB  = 3.0  // dB above onsetFloor a frame needs to be moved back over
-	floorStep    = 0.5  // dB per frame the floor moves by
-	floorRise    = 0.02 // of the distance to a frame above the floor, the most it rises by
-	floorMin     = -80  // dBFS, the lowest floor
-	statFrames   = 50   // frames (1 s) over which stationarity is judged
-	statStdDB    = 3.5  // dB: energy whose standard deviation over statFrames is under this is stationary
-	minEnergyDB  = -100 // dBFS given to digital silence
+	maxSmoothMs    = 80
+	startWindowMs  = 80  // looked at for an onset
+	maxBacktrackMs = 100 // the onset may move back over
+	histMs         = startWindowMs + maxBacktrackMs
+	backtrackDB    = 3.0  // dB above onsetFloor a frame needs to be moved back over
+	floorStep      = 25.0 // dB per second the floor moves by
+	floorRise      = 0.02 // of the distance to a frame above the floor, the most it rises by in 20 ms
+	floorMin       = -80  // dBFS, the lowest floor
+	statMs         = 1000 // over which stationarity is judged
+	statStdDB      = 3.5  // dB: energy whose standard deviation over statMs is under this is stationary
+	minEnergyDB    = -100 // dBFS given to digital silence
+)
+
+// Array sizes for the shortest frame.
+const (
+	maxSmooth  = maxSmoothMs / Frame10ms
+	maxHist    = histMs / Frame10ms
+	maxStat    = statMs / Frame10ms
+	maxOnsetFr = onsetMs / Frame10ms
 )
 
 var (
 	// ErrRate is returned by NewDetector for a sample rate it does not
 	// take.
 	ErrRate = errors.New("vad: sample rate must be 16000 or 24000 Hz")
-	// ErrFrameSize is returned by Process for a frame that is not 20 ms
-	// of PCM16 mono at the detector's rate.
-	ErrFrameSize = errors.New("vad: frame is not 20 ms of PCM16 mono")
+	// ErrFrameSize is returned by Process for a frame that is not one
+	// frame (FrameMs) of PCM16 mono at the detector's rate, and by
+	// NewDetector for a frame length other than Frame10ms or Frame20ms.
+	ErrFrameSize = errors.New("vad: frame is not one frame (10 or 20 ms, as made) of PCM16 mono")
 	// ErrClosed is returned by Process after Close.
 	ErrClosed = errors.New("vad: detector closed")
 	// ErrUnavailable is returned by NewDetector in a build without cgo,
@@ -130,7 +152,7 @@ func (k Kind) String() string {
 
 // Event is what Process reports for one frame. Positions are in
 // milliseconds on the detector's input clock: 0 is the start of the
-// first frame it was fed, and each frame adds FrameMs (a bridge whose
+// first frame it was fed, and each frame adds its FrameMs (a bridge whose
 // input clock was already running adds the position of that first frame).
 type Event struct {
 	Kind Kind
@@ -150,7 +172,7 @@ type Event struct {
 // frameStat is what the onset rule remembers of one recent frame.
 type frameStat struct {
 	energy float32 // dBFS, the gate's energy (band the engine sees, 60 ms)
-	onset  float32 // dBFS above onsetFloor: this frame alone, whole input band
+	onset  float32 // dBFS above onsetFloor: the last 20 ms, whole input band
 	counts bool    // voiced and clear of the margin
 }
 
@@ -162,14 +184,27 @@ type Detector struct {
 	cfg           TurnDetection
 	tune          tuning
 	rate          int     // input rate, Hz
+	frameMs       int     // input frame length, ms
 	frameBytes    int     // input bytes per frame
 	engineRate    int     // rate of the frames given to the engine, Hz
 	margin        float64 // dB above the floor for a frame to count
 	prefixFrames  int64
 	silenceFrames int
 	ringFrames    int
-	eng           *engine
-	cleanup       runtime.Cleanup
+	// The rules' durations in frames of frameMs, and their per-frame
+	// steps.
+	smooth      int
+	startWindow int
+	startCount  int
+	backtrack   int
+	histLen     int
+	statFrames  int
+	onsetFrames int
+	stepDB      float64 // the floor's step, dB per frame
+	riseFrac    float64 // floorRise per frame
+	speechRise  float64 // dB per frame
+	eng         *engine
+	cleanup     runtime.Cleanup
 
 	// Per-frame state.
 	dec        decimator
@@ -179,8 +214,9 @@ type Detector struct {
 	floor      float64             // noise floor, dBFS
 	onsetFloor float64             // the same for the whole-band energy of single frames
 	power      [maxSmooth]float64  // meanPower of recent frames, by index mod maxSmooth
-	hist       [histLen]frameStat  // by frame index mod histLen
-	statE      [statFrames]float32 // frame energies, dBFS, by frame index mod statFrames
+	wideP      [maxOnsetFr]float64 // the same over the whole input band, by index mod onsetFrames
+	hist       [maxHist]frameStat  // by frame index mod histLen
+	statE      [maxStat]float32    // frame energies, dBFS, by frame index mod statFrames
 	inSpeech   bool
 	silent     int   // frames since the last one that counted, in speech
 	lastSpeech int64 // index of the last frame that counted, in speech
@@ -189,17 +225,21 @@ type Detector struct {
 }
 
 // NewDetector returns a detector for rate Hz input (Rate16k or Rate24k)
-// configured by cfg, which must pass Validate. It fails with an error
-// wrapping ErrConfig, ErrRate or ErrUnavailable.
-func NewDetector(cfg TurnDetection, rate int) (*Detector, error) {
-	return newDetector(cfg, rate, defaultTuning)
+// in frames of frameMs (Frame10ms or Frame20ms) configured by cfg, which
+// must pass Validate. It fails with an error wrapping ErrConfig, ErrRate,
+// ErrFrameSize or ErrUnavailable.
+func NewDetector(cfg TurnDetection, rate, frameMs int) (*Detector, error) {
+	return newDetector(cfg, rate, frameMs, defaultTuning)
 }
 
-func newDetector(cfg TurnDetection, rate int, tune tuning) (*Detector, error) {
+func newDetector(cfg TurnDetection, rate, frameMs int, tune tuning) (*Detector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Detector{cfg: cfg, rate: rate, tune: tune}
+	if frameMs != Frame10ms && frameMs != Frame20ms {
+		return nil, fmt.Errorf("%w: NewDetector takes frames of %d or %d ms (got %d)", ErrFrameSize, Frame10ms, Frame20ms, frameMs)
+	}
+	d := &Detector{cfg: cfg, rate: rate, frameMs: frameMs, tune: tune}
 	switch rate {
 	case Rate16k:
 		d.engineRate = Rate16k
@@ -208,11 +248,22 @@ func newDetector(cfg TurnDetection, rate int, tune tuning) (*Detector, error) {
 	default:
 		return nil, fmt.Errorf("%w (got %d)", ErrRate, rate)
 	}
-	d.frameBytes = 2 * rate * FrameMs / 1000
+	d.frameBytes = 2 * rate * frameMs / 1000
 	d.margin = d.tune.marginPerT * cfg.Threshold
-	d.prefixFrames = int64((cfg.PrefixPaddingMs + FrameMs - 1) / FrameMs)
-	d.silenceFrames = (cfg.SilenceDurationMs + FrameMs - 1) / FrameMs
-	d.ringFrames = int(d.prefixFrames) + histLen
+	d.prefixFrames = int64((cfg.PrefixPaddingMs + frameMs - 1) / frameMs)
+	d.silenceFrames = (cfg.SilenceDurationMs + frameMs - 1) / frameMs
+	d.smooth = max(1, min(tune.smoothMs, maxSmoothMs)/frameMs)
+	d.startWindow = startWindowMs / frameMs
+	d.startCount = max(1, tune.startMs/frameMs)
+	d.backtrack = maxBacktrackMs / frameMs
+	d.histLen = d.startWindow + d.backtrack
+	d.statFrames = statMs / frameMs
+	d.onsetFrames = onsetMs / frameMs
+	fr := float64(frameMs) / 1000
+	d.stepDB = floorStep * fr
+	d.riseFrac = 1 - math.Pow(1-floorRise, float64(frameMs)/20)
+	d.speechRise = tune.speechRise * fr
+	d.ringFrames = int(d.prefixFrames) + d.histLen
 	d.ring = make([]byte, d.ringFrames*d.frameBytes)
 	eng, err := newEngine(engineMode(cfg.Threshold))
 	if err != nil {
@@ -237,19 +288,23 @@ func (d *Detector) Config() TurnDetection { return d.cfg }
 // Rate returns the detector's input sample rate, Hz.
 func (d *Detector) Rate() int { return d.rate }
 
-// FrameBytes returns the length of the frames Process takes: 640 at
-// 16 kHz, 960 at 24 kHz.
+// FrameMs returns the length of the frames Process takes, ms: Frame10ms
+// or Frame20ms.
+func (d *Detector) FrameMs() int { return d.frameMs }
+
+// FrameBytes returns the length of the frames Process takes: 2 bytes per
+// sample, 320 or 640 at 16 kHz (10 or 20 ms), 480 or 960 at 24 kHz.
 func (d *Detector) FrameBytes() int { return d.frameBytes }
 
 // PositionMs returns the end of the last frame processed, ms on the
 // input clock.
-func (d *Detector) PositionMs() int64 { return d.frames * FrameMs }
+func (d *Detector) PositionMs() int64 { return d.frames * int64(d.frameMs) }
 
 // InSpeech reports whether the detector is between a SpeechStarted and
 // its SpeechStopped.
 func (d *Detector) InSpeech() bool { return d.inSpeech }
 
-// Process takes the next 20 ms frame of input (FrameBytes bytes of PCM16
+// Process takes the next frame of input (FrameBytes bytes of PCM16
 // little-endian mono; any sample values) and returns what it caused. A
 // frame of the wrong length returns ErrFrameSize and is not counted on
 // the input clock: give a concealed or silent frame for a lost one so
@@ -268,10 +323,19 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 	copy(d.ring[int(d.frames%int64(d.ringFrames))*d.frameBytes:], frame)
 
 	in := d.samples[:n]
-	// The onset is looked for in the whole input band, frame by frame:
+	// The onset is looked for in the whole input band, 20 ms at a time:
 	// an unvoiced start (/s/, /f/) has its energy above 4 kHz, where the
 	// engine does not look at 24 kHz.
-	onsetE := powerDB(meanPower(in))
+	wide := meanPower(in)
+	if d.frames == 0 {
+		d.wideP = [maxOnsetFr]float64{wide, wide}
+	}
+	d.wideP[d.frames%int64(d.onsetFrames)] = wide
+	var wsum float64
+	for _, p := range d.wideP[:d.onsetFrames] {
+		wsum += p
+	}
+	onsetE := powerDB(wsum / float64(d.onsetFrames))
 	if d.frames == 0 {
 		d.onsetFloor = max(floorMin, onsetE)
 	}
@@ -284,16 +348,18 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 	}
 	power := meanPower(in)
 	if d.frames == 0 {
-		d.power = [maxSmooth]float64{power, power, power, power}
+		for i := range d.power {
+			d.power[i] = power
+		}
 	}
 	d.power[d.frames%maxSmooth] = power
-	// A frame's energy is the mean power of the last few frames, so a
-	// single 20 ms peak of noise weighs less.
+	// A frame's energy is the mean power of the last 60 ms, so a single
+	// short peak of noise weighs less.
 	var sum float64
-	for i := range int64(d.tune.smooth) {
+	for i := range int64(d.smooth) {
 		sum += d.power[(d.frames+maxSmooth-i)%maxSmooth]
 	}
-	energy := powerDB(sum / float64(d.tune.smooth))
+	energy := powerDB(sum / float64(d.smooth))
 	if d.frames == 0 {
 		d.floor = max(floorMin, energy)
 	}
@@ -303,16 +369,16 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 	// After the end of an utterance the smoothed energy counts for up to
 	// smooth-1 more frames; the silence window runs from the speech.
 	loudEnd := d.frames
-	for loudEnd > max(0, d.frames-int64(d.tune.smooth)+1) && powerDB(d.power[loudEnd%maxSmooth]) <= d.floor+d.margin {
+	for loudEnd > max(0, d.frames-int64(d.smooth)+1) && powerDB(d.power[loudEnd%maxSmooth]) <= d.floor+d.margin {
 		loudEnd--
 	}
-	d.statE[d.frames%statFrames] = float32(energy)
+	d.statE[d.frames%int64(d.statFrames)] = float32(energy)
 	onsetAbove := onsetE - d.onsetFloor
 	d.floor = d.trackFloor(d.floor, energy)
 	d.onsetFloor = d.trackFloor(d.onsetFloor, onsetE)
 
 	cur := d.frames
-	d.hist[cur%histLen] = frameStat{energy: float32(energy), onset: float32(onsetAbove), counts: counts}
+	d.hist[cur%int64(d.histLen)] = frameStat{energy: float32(energy), onset: float32(onsetAbove), counts: counts}
 	d.frames++
 
 	if !d.inSpeech {
@@ -329,35 +395,38 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 	}
 	d.inSpeech = false
 	d.lastStop = d.frames
-	return Event{Kind: SpeechStopped, AudioMs: d.frames * FrameMs, SpeechMs: (d.lastSpeech + 1) * FrameMs}, nil
+	fm := int64(d.frameMs)
+	return Event{Kind: SpeechStopped, AudioMs: d.frames * fm, SpeechMs: (d.lastSpeech + 1) * fm}, nil
 }
 
 // onset applies the onset rule after frame cur.
 func (d *Detector) onset(cur int64) Event {
 	first, count := int64(-1), 0
-	for f := max(0, cur-startWindow+1); f <= cur; f++ {
-		if d.hist[f%histLen].counts {
+	hl := int64(d.histLen)
+	for f := max(0, cur-int64(d.startWindow)+1); f <= cur; f++ {
+		if d.hist[f%hl].counts {
 			count++
 			if first < 0 {
 				first = f
 			}
 		}
 	}
-	if count < d.tune.startCount {
+	if count < d.startCount {
 		return Event{}
 	}
 	// Neither the onset nor its padding reaches back into the previous
 	// utterance: frames before lastStop were counted in its silence.
 	first = max(first, d.lastStop)
-	lim := max(0, cur-histLen+1, d.lastStop)
-	for first > lim && d.hist[(first-1)%histLen].onset > backtrackDB {
+	lim := max(0, cur-hl+1, d.lastStop)
+	for first > lim && d.hist[(first-1)%hl].onset > backtrackDB {
 		first--
 	}
 	d.inSpeech = true
 	d.silent = 0
 	d.lastSpeech = cur
 	audio := max(d.lastStop, first-d.prefixFrames)
-	return Event{Kind: SpeechStarted, AudioMs: audio * FrameMs, SpeechMs: first * FrameMs}
+	fm := int64(d.frameMs)
+	return Event{Kind: SpeechStarted, AudioMs: audio * fm, SpeechMs: first * fm}
 }
 
 // trackFloor returns floor moved one step toward the floorQ quantile
@@ -373,29 +442,31 @@ func (d *Detector) onset(cur int64) Event {
 // (the stationarity test of classic codec VADs such as AMR's).
 func (d *Detector) trackFloor(floor, energy float64) float64 {
 	if energy < floor {
-		return max(floorMin, floor-floorStep*(1-d.tune.floorQ))
+		return max(floorMin, floor-d.stepDB*(1-d.tune.floorQ))
 	}
 	if d.inSpeech && !d.stationary() {
-		return floor + d.tune.speechRise
+		return floor + d.speechRise
 	}
-	return floor + max(floorStep*d.tune.floorQ, floorRise*(energy-floor))
+	return floor + max(d.stepDB*d.tune.floorQ, d.riseFrac*(energy-floor))
 }
 
-// stationary reports whether the energy of the last statFrames frames
-// has a standard deviation under statStdDB.
+// stationary reports whether the energy of the last statMs has a
+// standard deviation under statStdDB.
 func (d *Detector) stationary() bool {
-	if d.frames < statFrames {
+	n := int64(d.statFrames)
+	if d.frames < n {
 		return false
 	}
 	var sum, sq float64
-	for _, e := range d.statE {
+	es := d.statE[:n]
+	for _, e := range es {
 		sum += float64(e)
 	}
-	mean := sum / statFrames
-	for _, e := range d.statE {
+	mean := sum / float64(n)
+	for _, e := range es {
 		sq += (float64(e) - mean) * (float64(e) - mean)
 	}
-	return sq/statFrames < statStdDB*statStdDB
+	return sq/float64(n) < statStdDB*statStdDB
 }
 
 // meanPower returns the mean of s², s in units of full scale (1.0 for
@@ -421,13 +492,15 @@ func powerDB(p float64) float64 {
 // fed) from fromMs to PositionMs and returns it; ok is false, and dst is
 // returned unchanged, when the detector no longer holds audio that old
 // (it keeps PrefixPaddingMs plus 180 ms) or fromMs is not a frame
-// boundary in range. Right after a SpeechStarted event, AppendSince(dst,
-// ev.AudioMs) gives the utterance so far with its prefix padding.
+// boundary (a multiple of FrameMs) in range. Right after a SpeechStarted
+// event, AppendSince(dst, ev.AudioMs) gives the utterance so far with its
+// prefix padding.
 func (d *Detector) AppendSince(dst []byte, fromMs int64) (_ []byte, ok bool) {
-	if fromMs < 0 || fromMs%FrameMs != 0 || fromMs > d.PositionMs() {
+	fm := int64(d.frameMs)
+	if fromMs < 0 || fromMs%fm != 0 || fromMs > d.PositionMs() {
 		return dst, false
 	}
-	from := fromMs / FrameMs
+	from := fromMs / fm
 	if d.frames-from > int64(d.ringFrames) {
 		return dst, false
 	}
