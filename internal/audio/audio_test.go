@@ -1,6 +1,7 @@
 package audio
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"testing"
@@ -455,6 +456,77 @@ func TestEncoderTenMs(t *testing.T) {
 	for _, ms := range []int{5, 15, 40, -10} {
 		if _, err := NewEncoderConfig(EncoderConfig{Rate: 24000, FrameMs: ms}); err == nil {
 			t.Errorf("FrameMs %d accepted", ms)
+		}
+	}
+}
+
+// TestDecoderPartial: with 10 ms client packets every other Push returns
+// no frame and leaves half a frame in Partial, under the Seq and
+// Timestamp of the frame the next Push returns, whose first half it is
+// byte for byte; that holds when the frame is completed by a packet, by
+// concealment of a lost one, and by DTX padding. After a Push that ends
+// on a frame, Partial is empty.
+func TestDecoderPartial(t *testing.T) {
+	pcm := speech(t) // 48 kHz
+	e, err := NewEncoderConfig(EncoderConfig{Rate: 48000, FrameMs: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := make([]byte, 0, 2*len(pcm))
+	for _, v := range pcm {
+		in = binary.LittleEndian.AppendUint16(in, uint16(v))
+	}
+	pkts, err := e.Write(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rate = 16000
+	half := 2 * FrameSamples(rate) / 2
+	d, err := NewDecoder(rate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var part Frame
+	var partPCM []byte
+	checked := map[string]int{}
+	ts := uint32(0)
+	seq := uint16(0)
+	for i, p := range pkts {
+		how := "packet"
+		switch {
+		case i%40 == 21: // lost: the next packet's Push conceals it
+			seq++
+			ts += 480
+			continue
+		case i%40 == 31: // DTX: a timestamp jump without lost packets
+			ts += 4800
+			how = "dtx"
+		case i%40 == 22:
+			how = "concealed"
+		}
+		fs := d.Push(seq, ts, p.Payload)
+		seq++
+		ts += 480
+		if partPCM != nil {
+			if len(fs) == 0 || fs[0].Seq != part.Seq || fs[0].Timestamp != part.Timestamp || !bytes.Equal(fs[0].PCM[:half], partPCM) {
+				t.Fatalf("packet %d (%s): the frame after Partial %+v is %v", i, how, part, fs)
+			}
+			checked[how]++
+			partPCM = nil
+		}
+		part = d.Partial()
+		switch len(part.PCM) {
+		case 0:
+		case half:
+			partPCM = append([]byte(nil), part.PCM...)
+		default:
+			t.Fatalf("packet %d: Partial holds %d bytes, want 0 or %d", i, len(part.PCM), half)
+		}
+	}
+	t.Logf("frames checked against Partial: %v", checked)
+	for _, how := range []string{"packet", "concealed", "dtx"} {
+		if checked[how] == 0 {
+			t.Errorf("no frame completed by %s was checked: %v", how, checked)
 		}
 	}
 }

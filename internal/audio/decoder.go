@@ -73,9 +73,10 @@ type Decoder struct {
 	frame int // samples per frame
 	div   int // rtpRate / rate
 
-	buf []int16 // decode scratch: MaxPacketDuration at rate, plus concealment
-	out []byte  // frame PCM bytes, all frames of one Push back to back
-	fs  []Frame // frames returned by Push
+	buf  []int16 // decode scratch: MaxPacketDuration at rate, plus concealment
+	out  []byte  // frame PCM bytes, all frames of one Push back to back
+	fs   []Frame // frames returned by Push
+	part []byte  // Partial's PCM
 
 	// The frame being assembled.
 	pend          []int16
@@ -115,7 +116,24 @@ func NewDecoder(rate int) (*Decoder, error) {
 		buf:   make([]int16, maxConceal+maxPacket),
 		out:   make([]byte, 0, 2*(maxConceal+maxPacket+frame)),
 		pend:  make([]int16, 0, frame),
+		part:  make([]byte, 0, 2*frame),
 	}, nil
+}
+
+// Partial returns the frame being assembled: the samples decoded since
+// the last frame Push returned, fewer than a frame (none after a Push
+// that ended on a frame boundary; with 10 ms packets, half a frame after
+// every other one). Its Seq and Timestamp are those the frame will have
+// once Push completes it with the same samples first, so a caller can
+// look at decoded audio as soon as it is decoded (turn detection on
+// 10 ms packets) and still take whole frames for the rest. The PCM is
+// valid until the next Push or Partial.
+func (d *Decoder) Partial() Frame {
+	d.part = d.part[:0]
+	for _, s := range d.pend {
+		d.part = binary.LittleEndian.AppendUint16(d.part, uint16(s))
+	}
+	return Frame{Seq: d.seq, Timestamp: d.ts, PCM: d.part, Concealed: d.pendConcealed}
 }
 
 // Rate returns the decoder's output sample rate in Hz.
