@@ -162,7 +162,7 @@ func (sess *session) startPlayout() { sess.media.q.Resume() }
 // into 20 ms PCM frames (losses concealed) for the PCM formats.
 func (sess *session) toBackend(pkt *rtp.Packet) error {
 	m := sess.media
-	sess.applyTurns()
+	sess.applyTurns(pkt.Payload)
 	if m.dec == nil {
 		if err := sess.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}); err != nil {
 			return err
@@ -176,6 +176,7 @@ func (sess *session) toBackend(pkt *rtp.Packet) error {
 		}
 		sess.feedTurns(f.Timestamp, f.PCM)
 	}
+	sess.feedPartial(m.dec)
 	st := m.dec.Stats()
 	if st != m.decLast {
 		mt := sess.srv.metrics

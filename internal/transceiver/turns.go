@@ -20,8 +20,15 @@ import (
 // OpenAI's input_audio_buffer.speech_* events to the client, and clears
 // the output queue on a speech start (barge-in) when interruption is on.
 //
-//	client RTP ─▶ toBackend ─▶ decoded 20 ms frames ─▶ turns.feed
+//	client RTP ─▶ toBackend ─▶ decoded 20 ms frames ─▶ feedTurns
 //	                          (Opus passthrough: a 16 kHz decoder of its own)
+//
+// When the client sends 10 ms packets the detector takes 10 ms frames,
+// and each packet's audio is fed to it as soon as it is decoded
+// (feedPartial): the first half of a 20 ms frame does not wait for the
+// packet that completes it, so the speech end and the silence window's
+// end fall on a 10 ms grid and the stop is sent with the packet that
+// ends the window, about 5 ms sooner on average (docs/vad.md).
 
 // OpenAI Realtime server events the transceiver sends the client on
 // oai-events about turn detection, unless the backend's hello opted out.
@@ -65,6 +72,11 @@ type turns struct {
 	fresh   bool   // det has not been fed yet: offset is set by its first frame
 	base    int64  // Opus: the input clock at dec's first frame, ms
 	silence []byte // one frame of silence at det's rate
+	// early is set when the first half of the frame at earlyTS (10 ms)
+	// went to the detector from the decoder's partial frame: feedTurns
+	// then feeds only the frame's second half.
+	early   bool
+	earlyTS uint32
 	// Opus passthrough: the client's RTP timestamps, unwrapped (48 kHz),
 	// from the first packet: the input clock dec is placed on.
 	rtpStarted bool
@@ -97,7 +109,7 @@ func (sess *session) turnsWait(now time.Time) time.Duration {
 	}
 	next := t.lastWall.Add(turnsIdleGrace)
 	if t.idleFed > 0 {
-		next = t.lastWall.Add(time.Duration(t.idleFed+1) * vad.Frame20ms * time.Millisecond)
+		next = t.lastWall.Add(time.Duration(t.idleFed+1) * time.Duration(t.det.FrameMs()) * time.Millisecond)
 	}
 	return max(time.Millisecond, next.Sub(now))
 }
@@ -105,7 +117,7 @@ func (sess *session) turnsWait(now time.Time) time.Duration {
 // idleTurns runs the silence window on wall time when the client has
 // sent nothing for turnsIdleGrace while the user was talking (DTX, a
 // client that stops sending, a stalled network): the detector is fed one
-// frame of silence for each 20 ms since the last packet arrived, so the
+// frame of silence for each frame's time since the last packet arrived, so the
 // stop is sent when the window runs out, not when the next packet comes.
 // The detector's clock then runs ahead of the input clock; frames that
 // arrive for time it already took are not fed to it (feedTurns).
@@ -114,7 +126,7 @@ func (sess *session) idleTurns(now time.Time) {
 	if t.det == nil || !t.det.InSpeech() || t.lastWall.IsZero() || now.Sub(t.lastWall) < turnsIdleGrace {
 		return
 	}
-	due := int64(now.Sub(t.lastWall) / (vad.Frame20ms * time.Millisecond))
+	due := int64(now.Sub(t.lastWall) / (time.Duration(t.det.FrameMs()) * time.Millisecond))
 	for t.idleFed < due && t.det != nil && t.det.InSpeech() {
 		t.idleFed++
 		sess.processTurn(t.silence)
@@ -150,15 +162,31 @@ func (sess *session) setTurnDetection(raw json.RawMessage, from string) {
 }
 
 // applyTurns applies a turn detection setting that came since the last
-// packet. It runs on the track goroutine, once per client packet.
-func (sess *session) applyTurns() {
+// packet. It runs on the track goroutine, once per client packet, before
+// the packet (payload, the client's Opus) is decoded.
+func (sess *session) applyTurns(payload []byte) {
 	t := &sess.turns
 	if t.next.Load() == nil {
 		return
 	}
 	if sw := t.next.Swap(nil); sw != nil {
-		sess.switchTurns(sw.cfg)
+		sess.switchTurns(sw.cfg, turnsFrameMs(payload))
 	}
+}
+
+// turnsFrameMs returns the length of the detector's frames for a client
+// that sends packets like payload: 10 ms for packets of 10 ms or less
+// (the transceiver's -ptime 10 asks for them), so turns are placed and
+// reported on a 10 ms grid; 20 ms otherwise: 20 ms packets bring audio
+// 20 ms at a time, so 10 ms frames would not report a stop sooner, and
+// they report a start about 5 ms later on average (the onset needs 40 ms
+// of speech in either, and a 20 ms frame counts whole when speech fills
+// part of it) for about twice the CPU (docs/vad.md).
+func turnsFrameMs(payload []byte) int {
+	if d, err := audio.PacketDuration(payload); err == nil && d <= 480 {
+		return vad.Frame10ms
+	}
+	return vad.Frame20ms
 }
 
 // opusTurns runs turn detection on one client Opus packet of an Opus
@@ -185,17 +213,55 @@ func (sess *session) opusTurns(seq uint16, ts uint32, payload []byte) {
 		}
 		sess.feedTurns(f.Timestamp, f.PCM)
 	}
+	sess.feedPartial(t.dec)
 }
 
-// feedTurns runs turn detection on one decoded input frame, positioned
-// at timestamp (samples at the frame's rate from the decoder's first
-// frame). It runs on the track goroutine, after the frame went to the
-// backend.
+// feedTurns runs turn detection on one decoded 20 ms input frame,
+// positioned at timestamp (samples at the frame's rate from the
+// decoder's first frame): one detector frame, or two of 10 ms (only the
+// second when feedPartial fed the first). It runs on the track
+// goroutine, after the frame went to the backend.
 func (sess *session) feedTurns(timestamp uint32, pcm []byte) {
 	t := &sess.turns
-	if t.det == nil || len(pcm) != t.det.FrameBytes() {
+	if t.det == nil {
 		return
 	}
+	n := t.det.FrameBytes()
+	if len(pcm)%n != 0 {
+		return
+	}
+	if t.early && timestamp == t.earlyTS && len(pcm) > n {
+		pcm, timestamp = pcm[n:], timestamp+uint32(n/2)
+	}
+	t.early = false
+	for off := 0; off < len(pcm) && t.det != nil; off += n {
+		sess.feedTurn(timestamp+uint32(off/2), pcm[off:off+n])
+	}
+}
+
+// feedPartial feeds a 10 ms detector the first half of the frame dec is
+// assembling, when a 10 ms packet left it there, so that the half is
+// heard now rather than with the next packet; feedTurns then skips it.
+// The backend still gets whole 20 ms frames: a turn message may come up
+// to 10 ms of audio before the frame that holds its position.
+func (sess *session) feedPartial(dec *audio.Decoder) {
+	t := &sess.turns
+	if t.det == nil || t.det.FrameMs() != vad.Frame10ms || t.early {
+		return
+	}
+	p := dec.Partial()
+	n := t.det.FrameBytes()
+	if len(p.PCM) < n {
+		return
+	}
+	t.early, t.earlyTS = true, p.Timestamp
+	sess.feedTurn(p.Timestamp, p.PCM[:n])
+}
+
+// feedTurn gives the detector one frame of its length, positioned at
+// timestamp, after the silence for any time skipped since the last one.
+func (sess *session) feedTurn(timestamp uint32, pcm []byte) {
+	t := &sess.turns
 	if !t.started {
 		t.started, t.ts, t.ext = true, timestamp, int64(timestamp)
 	} else {
@@ -207,7 +273,7 @@ func (sess *session) feedTurns(timestamp uint32, pcm []byte) {
 		t.fresh, t.offset = false, at // the detector starts at this frame
 	}
 	t.lastWall, t.idleFed = time.Now(), 0
-	gap := (at - t.offset - t.det.PositionMs()) / vad.Frame20ms
+	gap := (at - t.offset - t.det.PositionMs()) / int64(t.det.FrameMs())
 	if gap < 0 {
 		return // idleTurns gave this frame's time to the detector as silence
 	}
@@ -226,13 +292,14 @@ func (sess *session) feedTurns(timestamp uint32, pcm []byte) {
 func (sess *session) fillTurns(gap int64) {
 	t := &sess.turns
 	cfg := t.det.Config()
-	first := min(gap, int64(cfg.SilenceDurationMs/vad.Frame20ms+2))
+	fm := t.det.FrameMs()
+	first := min(gap, int64((cfg.SilenceDurationMs+40)/fm))
 	for range first {
 		sess.processTurn(t.silence)
 	}
 	rest := gap - first
-	pre := min(rest, int64(cfg.PrefixPaddingMs/vad.Frame20ms+10))
-	t.offset += (rest - pre) * vad.Frame20ms
+	pre := min(rest, int64((cfg.PrefixPaddingMs+200)/fm))
+	t.offset += (rest - pre) * int64(fm)
 	for range pre {
 		sess.processTurn(t.silence)
 	}
@@ -241,6 +308,9 @@ func (sess *session) fillTurns(gap int64) {
 // processTurn gives the detector one frame and reports what it saw.
 func (sess *session) processTurn(pcm []byte) {
 	t := &sess.turns
+	if t.det == nil {
+		return // switched off by a failure
+	}
 	ev, err := t.det.Process(pcm)
 	if err != nil {
 		sess.log.Warn("turn detection failed; switched off", "err", err)
@@ -305,11 +375,12 @@ func (sess *session) sendClientTurn(typ, member string, ms int64) {
 	}
 }
 
-// switchTurns replaces the detector (cfg nil: none). An utterance in
-// progress is closed with a speech stop at the current position, so
-// starts and stops always pair.
-func (sess *session) switchTurns(cfg *vad.TurnDetection) {
+// switchTurns replaces the detector (cfg nil: none), with one taking
+// frames of frameMs. An utterance in progress is closed with a speech
+// stop at the current position, so starts and stops always pair.
+func (sess *session) switchTurns(cfg *vad.TurnDetection, frameMs int) {
 	t := &sess.turns
+	t.early = false
 	if t.det != nil {
 		if t.det.InSpeech() {
 			sess.speechStopped(t.det.PositionMs() + t.offset)
@@ -332,7 +403,7 @@ func (sess *session) switchTurns(cfg *vad.TurnDetection) {
 			t.dec = dec
 		}
 	}
-	det, err := vad.NewDetector(*cfg, rate, vad.Frame20ms)
+	det, err := vad.NewDetector(*cfg, rate, frameMs)
 	if err != nil {
 		code := bridge.ErrCodeTurnDetection
 		if errors.Is(err, vad.ErrUnavailable) {
