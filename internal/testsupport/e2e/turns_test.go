@@ -14,6 +14,7 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	speechgen "github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 	"github.com/switchboard-rtc/switchboard/internal/vad"
 )
 
@@ -89,7 +90,7 @@ func TestTurnDetectionBargeIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, second := script.Utterances[0], script.Utterances[1]
-	s, c, tb := startTurnSession(t, bridge.FormatPCM24k, tone(6*time.Second))
+	s, c, tb := startTurnSession(t, bridge.FormatPCM24k, tone(6*time.Second), nil)
 
 	enc, err := opus.NewEncoder(48000, 1, opus.AppVoIP)
 	if err != nil {
@@ -281,7 +282,7 @@ func TestTurnDetectionAcrossDTX(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, second := script.Utterances[0], script.Utterances[1]
-	_, c, tb := startTurnSession(t, bridge.FormatPCM16k, nil)
+	_, c, tb := startTurnSession(t, bridge.FormatPCM16k, nil, nil)
 
 	enc, err := opus.NewEncoder(48000, 1, opus.AppVoIP)
 	if err != nil {
@@ -371,12 +372,13 @@ func TestTurnDetectionAcrossDTX(t *testing.T) {
 // startTurnSession starts the PCM stack with a backend asking for format
 // and the default turn detection, connects a client, and serves the
 // backend session with a turnBackend that sends reply (nil: none).
-// The session ends with the test.
-func startTurnSession(t *testing.T, format string, reply []byte) (*pcmStack, *testClient, *turnBackend) {
+// mutate (nil: none) changes the transceiver's configuration. The
+// session ends with the test.
+func startTurnSession(t *testing.T, format string, reply []byte, mutate func(*transceiver.Config)) (*pcmStack, *testClient, *turnBackend) {
 	t.Helper()
 	td, _ := json.Marshal(vad.DefaultTurnDetection())
 	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{format}, TurnDetection: td}, conns: make(chan *bridge.ServerConn, 1)}
-	s := startPCMStack(t, be, nil)
+	s := startPCMStack(t, be, mutate)
 	c := dialClient(t, s.calls)
 	var sc *bridge.ServerConn
 	select {
@@ -389,4 +391,83 @@ func startTurnSession(t *testing.T, format string, reply []byte) (*pcmStack, *te
 	go func() { defer close(done); tb.serve(t, sc, reply) }()
 	t.Cleanup(func() { _ = sc.Close(); <-done })
 	return s, c, tb
+}
+
+// TestTurnDetectionTenMsPackets: at -ptime 10 a client sends 10 ms
+// packets, and the transceiver's detector hears each as it is decoded, in
+// 10 ms frames, while the backend gets 20 ms frames. Over three
+// utterances the backend gets starts and stops in order, placed around
+// the speech, and every stop is sent as soon as the packet that ends its
+// silence window is in: with the backend's frames up to its audio_ms, or,
+// for a stop that falls in the middle of a frame (audio_ms an odd
+// multiple of 10), up to 10 ms before it, that frame's first half, which
+// a 20 ms detector would have waited for the next packet to complete.
+func TestTurnDetectionTenMsPackets(t *testing.T) {
+	speechgen.Require(t)
+	script, err := speechgen.NewScript(48000, 400, 900, "Hello there, how are you doing today?", "Fine, thanks.", "Book a table for two tonight.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, c, tb := startTurnSession(t, bridge.FormatPCM24k, nil, func(cfg *transceiver.Config) { cfg.Ptime = 10 })
+	enc, err := opus.NewEncoder(48000, 1, opus.AppVoIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1275)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; i+480 <= len(script.Samples); i += 480 {
+		n, err := enc.Encode(script.Samples[i:i+480], buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-tick.C
+		if err := c.track.WriteSample(media.Sample{Data: buf[:n], Duration: 10 * time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := 2 * len(script.Utterances)
+	var turns []turnMsg
+	deadline := time.After(5 * time.Second)
+	for len(turns) < want {
+		select {
+		case <-tb.got:
+		case <-deadline:
+			t.Fatalf("backend messages: %+v", tb.messages())
+		}
+		turns = turns[:0]
+		for _, m := range tb.messages() {
+			if m.ctl.Type == bridge.TypeInputSpeechStarted || m.ctl.Type == bridge.TypeInputSpeechStopped {
+				turns = append(turns, m)
+			}
+		}
+	}
+	odd := 0
+	for i, m := range turns {
+		t.Logf("backend: after %4d frames (%d ms): %s audio_ms %d", m.frames, m.frames*20, m.ctl.Type, m.ctl.AudioMs)
+		u := script.Utterances[i/2]
+		if wantType := []string{bridge.TypeInputSpeechStarted, bridge.TypeInputSpeechStopped}[i%2]; m.ctl.Type != wantType {
+			t.Fatalf("turn message %d is %s, want %s", i, m.ctl.Type, wantType)
+		}
+		if m.ctl.Type == bridge.TypeInputSpeechStarted {
+			if got := m.ctl.AudioMs + vad.DefaultPrefixPaddingMs; got < int64(u.StartMs)-100 || got > int64(u.StartMs)+200 {
+				t.Errorf("utterance %d starts at %d ms; speech_started audio_ms %d + padding = %d", i/2+1, u.StartMs, m.ctl.AudioMs, got)
+			}
+			continue
+		}
+		if end := m.ctl.AudioMs - vad.DefaultSilenceDurationMs; end < int64(u.EndMs)-100 || end > int64(u.EndMs)+40 {
+			t.Errorf("utterance %d ends at %d ms; speech_stopped audio_ms %d − silence = %d", i/2+1, u.EndMs, m.ctl.AudioMs, end)
+		}
+		held := int64(m.frames) * 20
+		switch {
+		case m.ctl.AudioMs%20 == 10 && held == m.ctl.AudioMs-10:
+			odd++ // sent with the first half of the frame
+		case m.ctl.AudioMs%20 == 0 && held == m.ctl.AudioMs:
+		default:
+			t.Errorf("speech_stopped audio_ms %d came with the backend's frames up to %d ms: want the first packet that holds its position", m.ctl.AudioMs, held)
+		}
+	}
+	if odd == 0 {
+		t.Errorf("no stop fell in the middle of a 20 ms frame: the 10 ms grid is not shown (stops %+v)", turns)
+	}
 }
