@@ -165,12 +165,14 @@ type Result struct {
 	Browser  string
 	Silence  int // silence_duration_ms
 	Duration time.Duration
-	// EndLag is, per utterance of the script, the detector's speech end
-	// (the end of its last frame that counted as speech) minus the
-	// page's (the end of the last 10 ms at or above −45 dBFS), ms, on
-	// the same audio: the script, through Opus at 48 kHz and decoded at
-	// 24 kHz as the transceiver does.
-	EndLag []float64
+	// EndLag is, by the client's packet length (each of Opts.Ptimes, ms),
+	// per utterance of the script, the detector's speech end (the end of
+	// its last frame that counted as speech) minus the page's (the end of
+	// the last 10 ms at or above −45 dBFS), ms, on the same audio: the
+	// script, through Opus at 48 kHz in packets of that length and
+	// decoded at 24 kHz, the detector fed as the transceiver feeds it
+	// (10 ms frames, each packet as it is decoded, for 10 ms packets).
+	EndLag map[int][]float64
 	// Load is the 1-minute load average at the start and end of the run.
 	Load [2]string
 }
@@ -258,9 +260,11 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if err := sc.WriteWAV(wav); err != nil {
 		return nil, err
 	}
-	res := &Result{Opts: opts, Silence: vad.DefaultSilenceDurationMs, Browser: chromiumVersion(bin)}
-	if res.EndLag, err = endLag(sc); err != nil {
-		return nil, err
+	res := &Result{Opts: opts, Silence: vad.DefaultSilenceDurationMs, Browser: chromiumVersion(bin), EndLag: map[int][]float64{}}
+	for _, pt := range opts.Ptimes {
+		if res.EndLag[pt], err = endLag(sc, pt); err != nil {
+			return nil, err
+		}
 	}
 	res.Load[0] = loadAverage()
 	start := time.Now()
@@ -331,10 +335,12 @@ const (
 
 // endLag runs the detector the transceiver runs (default turn detection,
 // 24 kHz) over the script as the transceiver gets it (Opus-encoded at 48
-// kHz as the browser sends it, decoded at 24 kHz), and returns for each
-// utterance the detector's speech end minus the page's, ms.
-func endLag(sc *speech.Script) ([]float64, error) {
-	enc, err := audio.NewEncoder(48000, 32000)
+// kHz in packets of packetMs as the browser sends it, decoded at 24 kHz;
+// for 10 ms packets, 10 ms frames fed as each packet is decoded, as
+// internal/transceiver's turns.go does), and returns for each utterance
+// the detector's speech end minus the page's, ms.
+func endLag(sc *speech.Script, packetMs int) ([]float64, error) {
+	enc, err := audio.NewEncoderConfig(audio.EncoderConfig{Rate: 48000, Bitrate: 32000, FrameMs: packetMs})
 	if err != nil {
 		return nil, err
 	}
@@ -342,7 +348,11 @@ func endLag(sc *speech.Script) ([]float64, error) {
 	if err != nil {
 		return nil, err
 	}
-	det, err := vad.NewDetector(vad.DefaultTurnDetection(), vad.Rate24k, vad.Frame20ms)
+	frameMs := vad.Frame20ms
+	if packetMs <= 10 {
+		frameMs = vad.Frame10ms
+	}
+	det, err := vad.NewDetector(vad.DefaultTurnDetection(), vad.Rate24k, frameMs)
 	if err != nil {
 		return nil, err
 	}
@@ -351,9 +361,24 @@ func endLag(sc *speech.Script) ([]float64, error) {
 	for i, v := range sc.Samples {
 		binary.LittleEndian.PutUint16(pcm[2*i:], uint16(v))
 	}
-	// Encoded and decoded 20 ms at a time; the decoder's frames are the
-	// detector's.
 	var stops []int64
+	n := det.FrameBytes()
+	process := func(b []byte) error {
+		for off := 0; off+n <= len(b); off += n {
+			ev, err := det.Process(b[off : off+n])
+			if err != nil {
+				return err
+			}
+			if ev.Kind == vad.SpeechStopped {
+				stops = append(stops, ev.SpeechMs)
+			}
+		}
+		return nil
+	}
+	// Encoded 20 ms at a time into packets of packetMs; the decoder's
+	// frames, and with 10 ms frames the half frame a packet leaves
+	// pending, go to the detector.
+	early := false
 	seq, ts := uint16(0), uint32(0)
 	for off := 0; off+1920 <= len(pcm); off += 1920 {
 		pkts, err := enc.Write(pcm[off : off+1920])
@@ -362,16 +387,22 @@ func endLag(sc *speech.Script) ([]float64, error) {
 		}
 		for _, p := range pkts {
 			for _, f := range dec.Push(seq, ts, p.Payload) {
-				ev, err := det.Process(f.PCM)
-				if err != nil {
+				b := f.PCM
+				if early {
+					b, early = b[n:], false
+				}
+				if err := process(b); err != nil {
 					return nil, err
 				}
-				if ev.Kind == vad.SpeechStopped {
-					stops = append(stops, ev.SpeechMs)
+			}
+			if part := dec.Partial(); frameMs == vad.Frame10ms && len(part.PCM) >= n && !early {
+				if err := process(part.PCM[:n]); err != nil {
+					return nil, err
 				}
+				early = true
 			}
 			seq++
-			ts += 960
+			ts += uint32(packetMs * 48)
 		}
 	}
 	// The page's end: the last 10 ms window at or above pageVoiceDB.
@@ -704,7 +735,9 @@ func (r *Result) Markdown(w io.Writer) {
 		s := m.Split
 		fmt.Fprintf(w, "| %s%s | %s | %s | %s | %s | %s | %s | %s |\n", m.Name, r.ptimeNote(m), cell(s.Up), cell(s.Edge), cell(s.Agent), cell(s.Browser), cell(s.QuietLead), cell(s.JitterBuffer), cell(s.JitterTarget))
 	}
-	fmt.Fprintf(w, "\nThe detector's speech end minus the page's on the same audio (the script through Opus), per utterance: %s ms.\n", cell(r.EndLag))
+	for _, pt := range r.Opts.Ptimes {
+		fmt.Fprintf(w, "\nThe detector's speech end minus the page's on the same audio (the script through Opus in %d ms packets, the detector in %d ms frames), per utterance: %s ms.\n", pt, min(pt, vad.Frame20ms), cell(r.EndLag[pt]))
+	}
 	fmt.Fprintf(w, "Load average (1 min) at the start and the end: %s, %s.\n", r.Load[0], r.Load[1])
 	fmt.Fprintln(w, "\nPer row: the microphone's packets (the call's length over getStats packetsSent, per run, ms) and the load average (1 min) at the start and end of each run:")
 	fmt.Fprintln(w)

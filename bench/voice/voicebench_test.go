@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"slices"
 	"testing"
 	"time"
 
@@ -52,5 +53,41 @@ func TestShortRun(t *testing.T) {
 		if len(m.ClientPacketMs) != 1 || math.Abs(m.ClientPacketMs[0]-float64(m.Ptime)) > 3 {
 			t.Errorf("%s, ptime %d: the microphone sent a packet every %v ms, want about %d", m.Name, m.Ptime, m.ClientPacketMs, m.Ptime)
 		}
+	}
+}
+
+// TestEndLag runs the offline part of the bench, the detector's speech
+// end against the page's on the script, for both packet lengths: every
+// utterance is measured, and with 10 ms packets (10 ms frames) the ends
+// are no later than with 20 ms ones, median.
+func TestEndLag(t *testing.T) {
+	for _, tool := range []string{"espeak-ng", "sox"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("%s is not installed; in CI it must be", tool)
+			}
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	sc, _, err := script()
+	if err != nil {
+		t.Fatal(err)
+	}
+	med := map[int]float64{}
+	for _, pt := range []int{20, 10} {
+		lags, err := endLag(sc, pt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(lags) != len(sc.Utterances) {
+			t.Fatalf("%d ms packets: %d lags for %d utterances: %v", pt, len(lags), len(sc.Utterances), lags)
+		}
+		s := slices.Clone(lags)
+		slices.Sort(s)
+		med[pt] = (s[(len(s)-1)/2] + s[len(s)/2]) / 2
+		t.Logf("%d ms packets: speech end lag per utterance %v ms, median %v", pt, lags, med[pt])
+	}
+	if med[10] > med[20] {
+		t.Errorf("median speech end lag %v ms with 10 ms packets, later than %v with 20 ms", med[10], med[20])
 	}
 }
