@@ -83,45 +83,43 @@ func TestAccuracy(t *testing.T) {
 
 // accuracyAt is TestAccuracy at one rate and frame length.
 func accuracyAt(t *testing.T, rate, fm int) {
-	{
-		st := &accuracyStats{}
-		// The cases run in parallel; the figures are logged when all
-		// are done.
-		t.Run(fmt.Sprintf("%dms/%d", fm, rate), func(t *testing.T) {
-			t.Run("silence", func(t *testing.T) {
-				t.Parallel()
-				checkScene(t, makeScene(t, rate, nil), fm, st)
-			})
-			for _, k := range noiseKinds {
-				for mix := range noiseMixes {
-					t.Run(fmt.Sprintf("%s%d", k.name, mix), func(t *testing.T) {
-						t.Parallel()
-						checkScene(t, makeScene(t, rate, func(n int) []float64 { return k.noise(t, rate, n, mix) }), fm, st)
-					})
-					t.Run(fmt.Sprintf("%s%d_alone", k.name, mix), func(t *testing.T) {
-						t.Parallel()
-						evs, _ := run(t, rate, fm, toPCM(k.noise(t, rate, 60*rate, mix)))
-						st.mu.Lock()
-						st.noiseSec += 60
-						for _, ev := range evs {
-							if ev.Kind == SpeechStarted {
-								st.falses++
-							}
-						}
-						st.mu.Unlock()
-						if len(evs) != 0 {
-							t.Errorf("%d events on 60 s of noise alone, want none: %v", len(evs), evs)
-						}
-					})
-				}
-			}
+	st := &accuracyStats{}
+	// The cases run in parallel; the figures are logged when all
+	// are done.
+	t.Run(fmt.Sprintf("%dms/%d", fm, rate), func(t *testing.T) {
+		t.Run("silence", func(t *testing.T) {
+			t.Parallel()
+			checkScene(t, makeScene(t, rate, nil), fm, st)
 		})
-		if len(st.onsetErr) > 0 {
-			t.Logf("%d ms frames, %d Hz: %d onsets: |onset error| p50 %d ms, max %d ms; start reported after the true onset p50 %d ms, p90 %d ms, max %d ms; "+
-				"speech end error p50 %d ms (min %d, max %d); %d false starts in %d s of noise alone",
-				fm, rate, len(st.onsetErr), pct(st.onsetErr, 50), slices.Max(st.onsetErr), pct(st.latency, 50), pct(st.latency, 90), slices.Max(st.latency),
-				pct(st.endErr, 50), slices.Min(st.endErr), slices.Max(st.endErr), st.falses, st.noiseSec)
+		for _, k := range noiseKinds {
+			for mix := range noiseMixes {
+				t.Run(fmt.Sprintf("%s%d", k.name, mix), func(t *testing.T) {
+					t.Parallel()
+					checkScene(t, makeScene(t, rate, func(n int) []float64 { return k.noise(t, rate, n, mix) }), fm, st)
+				})
+				t.Run(fmt.Sprintf("%s%d_alone", k.name, mix), func(t *testing.T) {
+					t.Parallel()
+					evs, _ := run(t, rate, fm, toPCM(k.noise(t, rate, 60*rate, mix)))
+					st.mu.Lock()
+					st.noiseSec += 60
+					for _, ev := range evs {
+						if ev.Kind == SpeechStarted {
+							st.falses++
+						}
+					}
+					st.mu.Unlock()
+					if len(evs) != 0 {
+						t.Errorf("%d events on 60 s of noise alone, want none: %v", len(evs), evs)
+					}
+				})
+			}
 		}
+	})
+	if len(st.onsetErr) > 0 {
+		t.Logf("%d ms frames, %d Hz: %d onsets: |onset error| p50 %d ms, max %d ms; start reported after the true onset p50 %d ms, p90 %d ms, max %d ms; "+
+			"speech end error p50 %d ms (min %d, max %d); %d false starts in %d s of noise alone",
+			fm, rate, len(st.onsetErr), pct(st.onsetErr, 50), slices.Max(st.onsetErr), pct(st.latency, 50), pct(st.latency, 90), slices.Max(st.latency),
+			pct(st.endErr, 50), slices.Min(st.endErr), slices.Max(st.endErr), st.falses, st.noiseSec)
 	}
 }
 

@@ -49,19 +49,17 @@ func throughOpus(t testing.TB, rate, bitrate, packetMs int, pcm []byte) []byte {
 	return res
 }
 
-// TestAccuracyThroughOpus runs part of the accuracy test on audio that
-// went through Opus at a low WebRTC bitrate (24 kbit/s), as the
-// detector sees it behind the transceiver's decoder: the same bounds
-// hold.
 // opusEndSlackMs is how much later a speech end may be reported through
 // Opus than in the clean audio: the codec's look-ahead (6.5 ms in
 // libopus's default mode) and the ringing of its last frame after the
 // truth.
 const opusEndSlackMs = 20
 
-// TestAccuracyThroughOpus runs it with the client's packets of 20 ms and
-// 10 ms (the transceiver's -ptime 10) and the detector's frames of 20
-// and 10 ms.
+// TestAccuracyThroughOpus runs part of the accuracy test on audio that
+// went through Opus at a low WebRTC bitrate (32 kbit/s), as the
+// detector sees it behind the transceiver's decoder: the same bounds
+// hold. It runs with the client's packets of 20 ms and 10 ms (the
+// transceiver's -ptime 10) and the detector's frames of 20 and 10 ms.
 func TestAccuracyThroughOpus(t *testing.T) {
 	speech.Require(t)
 	if testing.Short() {

@@ -53,7 +53,7 @@ import (
 
 // Frame lengths a Detector takes, ms: WebRTC's VAD classifies frames of
 // either. 10 ms frames put the speech end, and so the stop, on a 10 ms
-// grid; 20 ms frames cost about half the CPU (docs/vad.md).
+// grid; 20 ms frames cost 0.7–0.85 times the CPU (docs/vad.md).
 const (
 	Frame10ms = 10
 	Frame20ms = 20
