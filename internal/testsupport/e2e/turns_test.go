@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -274,22 +275,32 @@ func waitAudioBufferEvents(t *testing.T, c *testClient, want ...string) {
 // numbers do not). The stop is placed where the speech ended (plus the
 // silence window), not where the packets resumed, and sent in the gap,
 // when the window ran out (the edge's wall-time fallback); the next
-// utterance's start is on the input clock that includes the gap.
+// utterance's start is on the input clock that includes the gap. It runs
+// with 20 ms client packets and, at -ptime 10, 10 ms ones (the detector
+// then on 10 ms frames, its wall-time silence in 10 ms steps).
 func TestTurnDetectionAcrossDTX(t *testing.T) {
 	speechgen.Require(t)
+	for _, ptime := range []int{20, 10} {
+		t.Run(strconv.Itoa(ptime), func(t *testing.T) { turnsAcrossDTX(t, ptime) })
+	}
+}
+
+func turnsAcrossDTX(t *testing.T, ptime int) {
 	script, err := speechgen.NewScript(48000, 400, 0, "Hello there, how are you doing today?", "Fine, thanks.")
 	if err != nil {
 		t.Fatal(err)
 	}
 	first, second := script.Utterances[0], script.Utterances[1]
-	_, c, tb := startTurnSession(t, bridge.FormatPCM16k, nil, nil)
+	_, c, tb := startTurnSession(t, bridge.FormatPCM16k, nil, func(cfg *transceiver.Config) { cfg.Ptime = ptime })
 
 	enc, err := opus.NewEncoder(48000, 1, opus.AppVoIP)
 	if err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 1275)
-	tick := time.NewTicker(20 * time.Millisecond)
+	pkt := ptime * 48 // samples per packet at 48 kHz
+	packet := time.Duration(ptime) * time.Millisecond
+	tick := time.NewTicker(packet)
 	defer tick.Stop()
 	clockMs := 0 // the input clock of the next frame
 	send := func(pcm []int16, dur time.Duration) {
@@ -308,27 +319,27 @@ func TestTurnDetectionAcrossDTX(t *testing.T) {
 	// silence sent (libopus enters DTX after 10 silent frames), the last
 	// of which carries the gap, so the next packet's timestamp jumps by
 	// it.
-	silence := make([]int16, 960)
-	for i := 0; i+960 <= first.EndMs*48; i += 960 {
-		send(script.Samples[i:i+960], 20*time.Millisecond)
+	silence := make([]int16, pkt)
+	for i := 0; i+pkt <= first.EndMs*48; i += pkt {
+		send(script.Samples[i:i+pkt], packet)
 	}
-	for i := range 10 {
-		dur := 20 * time.Millisecond
-		if i == 9 {
+	for i := range 200 / ptime {
+		dur := packet
+		if i == 200/ptime-1 {
 			dur += gap
 		}
 		send(silence, dur)
 	}
 	time.Sleep(gap)
-	for range 25 {
-		send(silence, 20*time.Millisecond)
+	for range 500 / ptime {
+		send(silence, packet)
 	}
 	secondAt := clockMs
-	for i := second.StartMs * 48; i+960 <= second.EndMs*48; i += 960 {
-		send(script.Samples[i:i+960], 20*time.Millisecond)
+	for i := second.StartMs * 48; i+pkt <= second.EndMs*48; i += pkt {
+		send(script.Samples[i:i+pkt], packet)
 	}
-	for range 40 {
-		send(silence, 20*time.Millisecond)
+	for range 800 / ptime {
+		send(silence, packet)
 	}
 	deadline := time.After(5 * time.Second)
 	var turns []turnMsg
