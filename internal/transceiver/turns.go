@@ -181,7 +181,7 @@ func (sess *session) applyTurns(payload []byte) {
 // 20 ms at a time, so 10 ms frames would not report a stop sooner, and
 // they report a start about 5 ms later on average (the onset needs 40 ms
 // of speech in either, and a 20 ms frame counts whole when speech fills
-// part of it) for about twice the CPU (docs/vad.md).
+// part of it), for 1.2–1.4 times the CPU (docs/vad.md).
 func turnsFrameMs(payload []byte) int {
 	if d, err := audio.PacketDuration(payload); err == nil && d <= 480 {
 		return vad.Frame10ms
