@@ -64,14 +64,15 @@ type muxConn struct {
 	wg       sync.WaitGroup // the write loop, the watchdog and the pinger
 }
 
-// DefaultWriteTimeout is PoolOptions.WriteTimeout's default: a v2
-// connection whose batch write has not completed within 5 s fails, with
-// all its sessions (their Recv return ErrClosed), instead of holding
-// them until the kernel gives up on the TCP stream (~15 min).
+// DefaultWriteTimeout is PoolOptions.WriteTimeout's default: a
+// connection whose write (a v2 batch, a v1 message) has not completed
+// within 5 s fails, with all its sessions (their sends and Recv return
+// ErrClosed), instead of holding them until the kernel gives up on the
+// TCP stream (~15 min).
 const DefaultWriteTimeout = 5 * time.Second
 
-// DefaultKeepAlive is PoolOptions.KeepAlive's default: a v2 connection
-// that received nothing for 15 s is sent a WebSocket ping (RFC 6455
+// DefaultKeepAlive is PoolOptions.KeepAlive's default: a connection (v1
+// or v2) that received nothing for 15 s is sent a WebSocket ping (RFC 6455
 // §5.5.2), and fails when the pong does not come back within another
 // 15 s: a half-open connection (backend host gone without a RST) is found
 // without traffic.
@@ -186,7 +187,9 @@ func (m *muxConn) watchdog() {
 		select {
 		case now := <-t.C:
 			if start := m.writeStart.Load(); start != 0 && now.Sub(time.Unix(0, start)) > m.writeTimeout {
-				m.fail(fmt.Errorf("%w: batch write not done within %v", errSessionClosed, m.writeTimeout))
+				if m.fail(fmt.Errorf("%w: %w: batch write not done within %v", errSessionClosed, errWriteTimeout, m.writeTimeout)) {
+					m.stats.writeTimeouts.Add(1)
+				}
 				return
 			}
 		case <-m.done:
@@ -214,9 +217,12 @@ func (m *muxConn) pinger() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), m.keepAlive)
 		err := m.ws.Ping(ctx)
+		expired := ctx.Err() != nil
 		cancel()
 		if err != nil {
-			m.fail(fmt.Errorf("%w: keepalive: no pong within %v: %w", errSessionClosed, m.keepAlive, err))
+			if m.fail(fmt.Errorf("%w: keepalive: no pong within %v: %w", errSessionClosed, m.keepAlive, err)) && expired {
+				m.stats.pongTimeouts.Add(1)
+			}
 			return
 		}
 	}
@@ -405,9 +411,12 @@ func (m *muxConn) drain() {
 }
 
 // fail ends the connection and every session on it with err (their Recv
-// returns it, wrapped in ErrClosed, after what was already queued).
-func (m *muxConn) fail(err error) {
+// returns it, wrapped in ErrClosed, after what was already queued). It
+// reports whether this call ended the connection (false when it was over
+// already).
+func (m *muxConn) fail(err error) (first bool) {
 	m.failOnce.Do(func() {
+		first = true
 		m.mu.Lock()
 		m.err = err
 		m.mu.Unlock()
@@ -429,6 +438,7 @@ func (m *muxConn) fail(err error) {
 			m.onFail()
 		}
 	})
+	return first
 }
 
 // wait waits for the write loop.

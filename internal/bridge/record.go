@@ -186,12 +186,15 @@ func DropReasons() []DropReason {
 	return r
 }
 
-// MuxStats counts what v2 connections did. The zero value is ready;
-// methods are safe for concurrent use.
+// MuxStats counts what v2 connections did, and the timeouts of v1
+// connections opened with the same Pool or AcceptOptions. The zero value
+// is ready; methods are safe for concurrent use.
 type MuxStats struct {
-	drops   [numDropReasons]atomic.Uint64
-	batches atomic.Uint64
-	records atomic.Uint64
+	drops         [numDropReasons]atomic.Uint64
+	batches       atomic.Uint64
+	records       atomic.Uint64
+	writeTimeouts atomic.Uint64
+	pongTimeouts  atomic.Uint64
 }
 
 // Drops returns how many received items were dropped for reason r.
@@ -210,6 +213,21 @@ func (s *MuxStats) Batches() uint64 { return s.batches.Load() }
 // session close records included.
 func (s *MuxStats) Records() uint64 { return s.records.Load() }
 
+// WriteTimeouts returns how many connections, v1 or v2, failed because a
+// write did not complete within the write timeout (the peer stopped
+// reading; docs/bridge.md §12.5). A v2 one ended all its sessions, a v1
+// one its session.
+func (s *MuxStats) WriteTimeouts() uint64 { return s.writeTimeouts.Load() }
+
+// PongTimeouts returns how many connections, v1 or v2, failed because a
+// keepalive ping got no pong within the keepalive period (a half-open
+// connection; docs/bridge.md §12.5).
+func (s *MuxStats) PongTimeouts() uint64 { return s.pongTimeouts.Load() }
+
 func (s *MuxStats) drop(r DropReason) { s.drops[r].Add(1) }
 
 var errSessionClosed = errors.New("bridge: v2 session closed")
+
+// errWriteTimeout: a write did not complete within the write timeout;
+// the connection was closed.
+var errWriteTimeout = errors.New("bridge: write timeout")

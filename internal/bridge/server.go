@@ -44,11 +44,15 @@ type AcceptOptions struct {
 	// It must not block.
 	HandshakeError func(error)
 	// Stats, when set, counts what Serve's v2 connections dropped and
-	// wrote (shared by every connection given the same Stats).
+	// wrote, and the timeouts of every connection, v1 or v2 (shared by
+	// every connection given the same Stats).
 	Stats *MuxStats
-	// WriteTimeout and KeepAlive bound Serve's v2 connections as
-	// PoolOptions' fields of the same names bound the transceiver's.
-	// Defaults DefaultWriteTimeout and DefaultKeepAlive.
+	// WriteTimeout and KeepAlive bound the connections of Accept and
+	// Serve, v1 and v2, as PoolOptions' fields of the same names bound
+	// the transceiver's. Defaults DefaultWriteTimeout and
+	// DefaultKeepAlive. A v1 session's pongs are read by its Recv: a
+	// backend that stops calling Recv for longer than KeepAlive loses the
+	// session.
 	WriteTimeout, KeepAlive time.Duration
 }
 
@@ -111,7 +115,7 @@ func (opts AcceptOptions) check(w http.ResponseWriter) ([]string, time.Duration,
 }
 
 func acceptV1(ws *websocket.Conn, formats []string, timeout time.Duration, opts AcceptOptions) (*ServerConn, error) {
-	c := newCore(newWSTransport(ws))
+	c := newCore(newWSTransport(ws, opts.Stats, opts.WriteTimeout, opts.KeepAlive))
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	start, err := c.acceptHandshake(ctx, formats, opts)
