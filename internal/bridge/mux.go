@@ -466,6 +466,9 @@ type stream struct {
 	qmu  sync.Mutex
 	in   []byte // guarded by qmu: received records, each kind (1) | length (4, LE) | payload
 	qerr error  // guarded by qmu: why the session ended; read returns it once drained
+	// unbudgeted: the session has ended, so in no longer counts in
+	// m.queued (unbudget); guarded by qmu.
+	unbudgeted bool
 
 	dead atomic.Bool // ended locally: read fails at once
 	out  []byte      // only the reader: the records being read
@@ -487,7 +490,7 @@ func (s *stream) signal() {
 // full.
 func (s *stream) push(r Record) {
 	s.qmu.Lock()
-	if s.qerr != nil {
+	if s.qerr != nil || s.unbudgeted {
 		s.qmu.Unlock()
 		s.m.stats.drop(DropClosedSession)
 		return
@@ -561,7 +564,9 @@ func (s *stream) read(ctx context.Context) (websocket.MessageType, []byte, error
 		}
 		s.qmu.Lock()
 		if len(s.in) > 0 {
-			s.m.queued.Add(-int64(len(s.in)))
+			if !s.unbudgeted {
+				s.m.queued.Add(-int64(len(s.in)))
+			}
 			s.in, s.out, s.off = s.out[:0], s.in, 0
 			s.qmu.Unlock()
 			continue
@@ -653,7 +658,13 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 	m := s.m
 	m.mu.Lock()
 	if s.closed {
+		// Ended by the peer or the connection (ended): what its reader
+		// has not taken is dropped now.
 		m.mu.Unlock()
+		s.qmu.Lock()
+		s.unbudget()
+		s.in = nil
+		s.qmu.Unlock()
 		s.dead.Store(true)
 		s.signal()
 		return nil
@@ -671,7 +682,7 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 	if s.qerr == nil {
 		s.qerr = err
 	}
-	m.queued.Add(-int64(len(s.in)))
+	s.unbudget()
 	s.in = nil
 	s.qmu.Unlock()
 	s.dead.Store(true)
@@ -681,7 +692,10 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 }
 
 // ended ends the session because the peer closed it or the connection
-// failed: reads return what was queued, then err.
+// failed: reads return what was queued, then err. What is queued leaves
+// the connection's budget (ConnQueueLimit) now: the session left the
+// table, so shed could never end it to reclaim the bytes, and its queue
+// can only shrink.
 func (s *stream) ended(err error) {
 	m := s.m
 	m.mu.Lock()
@@ -695,10 +709,21 @@ func (s *stream) ended(err error) {
 	if s.qerr == nil {
 		s.qerr = err
 	}
+	s.unbudget()
 	s.qmu.Unlock()
 	s.signal()
 	if !was {
 		s.leave()
+	}
+}
+
+// unbudget takes the session's queue out of the connection's queued
+// bytes, once: the session has ended, so its queue grows no more. s.qmu
+// is held.
+func (s *stream) unbudget() {
+	if !s.unbudgeted {
+		s.unbudgeted = true
+		s.m.queued.Add(-int64(len(s.in)))
 	}
 }
 

@@ -54,7 +54,9 @@ const (
 	// SessionQueueLimit bounds one by one; 128 sessions at 4 MiB would be
 	// 512 MiB). Past it the session with the largest queue is ended with
 	// CloseQueueFull, counted as DropQueueFull, until the connection is
-	// under the limit again.
+	// under the limit again. Only sessions that have not ended count: an
+	// ended session's queue, which can only shrink, leaves the count when
+	// the session ends.
 	ConnQueueLimit = 32 << 20
 	// CloseQueueFull is the close code of a v2 session ended because its
 	// receive queue passed SessionQueueLimit, or was the largest when the
