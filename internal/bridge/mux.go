@@ -601,7 +601,13 @@ func (s *stream) write(ctx context.Context, typ websocket.MessageType, b []byte)
 		if s.gen == m.gen {
 			share = s.pending
 		}
-		if (share == 0 || share+len(b) <= SessionBatchShare) && (len(m.batch) == 0 || len(m.batch)+len(b) <= batchTarget) {
+		// A session's first record in a batch always fits until the
+		// batch reaches batchLimit when small, so the quiet sessions'
+		// frames get into every batch however large a flooding
+		// session's records are.
+		room := len(m.batch) == 0 || len(m.batch)+len(b) <= batchTarget ||
+			share == 0 && len(b) <= SessionBatchShare && len(m.batch)+len(b) <= batchLimit
+		if room && (share == 0 || share+len(b) <= SessionBatchShare) {
 			break
 		}
 		m.waiting = true

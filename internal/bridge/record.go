@@ -35,9 +35,16 @@ const (
 	// connection with 1009. Writers keep batches under 2 MiB.
 	MaxBatchSize = 4 << 20
 	// batchTarget: a sender waits for the writer rather than grow the
-	// pending batch past this (unless the batch is empty), so one batch
-	// is at most batchTarget plus one record.
+	// pending batch past this, unless the batch is empty, or the sender
+	// has added nothing to it yet and its record is at most
+	// SessionBatchShare: that one may grow it to batchLimit. One session's
+	// large record (up to MaxMessageSize, a whole reply) thus cannot keep
+	// the other sessions' frames out of the batch.
 	batchTarget = 1 << 20
+	// batchLimit is what a batch may reach with the records of sessions
+	// that had nothing in it (see batchTarget); a batch is at most
+	// batchLimit, or one record, whichever is larger: under 2 MiB.
+	batchLimit = 2 << 20
 	// SessionBatchShare bounds, in payload bytes, what one session may
 	// add to one batch unless it has added nothing yet; beyond it the
 	// session's send waits for the next batch, so one session sending a
