@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -23,7 +24,7 @@ import (
 // The bound counts batches, not time.
 func TestV2BatchFairness(t *testing.T) {
 	const (
-		quietFrames = 50
+		quietFrames = 25
 		floodFrame  = bridge.MaxMessageSize - bridge.AudioHeaderLen
 		maxLag      = 3 // batches, see above
 	)
@@ -74,7 +75,10 @@ func TestV2BatchFairness(t *testing.T) {
 	}))
 	ws := rawV2(t, url)
 	ws.SetReadLimit(bridge.MaxBatchSize)
-	ctx := testCtx(t)
+	// The test reads a few hundred MiB of flood: give a loaded machine
+	// time (the bound asserted is in batches, not time).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	var open []byte
 	for i, id := range []string{"flood", "quiet"} {
 		open = bridge.AppendRecord(open, uint64(i+1), bridge.RecordText, []byte(`{"type":"hello","version":1,"audio_formats":["opus/48000/2"]}`))
