@@ -204,6 +204,7 @@ type MuxStats struct {
 	records       atomic.Uint64
 	writeTimeouts atomic.Uint64
 	pongTimeouts  atomic.Uint64
+	setupFailures atomic.Uint64
 }
 
 // Drops returns how many received items were dropped for reason r.
@@ -232,6 +233,12 @@ func (s *MuxStats) WriteTimeouts() uint64 { return s.writeTimeouts.Load() }
 // keepalive ping got no pong within the keepalive period (a half-open
 // connection; docs/bridge.md §12.5).
 func (s *MuxStats) PongTimeouts() uint64 { return s.pongTimeouts.Load() }
+
+// SetupFailures returns how many v2 sessions a backend's Serve ended
+// during their setup (bad or missing hello or session.start, version or
+// format mismatch, handshake timeout; docs/bridge.md §12.3). Serve passes
+// only the first of each connection to AcceptOptions.HandshakeError.
+func (s *MuxStats) SetupFailures() uint64 { return s.setupFailures.Load() }
 
 func (s *MuxStats) drop(r DropReason) { s.drops[r].Add(1) }
 
