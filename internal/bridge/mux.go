@@ -668,6 +668,9 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 		// has not taken is dropped now.
 		m.mu.Unlock()
 		s.qmu.Lock()
+		if s.qerr == nil { // ended is between its two locks
+			s.qerr = err
+		}
 		s.unbudget()
 		s.in = nil
 		s.qmu.Unlock()
