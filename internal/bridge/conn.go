@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/coder/websocket"
 )
@@ -50,6 +51,11 @@ var offeredFormats = []string{FormatOpus, FormatPCM24k, FormatPCM16k}
 // CloseFormat), ErrProtocol on a malformed answer, and ErrClosed when
 // the connection closes during setup. On error no connection is left
 // open.
+//
+// The connection has DefaultWriteTimeout and DefaultKeepAlive (a Pool
+// sets its own): a send the backend does not take within the write
+// timeout closes the connection and fails with ErrClosed, and so does a
+// keepalive ping left unanswered.
 func Dial(ctx context.Context, url string, start SessionStart) (*Conn, error) {
 	if err := checkStart(start); err != nil {
 		return nil, err
@@ -60,12 +66,13 @@ func Dial(ctx context.Context, url string, start SessionStart) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bridge: dial %s: %w", url, err)
 	}
-	return handshakeV1(ctx, ws, start)
+	return handshakeV1(ctx, ws, start, nil, 0, 0)
 }
 
-// handshakeV1 runs a v1 session's setup on a dialed WebSocket.
-func handshakeV1(ctx context.Context, ws *websocket.Conn, start SessionStart) (*Conn, error) {
-	c := newCore(newWSTransport(ws))
+// handshakeV1 runs a v1 session's setup on a dialed WebSocket; stats,
+// writeTimeout and keepAlive go to its transport (newWSTransport).
+func handshakeV1(ctx context.Context, ws *websocket.Conn, start SessionStart, stats *MuxStats, writeTimeout, keepAlive time.Duration) (*Conn, error) {
+	c := newCore(newWSTransport(ws, stats, writeTimeout, keepAlive))
 	if got := ws.Subprotocol(); got != Subprotocol {
 		err := fmt.Errorf("%w: backend selected subprotocol %q, want %q", ErrVersion, got, Subprotocol)
 		_ = c.fail(CloseVersion, err)

@@ -84,7 +84,9 @@ func (c *core) Ignored() uint64 { return c.ignored.Load() }
 // Recv of audio do not allocate in the steady state; a cancellable ctx
 // costs the library a context.AfterFunc (a few allocations) per call. A
 // caller that wants zero allocations uses context.Background() and
-// unblocks with Close or End.
+// unblocks with Close or End; a write the peer does not take within the
+// write timeout (DefaultWriteTimeout, or the Pool's or AcceptOptions')
+// closes the connection and fails with ErrClosed.
 func (c *core) SendAudio(ctx context.Context, f AudioFrame) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -290,8 +292,8 @@ func truncReason(reason string) string {
 // handshake waits for the peer's reply for at most about 10 s (library
 // bound); ctx bounds the session.end write and the wait for a send in
 // progress: if a send is blocked on a backend that does not read (a send
-// with context.Background() waits for as long as the connection lives)
-// and ctx ends first, the connection is closed at once, as by Close, that
+// with context.Background() waits until the write timeout, 5 s by
+// default, closes the connection) and ctx ends first, the connection is closed at once, as by Close, that
 // send fails with ErrClosed, and End returns an error wrapping ErrClosed.
 func (c *core) End(ctx context.Context, reason string) error {
 	c.endOnce.Do(func() {

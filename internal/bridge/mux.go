@@ -64,14 +64,15 @@ type muxConn struct {
 	wg       sync.WaitGroup // the write loop, the watchdog and the pinger
 }
 
-// DefaultWriteTimeout is PoolOptions.WriteTimeout's default: a v2
-// connection whose batch write has not completed within 5 s fails, with
-// all its sessions (their Recv return ErrClosed), instead of holding
-// them until the kernel gives up on the TCP stream (~15 min).
+// DefaultWriteTimeout is PoolOptions.WriteTimeout's default: a
+// connection whose write (a v2 batch, a v1 message) has not completed
+// within 5 s fails, with all its sessions (their sends and Recv return
+// ErrClosed), instead of holding them until the kernel gives up on the
+// TCP stream (~15 min).
 const DefaultWriteTimeout = 5 * time.Second
 
-// DefaultKeepAlive is PoolOptions.KeepAlive's default: a v2 connection
-// that received nothing for 15 s is sent a WebSocket ping (RFC 6455
+// DefaultKeepAlive is PoolOptions.KeepAlive's default: a connection (v1
+// or v2) that received nothing for 15 s is sent a WebSocket ping (RFC 6455
 // §5.5.2), and fails when the pong does not come back within another
 // 15 s: a half-open connection (backend host gone without a RST) is found
 // without traffic.
@@ -186,7 +187,9 @@ func (m *muxConn) watchdog() {
 		select {
 		case now := <-t.C:
 			if start := m.writeStart.Load(); start != 0 && now.Sub(time.Unix(0, start)) > m.writeTimeout {
-				m.fail(fmt.Errorf("%w: batch write not done within %v", errSessionClosed, m.writeTimeout))
+				if m.fail(fmt.Errorf("%w: %w: batch write not done within %v", errSessionClosed, errWriteTimeout, m.writeTimeout)) {
+					m.stats.writeTimeouts.Add(1)
+				}
 				return
 			}
 		case <-m.done:
@@ -214,9 +217,12 @@ func (m *muxConn) pinger() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), m.keepAlive)
 		err := m.ws.Ping(ctx)
+		expired := ctx.Err() != nil
 		cancel()
 		if err != nil {
-			m.fail(fmt.Errorf("%w: keepalive: no pong within %v: %w", errSessionClosed, m.keepAlive, err))
+			if m.fail(fmt.Errorf("%w: keepalive: no pong within %v: %w", errSessionClosed, m.keepAlive, err)) && expired {
+				m.stats.pongTimeouts.Add(1)
+			}
 			return
 		}
 	}
@@ -405,9 +411,12 @@ func (m *muxConn) drain() {
 }
 
 // fail ends the connection and every session on it with err (their Recv
-// returns it, wrapped in ErrClosed, after what was already queued).
-func (m *muxConn) fail(err error) {
+// returns it, wrapped in ErrClosed, after what was already queued). It
+// reports whether this call ended the connection (false when it was over
+// already).
+func (m *muxConn) fail(err error) (first bool) {
 	m.failOnce.Do(func() {
+		first = true
 		m.mu.Lock()
 		m.err = err
 		m.mu.Unlock()
@@ -429,6 +438,7 @@ func (m *muxConn) fail(err error) {
 			m.onFail()
 		}
 	})
+	return first
 }
 
 // wait waits for the write loop.
@@ -456,6 +466,9 @@ type stream struct {
 	qmu  sync.Mutex
 	in   []byte // guarded by qmu: received records, each kind (1) | length (4, LE) | payload
 	qerr error  // guarded by qmu: why the session ended; read returns it once drained
+	// unbudgeted: the session has ended, so in no longer counts in
+	// m.queued (unbudget); guarded by qmu.
+	unbudgeted bool
 
 	dead atomic.Bool // ended locally: read fails at once
 	out  []byte      // only the reader: the records being read
@@ -477,7 +490,7 @@ func (s *stream) signal() {
 // full.
 func (s *stream) push(r Record) {
 	s.qmu.Lock()
-	if s.qerr != nil {
+	if s.qerr != nil || s.unbudgeted {
 		s.qmu.Unlock()
 		s.m.stats.drop(DropClosedSession)
 		return
@@ -551,7 +564,9 @@ func (s *stream) read(ctx context.Context) (websocket.MessageType, []byte, error
 		}
 		s.qmu.Lock()
 		if len(s.in) > 0 {
-			s.m.queued.Add(-int64(len(s.in)))
+			if !s.unbudgeted {
+				s.m.queued.Add(-int64(len(s.in)))
+			}
 			s.in, s.out, s.off = s.out[:0], s.in, 0
 			s.qmu.Unlock()
 			continue
@@ -586,7 +601,13 @@ func (s *stream) write(ctx context.Context, typ websocket.MessageType, b []byte)
 		if s.gen == m.gen {
 			share = s.pending
 		}
-		if (share == 0 || share+len(b) <= SessionBatchShare) && (len(m.batch) == 0 || len(m.batch)+len(b) <= batchTarget) {
+		// A session's first record in a batch always fits until the
+		// batch reaches batchLimit when small, so the quiet sessions'
+		// frames get into every batch however large a flooding
+		// session's records are.
+		room := len(m.batch) == 0 || len(m.batch)+len(b) <= batchTarget ||
+			share == 0 && len(b) <= SessionBatchShare && len(m.batch)+len(b) <= batchLimit
+		if room && (share == 0 || share+len(b) <= SessionBatchShare) {
 			break
 		}
 		m.waiting = true
@@ -643,7 +664,16 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 	m := s.m
 	m.mu.Lock()
 	if s.closed {
+		// Ended by the peer or the connection (ended): what its reader
+		// has not taken is dropped now.
 		m.mu.Unlock()
+		s.qmu.Lock()
+		if s.qerr == nil { // ended is between its two locks
+			s.qerr = err
+		}
+		s.unbudget()
+		s.in = nil
+		s.qmu.Unlock()
 		s.dead.Store(true)
 		s.signal()
 		return nil
@@ -661,7 +691,7 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 	if s.qerr == nil {
 		s.qerr = err
 	}
-	m.queued.Add(-int64(len(s.in)))
+	s.unbudget()
 	s.in = nil
 	s.qmu.Unlock()
 	s.dead.Store(true)
@@ -671,7 +701,10 @@ func (s *stream) finish(code uint16, reason string, err error) error {
 }
 
 // ended ends the session because the peer closed it or the connection
-// failed: reads return what was queued, then err.
+// failed: reads return what was queued, then err. What is queued leaves
+// the connection's budget (ConnQueueLimit) now: the session left the
+// table, so shed could never end it to reclaim the bytes, and its queue
+// can only shrink.
 func (s *stream) ended(err error) {
 	m := s.m
 	m.mu.Lock()
@@ -685,10 +718,21 @@ func (s *stream) ended(err error) {
 	if s.qerr == nil {
 		s.qerr = err
 	}
+	s.unbudget()
 	s.qmu.Unlock()
 	s.signal()
 	if !was {
 		s.leave()
+	}
+}
+
+// unbudget takes the session's queue out of the connection's queued
+// bytes, once: the session has ended, so its queue grows no more. s.qmu
+// is held.
+func (s *stream) unbudget() {
+	if !s.unbudgeted {
+		s.unbudgeted = true
+		s.m.queued.Add(-int64(len(s.in)))
 	}
 }
 

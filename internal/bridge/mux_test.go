@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -507,9 +508,10 @@ func TestV2SessionHandshakeError(t *testing.T) {
 	// record with 4001 for its index, HandshakeError called); the
 	// connection's next session and the sessions of other connections
 	// go on.
-	failed := make(chan error, 1)
+	failed := make(chan error, 200)
+	stats := new(bridge.MuxStats)
 	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = bridge.Serve(w, r, bridge.AcceptOptions{HandshakeError: func(err error) { failed <- err }}, echoSession)
+		_ = bridge.Serve(w, r, bridge.AcceptOptions{HandshakeError: func(err error) { failed <- err }, Stats: stats}, echoSession)
 	}))
 	p := newPool(t, url, 8)
 	ctx := testCtx(t)
@@ -543,6 +545,50 @@ func TestV2SessionHandshakeError(t *testing.T) {
 	}
 	if r, _, err := bridge.ParseRecord(b); err != nil || r.Session != 2 || r.Kind != bridge.RecordText {
 		t.Fatalf("answer to session 2's hello: %+v, %v", r, err)
+	}
+	// More bad hellos on the same connection, one record each, are
+	// counted, not reported (a caller logs in HandshakeError): one batch
+	// of 100 sessions with bad hellos, then a good session to sync on.
+	var batch []byte
+	for i := range 100 {
+		batch = bridge.AppendRecord(batch, uint64(3+i), bridge.RecordText, []byte(`{"type":"hello","version":7}`))
+	}
+	batch = bridge.AppendRecord(batch, 103, bridge.RecordText, []byte(`{"type":"hello","version":1,"audio_formats":["opus/48000/2"]}`))
+	if err := ws.Write(ctx, websocket.MessageBinary, batch); err != nil {
+		t.Fatal(err)
+	}
+	for closes := 0; closes < 100; {
+		_, b, err := ws.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for len(b) > 0 {
+			r, rest, err := bridge.ParseRecord(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b = rest
+			if r.Kind == bridge.RecordClose {
+				closes++
+			}
+		}
+	}
+	// Each session's goroutine counts its failure as it ends; wait for
+	// the count, bounded by ctx.
+	for stats.SetupFailures() < 101 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("SetupFailures() = %d, want 101", stats.SetupFailures())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if n := stats.SetupFailures(); n != 101 {
+		t.Errorf("SetupFailures() = %d, want 101", n)
+	}
+	select {
+	case err := <-failed:
+		t.Errorf("HandshakeError called again on the same connection: %v", err)
+	default:
 	}
 	_ = ws.Close(websocket.StatusNormalClosure, "")
 	if err := exchange(ctx, a, "a", 20); err != nil {

@@ -26,14 +26,16 @@ type PoolOptions struct {
 	// HTTPClient dials the WebSocket upgrade; nil means
 	// http.DefaultClient.
 	HTTPClient *http.Client
-	// WriteTimeout bounds each write of a batch on a v2 connection; on
-	// expiry the connection fails and its sessions end (ErrClosed).
-	// Default DefaultWriteTimeout. A connection whose write has been in
-	// flight for a quarter of it (at most 1 s) gets no new sessions.
+	// WriteTimeout bounds each write of a batch on a v2 connection, and
+	// of a message on a v1 one; on expiry the connection fails and its
+	// sessions end (ErrClosed), counted in Stats().WriteTimeouts. Default
+	// DefaultWriteTimeout. A v2 connection whose write has been in flight
+	// for a quarter of it (at most 1 s) gets no new sessions.
 	WriteTimeout time.Duration
-	// KeepAlive is how long a v2 connection may receive nothing before
-	// it is pinged, and how long the pong may take before the connection
-	// fails. Default DefaultKeepAlive.
+	// KeepAlive is how long a connection, v1 or v2, may receive nothing
+	// before it is pinged, and how long the pong may take before the
+	// connection fails (counted in Stats().PongTimeouts). Default
+	// DefaultKeepAlive.
 	KeepAlive time.Duration
 }
 
@@ -71,7 +73,8 @@ func NewPool(url string, opts PoolOptions) *Pool {
 	return &Pool{url: url, opts: opts, conns: make(map[*muxConn]int), open: make(map[*muxConn]struct{})}
 }
 
-// Stats returns the counters of the Pool's v2 connections.
+// Stats returns the counters of the Pool's v2 connections (and the
+// timeouts of its v1 ones).
 func (p *Pool) Stats() *MuxStats { return &p.stats }
 
 // Conns returns how many v2 connections are open.
@@ -171,7 +174,7 @@ func (p *Pool) dialConn(ctx context.Context, start SessionStart) (*Conn, error) 
 		p.mu.Lock()
 		p.v1 = true
 		p.mu.Unlock()
-		return handshakeV1(ctx, ws, start)
+		return handshakeV1(ctx, ws, start, &p.stats, p.opts.WriteTimeout, p.opts.KeepAlive)
 	case SubprotocolV2:
 	default:
 		err := fmt.Errorf("%w: backend selected subprotocol %q, want %q or %q", ErrVersion, ws.Subprotocol(), SubprotocolV2, Subprotocol)

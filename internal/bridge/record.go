@@ -35,9 +35,16 @@ const (
 	// connection with 1009. Writers keep batches under 2 MiB.
 	MaxBatchSize = 4 << 20
 	// batchTarget: a sender waits for the writer rather than grow the
-	// pending batch past this (unless the batch is empty), so one batch
-	// is at most batchTarget plus one record.
+	// pending batch past this, unless the batch is empty, or the sender
+	// has added nothing to it yet and its record is at most
+	// SessionBatchShare: that one may grow it to batchLimit. One session's
+	// large record (up to MaxMessageSize, a whole reply) thus cannot keep
+	// the other sessions' frames out of the batch.
 	batchTarget = 1 << 20
+	// batchLimit is what a batch may reach with the records of sessions
+	// that had nothing in it (see batchTarget); a batch is at most
+	// batchLimit, or one record, whichever is larger: under 2 MiB.
+	batchLimit = 2 << 20
 	// SessionBatchShare bounds, in payload bytes, what one session may
 	// add to one batch unless it has added nothing yet; beyond it the
 	// session's send waits for the next batch, so one session sending a
@@ -54,7 +61,9 @@ const (
 	// SessionQueueLimit bounds one by one; 128 sessions at 4 MiB would be
 	// 512 MiB). Past it the session with the largest queue is ended with
 	// CloseQueueFull, counted as DropQueueFull, until the connection is
-	// under the limit again.
+	// under the limit again. Only sessions that have not ended count: an
+	// ended session's queue, which can only shrink, leaves the count when
+	// the session ends.
 	ConnQueueLimit = 32 << 20
 	// CloseQueueFull is the close code of a v2 session ended because its
 	// receive queue passed SessionQueueLimit, or was the largest when the
@@ -186,12 +195,16 @@ func DropReasons() []DropReason {
 	return r
 }
 
-// MuxStats counts what v2 connections did. The zero value is ready;
-// methods are safe for concurrent use.
+// MuxStats counts what v2 connections did, and the timeouts of v1
+// connections opened with the same Pool or AcceptOptions. The zero value
+// is ready; methods are safe for concurrent use.
 type MuxStats struct {
-	drops   [numDropReasons]atomic.Uint64
-	batches atomic.Uint64
-	records atomic.Uint64
+	drops         [numDropReasons]atomic.Uint64
+	batches       atomic.Uint64
+	records       atomic.Uint64
+	writeTimeouts atomic.Uint64
+	pongTimeouts  atomic.Uint64
+	setupFailures atomic.Uint64
 }
 
 // Drops returns how many received items were dropped for reason r.
@@ -210,6 +223,27 @@ func (s *MuxStats) Batches() uint64 { return s.batches.Load() }
 // session close records included.
 func (s *MuxStats) Records() uint64 { return s.records.Load() }
 
+// WriteTimeouts returns how many connections, v1 or v2, failed because a
+// write did not complete within the write timeout (the peer stopped
+// reading; docs/bridge.md §12.5). A v2 one ended all its sessions, a v1
+// one its session.
+func (s *MuxStats) WriteTimeouts() uint64 { return s.writeTimeouts.Load() }
+
+// PongTimeouts returns how many connections, v1 or v2, failed because a
+// keepalive ping got no pong within the keepalive period (a half-open
+// connection; docs/bridge.md §12.5).
+func (s *MuxStats) PongTimeouts() uint64 { return s.pongTimeouts.Load() }
+
+// SetupFailures returns how many v2 sessions a backend's Serve ended
+// during their setup (bad or missing hello or session.start, version or
+// format mismatch, handshake timeout; docs/bridge.md §12.3). Serve passes
+// only the first of each connection to AcceptOptions.HandshakeError.
+func (s *MuxStats) SetupFailures() uint64 { return s.setupFailures.Load() }
+
 func (s *MuxStats) drop(r DropReason) { s.drops[r].Add(1) }
 
 var errSessionClosed = errors.New("bridge: v2 session closed")
+
+// errWriteTimeout: a write did not complete within the write timeout;
+// the connection was closed.
+var errWriteTimeout = errors.New("bridge: write timeout")

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -39,16 +40,23 @@ type AcceptOptions struct {
 	// input.speech_started / input.speech_stopped. It must be a JSON
 	// object (Accept fails before upgrading otherwise). Default: none.
 	TurnDetection json.RawMessage
-	// HandshakeError, when set, is called by Serve with the error of each
-	// v2 session whose setup failed (a v1 setup error is Serve's result).
-	// It must not block.
+	// HandshakeError, when set, is called by Serve with the error of the
+	// first v2 session on each connection whose setup failed (a v1 setup
+	// error is Serve's result). A session costs the peer one record, so
+	// the later failures of the connection are only counted
+	// (MuxStats.SetupFailures, in Stats): a caller that logs here logs
+	// once per connection, not once per bad record. It must not block.
 	HandshakeError func(error)
 	// Stats, when set, counts what Serve's v2 connections dropped and
-	// wrote (shared by every connection given the same Stats).
+	// wrote, and the timeouts of every connection, v1 or v2 (shared by
+	// every connection given the same Stats).
 	Stats *MuxStats
-	// WriteTimeout and KeepAlive bound Serve's v2 connections as
-	// PoolOptions' fields of the same names bound the transceiver's.
-	// Defaults DefaultWriteTimeout and DefaultKeepAlive.
+	// WriteTimeout and KeepAlive bound the connections of Accept and
+	// Serve, v1 and v2, as PoolOptions' fields of the same names bound
+	// the transceiver's. Defaults DefaultWriteTimeout and
+	// DefaultKeepAlive. A v1 session's pongs are read by its Recv: a
+	// backend that stops calling Recv for longer than KeepAlive loses the
+	// session.
 	WriteTimeout, KeepAlive time.Duration
 }
 
@@ -111,7 +119,7 @@ func (opts AcceptOptions) check(w http.ResponseWriter) ([]string, time.Duration,
 }
 
 func acceptV1(ws *websocket.Conn, formats []string, timeout time.Duration, opts AcceptOptions) (*ServerConn, error) {
-	c := newCore(newWSTransport(ws))
+	c := newCore(newWSTransport(ws, opts.Stats, opts.WriteTimeout, opts.KeepAlive))
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	start, err := c.acceptHandshake(ctx, formats, opts)
@@ -132,8 +140,9 @@ func acceptV1(ws *websocket.Conn, formats []string, timeout time.Duration, opts 
 //
 // Serve returns when the connection is over and every serve has
 // returned. Its error is the v1 setup error (as Accept's), the v2
-// connection hello's, or nil; v2 sessions whose setup fails go to
-// opts.HandshakeError. A request that offers neither subprotocol gets
+// connection hello's, or nil; the first v2 session whose setup fails goes
+// to opts.HandshakeError, and every one is counted in
+// opts.Stats.SetupFailures. A request that offers neither subprotocol gets
 // HTTP 400 and an error wrapping ErrVersion.
 func Serve(w http.ResponseWriter, r *http.Request, opts AcceptOptions, serve func(*ServerConn)) error {
 	if !offersSubprotocol(r.Header, Subprotocol) && !offersSubprotocol(r.Header, SubprotocolV2) {
@@ -165,7 +174,10 @@ func Serve(w http.ResponseWriter, r *http.Request, opts AcceptOptions, serve fun
 	if err != nil {
 		return err
 	}
-	var sessions sync.WaitGroup
+	var (
+		sessions sync.WaitGroup
+		reported atomic.Bool // HandshakeError was called on this connection
+	)
 	m.onStream = func(s *stream) {
 		sessions.Add(1)
 		go func() {
@@ -175,8 +187,9 @@ func Serve(w http.ResponseWriter, r *http.Request, opts AcceptOptions, serve fun
 			start, err := c.acceptHandshake(ctx, formats, opts)
 			cancel()
 			if err != nil {
+				m.stats.setupFailures.Add(1) // before the close record goes out
 				_ = c.Close()
-				if opts.HandshakeError != nil {
+				if opts.HandshakeError != nil && !reported.Swap(true) {
 					opts.HandshakeError(err)
 				}
 				return

@@ -2,7 +2,10 @@ package bridge
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"sync/atomic"
+	"time"
 
 	"github.com/coder/websocket"
 )
@@ -24,18 +27,103 @@ type transport interface {
 }
 
 // wsTransport is bridge v1: one session per WebSocket.
+//
+// Like a v2 connection (muxConn) it bounds each write by a write timeout
+// and pings the peer after a keepalive period without input; either
+// failing closes the WebSocket at once (docs/bridge.md §12.5, which v1
+// follows). Both run on timers (time.AfterFunc) rather than a goroutine or
+// a deadline context per write, so the audio path allocates nothing.
 type wsTransport struct {
 	ws   *websocket.Conn
 	rbuf []byte // reused read buffer; only the single reader touches it
+
+	// Set once, never mutated.
+	stats                   *MuxStats // never nil
+	writeTimeout, keepAlive time.Duration
+	wtimer                  *time.Timer // armed while a write is in flight: writeTimedOut
+	ktimer                  *time.Timer // keepalive period: keepAliveTick
+
+	timedOut atomic.Bool // the write timer fired: the WebSocket is closed
+	rx       atomic.Bool // a message arrived since the last keepalive tick
+	over     atomic.Bool // close or closeNow ran: the timers stay stopped
 }
 
-func newWSTransport(ws *websocket.Conn) *wsTransport {
+// newWSTransport wraps a v1 WebSocket; writeTimeout and keepAlive ≤ 0
+// mean DefaultWriteTimeout and DefaultKeepAlive, stats nil counts
+// nowhere.
+func newWSTransport(ws *websocket.Conn, stats *MuxStats, writeTimeout, keepAlive time.Duration) *wsTransport {
+	if stats == nil {
+		stats = new(MuxStats)
+	}
+	if writeTimeout <= 0 {
+		writeTimeout = DefaultWriteTimeout
+	}
+	if keepAlive <= 0 {
+		keepAlive = DefaultKeepAlive
+	}
 	ws.SetReadLimit(MaxMessageSize)
-	return &wsTransport{ws: ws, rbuf: make([]byte, 0, 4096)}
+	t := &wsTransport{ws: ws, rbuf: make([]byte, 0, 4096), stats: stats, writeTimeout: writeTimeout, keepAlive: keepAlive}
+	t.wtimer = time.AfterFunc(time.Hour, t.writeTimedOut)
+	t.wtimer.Stop()
+	t.ktimer = time.AfterFunc(keepAlive, t.keepAliveTick)
+	return t
 }
 
+// write sends one message. Writes never overlap (core holds wmu), so one
+// timer serves them all.
 func (t *wsTransport) write(ctx context.Context, typ websocket.MessageType, b []byte) error {
-	return t.ws.Write(ctx, typ, b)
+	t.wtimer.Reset(t.writeTimeout)
+	err := t.ws.Write(ctx, typ, b)
+	t.wtimer.Stop()
+	if t.timedOut.Load() {
+		return fmt.Errorf("%w: write not done within %v", errWriteTimeout, t.writeTimeout)
+	}
+	return err
+}
+
+// writeTimedOut runs when a write has been in flight for writeTimeout:
+// the peer stopped reading. Closing the WebSocket ends the write (and the
+// session: its Recv returns ErrClosed).
+func (t *wsTransport) writeTimedOut() {
+	if t.over.Load() {
+		return
+	}
+	t.timedOut.Store(true)
+	t.stats.writeTimeouts.Add(1)
+	_ = t.ws.CloseNow()
+}
+
+// keepAliveTick pings the peer when nothing arrived for a keepalive
+// period and closes the WebSocket when the pong does not come back within
+// another. The pong is read by the session's Recv, which the transceiver
+// always runs.
+func (t *wsTransport) keepAliveTick() {
+	if t.over.Load() {
+		return
+	}
+	if !t.rx.Swap(false) {
+		ctx, cancel := context.WithTimeout(context.Background(), t.keepAlive)
+		err := t.ws.Ping(ctx)
+		expired := ctx.Err() != nil
+		cancel()
+		if err != nil {
+			if expired && !t.over.Load() {
+				t.stats.pongTimeouts.Add(1)
+			}
+			_ = t.ws.CloseNow()
+			return
+		}
+	}
+	if !t.over.Load() {
+		t.ktimer.Reset(t.keepAlive)
+	}
+}
+
+// stop stops the timers for good.
+func (t *wsTransport) stop() {
+	t.over.Store(true)
+	t.wtimer.Stop()
+	t.ktimer.Stop()
 }
 
 func (t *wsTransport) read(ctx context.Context) (websocket.MessageType, []byte, error) {
@@ -45,6 +133,7 @@ func (t *wsTransport) read(ctx context.Context) (websocket.MessageType, []byte, 
 	}
 	b, err := readAll(r, t.rbuf[:0])
 	t.rbuf = b
+	t.rx.Store(true)
 	return typ, b, err
 }
 
@@ -66,7 +155,11 @@ func readAll(r io.Reader, b []byte) ([]byte, error) {
 }
 
 func (t *wsTransport) close(code websocket.StatusCode, reason string) error {
+	t.stop()
 	return t.ws.Close(code, reason)
 }
 
-func (t *wsTransport) closeNow() error { return t.ws.CloseNow() }
+func (t *wsTransport) closeNow() error {
+	t.stop()
+	return t.ws.CloseNow()
+}

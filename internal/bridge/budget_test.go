@@ -1,0 +1,89 @@
+package bridge_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+)
+
+// TestV2EndedSessionsLeaveBudget: what is queued for a session that has
+// ended no longer counts against its connection's ConnQueueLimit. Ten
+// sessions in turn each queue 3.75 MiB at a backend handler that never
+// reads, then end; 37.5 MiB in all, but never more than one session's
+// worth for a live session. Before the fix the ended sessions' bytes
+// stayed in the connection's count (the handlers never read them, and
+// shed cannot end a session that has left the table), so the tenth
+// session, live and within its own limit, was ended with 4003
+// (queue_full).
+func TestV2EndedSessionsLeaveBudget(t *testing.T) {
+	stats := new(bridge.MuxStats)
+	stop := make(chan struct{})
+	holderDone := make(chan string, 1)
+	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = bridge.Serve(w, r, bridge.AcceptOptions{Stats: stats}, func(sc *bridge.ServerConn) {
+			if sc.Session().SessionID != "holder" {
+				<-stop // never reads
+				return
+			}
+			// The holder reads until the transceiver's last event, which
+			// comes after every other session's records.
+			for {
+				m, err := sc.Recv(context.Background())
+				if err != nil {
+					holderDone <- err.Error()
+					return
+				}
+				if m.Event != nil {
+					holderDone <- string(m.Event)
+					return
+				}
+			}
+		})
+	}))
+	t.Cleanup(func() { close(stop) })
+	p := newPool(t, url, 0)
+	ctx := testCtx(t)
+	// The holder keeps the connection open while the others come and go.
+	holder := poolDial(t, p, "holder")
+	const (
+		sessions = 10
+		frame    = 64 << 10
+		frames   = (bridge.SessionQueueLimit - 256<<10) / frame // 3.75 MiB per session
+	)
+	if sessions*frames*frame <= bridge.ConnQueueLimit {
+		t.Fatal("the test does not pass the connection limit")
+	}
+	payload := make([]byte, frame)
+	for i := range sessions {
+		c := poolDial(t, p, fmt.Sprint("s", i))
+		for j := range frames {
+			if err := c.SendAudio(ctx, bridge.AudioFrame{Seq: uint16(j), Payload: payload}); err != nil {
+				t.Fatalf("session %d frame %d: %v", i, j, err)
+			}
+		}
+		if err := c.End(ctx, bridge.ReasonClientHangup); err != nil {
+			t.Fatalf("session %d End: %v", i, err)
+		}
+	}
+	if n := p.Conns(); n != 1 {
+		t.Fatalf("%d connections, want 1", n)
+	}
+	if err := holder.SendEvent(ctx, []byte("last")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-holderDone:
+		if got != "last" {
+			t.Fatalf("holder session: %s, want the event \"last\"", got)
+		}
+	case <-ctx.Done():
+		t.Fatal("the holder's event did not arrive")
+	}
+	// The backend has dispatched every record before the holder's event.
+	if n := stats.Drops(bridge.DropQueueFull); n != 0 {
+		t.Errorf("queue_full = %d with at most %d MiB queued for live sessions, want 0", n, frames*frame>>20)
+	}
+}
