@@ -48,11 +48,12 @@ type QueueConfig struct {
 	// no lock held, when the queue has run empty during a run and stayed
 	// empty for one tick (whatever RunGrace): the owner may push the last,
 	// partial frame of a reply now (padded), and it is sent in the same
-	// tick. Called at most once per underrun.
+	// turn. Called at most once per underrun.
 	OnUnderrun func()
 	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
 	// Clear which cuts a run sends ClearTailTicks times, one every 20 ms
-	// from the next tick, continuing the run's RTP numbering, outside any run (no
+	// from the queue's next turn, on the run's slot, continuing its RTP
+	// numbering, outside any run (no
 	// events, not counted in played_ms). A receiver whose jitter buffer
 	// runs dry conceals the missing audio (Opus PLC, WebRTC NetEq's
 	// expand) and keeps sounding the reply for a while; a few packets of
@@ -166,7 +167,9 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 }
 
 // PushAudio queues one encoded packet of dur samples at 48 kHz (960 for
-// 20 ms). The payload is copied. It returns ErrFull, queueing nothing,
+// 20 ms). The payload is copied. Into an idle queue (no run, no clear
+// tail) that is not paused it starts a run: the worker is woken and sends
+// the packet at once; otherwise it plays at the queue's turn. It returns ErrFull, queueing nothing,
 // when the queue is at its cap, and ErrClosed after Close.
 func (q *Queue) PushAudio(payload []byte, dur int) error {
 	q.mu.Lock()
