@@ -28,6 +28,7 @@ type Clock struct {
 	// baseline of BenchmarkFirstPacket.
 	tickStarts bool
 	stop       chan struct{}
+	poke       chan struct{} // a queue joined a slot: the ticker looks again; capacity 1
 	wg         sync.WaitGroup
 
 	next      atomic.Uint32 // round-robin worker assignment
@@ -131,7 +132,7 @@ func newClock(workers int, tick time.Duration) *Clock {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	c := &Clock{stop: make(chan struct{}), period: tick, samples: int64(tick / (time.Second / 48000)), slot: tick / Slots}
+	c := &Clock{stop: make(chan struct{}), poke: make(chan struct{}, 1), period: tick, samples: int64(tick / (time.Second / 48000)), slot: tick / Slots}
 	c.slotSamples = c.samples / Slots
 	for range workers {
 		c.workers = append(c.workers, &worker{c: c, wake: make(chan struct{}, 1), buf: make([]byte, 0, 4096)})
@@ -154,23 +155,50 @@ func (c *Clock) Close() {
 	c.wg.Wait()
 }
 
+// run wakes the workers at each slot that has queues on it, and only
+// then: an idle clock sleeps.
 func (c *Clock) run() {
-	t := time.NewTicker(c.slot)
+	t := time.NewTimer(time.Hour)
 	defer t.Stop()
+	last := int64(-1) // the last slot the workers were woken for
 	for {
+		var fire <-chan time.Time
+		if k := c.nextSlot(); k > 0 {
+			t.Reset(time.Until(c.start.Add(time.Duration(k) * c.slot)))
+			fire = t.C
+		}
 		select {
 		case <-c.stop:
 			return
-		case now := <-t.C:
-			c.tick.Store(int64(now.Sub(c.start) / c.slot))
+		case <-c.poke:
+		case now := <-fire:
+			n := int64(now.Sub(c.start) / c.slot)
+			c.tick.Store(n)
+			from := max(last+1, n-Slots+1)
+			last = n
 			for _, w := range c.workers {
-				if w.queues.Load() == 0 && !c.tickStarts {
-					continue // nothing on its slots: nothing to play
+				if w.due(from, n) || c.tickStarts {
+					w.kick()
 				}
-				w.kick()
 			}
 		}
 	}
+}
+
+// nextSlot returns the next slot after now with queues on it (0: none).
+func (c *Clock) nextSlot() int64 {
+	cur := int64(time.Since(c.start) / c.slot)
+	for k := cur + 1; k <= cur+Slots; k++ {
+		if c.tickStarts && k%Slots == 0 {
+			return k
+		}
+		for _, w := range c.workers {
+			if w.counts[k%Slots].Load() > 0 {
+				return k
+			}
+		}
+	}
+	return 0
 }
 
 // now returns the time since the clock started, in 48 kHz samples.
@@ -181,7 +209,7 @@ func (c *Clock) now() int64 { return int64(time.Since(c.start) / (time.Second / 
 type worker struct {
 	c      *Clock
 	wake   chan struct{}
-	queues atomic.Int64 // queues on its slots
+	counts [Slots]atomic.Int32 // queues on each slot
 
 	mu     sync.Mutex
 	starts []*Queue // guarded by mu: queues that became active since the worker last looked
@@ -262,9 +290,33 @@ func (w *worker) runStarts(at int64) {
 		}
 		s := n % Slots
 		w.slots[s] = append(w.slots[s], q)
-		w.queues.Add(1)
+		if w.counts[s].Add(1) == 1 {
+			select { // the ticker may be asleep, or waiting for a later slot
+			case w.c.poke <- struct{}{}:
+			default:
+			}
+		}
 	}
 	w.spare = starts[:0]
+}
+
+// due reports whether the worker has queues on a slot from from to n.
+func (w *worker) due(from, n int64) bool {
+	for k := from; k <= n; k++ {
+		if w.counts[k%Slots].Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// active returns how many queues are on the worker's slots.
+func (w *worker) active() int {
+	n := 0
+	for i := range w.counts {
+		n += int(w.counts[i].Load())
+	}
+	return n
 }
 
 // runSlots plays the slots after the last one played up to slot n. When
@@ -309,6 +361,6 @@ func (w *worker) runSlot(k, n int64) {
 		w.c.late.Add(uint64(missed))
 	}
 	clear(list[len(keep):])
-	w.queues.Add(int64(len(keep) - len(list)))
+	w.counts[k%Slots].Add(int32(len(keep) - len(list)))
 	w.slots[k%Slots] = keep
 }
