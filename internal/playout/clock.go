@@ -9,11 +9,11 @@ import (
 	"time"
 )
 
-// Clock is the shared media clock: one ticking goroutine and Workers
-// worker goroutines that drain the active queues. The goroutine ticks
-// Slots times per Tick (ClockConfig.Tick): every queue is played once per
-// Tick, on its own slot, the one its current run started in. Create it
-// with NewClock or NewClockConfig and Close it when done.
+// Clock is the shared media clock: Workers worker goroutines that drain
+// the active queues. Time is cut into Slots slots per Tick
+// (ClockConfig.Tick): every queue is played once per Tick, on its own
+// slot, the one its current run started in. Create it with NewClock or
+// NewClockConfig and Close it when done.
 type Clock struct {
 	// Set once (start before the workers start).
 	start       time.Time
@@ -28,11 +28,9 @@ type Clock struct {
 	// baseline of BenchmarkFirstPacket.
 	tickStarts bool
 	stop       chan struct{}
-	poke       chan struct{} // a queue joined a slot: the ticker looks again; capacity 1
 	wg         sync.WaitGroup
 
 	next      atomic.Uint32 // round-robin worker assignment
-	tick      atomic.Int64  // latest slot number
 	late      atomic.Uint64 // slots a worker missed because it was still busy
 	caughtUp  atomic.Uint64 // audio played ahead of the timeline to shed backlog, 48 kHz samples
 	closeOnce sync.Once
@@ -123,7 +121,6 @@ func (c *Clock) startWorkers() {
 	for _, w := range c.workers {
 		c.wg.Go(w.run)
 	}
-	c.wg.Go(c.run)
 }
 
 // newClock builds a clock ticking every tick (TickShort or Tick) without
@@ -132,7 +129,7 @@ func newClock(workers int, tick time.Duration) *Clock {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	c := &Clock{stop: make(chan struct{}), poke: make(chan struct{}, 1), period: tick, samples: int64(tick / (time.Second / 48000)), slot: tick / Slots}
+	c := &Clock{stop: make(chan struct{}), period: tick, samples: int64(tick / (time.Second / 48000)), slot: tick / Slots}
 	c.slotSamples = c.samples / Slots
 	for range workers {
 		c.workers = append(c.workers, &worker{c: c, wake: make(chan struct{}, 1), buf: make([]byte, 0, 4096)})
@@ -155,61 +152,14 @@ func (c *Clock) Close() {
 	c.wg.Wait()
 }
 
-// run wakes the workers at each slot that has queues on it, and only
-// then: an idle clock sleeps.
-func (c *Clock) run() {
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
-	last := int64(-1) // the last slot the workers were woken for
-	for {
-		var fire <-chan time.Time
-		if k := c.nextSlot(); k > 0 {
-			t.Reset(time.Until(c.start.Add(time.Duration(k) * c.slot)))
-			fire = t.C
-		}
-		select {
-		case <-c.stop:
-			return
-		case <-c.poke:
-		case now := <-fire:
-			n := int64(now.Sub(c.start) / c.slot)
-			c.tick.Store(n)
-			from := max(last+1, n-Slots+1)
-			last = n
-			for _, w := range c.workers {
-				if w.due(from, n) || c.tickStarts {
-					w.kick()
-				}
-			}
-		}
-	}
-}
-
-// nextSlot returns the next slot after now with queues on it (0: none).
-func (c *Clock) nextSlot() int64 {
-	cur := int64(time.Since(c.start) / c.slot)
-	for k := cur + 1; k <= cur+Slots; k++ {
-		if c.tickStarts && k%Slots == 0 {
-			return k
-		}
-		for _, w := range c.workers {
-			if w.counts[k%Slots].Load() > 0 {
-				return k
-			}
-		}
-	}
-	return 0
-}
-
 // now returns the time since the clock started, in 48 kHz samples.
 func (c *Clock) now() int64 { return int64(time.Since(c.start) / (time.Second / 48000)) }
 
 // worker drains its share of the queues: each slot, the queues on it;
 // when woken by a push into an idle queue, that queue's first packet.
 type worker struct {
-	c      *Clock
-	wake   chan struct{}
-	counts [Slots]atomic.Int32 // queues on each slot
+	c    *Clock
+	wake chan struct{}
 
 	mu     sync.Mutex
 	starts []*Queue // guarded by mu: queues that became active since the worker last looked
@@ -239,14 +189,25 @@ func (w *worker) kick() {
 	}
 }
 
+// run plays each slot that has queues on it, at its time, and the runs
+// that start when woken: a worker with no queue sleeps.
 func (w *worker) run() {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
 	for {
+		var fire <-chan time.Time
+		if k := w.nextSlot(); k > 0 {
+			t.Reset(time.Until(w.c.start.Add(time.Duration(k) * w.c.slot)))
+			fire = t.C
+		}
 		select {
 		case <-w.c.stop:
 			return
 		case <-w.wake:
+		case <-fire:
 		}
-		n, at := w.c.tick.Load(), w.c.now()
+		at := w.c.now()
+		n := at / w.c.slotSamples
 		if b := w.c.batcher; b != nil {
 			b.Hold()
 			w.serve(n, at)
@@ -290,31 +251,26 @@ func (w *worker) runStarts(at int64) {
 		}
 		s := n % Slots
 		w.slots[s] = append(w.slots[s], q)
-		if w.counts[s].Add(1) == 1 {
-			select { // the ticker may be asleep, or waiting for a later slot
-			case w.c.poke <- struct{}{}:
-			default:
-			}
-		}
 	}
 	w.spare = starts[:0]
 }
 
-// due reports whether the worker has queues on a slot from from to n.
-func (w *worker) due(from, n int64) bool {
-	for k := from; k <= n; k++ {
-		if w.counts[k%Slots].Load() > 0 {
-			return true
+// nextSlot returns the next slot after the last one played that has
+// queues on it, or is a tick's first slot for tickStarts (0: none).
+func (w *worker) nextSlot() int64 {
+	for k := w.last + 1; k <= w.last+Slots; k++ {
+		if len(w.slots[k%Slots]) > 0 || (w.c.tickStarts && k%Slots == 0) {
+			return k
 		}
 	}
-	return false
+	return 0
 }
 
 // active returns how many queues are on the worker's slots.
 func (w *worker) active() int {
 	n := 0
-	for i := range w.counts {
-		n += int(w.counts[i].Load())
+	for _, l := range w.slots {
+		n += len(l)
 	}
 	return n
 }
@@ -361,6 +317,5 @@ func (w *worker) runSlot(k, n int64) {
 		w.c.late.Add(uint64(missed))
 	}
 	clear(list[len(keep):])
-	w.counts[k%Slots].Add(int32(len(keep) - len(list)))
 	w.slots[k%Slots] = keep
 }

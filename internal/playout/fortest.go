@@ -32,7 +32,6 @@ func (c *Clock) RunTick(n int64) {
 // runTick plays tick n: the runs that start at its beginning, then its
 // slots, one by one.
 func (w *worker) runTick(n int64) {
-	w.c.tick.Store(n*Slots + Slots - 1)
 	w.runStarts(n * w.c.samples)
 	for k := n * Slots; k < (n+1)*Slots; k++ {
 		w.runSlots(k)
