@@ -36,10 +36,12 @@ type Clock struct {
 	closeOnce sync.Once
 }
 
-// Slots is how many times a Clock ticks per Tick: a queue plays on one
-// slot of each Tick (every Tick/Slots: 5 ms with the 20 ms tick, 2.5 ms
-// with TickShort), so a run's later packets leave at most one slot ahead
-// of the time their timestamps give, never behind it.
+// Slots is how many slots a Clock cuts each Tick into (Tick/Slots long:
+// 5 ms with the 20 ms tick, 2.5 ms with TickShort). A queue plays on one
+// slot of each Tick, the one its run started in, so a run's later packets
+// leave at most one slot ahead of the time their timestamps give, never
+// behind it. A worker wakes at each slot that has queues on it: with
+// sessions on every slot, Slots wake-ups per worker per Tick.
 const Slots = 4
 
 // ClockStats are a clock's counters.

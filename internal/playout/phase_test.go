@@ -2,6 +2,7 @@ package playout
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"testing"
 	"time"
@@ -230,5 +231,61 @@ func TestResumeStartsAtOnce(t *testing.T) {
 	h.wake(at)
 	if len(h.sink.pkts) != 1 || h.sink.pkts[0].at != at {
 		t.Fatalf("after Resume: %+v, want the greeting at %d", h.sink.pkts, at)
+	}
+}
+
+// TestSlotsRandomLateness plays replies and pauses of random lengths on a
+// worker that is woken late by random amounts (up to several ticks) and
+// pushes at random moments: every packet is sent once, in order, seq +1,
+// each timestamp at least the previous packet's duration on, and no
+// packet leaves more than a slot before the time its timestamp gives.
+func TestSlotsRandomLateness(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	h := newSlotHarness(t, Tick, QueueConfig{})
+	pushed := 0
+	for range 2000 {
+		switch r := rng.IntN(10); {
+		case r < 2 && h.q.Queued() == 0:
+			// A reply of 1–4 packets into an empty queue: never more
+			// than CatchUpTarget plus a tick queued, so no catch-up
+			// (which sends ahead on purpose; TestCatchUpAfterStall).
+			for range 1 + rng.IntN(4) {
+				h.push(fmt.Sprint(pushed), 960)
+				pushed++
+			}
+			h.wake(h.mid(rng.Int64N(h.w.c.slotSamples)))
+		case r < 5: // the worker is late
+			h.slot += rng.Int64N(3 * Slots)
+			h.slots(1)
+		default:
+			h.slots(1 + rng.IntN(2*Slots))
+		}
+	}
+	h.slots(40 * Slots)
+	if c := h.w.c.Stats().CaughtUp; c != 0 {
+		t.Fatalf("caught up %d samples: the test's backend must stay under real time", c)
+	}
+	if len(h.sink.pkts) != pushed {
+		t.Fatalf("%d packets sent of %d", len(h.sink.pkts), pushed)
+	}
+	// Without catch-up, timestamp minus timeline position is the same for
+	// every packet; the first packet was sent at its position.
+	offset := h.sink.pkts[0].ts - uint32(h.sink.pkts[0].at)
+	for i, p := range h.sink.pkts {
+		if p.data != fmt.Sprint(i) {
+			t.Fatalf("packet %d is %q", i, p.data)
+		}
+		// A late worker sends after the position (the harness records
+		// the time it played the slot at); never more than a slot early.
+		if pos := int64(uint32(p.ts - offset)); p.at < pos-h.w.c.slotSamples {
+			t.Fatalf("packet %d %+v left more than a slot before its time %d", i, p, pos)
+		}
+		if i == 0 {
+			continue
+		}
+		prev := h.sink.pkts[i-1]
+		if p.seq != prev.seq+1 || int32(p.ts-prev.ts) < 960 {
+			t.Fatalf("packet %d %+v after %+v", i, p, prev)
+		}
 	}
 }

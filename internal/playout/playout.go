@@ -6,14 +6,15 @@
 //
 // # Clock
 //
-// A Clock is one ticking goroutine (time.Ticker) and a few worker
-// goroutines (one per CPU by default), each owning a share of the queues.
-// The goroutine ticks Slots times per Tick (every 5 ms with the 20 ms
-// tick, 2.5 ms with TickShort): a slot. A queue is on its worker only
-// while it holds something or a playout run is in progress, and then on
-// one slot, the one its run started in: it has its turn every Tick, on
-// that slot, and an idle session costs no timer and no wake-up. At each
-// slot a worker walks that slot's queues and sends what is due through
+// A Clock is a few worker goroutines (one per CPU by default), each
+// owning a share of the queues. Time is cut into Slots slots per Tick
+// (5 ms with the 20 ms tick, 2.5 ms with TickShort). A queue is on its
+// worker only while it holds something or a playout run is in progress,
+// and then on one slot, the one its run started in: it has its turn every
+// Tick, on that slot. A worker sleeps until the next slot that has queues
+// on it (a timer on the slot grid), so an idle session costs no timer and
+// no wake-up, and an idle clock none at all. At each slot a worker walks
+// that slot's queues and sends what is due through
 // each queue's Sink, so the sends of many sessions happen together on one
 // goroutine, and a Batcher (NewBatchedClock) can send them together (the
 // transceiver's hop socket: one sendmmsg per batch). A push into an idle
