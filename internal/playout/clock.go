@@ -165,6 +165,7 @@ type worker struct {
 
 	mu     sync.Mutex
 	starts []*Queue // guarded by mu: queues that became active since the worker last looked
+	moved  []*Queue // guarded by mu: queues another worker started, for this one's slots
 
 	// Owned by the worker goroutine.
 	slots [Slots][]*Queue // the queues playing on each slot
@@ -238,11 +239,20 @@ func (w *worker) serve(n, at int64) {
 // runStarts plays the queues that became active since the last call: a
 // new run's first packet starts at at (or where the queue's timeline
 // already is, if later), and the queue joins the slot that time falls in.
+//
+// A slot belongs to one worker (slot number modulo the workers): a queue
+// started here whose slot is another worker's is handed to it, so that
+// each slot wakes one worker, not all of them.
 func (w *worker) runStarts(at int64) {
 	w.mu.Lock()
-	starts := w.starts
-	w.starts = w.spare[:0]
+	starts, moved := w.starts, w.moved
+	w.starts, w.moved = w.spare[:0], nil
 	w.mu.Unlock()
+	for i, q := range moved {
+		moved[i] = nil
+		s := q.next % Slots
+		w.slots[s] = append(w.slots[s], q)
+	}
 	for i, q := range starts {
 		starts[i] = nil
 		pos := q.position(at)
@@ -252,8 +262,20 @@ func (w *worker) runStarts(at int64) {
 			continue
 		}
 		s := n % Slots
+		if o := w.c.workers[s%int64(len(w.c.workers))]; o != w {
+			o.mu.Lock()
+			o.moved = append(o.moved, q)
+			o.mu.Unlock()
+			o.kick()
+			continue
+		}
 		w.slots[s] = append(w.slots[s], q)
 	}
+	w.mu.Lock()
+	if w.moved == nil {
+		w.moved = moved[:0] // keep the buffer
+	}
+	w.mu.Unlock()
 	w.spare = starts[:0]
 }
 

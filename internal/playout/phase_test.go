@@ -289,3 +289,58 @@ func TestSlotsRandomLateness(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotOwners: with two workers, a run started by its queue's worker
+// on a slot another worker owns (slot number modulo the workers) is
+// handed to that worker, and plays on there on its phase: each slot
+// wakes one worker.
+func TestSlotOwners(t *testing.T) {
+	c := newClock(2, Tick)
+	base := int64(1000 * Slots)
+	for _, w := range c.workers {
+		w.runSlots(base)
+	}
+	var sinks [Slots]*timedSink
+	var queues [Slots]*Queue
+	for s := range Slots {
+		sinks[s] = &timedSink{}
+		queues[s] = c.NewQueue(sinks[s], QueueConfig{})
+		for i := range 5 {
+			if err := queues[s].PushAudio([]byte(fmt.Sprint(i)), 960); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Started in slot base+1+s, by its own worker.
+		at := (base+1+int64(s))*c.slotSamples + 7
+		sinks[s].at = at
+		queues[s].w.runStarts(at)
+	}
+	for k := base + 1; k <= base+6*Slots; k++ {
+		for _, sk := range sinks {
+			sk.at = k * c.slotSamples
+		}
+		for _, w := range c.workers {
+			w.runStarts(k * c.slotSamples)
+			w.runSlots(k)
+		}
+	}
+	// The runs are in their grace, still on their slots.
+	for i, w := range c.workers {
+		for s, l := range w.slots {
+			want := 0
+			if s%2 == i {
+				want = 1
+			}
+			if len(l) != want {
+				t.Fatalf("worker %d holds %d queues on slot %d, want %d", i, len(l), s, want)
+			}
+		}
+	}
+	for s, sk := range sinks {
+		if len(sk.pkts) != 5 {
+			t.Fatalf("queue %d sent %d packets", s, len(sk.pkts))
+		}
+		h := &slotHarness{t: t, w: c.workers[0]}
+		h.checkPhase(sk.pkts)
+	}
+}

@@ -11,16 +11,19 @@
 // (5 ms with the 20 ms tick, 2.5 ms with TickShort). A queue is on its
 // worker only while it holds something or a playout run is in progress,
 // and then on one slot, the one its run started in: it has its turn every
-// Tick, on that slot. A worker sleeps until the next slot that has queues
-// on it (a timer on the slot grid), so an idle session costs no timer and
+// Tick, on that slot. Each slot belongs to one worker (slot number modulo
+// the workers), which sleeps until the next of its slots that has queues
+// on it (a timer on the slot grid): with sessions on every slot a clock
+// wakes Slots times per Tick in all, an idle session costs no timer and
 // no wake-up, and an idle clock none at all. At each slot a worker walks
 // that slot's queues and sends what is due through
 // each queue's Sink, so the sends of many sessions happen together on one
 // goroutine, and a Batcher (NewBatchedClock) can send them together (the
 // transceiver's hop socket: one sendmmsg per batch). A push into an idle
-// queue (or Resume) wakes its worker, which sends the new run's first
-// packet at once, in a round of its own (bracketed by the Batcher too).
-// Sinks are called only on their worker's goroutine.
+// queue (or Resume) wakes the queue's worker, which sends the new run's
+// first packet at once, in a round of its own (bracketed by the Batcher
+// too), and hands the queue to the worker of its slot. A Sink is called
+// on one worker goroutine at a time.
 //
 // # Timeline
 //
@@ -112,8 +115,10 @@ type Packet struct {
 	Payload []byte
 }
 
-// Sink receives a queue's packets on a clock worker goroutine. SendPacket
-// should not block: every queue of the worker waits for it.
+// Sink receives a queue's packets on a clock worker goroutine, one worker
+// at a time (the one that started the run sends its first packet, the
+// one owning the run's slot the rest). SendPacket should not block: every
+// queue of the worker waits for it.
 type Sink interface {
 	SendPacket(p *Packet)
 }
