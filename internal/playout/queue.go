@@ -53,8 +53,9 @@ type QueueConfig struct {
 	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
 	// Clear which cuts a run sends ClearTailTicks times, one every 20 ms
 	// from the queue's next turn, on the run's slot, continuing its RTP
-	// numbering, outside any run (no
-	// events, not counted in played_ms). A receiver whose jitter buffer
+	// numbering, outside any run (no events, not counted in played_ms).
+	// Audio pushed meanwhile ends the tail and plays at the queue's next
+	// turn, as a new run on the old one's slot. A receiver whose jitter buffer
 	// runs dry conceals the missing audio (Opus PLC, WebRTC NetEq's
 	// expand) and keeps sounding the reply for a while; a few packets of
 	// real silence end the talkspurt at once. The payload is not copied.
@@ -131,7 +132,8 @@ type Queue struct {
 	inflow    int64      // audio pushed since the worker last looked, 48 kHz samples
 	pace      paceWindow // the backend's pushes over the last PaceWindow
 
-	// Owned by the worker goroutine.
+	// Owned by the worker playing the queue (a worker that hands it to
+	// another sets it first, under the other's mu).
 	next int64 // the slot number of the queue's next turn
 }
 
@@ -169,8 +171,9 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 // PushAudio queues one encoded packet of dur samples at 48 kHz (960 for
 // 20 ms). The payload is copied. Into an idle queue (no run, no clear
 // tail) that is not paused it starts a run: the worker is woken and sends
-// the packet at once; otherwise it plays at the queue's turn. It returns ErrFull, queueing nothing,
-// when the queue is at its cap, and ErrClosed after Close.
+// the packet at once; otherwise it plays at the queue's turn. It returns
+// ErrFull, queueing nothing, when the queue is at its cap, and ErrClosed
+// after Close.
 func (q *Queue) PushAudio(payload []byte, dur int) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
