@@ -344,3 +344,46 @@ func TestSlotOwners(t *testing.T) {
 		h.checkPhase(sk.pkts)
 	}
 }
+
+// TestMarkOffTheGrid: on a run whose phase is off the slot grid, a mark
+// between two packets comes back at the turn that sends the packet after
+// it, and does not hold that packet back (no gap, no marker); a run that
+// runs dry calls OnUnderrun one tick after its last packet's turn, and
+// what it pushes leaves in that turn.
+func TestMarkOffTheGrid(t *testing.T) {
+	var h *slotHarness
+	var underruns []int64
+	h = newSlotHarness(t, Tick, QueueConfig{OnUnderrun: func() {
+		underruns = append(underruns, h.sink.at)
+		h.push("tail", 960)
+	}})
+	h.push("a0", 960)
+	h.push("a1", 960)
+	if err := h.q.PushMark("m"); err != nil {
+		t.Fatal(err)
+	}
+	h.push("a2", 960)
+	h.wake(h.mid(77)) // a0, in the next slot
+	h.slots(Slots + 1) // that slot, then a tick: a1
+	if ev := eventTypes(h.q.Events(nil)); !reflect.DeepEqual(ev, []EventType{EventStarted}) {
+		t.Fatalf("events after a1's turn %v, want the start only", ev)
+	}
+	h.slots(Slots) // a2
+	if ev := h.q.Events(nil); !reflect.DeepEqual(ev, []Event{{Type: EventMark, Name: "m"}}) {
+		t.Fatalf("events at a2's turn %+v, want the mark", ev)
+	}
+	if len(h.sink.pkts) != 3 {
+		t.Fatalf("%d packets, want a0 a1 a2", len(h.sink.pkts))
+	}
+	h.checkPhase(h.sink.pkts)
+	h.slots(2 * Slots) // a2's turn + a tick: the underrun
+	a2 := h.sink.pkts[2]
+	if len(underruns) != 1 || underruns[0] != a2.at+2*960 || len(h.sink.pkts) != 4 {
+		t.Fatalf("OnUnderrun at %v, %d packets; want once at %d (a tick after a2's turn), the tail sent then", underruns, len(h.sink.pkts), a2.at+2*960)
+	}
+	// a0 left at its timeline position: the timestamps' offset.
+	a0 := h.sink.pkts[0]
+	if tail := h.sink.pkts[3]; tail.at != underruns[0] || !tail.marker || tail.ts-a0.ts != uint32(tail.at-a0.at) {
+		t.Fatalf("tail %+v after a2 %+v: want it sent at the underrun's turn, marker, timestamp at that turn's time", tail, a2)
+	}
+}

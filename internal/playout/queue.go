@@ -104,6 +104,7 @@ type Queue struct {
 	maxQueued  int64 // 48 kHz samples
 	maxItems   int
 	period     int64 // the clock's tick, 48 kHz samples (a queue's turns are one tick apart)
+	slot       int64 // the clock's slot, 48 kHz samples: a turn at now stands for [now, now+slot)
 	grace      int64 // RunGrace, 48 kHz samples, whole ticks
 	notify     chan struct{}
 
@@ -158,6 +159,7 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		maxQueued:  int64(cfg.MaxQueued / Tick * TickSamples),
 		maxItems:   cfg.MaxItems,
 		period:     c.samples,
+		slot:       c.slotSamples,
 		grace:      ticks * c.samples,
 		notify:     make(chan struct{}, 1),
 		paused:     cfg.Paused,
@@ -424,7 +426,7 @@ func (q *Queue) tick(now, first, at int64, w *worker) (keep bool) {
 	// The run's grace (RunGrace) after the last audio ended before the
 	// run stops, so a backend streaming in real time with jitter does not
 	// split its playout.
-	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now >= q.tl+q.grace {
+	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now+q.slot > q.tl+q.grace {
 		q.stop()
 		events = true
 	}
@@ -450,7 +452,7 @@ func (q *Queue) stop() {
 func (q *Queue) wantsTail(now int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !q.running || q.head != len(q.items) || q.underrun || now < q.tl+q.period {
+	if !q.running || q.head != len(q.items) || q.underrun || now+q.slot <= q.tl+q.period {
 		return false
 	}
 	q.underrun = true
@@ -483,8 +485,8 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 	for q.head < len(q.items) && !q.closed {
 		it := &q.items[q.head]
 		if it.kind != itemAudio {
-			if q.tl > now {
-				break // the audio before it is still playing
+			if q.tl >= now+q.slot {
+				break // the audio before it ends after this turn's slot
 			}
 			if it.kind == itemMark {
 				q.events = append(q.events, Event{Type: EventMark, Name: it.text})
