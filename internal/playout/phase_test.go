@@ -363,7 +363,7 @@ func TestMarkOffTheGrid(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.push("a2", 960)
-	h.wake(h.mid(77)) // a0, in the next slot
+	h.wake(h.mid(77))  // a0, in the next slot
 	h.slots(Slots + 1) // that slot, then a tick: a1
 	if ev := eventTypes(h.q.Events(nil)); !reflect.DeepEqual(ev, []EventType{EventStarted}) {
 		t.Fatalf("events after a1's turn %v, want the start only", ev)
