@@ -73,8 +73,9 @@
 // packets sent to the Sink, exactly; a packet is counted when the worker
 // takes it, so the packets a worker took before a clear (one, or one per
 // missed turn when it runs late) may still be sent after Clear returns. A mark comes back (EventMark) when the audio queued
-// before it has played out: at the queue's first turn at or after the end
-// of that audio; on an idle, empty queue at once. Clear returns the marks it
+// before it has played out: at the queue's first turn whose slot reaches
+// the end of that audio (the turn that sends the audio after it, if any;
+// at most a slot before the end); on an idle, empty queue at once. Clear returns the marks it
 // dropped with Cleared set, before its EventCleared.
 package playout
 
