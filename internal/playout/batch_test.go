@@ -32,8 +32,9 @@ func (b *logBatcher) Hold()                      { b.add("hold") }
 func (b *logBatcher) Flush()                     { b.add("flush") }
 func (b *logBatcher) SendPacket(*playout.Packet) { b.add("send") }
 
-// TestBatchedClockBracketsTicks: every packet a tick sends is sent between
-// the Hold and the Flush of that tick, and every Hold is flushed.
+// TestBatchedClockBracketsTicks: every packet a worker sends is sent
+// between the Hold and the Flush of one of its rounds (a slot, or the
+// start of runs), and every Hold is flushed.
 func TestBatchedClockBracketsTicks(t *testing.T) {
 	const queues, packets = 3, 4
 	b := &logBatcher{done: make(chan struct{}), want: queues * packets}
@@ -50,14 +51,17 @@ func TestBatchedClockBracketsTicks(t *testing.T) {
 	c.Close()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	held, ticks := false, 0
+	// How many rounds the sends took depends on timing (a worker that ran
+	// late plays several slots in one round; the queues' first packets
+	// may leave in one round or in three), so only the bracketing is
+	// checked.
+	held := false
 	for i, e := range b.log {
 		switch {
 		case e == "hold" && !held:
 			held = true
 		case e == "flush" && held:
 			held = false
-			ticks++
 		case e == "send" && held:
 		default:
 			t.Fatalf("event %d %q out of place (held %v): %q", i, e, held, b.log)
@@ -65,8 +69,5 @@ func TestBatchedClockBracketsTicks(t *testing.T) {
 	}
 	if held {
 		t.Fatalf("a Hold was never flushed: %q", b.log)
-	}
-	if ticks < packets {
-		t.Fatalf("%d ticks for %d packets per queue", ticks, packets)
 	}
 }

@@ -9,31 +9,46 @@ import (
 	"time"
 )
 
-// Clock is the shared media clock: one ticking goroutine and Workers
-// worker goroutines that drain the active queues every tick (Tick, or
-// ClockConfig.Tick). Create it with NewClock or NewClockConfig and Close
-// it when done.
+// Clock is the shared media clock: Workers worker goroutines that drain
+// the active queues. Time is cut into Slots slots per Tick
+// (ClockConfig.Tick): every queue is played once per Tick, on its own
+// slot, the one its current run started in. Create it with NewClock or
+// NewClockConfig and Close it when done.
 type Clock struct {
-	// Set once (start by run, before the first tick).
-	start   time.Time
-	period  time.Duration // the tick
-	samples int64         // the tick at 48 kHz
-	workers []*worker
-	batcher Batcher // nil: none
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	// Set once (start before the workers start).
+	start       time.Time
+	period      time.Duration // the tick
+	samples     int64         // the tick at 48 kHz
+	slot        time.Duration // period / Slots
+	slotSamples int64         // slot at 48 kHz
+	workers     []*worker
+	batcher     Batcher // nil: none
+	// tickStarts, set by benchmarks before the start, makes runs start
+	// at the first tick after their audio came, as before slots: the
+	// baseline of BenchmarkFirstPacket.
+	tickStarts bool
+	stop       chan struct{}
+	wg         sync.WaitGroup
 
 	next      atomic.Uint32 // round-robin worker assignment
-	tick      atomic.Int64  // latest tick number
-	late      atomic.Uint64 // ticks a worker missed because it was still busy
+	late      atomic.Uint64 // slots a worker missed because it was still busy
 	caughtUp  atomic.Uint64 // audio played ahead of the timeline to shed backlog, 48 kHz samples
 	closeOnce sync.Once
 }
 
+// Slots is how many slots a Clock cuts each Tick into (Tick/Slots long:
+// 5 ms with the 20 ms tick, 2.5 ms with TickShort). A queue plays on one
+// slot of each Tick, the one its run started in, so a run's later packets
+// leave at most one slot ahead of the time their timestamps give, never
+// behind it. A worker wakes at each slot that has queues on it: with
+// sessions on every slot, Slots wake-ups per worker per Tick.
+const Slots = 4
+
 // ClockStats are a clock's counters.
 type ClockStats struct {
-	// LateTicks counts ticks a worker played late, together with a later
-	// one, because it was busy or not scheduled in time.
+	// LateTicks counts slots (Tick/Slots) with queues on them that a
+	// worker played late, together with a later one, because it was busy
+	// or not scheduled in time.
 	LateTicks uint64
 	// CaughtUp is the audio, in 48 kHz samples, that queues played in a
 	// tick beyond its own to shed the backlog of a backend streaming at
@@ -50,14 +65,14 @@ type ClockConfig struct {
 	// Workers is the number of worker goroutines (0: one per CPU,
 	// runtime.GOMAXPROCS).
 	Workers int
-	// Tick is the clock period, TickShort or Tick (0: Tick). A queue
-	// sends what is due once per tick, so a run starts, on average, half a
-	// tick after its first audio is queued, and packets shorter than the
-	// tick would leave in pairs: sessions that send 10 ms packets need the
-	// 10 ms tick (the transceiver's ptime setting). Packets of 20 ms on a
-	// 10 ms clock leave every other tick.
+	// Tick is the packet period, TickShort or Tick (0: Tick): a queue
+	// sends what is due once per tick, on its run's slot, so packets
+	// shorter than the tick would leave in pairs: sessions that send
+	// 10 ms packets need the 10 ms tick (the transceiver's ptime
+	// setting). Packets of 20 ms on a 10 ms clock leave every other tick.
+	// A run's first packet does not wait for a tick (docs/bridge.md §6.1).
 	Tick time.Duration
-	// Batcher, if set, brackets every tick of every worker (see
+	// Batcher, if set, brackets every round of work of every worker (see
 	// NewBatchedClock).
 	Batcher Batcher
 }
@@ -85,15 +100,16 @@ func NewClockConfig(cfg ClockConfig) (*Clock, error) {
 	return c, nil
 }
 
-// Batcher brackets each worker's tick, so that the packets its Sinks send
-// in the tick can leave together: Hold before the tick's first SendPacket,
-// Flush after its last. Workers call them concurrently.
+// Batcher brackets each round of a worker's work (a slot's queues, or
+// the first packets of runs that just started), so that the packets its
+// Sinks send in it can leave together: Hold before the round's first
+// SendPacket, Flush after its last. Workers call them concurrently.
 type Batcher interface {
 	Hold()
 	Flush()
 }
 
-// NewBatchedClock is NewClock with every tick of every worker bracketed
+// NewBatchedClock is NewClock with every round of every worker bracketed
 // by b's Hold and Flush (nil: none).
 func NewBatchedClock(workers int, b Batcher) *Clock {
 	c := newClock(workers, Tick)
@@ -103,19 +119,20 @@ func NewBatchedClock(workers int, b Batcher) *Clock {
 }
 
 func (c *Clock) startWorkers() {
+	c.start = time.Now() // slot n starts at start + n×slot
 	for _, w := range c.workers {
 		c.wg.Go(w.run)
 	}
-	c.wg.Go(c.run)
 }
 
 // newClock builds a clock ticking every tick (TickShort or Tick) without
-// starting it: tests drive its workers' runTick by hand.
+// starting it: tests drive its workers by hand.
 func newClock(workers int, tick time.Duration) *Clock {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	c := &Clock{stop: make(chan struct{}), period: tick, samples: int64(tick / (time.Second / 48000))}
+	c := &Clock{stop: make(chan struct{}), period: tick, samples: int64(tick / (time.Second / 48000)), slot: tick / Slots}
+	c.slotSamples = c.samples / Slots
 	for range workers {
 		c.workers = append(c.workers, &worker{c: c, wake: make(chan struct{}, 1), buf: make([]byte, 0, 4096)})
 	}
@@ -137,90 +154,192 @@ func (c *Clock) Close() {
 	c.wg.Wait()
 }
 
-func (c *Clock) run() {
-	c.start = time.Now() // tick n fires at about start + n×period
-	t := time.NewTicker(c.period)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.stop:
-			return
-		case now := <-t.C:
-			c.tick.Store(int64(now.Sub(c.start) / c.period))
-			for _, w := range c.workers {
-				select {
-				case w.wake <- struct{}{}:
-				default: // still busy with an earlier tick
-				}
-			}
-		}
-	}
-}
+// now returns the time since the clock started, in 48 kHz samples.
+func (c *Clock) now() int64 { return int64(time.Since(c.start) / (time.Second / 48000)) }
 
-// worker drains its share of the queues each tick.
+// worker drains its share of the queues: each slot, the queues on it;
+// when woken by a push into an idle queue, that queue's first packet.
 type worker struct {
 	c    *Clock
 	wake chan struct{}
 
-	mu      sync.Mutex
-	pending []*Queue // guarded by mu: queues that became active since the last tick
+	mu     sync.Mutex
+	starts []*Queue // guarded by mu: queues that became active since the worker last looked
+	moved  []*Queue // guarded by mu: queues another worker started, for this one's slots
 
 	// Owned by the worker goroutine.
-	active []*Queue
-	last   int64    // last tick processed
-	batch  []Packet // one queue's due packets
-	buf    []byte   // their payloads
+	slots [Slots][]*Queue // the queues playing on each slot
+	spare []*Queue        // swapped with starts
+	last  int64           // last slot processed
+	batch []Packet        // one queue's due packets
+	buf   []byte          // their payloads
 }
 
+// add hands the worker a queue that became active, and wakes it: its
+// first packet leaves now, not at the next slot.
 func (w *worker) add(q *Queue) {
 	w.mu.Lock()
-	w.pending = append(w.pending, q)
+	w.starts = append(w.starts, q)
 	w.mu.Unlock()
+	w.kick()
 }
 
+// kick wakes the worker without blocking.
+func (w *worker) kick() {
+	select {
+	case w.wake <- struct{}{}:
+	default: // already woken
+	}
+}
+
+// run plays each slot that has queues on it, at its time, and the runs
+// that start when woken: a worker with no queue sleeps.
 func (w *worker) run() {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
 	for {
+		var fire <-chan time.Time
+		if k := w.nextSlot(); k > 0 {
+			t.Reset(time.Until(w.c.start.Add(time.Duration(k) * w.c.slot)))
+			fire = t.C
+		}
 		select {
 		case <-w.c.stop:
 			return
 		case <-w.wake:
+		case <-fire:
 		}
+		at := w.c.now()
+		n := at / w.c.slotSamples
 		if b := w.c.batcher; b != nil {
 			b.Hold()
-			w.runTick(w.c.tick.Load())
+			w.serve(n, at)
 			b.Flush()
 			continue
 		}
-		w.runTick(w.c.tick.Load())
+		w.serve(n, at)
 	}
 }
 
-// runTick plays tick n for every active queue. When the worker was too
-// busy to play the ticks since the last one, it plays them now: the
-// packets due in them leave at once, without a timestamp jump.
-func (w *worker) runTick(n int64) {
+// serve starts the queues that became active, at timeline position at
+// (48 kHz samples since the clock's start, now), then plays the slots up
+// to slot n.
+func (w *worker) serve(n, at int64) {
+	if w.c.tickStarts {
+		if n/Slots <= w.last/Slots {
+			w.runSlots(n)
+			return
+		}
+		at = n / Slots * w.c.samples
+	}
+	w.runStarts(at)
+	w.runSlots(n)
+}
+
+// runStarts plays the queues that became active since the last call: a
+// new run's first packet starts at at (or where the queue's timeline
+// already is, if later), and the queue joins the slot that time falls in.
+//
+// A slot belongs to one worker (slot number modulo the workers): a queue
+// started here whose slot is another worker's is handed to it, so that
+// each slot wakes one worker, not all of them.
+func (w *worker) runStarts(at int64) {
+	w.mu.Lock()
+	starts, moved := w.starts, w.moved
+	w.starts, w.moved = w.spare[:0], nil
+	w.mu.Unlock()
+	for i, q := range moved {
+		moved[i] = nil
+		s := q.next % Slots
+		w.slots[s] = append(w.slots[s], q)
+	}
+	for i, q := range starts {
+		starts[i] = nil
+		pos := q.position(at)
+		n := pos / w.c.slotSamples
+		q.next = n + Slots
+		if !q.tick(n*w.c.slotSamples, pos, pos, w) {
+			continue
+		}
+		s := n % Slots
+		if o := w.c.workers[s%int64(len(w.c.workers))]; o != w {
+			o.mu.Lock()
+			o.moved = append(o.moved, q)
+			o.mu.Unlock()
+			o.kick()
+			continue
+		}
+		w.slots[s] = append(w.slots[s], q)
+	}
+	w.mu.Lock()
+	if w.moved == nil {
+		w.moved = moved[:0] // keep the buffer
+	}
+	w.mu.Unlock()
+	w.spare = starts[:0]
+}
+
+// nextSlot returns the next slot after the last one played that has
+// queues on it, or is a tick's first slot for tickStarts (0: none).
+func (w *worker) nextSlot() int64 {
+	for k := w.last + 1; k <= w.last+Slots; k++ {
+		if len(w.slots[k%Slots]) > 0 || (w.c.tickStarts && k%Slots == 0) {
+			return k
+		}
+	}
+	return 0
+}
+
+// active returns how many queues are on the worker's slots.
+func (w *worker) active() int {
+	n := 0
+	for _, l := range w.slots {
+		n += len(l)
+	}
+	return n
+}
+
+// runSlots plays the slots after the last one played up to slot n. When
+// the worker was too busy to play them in time, each slot is played once,
+// at its latest time, and its queues send what was due in the missed
+// ones at once, without a timestamp jump.
+func (w *worker) runSlots(n int64) {
 	if n <= w.last {
 		return
 	}
-	from := n
-	if w.last != 0 {
-		from = w.last + 1
-		if from < n {
-			w.c.late.Add(uint64(n - from))
-		}
+	for k := max(w.last+1, n-Slots+1); k <= n; k++ {
+		w.runSlot(k, n)
 	}
 	w.last = n
-	w.mu.Lock()
-	w.active = append(w.active, w.pending...)
-	clear(w.pending)
-	w.pending = w.pending[:0]
-	w.mu.Unlock()
-	keep := w.active[:0]
-	for _, q := range w.active {
-		if q.tick(n, from, w) {
+}
+
+// runSlot plays slot k's queues; n is the latest slot: a slot before it
+// is played late.
+func (w *worker) runSlot(k, n int64) {
+	list := w.slots[k%Slots]
+	keep := list[:0]
+	now := k * w.c.slotSamples
+	var missed int64 // whole ticks of this slot the worker missed
+	played := false
+	for _, q := range list {
+		if q.next > k {
+			keep = append(keep, q) // started after this slot's time
+			continue
+		}
+		missed = max(missed, (k-q.next)/Slots)
+		played = true
+		first := q.next * w.c.slotSamples
+		q.next = k + Slots
+		if q.tick(now, first, now, w) {
 			keep = append(keep, q)
 		}
 	}
-	clear(w.active[len(keep):])
-	w.active = keep
+	if played && k < n {
+		missed++
+	}
+	if missed > 0 {
+		w.c.late.Add(uint64(missed))
+	}
+	clear(list[len(keep):])
+	w.slots[k%Slots] = keep
 }

@@ -20,11 +20,20 @@ func NewManualClockTick(workers int, tick time.Duration) (*Clock, error) {
 }
 
 // RunTick plays tick n (n ticks after the clock's start) on every worker
-// of a manual clock, in the caller's goroutine. Do not call it on a clock
-// made by NewClock.
+// of a manual clock, in the caller's goroutine: the runs that start at
+// its beginning (queues that became active since the last call), then
+// its Slots slots. Do not call it on a clock made by NewClock.
 func (c *Clock) RunTick(n int64) {
-	c.tick.Store(n)
 	for _, w := range c.workers {
 		w.runTick(n)
+	}
+}
+
+// runTick plays tick n: the runs that start at its beginning, then its
+// slots, one by one.
+func (w *worker) runTick(n int64) {
+	w.runStarts(n * w.c.samples)
+	for k := n * Slots; k < (n+1)*Slots; k++ {
+		w.runSlots(k)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,7 +42,9 @@ func (s *udpSink) SendPacket(p *playout.Packet) {
 // one real clock, then clears each session at a random moment of a second
 // burst. It reports the send interval per session (p50, p99, worst, in
 // ms; 20 is perfect) and the clear latency (Clear called → the last
-// packet of the cleared audio sent, p50 and p99 in µs). The baseline,
+// packet of the cleared audio sent, p50 and p99 in µs), and the process's
+// CPU time during the first burst per session per 20 ms of audio (the
+// clock, the sends, and the loopback receiver draining them). The baseline,
 // ticker-per-session, paces the same bursts the naive way: a goroutine and
 // a time.Ticker per session. Run it once:
 //
@@ -78,6 +81,7 @@ func pacingTickers(b *testing.B, n int) {
 		}
 	}()
 	starts := make([][]time.Time, n)
+	cpu0 := processCPU()
 	var wg sync.WaitGroup
 	for i := range n {
 		conn, err := net.DialUDP("udp", nil, sink.LocalAddr().(*net.UDPAddr))
@@ -97,6 +101,7 @@ func pacingTickers(b *testing.B, n int) {
 		})
 	}
 	wg.Wait()
+	cpu := processCPU() - cpu0
 	var intervals []float64
 	for _, s := range starts {
 		for i := 1; i < len(s); i++ {
@@ -106,6 +111,7 @@ func pacingTickers(b *testing.B, n int) {
 	b.ReportMetric(percentile(intervals, 50), "interval-p50-ms")
 	b.ReportMetric(percentile(intervals, 99), "interval-p99-ms")
 	b.ReportMetric(percentile(intervals, 100), "interval-max-ms")
+	b.ReportMetric(float64(cpu.Microseconds())/250/float64(n), "cpu-µs/session/20ms")
 }
 
 func sessionsName(n int) string { return "sessions=" + itoa(n) }
@@ -153,10 +159,12 @@ func pacing(b *testing.B, n int) {
 			}
 		}
 	}
+	cpu0 := processCPU()
 	for _, q := range queues {
 		burst(q, 1, 5*time.Second)
 	}
 	time.Sleep(5*time.Second + 200*time.Millisecond)
+	cpu := processCPU() - cpu0
 	var intervals []float64
 	for _, s := range sinks {
 		s.mu.Lock()
@@ -199,6 +207,15 @@ func pacing(b *testing.B, n int) {
 	b.ReportMetric(percentile(clearLat, 50), "clear-p50-µs")
 	b.ReportMetric(percentile(clearLat, 99), "clear-p99-µs")
 	b.ReportMetric(float64(c.Stats().LateTicks), "late-ticks")
+	b.ReportMetric(float64(cpu.Microseconds())/260/float64(n), "cpu-µs/session/20ms")
+}
+
+// processCPU returns the CPU time (user + system) the process used so far:
+// on a shared machine it does not count the time spent waiting for a core.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func percentile(v []float64, p float64) float64 {

@@ -6,29 +6,45 @@
 //
 // # Clock
 //
-// A Clock is one ticking goroutine (time.Ticker, Tick) and a few worker
-// goroutines (one per CPU by default), each owning a share of the queues.
-// A queue is on its worker's active list only while it holds something or
-// a playout run is in progress: an idle session costs no timer and no
-// wake-up. Each tick, a worker walks its active list and sends what is due
-// through each queue's Sink, so the sends of many sessions happen together
-// on one goroutine, and a Batcher (NewBatchedClock) can send them together
-// (the transceiver's hop socket: one sendmmsg per batch).
+// A Clock is a few worker goroutines (one per CPU by default), each
+// owning a share of the queues. Time is cut into Slots slots per Tick
+// (5 ms with the 20 ms tick, 2.5 ms with TickShort). A queue is on its
+// worker only while it holds something or a playout run is in progress,
+// and then on one slot, the one its run started in: it has its turn every
+// Tick, on that slot. Each slot belongs to one worker (slot number modulo
+// the workers), which sleeps until the next of its slots that has queues
+// on it (a timer on the slot grid): with sessions on every slot a clock
+// wakes Slots times per Tick in all, an idle session costs no timer and
+// no wake-up, and an idle clock none at all. At each slot a worker walks
+// that slot's queues and sends what is due through
+// each queue's Sink, so the sends of many sessions happen together on one
+// goroutine, and a Batcher (NewBatchedClock) can send them together (the
+// transceiver's hop socket: one sendmmsg per batch). A push into an idle
+// queue (or Resume) wakes the queue's worker, which sends the new run's
+// first packet at once, in a round of its own (bracketed by the Batcher
+// too), and hands the queue to the worker of its slot. A Sink is called
+// on one worker goroutine at a time.
 //
 // # Timeline
 //
-// Tick number n starts at n ticks after the clock's start; on the RTP
-// clock of Opus (48 kHz, RFC 7587 §4.1) that is n×960 samples with the
-// default Tick, n×480 with TickShort. A queue keeps the
-// timeline position where its next packet starts. A packet is due when it
-// starts before the end of the current tick, so packets of 10, 20 or 60 ms
-// all leave at their real-time pace. When nothing was due for a while (the
-// queue ran dry, or was idle), the position jumps to the current tick and
-// the RTP timestamp jumps with it: sequence numbers stay continuous (+1 per
-// packet, across replies and clears), timestamps follow real time (RFC 3550
-// §5.1), and the first packet of each run, and the first after a gap within
-// a run, has the marker bit set (RFC 3551 §4.1: the first packet of a
-// talkspurt).
+// Positions on the timeline count 48 kHz samples (the RTP clock of Opus,
+// RFC 7587 §4.1) from the clock's start; slot k starts at k×Tick/Slots. A
+// queue keeps the timeline position where its next packet starts. A run
+// from idle starts where the clock is when its worker is woken: its first
+// packet's position is that moment (not a tick's), it is sent then, and
+// the queue takes the slot that moment falls in. At each turn, the packets
+// that start before the queue's next turn are due, so packets of 10, 20 or
+// 60 ms all leave at their real-time pace, and every later packet of the
+// run leaves at its own position or up to one slot before it, never after:
+// a receiver that times the run from its first packet (WebRTC's NetEq)
+// never sees a later packet late, however the run's phase falls against
+// the clock's. When nothing was due for a while within a run (the queue
+// ran dry), the position jumps to the queue's current turn and the RTP
+// timestamp jumps with it: the run keeps its slot. Sequence numbers stay
+// continuous (+1 per packet, across replies and clears), timestamps follow
+// real time (RFC 3550 §5.1), and the first packet of each run, and the
+// first after a gap within a run, has the marker bit set (RFC 3551 §4.1:
+// the first packet of a talkspurt).
 //
 // # Catch-up
 //
@@ -37,7 +53,7 @@
 // stay as added delay for the rest of the stream. So while a run is
 // playing, its queue holds more than CatchUpTarget plus one tick, and the
 // backend pushed about real time over the last PaceWindow (at least half
-// of it, at most all of it plus CatchUpTarget), each tick plays one more
+// of it, at most all of it plus CatchUpTarget), each turn plays one more
 // tick's worth than is due, without advancing the timeline: the backlog
 // drains at twice real time down to the target. Sequence numbers and
 // timestamps stay continuous and the caught-up packets count as played. A
@@ -56,9 +72,10 @@
 // gap in it is a gap in the timestamps. Played time counts the durations of the
 // packets sent to the Sink, exactly; a packet is counted when the worker
 // takes it, so the packets a worker took before a clear (one, or one per
-// missed tick when it runs late) may still be sent after Clear returns. A mark comes back (EventMark) when the audio queued
-// before it has played out: at the first tick at or after the end of that
-// audio; on an idle, empty queue at once. Clear returns the marks it
+// missed turn when it runs late) may still be sent after Clear returns. A mark comes back (EventMark) when the audio queued
+// before it has played out: at the queue's first turn whose slot reaches
+// the end of that audio (the turn that sends the audio after it, if any;
+// at most a slot before the end); on an idle, empty queue at once. Clear returns the marks it
 // dropped with Cleared set, before its EventCleared.
 package playout
 
@@ -99,8 +116,10 @@ type Packet struct {
 	Payload []byte
 }
 
-// Sink receives a queue's packets on a clock worker goroutine. SendPacket
-// should not block: every queue of the worker waits for it.
+// Sink receives a queue's packets on a clock worker goroutine, one worker
+// at a time (the one that started the run sends its first packet, the
+// one owning the run's slot the rest). SendPacket should not block: every
+// queue of the worker waits for it.
 type Sink interface {
 	SendPacket(p *Packet)
 }

@@ -48,12 +48,14 @@ type QueueConfig struct {
 	// no lock held, when the queue has run empty during a run and stayed
 	// empty for one tick (whatever RunGrace): the owner may push the last,
 	// partial frame of a reply now (padded), and it is sent in the same
-	// tick. Called at most once per underrun.
+	// turn. Called at most once per underrun.
 	OnUnderrun func()
 	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
 	// Clear which cuts a run sends ClearTailTicks times, one every 20 ms
-	// from the next tick, continuing the run's RTP numbering, outside any run (no
-	// events, not counted in played_ms). A receiver whose jitter buffer
+	// from the queue's next turn, on the run's slot, continuing its RTP
+	// numbering, outside any run (no events, not counted in played_ms).
+	// Audio pushed meanwhile ends the tail and plays at the queue's next
+	// turn, as a new run on the old one's slot. A receiver whose jitter buffer
 	// runs dry conceals the missing audio (Opus PLC, WebRTC NetEq's
 	// expand) and keeps sounding the reply for a while; a few packets of
 	// real silence end the talkspurt at once. The payload is not copied.
@@ -101,7 +103,8 @@ type Queue struct {
 	onEvents   func()
 	maxQueued  int64 // 48 kHz samples
 	maxItems   int
-	period     int64 // the clock's tick, 48 kHz samples
+	period     int64 // the clock's tick, 48 kHz samples (a queue's turns are one tick apart)
+	slot       int64 // the clock's slot, 48 kHz samples: a turn at now stands for [now, now+slot)
 	grace      int64 // RunGrace, 48 kHz samples, whole ticks
 	notify     chan struct{}
 
@@ -110,7 +113,7 @@ type Queue struct {
 	head      int
 	arena     []byte // guarded by mu
 	queued    int64  // guarded by mu: audio waiting, 48 kHz samples
-	scheduled bool   // guarded by mu: on its worker's active list
+	scheduled bool   // guarded by mu: on its worker (a slot's list, or starting)
 	closed    bool
 	paused    bool   // hold everything until Resume
 	running   bool   // a run is in progress
@@ -129,6 +132,10 @@ type Queue struct {
 	tailLeft  int
 	inflow    int64      // audio pushed since the worker last looked, 48 kHz samples
 	pace      paceWindow // the backend's pushes over the last PaceWindow
+
+	// Owned by the worker playing the queue (a worker that hands it to
+	// another sets it first, under the other's mu).
+	next int64 // the slot number of the queue's next turn
 }
 
 // NewQueue returns an empty queue drained by c that sends to sink.
@@ -152,6 +159,7 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		maxQueued:  int64(cfg.MaxQueued / Tick * TickSamples),
 		maxItems:   cfg.MaxItems,
 		period:     c.samples,
+		slot:       c.slotSamples,
 		grace:      ticks * c.samples,
 		notify:     make(chan struct{}, 1),
 		paused:     cfg.Paused,
@@ -163,8 +171,11 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 }
 
 // PushAudio queues one encoded packet of dur samples at 48 kHz (960 for
-// 20 ms). The payload is copied. It returns ErrFull, queueing nothing,
-// when the queue is at its cap, and ErrClosed after Close.
+// 20 ms). The payload is copied. Into an idle queue (no run, no clear
+// tail) that is not paused it starts a run: the worker is woken and sends
+// the packet at once; otherwise it plays at the queue's turn. It returns
+// ErrFull, queueing nothing, when the queue is at its cap, and ErrClosed
+// after Close.
 func (q *Queue) PushAudio(payload []byte, dur int) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -245,11 +256,14 @@ func (q *Queue) Clear() (playedMs int64) {
 }
 
 // Resume starts playing a queue made with QueueConfig.Paused: what was
-// queued meanwhile starts at the next tick. Idempotent.
+// queued meanwhile starts at once, as a run from idle does. Idempotent.
 func (q *Queue) Resume() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.paused = false
+	if q.head < len(q.items) {
+		q.schedule()
+	}
 }
 
 // Idle reports whether nothing is queued and no run is in progress (a
@@ -311,12 +325,24 @@ func (q *Queue) admit(dur int64) error {
 	return nil
 }
 
-// schedule puts the queue on its worker's active list. mu held.
+// schedule hands the queue to its worker, which plays what is due at
+// once and then on the slot that moment falls in; a paused queue waits
+// for Resume. mu held.
 func (q *Queue) schedule() {
-	if !q.scheduled {
+	if !q.scheduled && !q.paused {
 		q.scheduled = true
 		q.w.add(q)
 	}
+}
+
+// position returns where a run starting at at (48 kHz samples since the
+// clock's start) starts on the queue's timeline: at, or later if the
+// audio sent before a clear still covers at. Called by the worker before
+// the queue's first turn.
+func (q *Queue) position(at int64) int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return max(at, q.tl)
 }
 
 // signal tells the owner that events are queued. mu held.
@@ -379,16 +405,18 @@ func (q *Queue) compact() {
 	}
 }
 
-// tick plays ticks from to n (more than one when the worker ran late):
-// it sends what is due, processes marks and tags whose audio has played,
-// and ends the run when the queue stayed empty. It reports whether the
-// queue stays on the worker's active list.
-func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
-	now, first := n*q.period, from*q.period
-	events := q.take(now, first, w)
+// tick plays the queue's turns from first to now (timeline positions,
+// 48 kHz samples; more than one turn when the worker ran late, a tick
+// apart): it sends what is due before the turn after now, processes marks
+// and tags whose audio has played, and ends the run when the queue stayed
+// empty. Audio after a gap (nothing due since before first) starts at at
+// (now, or later for a queue's first turn: the moment it became active).
+// It reports whether the queue stays on its worker.
+func (q *Queue) tick(now, first, at int64, w *worker) (keep bool) {
+	events := q.take(now, first, at, w)
 	if len(w.batch) == 0 && q.onUnderrun != nil && q.wantsTail(now) {
 		q.onUnderrun()
-		events = q.take(now, first, w) || events
+		events = q.take(now, first, at, w) || events
 	}
 	for i := range w.batch {
 		q.sink.SendPacket(&w.batch[i])
@@ -398,7 +426,7 @@ func (q *Queue) tick(n, from int64, w *worker) (keep bool) {
 	// The run's grace (RunGrace) after the last audio ended before the
 	// run stops, so a backend streaming in real time with jitter does not
 	// split its playout.
-	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now >= q.tl+q.grace {
+	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now+q.slot > q.tl+q.grace {
 		q.stop()
 		events = true
 	}
@@ -424,18 +452,19 @@ func (q *Queue) stop() {
 func (q *Queue) wantsTail(now int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !q.running || q.head != len(q.items) || q.underrun || now < q.tl+q.period {
+	if !q.running || q.head != len(q.items) || q.underrun || now+q.slot <= q.tl+q.period {
 		return false
 	}
 	q.underrun = true
 	return true
 }
 
-// take moves the packets due by the end of the tick starting at now into
-// w.batch (payloads copied into w.buf), and queues the events that come
-// due. first is the start of the earliest tick being played (now, unless
-// the worker ran late). It reports whether it queued events.
-func (q *Queue) take(now, first int64, w *worker) (events bool) {
+// take moves the packets due before the queue's next turn (a tick after
+// now) into w.batch (payloads copied into w.buf), and queues the events
+// that come due. first is the earliest turn being played (now, unless the
+// worker ran late); audio after a gap starts at at. It reports whether it
+// queued events.
+func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 	w.batch, w.buf = w.batch[:0], w.buf[:0]
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -456,8 +485,8 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 	for q.head < len(q.items) && !q.closed {
 		it := &q.items[q.head]
 		if it.kind != itemAudio {
-			if q.tl > now {
-				break // the audio before it is still playing
+			if q.tl >= now+q.slot {
+				break // the audio before it ends after this turn's slot
 			}
 			if it.kind == itemMark {
 				q.events = append(q.events, Event{Type: EventMark, Name: it.text})
@@ -476,8 +505,8 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 		}
 		marker := false
 		if q.tl < first { // nothing was sent for a while: follow real time
-			q.ts += uint32(now - q.tl)
-			q.tl = now
+			q.ts += uint32(at - q.tl)
+			q.tl = at
 			marker = true // a talkspurt after a gap, RFC 3551 §4.1
 			if q.running && q.respID != q.sentResp {
 				// A new response after a gap: the run of the one
@@ -510,8 +539,8 @@ func (q *Queue) take(now, first int64, w *worker) (events bool) {
 	if q.tailLeft > 0 && q.head == len(q.items) && !q.running && q.tl < now+q.period && !q.closed {
 		// The clear tail: silence where the cut reply was, on its timeline.
 		if q.tl < first {
-			q.ts += uint32(now - q.tl)
-			q.tl = now
+			q.ts += uint32(at - q.tl)
+			q.tl = at
 		}
 		start := len(w.buf)
 		w.buf = append(w.buf, q.tail...)

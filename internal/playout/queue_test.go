@@ -107,8 +107,8 @@ func TestBurstPacedOnePerTick(t *testing.T) {
 	if ev := h.events(); !reflect.DeepEqual(ev, []Event{{Type: EventStopped, PlayedMs: 10000}}) {
 		t.Fatalf("events after the grace %+v, want stopped 10000 ms", ev)
 	}
-	if !h.q.Idle() || len(h.c.workers[0].active) != 0 {
-		t.Fatalf("queue idle %v, worker active list %d after the run", h.q.Idle(), len(h.c.workers[0].active))
+	if !h.q.Idle() || h.c.workers[0].active() != 0 {
+		t.Fatalf("queue idle %v, worker active list %d after the run", h.q.Idle(), h.c.workers[0].active())
 	}
 	// A later reply: the sequence goes on, the timestamp follows real time,
 	// a new talkspurt.
@@ -521,7 +521,7 @@ func TestCaps(t *testing.T) {
 		t.Fatalf("after Close: %v", err)
 	}
 	h.run(1)
-	if len(h.c.workers[0].active) != 0 {
+	if h.c.workers[0].active() != 0 {
 		t.Fatal("a closed queue stays on the worker's list")
 	}
 }

@@ -209,7 +209,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		Name: "switchboard_transceiver_sessions", Help: "Live sessions.",
 	}, func() float64 { return float64(s.Sessions()) })
 	lateTicks := prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "switchboard_transceiver_playout_late_ticks_total", Help: "Playout clock ticks a worker played late, together with the next one, because it was busy or not scheduled in time (their packets leave back to back).",
+		Name: "switchboard_transceiver_playout_late_ticks_total", Help: "Playout clock slots (a quarter of the packet time) with sessions on them that a worker played late, together with a later one, because it was busy or not scheduled in time (their packets leave back to back).",
 	}, func() float64 { return float64(s.clock.Stats().LateTicks) })
 	caughtUp := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_playout_caught_up_seconds_total", Help: "Audio the playout clock sent ahead of its timeline to shed the backlog of backends streaming at about real time (docs/bridge.md 6.1).",

@@ -1,0 +1,102 @@
+package playout
+
+import (
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// firstSink notes when its queue's first packet was sent.
+type firstSink struct{ sent chan time.Time }
+
+func (s *firstSink) SendPacket(*Packet) {
+	select {
+	case s.sent <- time.Now():
+	default:
+	}
+}
+
+type nopSink struct{}
+
+func (nopSink) SendPacket(*Packet) {}
+
+// BenchmarkFirstPacket measures how long a run's first packet waits
+// between PushAudio into an idle queue and its Sink's SendPacket, on a
+// real clock whose workers also pace 100 sessions' replies. Each round
+// runs the current clock (slots: the run starts when the push wakes the
+// worker) and the baseline (tick: the run starts at the next tick, as
+// before slots) one after the other, 16 queues × 8 replies each, pushed
+// at random moments; it reports the median and p90 of each in µs and
+// the ratio of the medians (slots/tick). Run it with, e.g.:
+//
+//	go test -run '^$' -bench FirstPacket -benchtime 10x ./internal/playout
+func BenchmarkFirstPacket(b *testing.B) {
+	for _, tick := range []time.Duration{Tick, TickShort} {
+		b.Run(tick.String(), func(b *testing.B) {
+			var slots, ticks []float64
+			for b.Loop() {
+				slots = append(slots, firstPackets(b, tick, false)...)
+				ticks = append(ticks, firstPackets(b, tick, true)...)
+			}
+			b.ReportMetric(quantile(slots, 50), "slots-p50-µs")
+			b.ReportMetric(quantile(slots, 90), "slots-p90-µs")
+			b.ReportMetric(quantile(ticks, 50), "tick-p50-µs")
+			b.ReportMetric(quantile(ticks, 90), "tick-p90-µs")
+			b.ReportMetric(quantile(slots, 50)/quantile(ticks, 50), "ratio-p50")
+		})
+	}
+}
+
+// firstPackets runs one round on a new clock and returns the delays, µs.
+func firstPackets(b *testing.B, tick time.Duration, tickStarts bool) []float64 {
+	c := newClock(0, tick)
+	c.tickStarts = tickStarts
+	c.startWorkers()
+	defer c.Close()
+	payload := make([]byte, 120)
+	dur := int(c.samples)
+	for range 100 { // the load: replies pacing out meanwhile
+		q := c.NewQueue(nopSink{}, QueueConfig{})
+		for range int(2 * time.Second / tick) {
+			if err := q.PushAudio(payload, dur); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	const probes, replies = 16, 8
+	delays := make([]float64, probes*replies)
+	var wg sync.WaitGroup
+	for p := range probes {
+		wg.Go(func() {
+			sink := &firstSink{sent: make(chan time.Time, 1)}
+			q := c.NewQueue(sink, QueueConfig{})
+			for r := range replies {
+				// Idle again (the clear's queue leaves its worker at its
+				// next turn), at a random phase of the clock.
+				time.Sleep(2*tick + time.Duration(rand.Int64N(int64(2*tick))))
+				t0 := time.Now()
+				if err := q.PushAudio(payload, dur); err != nil {
+					b.Error(err)
+					return
+				}
+				t1 := <-sink.sent
+				delays[p*replies+r] = float64(t1.Sub(t0).Nanoseconds()) / 1000
+				q.Clear()
+			}
+		})
+	}
+	wg.Wait()
+	return delays
+}
+
+// quantile returns the p-th percentile of v (nearest rank below).
+func quantile(v []float64, p float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[int(p/100*float64(len(s)-1))]
+}
