@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -43,18 +41,7 @@ func TestDataChannelMessages(t *testing.T) {
 	events.OnOpen(func() { opened <- struct{}{} })
 	other.OnOpen(func() { opened <- struct{}{} })
 
-	resp, err := http.Post(api.URL+"/v1/calls", "application/sdp", strings.NewReader(webrtctest.Offer(t, pc)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("offer: %s: %s", resp.Status, answer)
-	}
-	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
-		t.Fatal(err)
-	}
+	offerCall(t, api.URL, pc)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for range 2 {
@@ -118,18 +105,7 @@ func TestDataChannelLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	resp, err := http.Post(api.URL+"/v1/calls", "application/sdp", strings.NewReader(webrtctest.Offer(t, pc)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("offer: %s: %s", resp.Status, answer)
-	}
-	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
-		t.Fatal(err)
-	}
+	offerCall(t, api.URL, pc)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	select {

@@ -2,12 +2,10 @@ package transceiver
 
 import (
 	"encoding/binary"
-	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,20 +58,8 @@ func TestPtimeTen(t *testing.T) {
 	_, api := directServer(t, func(c *Config) { c.BackendURL, c.Ptime = backend, 10 })
 
 	pc := webrtctest.PeerConnection(t)
-	track, err := webrtc.NewTrackLocalStaticRTP(webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2}, "audio", "client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pc.AddTrack(track); err != nil {
-		t.Fatal(err)
-	}
-	connected := make(chan struct{})
-	var once atomic.Bool
-	pc.OnConnectionStateChange(func(st webrtc.PeerConnectionState) {
-		if st == webrtc.PeerConnectionStateConnected && once.CompareAndSwap(false, true) {
-			close(connected)
-		}
-	})
+	track := addOpusTrack(t, pc)
+	connected := whenConnected(pc)
 	type got struct {
 		seq uint16
 		ts  uint32
@@ -96,20 +82,8 @@ func TestPtimeTen(t *testing.T) {
 			}
 		}
 	})
-	resp, err := http.Post(api+"/v1/calls", "application/sdp", strings.NewReader(webrtctest.Offer(t, pc)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("offer: status %d: %s", resp.StatusCode, answer)
-	}
-	if !ptimeInAudioSection(string(answer), "a=ptime:10") {
+	if answer := offerCall(t, api, pc); !ptimeInAudioSection(answer, "a=ptime:10") {
 		t.Fatalf("the answer's audio section has no a=ptime:10:\n%s", answer)
-	}
-	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
-		t.Fatal(err)
 	}
 	waitFor(t, connected, 10*time.Second, "the client's connection")
 
