@@ -7,6 +7,7 @@ import (
 
 	"github.com/pion/webrtc/v4"
 
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
 )
 
@@ -24,6 +25,21 @@ func offerCall(t *testing.T, api string, pc *webrtc.PeerConnection) string {
 		t.Fatal(err)
 	}
 	return answer
+}
+
+// eventsClient is a Pion client with an audio transceiver and the
+// oai-events data channel, which it returns.
+func eventsClient(t *testing.T) (*webrtc.PeerConnection, *webrtc.DataChannel) {
+	t.Helper()
+	pc := webrtctest.PeerConnection(t)
+	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
+		t.Fatal(err)
+	}
+	events, err := pc.CreateDataChannel(webrtctest.EventsLabel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pc, events
 }
 
 // whenConnected returns a channel closed the first time pc's connection
@@ -51,4 +67,27 @@ func addOpusTrack(t *testing.T, pc *webrtc.PeerConnection) *webrtc.TrackLocalSta
 		t.Fatal(err)
 	}
 	return track
+}
+
+// serveAudio is a backend's side of one bridge connection: it hands each
+// audio frame to audio (valid until audio returns; audio may reply on
+// sc), answers the transceiver's end with the same reason, and returns,
+// closing sc, once the connection fails, the end is answered, or audio
+// returns an error.
+func serveAudio(t *testing.T, sc *bridge.ServerConn, audio func(*bridge.AudioFrame) error) {
+	defer sc.Close()
+	for {
+		m, err := sc.Recv(t.Context())
+		switch {
+		case err != nil:
+			return
+		case m.Audio != nil:
+			if audio(m.Audio) != nil {
+				return
+			}
+		case m.End != nil:
+			_ = sc.End(t.Context(), m.End.Reason)
+			return
+		}
+	}
 }

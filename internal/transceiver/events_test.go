@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
-	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
 )
 
 // TestDataChannelMessages sends oai-events messages of a few bytes and of
@@ -23,14 +22,7 @@ import (
 // detached read loop grows its buffer to the message.
 func TestDataChannelMessages(t *testing.T) {
 	_, api, _ := newTestServer(t, func(c *Config) { c.Direct, c.Advertise = true, "" })
-	pc := webrtctest.PeerConnection(t)
-	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
-		t.Fatal(err)
-	}
-	events, err := pc.CreateDataChannel(webrtctest.EventsLabel, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, events := eventsClient(t)
 	other, err := pc.CreateDataChannel("other", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -87,14 +79,7 @@ func TestDataChannelMessages(t *testing.T) {
 func TestDataChannelLimit(t *testing.T) {
 	var logs logbuf.Buffer
 	s, api, _ := newTestServerLog(t, slog.New(slog.NewTextHandler(&logs, nil)), func(c *Config) { c.Direct, c.Advertise = true, "" })
-	pc := webrtctest.PeerConnection(t)
-	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
-		t.Fatal(err)
-	}
-	events, err := pc.CreateDataChannel(webrtctest.EventsLabel, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, events := eventsClient(t)
 	got := make(chan string, 4)
 	events.OnMessage(func(m webrtc.DataChannelMessage) { got <- string(m.Data) })
 	opened := make(chan struct{}, 1)

@@ -26,34 +26,23 @@ func TestPtimeTen(t *testing.T) {
 	const rate, replyMs = 24000, 400
 	frames := make(chan bridge.AudioFrame, 256) // what the backend gets
 	backend := backendFormat(t, bridge.FormatPCM24k, func(sc *bridge.ServerConn) {
-		defer sc.Close()
 		replied := false
-		for {
-			m, err := sc.Recv(t.Context())
-			switch {
-			case err != nil:
-				return
-			case m.Audio != nil:
-				select {
-				case frames <- bridge.AudioFrame{Seq: m.Audio.Seq, Timestamp: m.Audio.Timestamp, Payload: append([]byte(nil), m.Audio.Payload...), Concealed: m.Audio.Concealed}:
-				default:
-				}
-				if !replied {
-					// A reply in one burst: a 440 Hz tone.
-					replied = true
-					pcm := make([]byte, 0, 2*rate*replyMs/1000)
-					for i := range rate * replyMs / 1000 {
-						pcm = binary.LittleEndian.AppendUint16(pcm, uint16(int16(8000*math.Sin(2*math.Pi*440*float64(i)/rate))))
-					}
-					if err := sc.SendAudio(t.Context(), bridge.AudioFrame{Payload: pcm}); err != nil {
-						return
-					}
-				}
-			case m.End != nil:
-				_ = sc.End(t.Context(), m.End.Reason)
-				return
+		serveAudio(t, sc, func(a *bridge.AudioFrame) error {
+			select {
+			case frames <- bridge.AudioFrame{Seq: a.Seq, Timestamp: a.Timestamp, Payload: append([]byte(nil), a.Payload...), Concealed: a.Concealed}:
+			default:
 			}
-		}
+			if replied {
+				return nil
+			}
+			// A reply in one burst: a 440 Hz tone.
+			replied = true
+			pcm := make([]byte, 0, 2*rate*replyMs/1000)
+			for i := range rate * replyMs / 1000 {
+				pcm = binary.LittleEndian.AppendUint16(pcm, uint16(int16(8000*math.Sin(2*math.Pi*440*float64(i)/rate))))
+			}
+			return sc.SendAudio(t.Context(), bridge.AudioFrame{Payload: pcm})
+		})
 	})
 	_, api := directServer(t, func(c *Config) { c.BackendURL, c.Ptime = backend, 10 })
 

@@ -46,22 +46,13 @@ func (b *badPadding) BindLocalStream(_ *interceptor.StreamInfo, w interceptor.RT
 func TestUnparsableRTPDropped(t *testing.T) {
 	frames := make(chan uint16, 1024) // the seq of each audio frame the backend gets
 	backend := backendFunc(t, func(sc *bridge.ServerConn) {
-		defer sc.Close()
-		for {
-			m, err := sc.Recv(t.Context())
-			switch {
-			case err != nil:
-				return
-			case m.Audio != nil:
-				select {
-				case frames <- m.Audio.Seq:
-				default:
-				}
-			case m.End != nil:
-				_ = sc.End(t.Context(), m.End.Reason)
-				return
+		serveAudio(t, sc, func(a *bridge.AudioFrame) error {
+			select {
+			case frames <- a.Seq:
+			default:
 			}
-		}
+			return nil
+		})
 	})
 	s, api := directServer(t, func(c *Config) { c.BackendURL = backend })
 
