@@ -281,14 +281,7 @@ func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig))
 		OnState:       func(st State) { parts.states <- st },
 		OnDataChannel: func(dc *datachannel.DataChannel) { parts.dcs <- dc },
 	}
-	for _, m := range mutate {
-		m(&cfg)
-	}
-	sess, err := s.ep.NewSession(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sess.Close() })
+	sess := newSession(t, s, cfg, mutate...)
 	ans, err := Answer(o, AnswerParams{
 		ICEUfrag: ufrag, ICEPwd: pwd, Fingerprint: s.fp, Setup: setup, Candidate: s.candidate(),
 		AudioSSRC: 0x1234, CNAME: "peer-test", StreamID: "switchboard", TrackID: "audio",
@@ -765,6 +758,13 @@ func liteSession(t *testing.T, s *server, mutate ...func(*SessionConfig)) *Sessi
 	t.Helper()
 	cfg := SessionConfig{LocalUfrag: "local", LocalPwd: "localpwdlocalpwdlocalpwd", RemoteUfrag: "remote",
 		Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}}
+	return newSession(t, s, cfg, mutate...)
+}
+
+// newSession makes a session on s with cfg, changed by mutate in order,
+// and closes it when the test ends.
+func newSession(t *testing.T, s *server, cfg SessionConfig, mutate ...func(*SessionConfig)) *Session {
+	t.Helper()
 	for _, m := range mutate {
 		m(&cfg)
 	}
