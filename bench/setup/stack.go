@@ -24,6 +24,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/bridgetest"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/coturn"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/impair"
 	"github.com/switchboard-rtc/switchboard/internal/token"
@@ -341,34 +342,17 @@ func (b *backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer sc.Close()
 	id := sc.Session().SessionID
-	ctx := context.Background() // hijacked: not tied to the request
 	seen := false
-	for {
-		m, err := sc.Recv(ctx)
-		if err != nil {
-			return
+	// The context is not the request's: the connection is hijacked.
+	bridgetest.Echo(context.Background(), sc, func(*bridge.AudioFrame) {
+		if !seen {
+			seen = true
+			now := time.Now()
+			b.mu.Lock()
+			b.first[id] = now
+			b.mu.Unlock()
 		}
-		switch {
-		case m.Audio != nil:
-			if !seen {
-				seen = true
-				now := time.Now()
-				b.mu.Lock()
-				b.first[id] = now
-				b.mu.Unlock()
-			}
-			if sc.SendAudio(ctx, *m.Audio) != nil {
-				return
-			}
-		case m.Event != nil:
-			if sc.SendEvent(ctx, m.Event) != nil {
-				return
-			}
-		case m.End != nil:
-			_ = sc.End(ctx, m.End.Reason)
-			return
-		}
-	}
+	})
 }
 
 // minLevel drops records below a level.

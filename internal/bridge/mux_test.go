@@ -16,32 +16,12 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/bridgetest"
 )
 
 // echoSession echoes one session's audio and events until it ends, as
 // internal/agent's echo does.
-func echoSession(sc *bridge.ServerConn) {
-	ctx := context.Background()
-	for {
-		m, err := sc.Recv(ctx)
-		if err != nil {
-			return
-		}
-		switch {
-		case m.Audio != nil:
-			if sc.SendAudio(ctx, *m.Audio) != nil {
-				return
-			}
-		case m.Event != nil:
-			if sc.SendEvent(ctx, m.Event) != nil {
-				return
-			}
-		case m.End != nil:
-			_ = sc.End(ctx, m.End.Reason)
-			return
-		}
-	}
-}
+func echoSession(sc *bridge.ServerConn) { bridgetest.Echo(context.Background(), sc, nil) }
 
 // serveV2 serves the bridge with Serve (v1 and v2), each session handled
 // by session; it returns the URL and the connections' stats.

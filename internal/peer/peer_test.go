@@ -281,14 +281,7 @@ func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig))
 		OnState:       func(st State) { parts.states <- st },
 		OnDataChannel: func(dc *datachannel.DataChannel) { parts.dcs <- dc },
 	}
-	for _, m := range mutate {
-		m(&cfg)
-	}
-	sess, err := s.ep.NewSession(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sess.Close() })
+	sess := newSession(t, s, cfg, mutate...)
 	ans, err := Answer(o, AnswerParams{
 		ICEUfrag: ufrag, ICEPwd: pwd, Fingerprint: s.fp, Setup: setup, Candidate: s.candidate(),
 		AudioSSRC: 0x1234, CNAME: "peer-test", StreamID: "switchboard", TrackID: "audio",
@@ -351,6 +344,24 @@ func echoDC(dc *datachannel.DataChannel, wg *sync.WaitGroup) {
 	}
 }
 
+// startDCEcho waits for the session's data channel, echoes it (see
+// echoDC) on a goroutine counted in wg until the session closes, and
+// waits for the client's channel to open. It returns the session's
+// channel.
+func startDCEcho(t *testing.T, parts *sessionParts, c *client, wg *sync.WaitGroup) *datachannel.DataChannel {
+	t.Helper()
+	var dc *datachannel.DataChannel
+	select {
+	case dc = <-parts.dcs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no data channel")
+	}
+	wg.Add(1)
+	go echoDC(dc, wg)
+	<-c.open
+	return dc
+}
+
 // sendUntilEcho sends Opus-sized packets from the client until one comes
 // back with the payload it carried.
 func sendUntilEcho(t *testing.T, c *client, mark byte) {
@@ -406,18 +417,9 @@ func TestPionClient(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go echoRTP(sess, &wg)
-	var dc *datachannel.DataChannel
-	select {
-	case dc = <-parts.dcs:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no data channel")
-	}
-	if dc.Config.Label != "oai-events" {
+	if dc := startDCEcho(t, parts, c, &wg); dc.Config.Label != "oai-events" {
 		t.Fatalf("label %q", dc.Config.Label)
 	}
-	wg.Add(1)
-	go echoDC(dc, &wg)
-	<-c.open
 	sendUntilEcho(t, c, 1)
 	dcRoundTrip(t, c, `{"type":"hello"}`)
 
@@ -495,17 +497,27 @@ func TestClientCloses(t *testing.T) {
 	waitState(t, parts, StateClosed)
 }
 
-// TestConsent: a connected client that goes silent is disconnected, back
-// when its traffic resumes, and failed when it stays silent.
-func TestConsent(t *testing.T) {
+// connectCuttable connects a client (with a data channel if data) to a
+// server whose consent tick is 20 ms, through a path the test can cut
+// (p.cut), with the session's disconnected and failed timeouts, and
+// waits until the session is connected.
+func connectCuttable(t *testing.T, data bool, disconnected, failed time.Duration) (*server, *path, *client, *sessionParts) {
+	t.Helper()
 	s := newServer(t, func(c *Config) { c.ConsentTick = 20 * time.Millisecond })
 	p := newPath(t, s.addr())
 	s.advertise = p.addr()
-	c := newClient(t, false)
+	c := newClient(t, data)
 	_, parts := connect(t, s, c, func(sc *SessionConfig) {
-		sc.DisconnectedTimeout, sc.FailedTimeout = 300*time.Millisecond, 3*time.Second
+		sc.DisconnectedTimeout, sc.FailedTimeout = disconnected, failed
 	})
 	waitState(t, parts, StateConnected)
+	return s, p, c, parts
+}
+
+// TestConsent: a connected client that goes silent is disconnected, back
+// when its traffic resumes, and failed when it stays silent.
+func TestConsent(t *testing.T) {
+	_, p, c, parts := connectCuttable(t, false, 300*time.Millisecond, 3*time.Second)
 	p.cut.Store(true)
 	waitState(t, parts, StateDisconnected)
 	p.cut.Store(false)
@@ -667,16 +679,8 @@ func TestPionClientSNAP(t *testing.T) {
 		t.Fatal("the offer had a=sctp-init but the session has none to answer")
 	}
 	waitState(t, parts, StateConnected)
-	var dc *datachannel.DataChannel
-	select {
-	case dc = <-parts.dcs:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no data channel")
-	}
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go echoDC(dc, &wg)
-	<-c.open
+	startDCEcho(t, parts, c, &wg)
 	dcRoundTrip(t, c, "snap")
 	_ = sess.Close()
 	wg.Wait()
@@ -754,6 +758,13 @@ func liteSession(t *testing.T, s *server, mutate ...func(*SessionConfig)) *Sessi
 	t.Helper()
 	cfg := SessionConfig{LocalUfrag: "local", LocalPwd: "localpwdlocalpwdlocalpwd", RemoteUfrag: "remote",
 		Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}}
+	return newSession(t, s, cfg, mutate...)
+}
+
+// newSession makes a session on s with cfg, changed by mutate in order,
+// and closes it when the test ends.
+func newSession(t *testing.T, s *server, cfg SessionConfig, mutate ...func(*SessionConfig)) *Session {
+	t.Helper()
 	for _, m := range mutate {
 		m(&cfg)
 	}
@@ -854,14 +865,7 @@ func TestEvictKeepsSelected(t *testing.T) {
 // client's address that do not authenticate do not refresh consent: the
 // session still fails once the client's real traffic stops (RFC 7675).
 func TestDTLSGarbageKeepsNoConsent(t *testing.T) {
-	s := newServer(t, func(c *Config) { c.ConsentTick = 20 * time.Millisecond })
-	p := newPath(t, s.addr())
-	s.advertise = p.addr()
-	c := newClient(t, true)
-	_, parts := connect(t, s, c, func(sc *SessionConfig) {
-		sc.DisconnectedTimeout, sc.FailedTimeout = 200*time.Millisecond, 600*time.Millisecond
-	})
-	waitState(t, parts, StateConnected)
+	s, p, _, parts := connectCuttable(t, true, 200*time.Millisecond, 600*time.Millisecond)
 	p.cut.Store(true)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -1018,16 +1022,8 @@ func TestLargeDataChannelMessages(t *testing.T) {
 	c := newClient(t, true)
 	sess, parts := connect(t, s, c)
 	waitState(t, parts, StateConnected)
-	var dc *datachannel.DataChannel
-	select {
-	case dc = <-parts.dcs:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no data channel")
-	}
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go echoDC(dc, &wg)
-	<-c.open
+	startDCEcho(t, parts, c, &wg)
 	var msgs []string
 	for i := range 4 {
 		m := strings.Repeat(string(rune('a'+i)), 60<<10)

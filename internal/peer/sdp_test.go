@@ -194,11 +194,8 @@ func TestAnswerPion(t *testing.T) {
 		sends       bool
 	}{
 		{
-			name: "audio and data",
-			setup: func(t *testing.T, pc *webrtc.PeerConnection) {
-				addAudio(t, pc, webrtc.RTPTransceiverDirectionSendrecv)
-				addData(t, pc)
-			},
+			name:  "audio and data",
+			setup: audioAndData(webrtc.RTPTransceiverDirectionSendrecv),
 			audio: 0, data: 1, want: []string{"audio sendrecv", "application"}, sends: true,
 		},
 		{
@@ -231,28 +228,19 @@ func TestAnswerPion(t *testing.T) {
 			audio: 1, data: 3, want: []string{"video rejected", "audio sendrecv", "audio rejected", "application"}, sends: true,
 		},
 		{
-			name: "recvonly audio",
-			setup: func(t *testing.T, pc *webrtc.PeerConnection) {
-				addAudio(t, pc, webrtc.RTPTransceiverDirectionRecvonly)
-				addData(t, pc)
-			},
+			name:  "recvonly audio",
+			setup: audioAndData(webrtc.RTPTransceiverDirectionRecvonly),
 			audio: 0, data: 1, want: []string{"audio sendonly", "application"}, sends: true,
 		},
 		{
-			name: "sendonly audio",
-			setup: func(t *testing.T, pc *webrtc.PeerConnection) {
-				addAudio(t, pc, webrtc.RTPTransceiverDirectionSendonly)
-				addData(t, pc)
-			},
+			name:  "sendonly audio",
+			setup: audioAndData(webrtc.RTPTransceiverDirectionSendonly),
 			audio: 0, data: 1, want: []string{"audio recvonly", "application"}, sends: false,
 		},
 		{
-			name: "SNAP",
-			snap: true,
-			setup: func(t *testing.T, pc *webrtc.PeerConnection) {
-				addAudio(t, pc, webrtc.RTPTransceiverDirectionSendrecv)
-				addData(t, pc)
-			},
+			name:  "SNAP",
+			snap:  true,
+			setup: audioAndData(webrtc.RTPTransceiverDirectionSendrecv),
 			audio: 0, data: 1, want: []string{"audio sendrecv", "application"}, sends: true,
 		},
 	}
@@ -287,6 +275,15 @@ func TestAnswerPion(t *testing.T) {
 				t.Fatalf("Pion refuses the answer: %v\n%s", err, answer)
 			}
 		})
+	}
+}
+
+// audioAndData is a client setup that adds an audio transceiver in dir,
+// then the data channel.
+func audioAndData(dir webrtc.RTPTransceiverDirection) func(*testing.T, *webrtc.PeerConnection) {
+	return func(t *testing.T, pc *webrtc.PeerConnection) {
+		addAudio(t, pc, dir)
+		addData(t, pc)
 	}
 }
 

@@ -337,16 +337,7 @@ func TestInterceptor(t *testing.T) {
 	capture.mu.Lock()
 	first := capture.pkts[0]
 	capture.mu.Unlock()
-	sr, ok := first[0].(*rtcp.SenderReport)
-	if len(first) != 1 || !ok {
-		t.Fatalf("report %v, want one SR", first)
-	}
-	if sr.SSRC != 11 || sr.PacketCount != 10 || sr.OctetCount != 800 || len(sr.Reports) != 1 {
-		t.Fatalf("SR %+v, want ssrc 11, 10 packets, 800 octets, one block", sr)
-	}
-	if b := sr.Reports[0]; b.SSRC != 22 || b.LastSequenceNumber != 18 || b.TotalLost != 9 {
-		t.Fatalf("block %+v, want ssrc 22, highest 18, 9 lost", b)
-	}
+	checkTenSentHalfLost(t, first)
 	if err := chain.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -356,6 +347,27 @@ func TestInterceptor(t *testing.T) {
 		if len(w) != 0 {
 			t.Fatal("a closed interceptor is still in the wheel")
 		}
+	}
+}
+
+// checkTenSentHalfLost checks that a report is one SR from SSRC 11 that
+// sent 10 packets of 80 bytes, with one block for SSRC 22 whose highest
+// sequence number is 18 and 9 of whose packets were lost: what both
+// TestInterceptor and TestDirect send and receive.
+func checkTenSentHalfLost(t *testing.T, report []rtcp.Packet) {
+	t.Helper()
+	if len(report) != 1 {
+		t.Fatalf("report %v, want one SR", report)
+	}
+	sr, ok := report[0].(*rtcp.SenderReport)
+	if !ok {
+		t.Fatalf("report %v, want one SR", report)
+	}
+	if sr.SSRC != 11 || sr.PacketCount != 10 || sr.OctetCount != 800 || len(sr.Reports) != 1 {
+		t.Fatalf("SR %+v, want ssrc 11, 10 packets, 800 octets, one block", sr)
+	}
+	if b := sr.Reports[0]; b.SSRC != 22 || b.LastSequenceNumber != 18 || b.TotalLost != 9 {
+		t.Fatalf("block %+v, want ssrc 22, highest 18, 9 lost", b)
 	}
 }
 
@@ -388,16 +400,7 @@ func TestDirect(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no report within 5 s")
 	}
-	sr, ok := first[0].(*rtcp.SenderReport)
-	if len(first) != 1 || !ok {
-		t.Fatalf("report %v, want one SR", first)
-	}
-	if sr.SSRC != 11 || sr.PacketCount != 10 || sr.OctetCount != 800 || len(sr.Reports) != 1 {
-		t.Fatalf("SR %+v, want ssrc 11, 10 packets, 800 octets, one block", sr)
-	}
-	if b := sr.Reports[0]; b.SSRC != 22 || b.LastSequenceNumber != 18 || b.TotalLost != 9 {
-		t.Fatalf("block %+v, want ssrc 22, highest 18, 9 lost", b)
-	}
+	checkTenSentHalfLost(t, first)
 	if err := i.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
-	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
 )
 
 // TestDataChannelMessages sends oai-events messages of a few bytes and of
@@ -25,14 +22,7 @@ import (
 // detached read loop grows its buffer to the message.
 func TestDataChannelMessages(t *testing.T) {
 	_, api, _ := newTestServer(t, func(c *Config) { c.Direct, c.Advertise = true, "" })
-	pc := webrtctest.PeerConnection(t)
-	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
-		t.Fatal(err)
-	}
-	events, err := pc.CreateDataChannel(webrtctest.EventsLabel, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, events := eventsClient(t)
 	other, err := pc.CreateDataChannel("other", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -43,18 +33,7 @@ func TestDataChannelMessages(t *testing.T) {
 	events.OnOpen(func() { opened <- struct{}{} })
 	other.OnOpen(func() { opened <- struct{}{} })
 
-	resp, err := http.Post(api.URL+"/v1/calls", "application/sdp", strings.NewReader(webrtctest.Offer(t, pc)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("offer: %s: %s", resp.Status, answer)
-	}
-	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
-		t.Fatal(err)
-	}
+	offerCall(t, api.URL, pc)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for range 2 {
@@ -100,14 +79,7 @@ func TestDataChannelMessages(t *testing.T) {
 func TestDataChannelLimit(t *testing.T) {
 	var logs logbuf.Buffer
 	s, api, _ := newTestServerLog(t, slog.New(slog.NewTextHandler(&logs, nil)), func(c *Config) { c.Direct, c.Advertise = true, "" })
-	pc := webrtctest.PeerConnection(t)
-	if _, err := pc.AddTransceiverFromKind(webrtc.RTPCodecTypeAudio); err != nil {
-		t.Fatal(err)
-	}
-	events, err := pc.CreateDataChannel(webrtctest.EventsLabel, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, events := eventsClient(t)
 	got := make(chan string, 4)
 	events.OnMessage(func(m webrtc.DataChannelMessage) { got <- string(m.Data) })
 	opened := make(chan struct{}, 1)
@@ -118,18 +90,7 @@ func TestDataChannelLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	resp, err := http.Post(api.URL+"/v1/calls", "application/sdp", strings.NewReader(webrtctest.Offer(t, pc)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("offer: %s: %s", resp.Status, answer)
-	}
-	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
-		t.Fatal(err)
-	}
+	offerCall(t, api.URL, pc)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	select {

@@ -2,12 +2,10 @@ package transceiver
 
 import (
 	"encoding/binary"
-	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,52 +26,29 @@ func TestPtimeTen(t *testing.T) {
 	const rate, replyMs = 24000, 400
 	frames := make(chan bridge.AudioFrame, 256) // what the backend gets
 	backend := backendFormat(t, bridge.FormatPCM24k, func(sc *bridge.ServerConn) {
-		defer sc.Close()
 		replied := false
-		for {
-			m, err := sc.Recv(t.Context())
-			switch {
-			case err != nil:
-				return
-			case m.Audio != nil:
-				select {
-				case frames <- bridge.AudioFrame{Seq: m.Audio.Seq, Timestamp: m.Audio.Timestamp, Payload: append([]byte(nil), m.Audio.Payload...), Concealed: m.Audio.Concealed}:
-				default:
-				}
-				if !replied {
-					// A reply in one burst: a 440 Hz tone.
-					replied = true
-					pcm := make([]byte, 0, 2*rate*replyMs/1000)
-					for i := range rate * replyMs / 1000 {
-						pcm = binary.LittleEndian.AppendUint16(pcm, uint16(int16(8000*math.Sin(2*math.Pi*440*float64(i)/rate))))
-					}
-					if err := sc.SendAudio(t.Context(), bridge.AudioFrame{Payload: pcm}); err != nil {
-						return
-					}
-				}
-			case m.End != nil:
-				_ = sc.End(t.Context(), m.End.Reason)
-				return
+		serveAudio(t, sc, func(a *bridge.AudioFrame) error {
+			select {
+			case frames <- bridge.AudioFrame{Seq: a.Seq, Timestamp: a.Timestamp, Payload: append([]byte(nil), a.Payload...), Concealed: a.Concealed}:
+			default:
 			}
-		}
+			if replied {
+				return nil
+			}
+			// A reply in one burst: a 440 Hz tone.
+			replied = true
+			pcm := make([]byte, 0, 2*rate*replyMs/1000)
+			for i := range rate * replyMs / 1000 {
+				pcm = binary.LittleEndian.AppendUint16(pcm, uint16(int16(8000*math.Sin(2*math.Pi*440*float64(i)/rate))))
+			}
+			return sc.SendAudio(t.Context(), bridge.AudioFrame{Payload: pcm})
+		})
 	})
 	_, api := directServer(t, func(c *Config) { c.BackendURL, c.Ptime = backend, 10 })
 
 	pc := webrtctest.PeerConnection(t)
-	track, err := webrtc.NewTrackLocalStaticRTP(webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2}, "audio", "client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pc.AddTrack(track); err != nil {
-		t.Fatal(err)
-	}
-	connected := make(chan struct{})
-	var once atomic.Bool
-	pc.OnConnectionStateChange(func(st webrtc.PeerConnectionState) {
-		if st == webrtc.PeerConnectionStateConnected && once.CompareAndSwap(false, true) {
-			close(connected)
-		}
-	})
+	track := addOpusTrack(t, pc)
+	connected := whenConnected(pc)
 	type got struct {
 		seq uint16
 		ts  uint32
@@ -96,20 +71,8 @@ func TestPtimeTen(t *testing.T) {
 			}
 		}
 	})
-	resp, err := http.Post(api+"/v1/calls", "application/sdp", strings.NewReader(webrtctest.Offer(t, pc)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("offer: status %d: %s", resp.StatusCode, answer)
-	}
-	if !ptimeInAudioSection(string(answer), "a=ptime:10") {
+	if answer := offerCall(t, api, pc); !ptimeInAudioSection(answer, "a=ptime:10") {
 		t.Fatalf("the answer's audio section has no a=ptime:10:\n%s", answer)
-	}
-	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
-		t.Fatal(err)
 	}
 	waitFor(t, connected, 10*time.Second, "the client's connection")
 

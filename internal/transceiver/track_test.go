@@ -1,9 +1,6 @@
 package transceiver
 
 import (
-	"io"
-	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
-	"github.com/switchboard-rtc/switchboard/internal/testsupport/webrtctest"
 )
 
 // badPadding is a Pion interceptor (its own factory) that sets the P bit
@@ -50,22 +46,13 @@ func (b *badPadding) BindLocalStream(_ *interceptor.StreamInfo, w interceptor.RT
 func TestUnparsableRTPDropped(t *testing.T) {
 	frames := make(chan uint16, 1024) // the seq of each audio frame the backend gets
 	backend := backendFunc(t, func(sc *bridge.ServerConn) {
-		defer sc.Close()
-		for {
-			m, err := sc.Recv(t.Context())
-			switch {
-			case err != nil:
-				return
-			case m.Audio != nil:
-				select {
-				case frames <- m.Audio.Seq:
-				default:
-				}
-			case m.End != nil:
-				_ = sc.End(t.Context(), m.End.Reason)
-				return
+		serveAudio(t, sc, func(a *bridge.AudioFrame) error {
+			select {
+			case frames <- a.Seq:
+			default:
 			}
-		}
+			return nil
+		})
 	})
 	s, api := directServer(t, func(c *Config) { c.BackendURL = backend })
 
@@ -85,35 +72,12 @@ func TestUnparsableRTPDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pc.Close() })
-	track, err := webrtc.NewTrackLocalStaticRTP(webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2}, "audio", "client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pc.AddTrack(track); err != nil {
-		t.Fatal(err)
-	}
+	track := addOpusTrack(t, pc)
 	if _, err := pc.CreateDataChannel(EventsLabel, nil); err != nil {
 		t.Fatal(err)
 	}
-	connected := make(chan struct{})
-	var once atomic.Bool
-	pc.OnConnectionStateChange(func(st webrtc.PeerConnectionState) {
-		if st == webrtc.PeerConnectionStateConnected && once.CompareAndSwap(false, true) {
-			close(connected)
-		}
-	})
-	resp, err := http.Post(api+"/v1/calls", "application/sdp", strings.NewReader(webrtctest.Offer(t, pc)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("offer: status %d: %s", resp.StatusCode, answer)
-	}
-	if err := pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: string(answer)}); err != nil {
-		t.Fatal(err)
-	}
+	connected := whenConnected(pc)
+	offerCall(t, api, pc)
 	waitFor(t, connected, 10*time.Second, "the client's connection")
 
 	// A 20 ms Opus silence frame (RFC 6716 §3.1: CELT fullband, one
