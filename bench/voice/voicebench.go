@@ -8,7 +8,9 @@
 //	    window: the detector's share. Measured at the backend on its own
 //	    clock: the time the stop reached the agent, minus the time the
 //	    frame that ends at the detected speech end (audio_ms −
-//	    silence_duration_ms) reached it, minus the silence window.
+//	    silence_duration_ms) reached it, minus the silence window. An
+//	    end in the middle of a 20 ms frame (ptime 10: the detector's
+//	    frames are 10 ms) reached it between the frames either side.
 //	(b) speech end → the first reply audio heard in the page, minus the
 //	    silence window: on the page's clock, from the last moment its
 //	    microphone analyser heard the user (before speech_stopped) to the
@@ -485,22 +487,47 @@ func (tr *tracer) agentLatencies() []float64 {
 	return out
 }
 
+// backendFrameMs is the length of the PCM frames the transceiver sends
+// the backend, whatever the client's packets (docs/bridge.md §5.1).
+const backendFrameMs = 20
+
 // stopLatencies returns (a) per stop, ms.
 func (tr *tracer) stopLatencies(silenceMs int) []float64 {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	var out []float64
 	for _, s := range tr.stops {
-		// The frame that ends at the speech end, to the nearest frame.
-		end := s.ms - int64(silenceMs)
-		end -= end % vad.Frame20ms
-		f, ok := tr.frames[end]
+		at, ok := tr.arrivalLocked(s.ms - int64(silenceMs))
 		if !ok {
 			continue
 		}
-		out = append(out, float64(s.at.Sub(f))/float64(time.Millisecond)-float64(silenceMs))
+		out = append(out, float64(s.at.Sub(at))/float64(time.Millisecond)-float64(silenceMs))
 	}
 	return out
+}
+
+// arrivalLocked returns when the input up to ms (on the input clock)
+// reached the backend: the arrival of the frame that ends there. At
+// ptime 10 the detector's frames are 10 ms and half its speech ends
+// fall in the middle of a backend frame, whose first half the detector
+// heard with its own packet, 10 ms before the frame was complete. Such
+// an end's arrival is interpolated between the arrivals of the frames
+// that end either side of it: the client's packets come evenly, so that
+// is when the packet that ends at ms came, plus the same way to the
+// backend. Taking the earlier frame instead would add half a frame to
+// those stops' (a). false if a frame it needs did not arrive. tr.mu
+// held.
+func (tr *tracer) arrivalLocked(ms int64) (time.Time, bool) {
+	lo := ms - ms%backendFrameMs
+	a, ok := tr.frames[lo]
+	if !ok || lo == ms {
+		return a, ok
+	}
+	b, ok := tr.frames[lo+backendFrameMs]
+	if !ok {
+		return time.Time{}, false
+	}
+	return a.Add(b.Sub(a) * time.Duration(ms-lo) / backendFrameMs), true
 }
 
 // runMode builds a stack (relay, transceiver, parrot agent, the page),

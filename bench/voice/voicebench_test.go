@@ -91,3 +91,33 @@ func TestEndLag(t *testing.T) {
 		t.Errorf("median speech end lag %v ms with 10 ms packets, later than %v with 20 ms", med[10], med[20])
 	}
 }
+
+// TestStopLatenciesTenMsEnds checks (a) on a simulated call whose
+// detector reports on a 10 ms grid (ptime 10) while the backend gets
+// 20 ms frames: the client's packets end every 10 ms and reach the edge
+// at their end's time, a 20 ms frame reaches the backend with the packet
+// that completes it, and every stop reaches it share ms after the packet
+// that ends its silence window. (a) must be share for every stop, those
+// whose speech end falls in the middle of a frame included.
+func TestStopLatenciesTenMsEnds(t *testing.T) {
+	const silenceMs, share = 500, 3
+	t0 := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	at := func(ms int64) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	tr := &tracer{frames: map[int64]time.Time{}}
+	for end := int64(backendFrameMs); end <= 5000; end += backendFrameMs {
+		tr.frames[end] = at(end)
+	}
+	ends := []int64{1000, 1730, 2250, 3020, 4010}
+	for _, e := range ends {
+		tr.stops = append(tr.stops, stopAt{ms: e + silenceMs, at: at(e + silenceMs + share)})
+	}
+	got := tr.stopLatencies(silenceMs)
+	if len(got) != len(ends) {
+		t.Fatalf("(a) measured for %d of %d stops: %v", len(got), len(ends), got)
+	}
+	for i, v := range got {
+		if math.Abs(v-share) > 1e-9 {
+			t.Errorf("stop at speech end %d ms: (a) %v ms, want %d", ends[i], v, share)
+		}
+	}
+}
