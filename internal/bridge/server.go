@@ -54,9 +54,21 @@ type AcceptOptions struct {
 	// WriteTimeout and KeepAlive bound the connections of Accept and
 	// Serve, v1 and v2, as PoolOptions' fields of the same names bound
 	// the transceiver's. Defaults DefaultWriteTimeout and
-	// DefaultKeepAlive. A v1 session's pongs are read by its Recv: a
-	// backend that stops calling Recv for longer than KeepAlive loses the
-	// session.
+	// DefaultKeepAlive.
+	//
+	// On a v1 connection (Accept, or Serve when the transceiver speaks
+	// v1) WebSocket pings and pongs are read only inside the session's
+	// Recv: the WebSocket library handles control frames in its reader,
+	// and v1 has no reader besides Recv. A v1 backend that goes two to
+	// three KeepAlive periods without a Recv running (30–45 s by
+	// default) loses the session: the pong to its own ping is not read,
+	// and the transceiver's pings (sent once the backend has sent nothing
+	// for a period) go unanswered; its sends and Recv then fail with
+	// ErrClosed. A handler that does long work between Recv calls
+	// must keep a goroutine in Recv meanwhile (as the transceiver does);
+	// a larger KeepAlive only delays the backend's own ping, not the
+	// transceiver's. v2 connections read control frames in the
+	// connection's own reader, whatever their sessions do.
 	WriteTimeout, KeepAlive time.Duration
 }
 
