@@ -2,6 +2,7 @@ package bridge_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +19,7 @@ import (
 // stallProxy forwards TCP connections to a backend and can stall each
 // one: stop reading what the client sends (a backend that stops reading),
 // and stop forwarding what the backend sends (a half-open connection).
+// It counts the WebSocket pings the client sends.
 type stallProxy struct {
 	ln   net.Listener
 	quit chan struct{}
@@ -30,6 +32,70 @@ type stallProxy struct {
 type proxied struct {
 	up, down atomic.Bool // stalled: client → backend, backend → client
 	c, b     net.Conn
+	upFrames frameScanner // client → backend
+}
+
+// frameScanner follows the WebSocket frames (RFC 6455 §5.2) that a
+// client sends, after skipping its HTTP upgrade request (up to the blank
+// line that ends it; a client sends no frame before the response), and
+// counts the ping frames (opcode 0x9).
+type frameScanner struct {
+	pings atomic.Int64
+
+	// Owned by the pipe goroutine.
+	upgraded bool   // the HTTP request ended: frames follow
+	http     []byte // the HTTP request's last 4 bytes
+	hdr      []byte // the current frame's header bytes so far
+	skip     uint64 // payload bytes of the current frame still to skip
+}
+
+// feed scans the next bytes of the stream.
+func (s *frameScanner) feed(b []byte) {
+	for len(b) > 0 {
+		if !s.upgraded {
+			s.http = append(s.http, b[0])
+			b = b[1:]
+			if len(s.http) > 4 {
+				s.http = s.http[1:]
+			}
+			s.upgraded = string(s.http) == "\r\n\r\n"
+			continue
+		}
+		if s.skip > 0 {
+			n := min(uint64(len(b)), s.skip)
+			s.skip -= n
+			b = b[n:]
+			continue
+		}
+		s.hdr = append(s.hdr, b[0])
+		b = b[1:]
+		need := 2
+		if len(s.hdr) >= 2 {
+			switch s.hdr[1] & 0x7f {
+			case 126:
+				need += 2
+			case 127:
+				need += 8
+			}
+			if s.hdr[1]&0x80 != 0 { // masked: a 4-byte key
+				need += 4
+			}
+		}
+		if len(s.hdr) < need {
+			continue
+		}
+		n := uint64(s.hdr[1] & 0x7f)
+		switch n {
+		case 126:
+			n = uint64(binary.BigEndian.Uint16(s.hdr[2:]))
+		case 127:
+			n = binary.BigEndian.Uint64(s.hdr[2:])
+		}
+		if s.hdr[0]&0x0f == 0x9 {
+			s.pings.Add(1)
+		}
+		s.hdr, s.skip = s.hdr[:0], n
+	}
 }
 
 func newStallProxy(t *testing.T, target string) *stallProxy {
@@ -56,8 +122,8 @@ func newStallProxy(t *testing.T, target string) *stallProxy {
 			p.conns = append(p.conns, pc)
 			p.mu.Unlock()
 			p.wg.Add(2)
-			go p.pipe(pc, b, c, &pc.down)
-			go p.pipe(pc, c, b, &pc.up)
+			go p.pipe(pc, b, c, &pc.down, nil)
+			go p.pipe(pc, c, b, &pc.up, &pc.upFrames)
 		}
 	}()
 	t.Cleanup(func() {
@@ -74,8 +140,9 @@ func newStallProxy(t *testing.T, target string) *stallProxy {
 	return p
 }
 
-// pipe copies from src to dst, not reading src while stalled is set.
-func (p *stallProxy) pipe(pc *proxied, src, dst net.Conn, stalled *atomic.Bool) {
+// pipe copies from src to dst, not reading src while stalled is set;
+// scan, when set, follows the frames.
+func (p *stallProxy) pipe(pc *proxied, src, dst net.Conn, stalled *atomic.Bool, scan *frameScanner) {
 	defer p.wg.Done()
 	defer func() { _ = pc.c.Close(); _ = pc.b.Close() }()
 	buf := make([]byte, 4096)
@@ -90,6 +157,9 @@ func (p *stallProxy) pipe(pc *proxied, src, dst net.Conn, stalled *atomic.Bool) 
 		n, err := src.Read(buf)
 		if err != nil {
 			return
+		}
+		if scan != nil {
+			scan.feed(buf[:n])
 		}
 		if _, err := dst.Write(buf[:n]); err != nil {
 			return
@@ -289,14 +359,48 @@ func TestV2KeepAlive(t *testing.T) {
 	}
 }
 
+// The keepalive of the idle tests: long enough that a pong read late by
+// a goroutine scheduled late (-race on a loaded machine) is still in
+// time, short enough for a test of about a second.
+const (
+	idleKeepAlive = 250 * time.Millisecond
+	// idlePings the transceiver side must have sent on an idle
+	// connection: it sends each ping once the previous one's pong came
+	// back (or fails the connection), so the connection lived through
+	// idlePings−1 keepalive round trips.
+	idlePings = 4
+)
+
+// waitPings waits until the client of pc has sent n WebSocket pings (20 s
+// bounds the wait: a connection that was dropped sends no more).
+func waitPings(t *testing.T, pc *proxied, n int64, stats *bridge.MuxStats) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for pc.upFrames.pings.Load() < n {
+		if stats.PongTimeouts() != 0 {
+			t.Fatalf("the idle connection was dropped after %d keepalive pings: PongTimeouts %d",
+				pc.upFrames.pings.Load(), stats.PongTimeouts())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keepalive pings on the idle connection in 20 s, want %d (dropped? PongTimeouts %d)",
+				pc.upFrames.pings.Load(), n, stats.PongTimeouts())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestV2KeepAliveIdle: an idle connection whose peer answers pings stays
-// up across many keepalive periods.
+// up across keepalive periods: it was pinged idlePings times, and still
+// carries a session.
 func TestV2KeepAliveIdle(t *testing.T) {
-	p, _ := proxiedV2(t, bridge.PoolOptions{KeepAlive: 20 * time.Millisecond})
+	p, px := proxiedV2(t, bridge.PoolOptions{KeepAlive: idleKeepAlive})
 	c := poolDial(t, p, "a")
-	time.Sleep(300 * time.Millisecond) // 15 keepalive periods without traffic
+	waitPings(t, px.conn(t, 0), idlePings, p.Stats())
 	if err := exchange(testCtx(t), c, "a", 3); err != nil {
 		t.Fatalf("after idle keepalives: %v", err)
+	}
+	if n := p.Stats().PongTimeouts(); n != 0 {
+		t.Errorf("PongTimeouts() = %d, want 0", n)
 	}
 }
 

@@ -134,10 +134,23 @@ func TestV1KeepAlive(t *testing.T) {
 }
 
 // TestV1KeepAliveIdle: an idle v1 session whose backend answers pings
-// stays up across many keepalive periods. The pongs are read by a Recv in
-// progress, as the transceiver always has one.
+// stays up across keepalive periods: it was pinged idlePings times, and
+// still carries audio. The pongs are read by a Recv in progress, as the
+// transceiver always has one.
 func TestV1KeepAliveIdle(t *testing.T) {
-	p := bridge.NewPool(echoURLV1(t), bridge.PoolOptions{KeepAlive: 20 * time.Millisecond})
+	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The backend does not ping: only the transceiver side's pings
+		// are counted.
+		sc, err := bridge.Accept(w, r, bridge.AcceptOptions{KeepAlive: time.Hour})
+		if err != nil {
+			return
+		}
+		defer sc.Close()
+		echoSession(sc)
+	}))
+	host := strings.SplitN(strings.TrimPrefix(url, "ws://"), "/", 2)[0]
+	px := newStallProxy(t, host)
+	p := bridge.NewPool(strings.Replace(url, host, px.ln.Addr().String(), 1), bridge.PoolOptions{KeepAlive: idleKeepAlive})
 	t.Cleanup(func() { _ = p.Close() })
 	c := poolDial(t, p, "a")
 	type result struct {
@@ -149,7 +162,7 @@ func TestV1KeepAliveIdle(t *testing.T) {
 		m, err := c.Recv(context.Background())
 		got <- result{m, err}
 	}()
-	time.Sleep(300 * time.Millisecond) // 15 keepalive periods without traffic
+	waitPings(t, px.conn(t, 0), idlePings, p.Stats())
 	if err := c.SendAudio(context.Background(), bridge.AudioFrame{Seq: 1, Payload: []byte("after idle")}); err != nil {
 		t.Fatalf("SendAudio after idle keepalives: %v", err)
 	}
