@@ -131,12 +131,18 @@ func newClock(workers int, tick time.Duration) *Clock {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	c := &Clock{stop: make(chan struct{}), period: tick, samples: int64(tick / (time.Second / 48000)), slot: tick / Slots}
+	c := &Clock{stop: make(chan struct{}), period: tick, samples: durSamples(tick), slot: tick / Slots}
 	c.slotSamples = c.samples / Slots
 	for range workers {
 		c.workers = append(c.workers, &worker{c: c, wake: make(chan struct{}, 1), buf: make([]byte, 0, 4096)})
 	}
 	return c
+}
+
+// durSamples returns d in 48 kHz samples, rounded down: exact, with no
+// overflow for any Duration.
+func durSamples(d time.Duration) int64 {
+	return int64(d/time.Second)*48000 + int64(d%time.Second)*48000/int64(time.Second)
 }
 
 // Tick returns the clock's period.
@@ -155,7 +161,17 @@ func (c *Clock) Close() {
 }
 
 // now returns the time since the clock started, in 48 kHz samples.
-func (c *Clock) now() int64 { return int64(time.Since(c.start) / (time.Second / 48000)) }
+func (c *Clock) now() int64 { return c.samplesAt(time.Since(c.start)) }
+
+// samplesAt returns d, a time since the clock's start, in 48 kHz samples
+// (rounded down), on the grid the workers' timers use: slot k starts at
+// k×slot and sample k×slotSamples, so a worker woken at slot k's time
+// finds itself in slot k however long the clock has run. Exact (a slot is
+// a whole number of nanoseconds and of samples), and without overflow
+// for any Duration.
+func (c *Clock) samplesAt(d time.Duration) int64 {
+	return int64(d/c.slot)*c.slotSamples + int64(d%c.slot)*c.slotSamples/int64(c.slot)
+}
 
 // worker drains its share of the queues: each slot, the queues on it;
 // when woken by a push into an idle queue, that queue's first packet.
