@@ -55,3 +55,35 @@ func TestClockArithmetic(t *testing.T) {
 		t.Errorf("durSamples(MaxInt64) = %d, want %d", got, want)
 	}
 }
+
+// TestQueueDurations: a queue's cap and Queued convert between durations
+// and 48 kHz samples exactly: a 30 ms cap takes 20 + 10 ms (not floored
+// to whole ticks), and Queued is exact beyond the 53 h at which
+// samples × 1e9 overflows.
+func TestQueueDurations(t *testing.T) {
+	c := newClock(1, Tick)
+	q := c.NewQueue(nopSink{}, QueueConfig{MaxQueued: 30 * time.Millisecond, Paused: true})
+	if err := q.PushAudio([]byte{1}, 960); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.PushAudio([]byte{2}, 480); err != nil {
+		t.Fatalf("10 ms more under a 30 ms cap: %v", err)
+	}
+	if err := q.PushAudio([]byte{3}, 1); err == nil {
+		t.Fatal("a sample past a 30 ms cap was queued")
+	}
+	if got := q.Queued(); got != 30*time.Millisecond {
+		t.Fatalf("Queued() = %v, want 30ms", got)
+	}
+	for _, d := range []time.Duration{100 * time.Hour, 30*24*time.Hour + 20833*time.Nanosecond} {
+		q.mu.Lock()
+		q.queued = exactSamples(d)
+		q.mu.Unlock()
+		// Queued rounds the samples down to the nanosecond.
+		n := new(big.Int).Mul(big.NewInt(exactSamples(d)), big.NewInt(int64(time.Second)))
+		want := time.Duration(n.Div(n, big.NewInt(48000)).Int64())
+		if got := q.Queued(); got != want {
+			t.Errorf("Queued() of %d samples = %v, want %v", exactSamples(d), got, want)
+		}
+	}
+}
