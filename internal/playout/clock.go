@@ -22,7 +22,13 @@ type Clock struct {
 	slot        time.Duration // period / Slots
 	slotSamples int64         // slot at 48 kHz
 	workers     []*worker
-	batcher     Batcher // nil: none
+	// owners[s] are the workers that play slot s: the workers i with
+	// i ≡ s (mod gcd(len(workers), Slots)). Every worker owns the same
+	// number of slots and every slot has the same number of owners, so
+	// the steady-state sends spread evenly over all the workers whatever
+	// their number (docs/bridge.md §6.1).
+	owners  [Slots][]*worker
+	batcher Batcher // nil: none
 	// tickStarts, set by benchmarks before the start, makes runs start
 	// at the first tick after their audio came, as before slots: the
 	// baseline of BenchmarkFirstPacket.
@@ -30,9 +36,10 @@ type Clock struct {
 	stop       chan struct{}
 	wg         sync.WaitGroup
 
-	next      atomic.Uint32 // round-robin worker assignment
-	late      atomic.Uint64 // slots a worker missed because it was still busy
-	caughtUp  atomic.Uint64 // audio played ahead of the timeline to shed backlog, 48 kHz samples
+	next      atomic.Uint32        // round-robin worker assignment
+	rr        [Slots]atomic.Uint32 // round-robin among each slot's owners
+	late      atomic.Uint64        // slots a worker missed because it was still busy
+	caughtUp  atomic.Uint64        // audio played ahead of the timeline to shed backlog, 48 kHz samples
 	closeOnce sync.Once
 }
 
@@ -40,8 +47,9 @@ type Clock struct {
 // 5 ms with the 20 ms tick, 2.5 ms with TickShort). A queue plays on one
 // slot of each Tick, the one its run started in, so a run's later packets
 // leave at most one slot ahead of the time their timestamps give, never
-// behind it. A worker wakes at each slot that has queues on it: with
-// sessions on every slot, Slots wake-ups per worker per Tick.
+// behind it. A worker wakes at each of its slots (Clock) that has queues
+// on it: with sessions on every slot, up to Slots wake-ups per worker per
+// Tick (one with a multiple of Slots workers).
 const Slots = 4
 
 // ClockStats are a clock's counters.
@@ -131,12 +139,34 @@ func newClock(workers int, tick time.Duration) *Clock {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	c := &Clock{stop: make(chan struct{}), period: tick, samples: int64(tick / (time.Second / 48000)), slot: tick / Slots}
+	c := &Clock{stop: make(chan struct{}), period: tick, samples: durSamples(tick), slot: tick / Slots}
 	c.slotSamples = c.samples / Slots
 	for range workers {
 		c.workers = append(c.workers, &worker{c: c, wake: make(chan struct{}, 1), buf: make([]byte, 0, 4096)})
 	}
+	g := int64(gcd(workers, Slots))
+	for i, w := range c.workers {
+		for s := range int64(Slots) {
+			if int64(i)%g == s%g {
+				c.owners[s] = append(c.owners[s], w)
+				w.owns |= 1 << s
+			}
+		}
+	}
 	return c
+}
+
+// durSamples returns d in 48 kHz samples, rounded down: exact, with no
+// overflow for any Duration.
+func durSamples(d time.Duration) int64 {
+	return int64(d/time.Second)*48000 + int64(d%time.Second)*48000/int64(time.Second)
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // Tick returns the clock's period.
@@ -155,13 +185,24 @@ func (c *Clock) Close() {
 }
 
 // now returns the time since the clock started, in 48 kHz samples.
-func (c *Clock) now() int64 { return int64(time.Since(c.start) / (time.Second / 48000)) }
+func (c *Clock) now() int64 { return c.samplesAt(time.Since(c.start)) }
+
+// samplesAt returns d, a time since the clock's start, in 48 kHz samples
+// (rounded down), on the grid the workers' timers use: slot k starts at
+// k×slot and sample k×slotSamples, so a worker woken at slot k's time
+// finds itself in slot k however long the clock has run. Exact (a slot is
+// a whole number of nanoseconds and of samples), and without overflow
+// for any Duration.
+func (c *Clock) samplesAt(d time.Duration) int64 {
+	return int64(d/c.slot)*c.slotSamples + int64(d%c.slot)*c.slotSamples/int64(c.slot)
+}
 
 // worker drains its share of the queues: each slot, the queues on it;
 // when woken by a push into an idle queue, that queue's first packet.
 type worker struct {
 	c    *Clock
 	wake chan struct{}
+	owns uint8 // bit s: the worker owns slot s (set once)
 
 	mu     sync.Mutex
 	starts []*Queue // guarded by mu: queues that became active since the worker last looked
@@ -170,6 +211,7 @@ type worker struct {
 	// Owned by the worker goroutine.
 	slots [Slots][]*Queue // the queues playing on each slot
 	spare []*Queue        // swapped with starts
+	hand  []handOff       // runs started here for another worker's slot, handed over after the round
 	last  int64           // last slot processed
 	batch []Packet        // one queue's due packets
 	buf   []byte          // their payloads
@@ -215,10 +257,47 @@ func (w *worker) run() {
 			b.Hold()
 			w.serve(n, at)
 			b.Flush()
-			continue
+		} else {
+			w.serve(n, at)
 		}
-		w.serve(n, at)
+		w.handOver()
 	}
+}
+
+// handOff is a run started by one worker on a slot it does not own, for
+// the owner to play on.
+type handOff struct {
+	q *Queue
+	o *worker
+}
+
+// handOver gives the runs started in the round just played to the owners
+// of their slots. It runs after the round's Flush: the run's first packet
+// has left before its owner can send the second, however late the owner's
+// first turn comes against this worker's Flush (a worker stalled for more
+// than a tick between the two would otherwise let the second packet
+// overtake the first held in its Batcher).
+func (w *worker) handOver() {
+	for i, h := range w.hand {
+		h.o.mu.Lock()
+		h.o.moved = append(h.o.moved, h.q)
+		h.o.mu.Unlock()
+		h.o.kick()
+		w.hand[i] = handOff{}
+	}
+	w.hand = w.hand[:0]
+}
+
+// owner returns the worker that is to play a run started by w on slot s:
+// w itself if it owns s (no hand-off), otherwise one of the slot's owners
+// in turn. Runs start on every slot alike and queues are spread over the
+// workers in turn, so each worker ends up with the same share.
+func (w *worker) owner(s int64) *worker {
+	if w.owns&(1<<s) != 0 {
+		return w
+	}
+	o := w.c.owners[s]
+	return o[int(w.c.rr[s].Add(1)-1)%len(o)]
 }
 
 // serve starts the queues that became active, at timeline position at
@@ -240,9 +319,10 @@ func (w *worker) serve(n, at int64) {
 // new run's first packet starts at at (or where the queue's timeline
 // already is, if later), and the queue joins the slot that time falls in.
 //
-// A slot belongs to one worker (slot number modulo the workers): a queue
-// started here whose slot is another worker's is handed to it, so that
-// each slot wakes one worker, not all of them.
+// A slot belongs to some of the workers (Clock.owners): a queue started
+// here on a slot this worker does not own is handed to one of the slot's
+// owners (after the round, by handOver), so that a slot wakes only its
+// owners, not every worker.
 func (w *worker) runStarts(at int64) {
 	w.mu.Lock()
 	starts, moved := w.starts, w.moved
@@ -262,11 +342,8 @@ func (w *worker) runStarts(at int64) {
 			continue
 		}
 		s := n % Slots
-		if o := w.c.workers[s%int64(len(w.c.workers))]; o != w {
-			o.mu.Lock()
-			o.moved = append(o.moved, q)
-			o.mu.Unlock()
-			o.kick()
+		if o := w.owner(s); o != w {
+			w.hand = append(w.hand, handOff{q, o})
 			continue
 		}
 		w.slots[s] = append(w.slots[s], q)

@@ -24,7 +24,8 @@ func (nopSink) SendPacket(*Packet) {}
 
 // BenchmarkFirstPacket measures how long a run's first packet waits
 // between PushAudio into an idle queue and its Sink's SendPacket, on a
-// real clock whose workers also pace 100 sessions' replies. Each round
+// real clock whose workers also pace 100 sessions' replies (started at
+// random moments, on every slot). Each round
 // runs the current clock (slots: the run starts when the push wakes the
 // worker) and the baseline (tick: the run starts at the next tick, as
 // before slots) one after the other, 16 queues × 8 replies each, pushed
@@ -57,7 +58,16 @@ func firstPackets(b *testing.B, tick time.Duration, tickStarts bool) []float64 {
 	defer c.Close()
 	payload := make([]byte, 120)
 	dur := int(c.samples)
-	for range 100 { // the load: replies pacing out meanwhile
+	// The load: replies pacing out meanwhile, started at random moments
+	// within a tick, so that they fall on every slot.
+	starts := make([]time.Duration, 100)
+	for i := range starts {
+		starts[i] = rand.N(tick)
+	}
+	slices.Sort(starts)
+	t0 := time.Now()
+	for _, d := range starts {
+		time.Sleep(time.Until(t0.Add(d)))
 		q := c.NewQueue(nopSink{}, QueueConfig{})
 		for range int(2 * time.Second / tick) {
 			if err := q.PushAudio(payload, dur); err != nil {

@@ -33,6 +33,7 @@ func (c *Clock) RunTick(n int64) {
 // slots, one by one.
 func (w *worker) runTick(n int64) {
 	w.runStarts(n * w.c.samples)
+	w.handOver()
 	for k := n * Slots; k < (n+1)*Slots; k++ {
 		w.runSlots(k)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 )
@@ -290,58 +291,130 @@ func TestSlotsRandomLateness(t *testing.T) {
 	}
 }
 
-// TestSlotOwners: with two workers, a run started by its queue's worker
-// on a slot another worker owns (slot number modulo the workers) is
-// handed to that worker, and plays on there on its phase: each slot
-// wakes one worker.
+// TestSlotOwners: at any number of workers, every worker owns the same
+// number of slots and every slot has the same number of owners (with two
+// workers, slot number modulo the workers); a run started by its queue's
+// worker on a slot it does not own is handed to one of the slot's owners,
+// in turn, and plays on there on its phase. With runs started on every
+// slot by the queues of every worker, each worker ends up with the same
+// number of queues: all the workers share the steady-state sends.
 func TestSlotOwners(t *testing.T) {
-	c := newClock(2, Tick)
-	base := int64(1000 * Slots)
-	for _, w := range c.workers {
-		w.runSlots(base)
-	}
-	var sinks [Slots]*timedSink
-	var queues [Slots]*Queue
-	for s := range Slots {
-		sinks[s] = &timedSink{}
-		queues[s] = c.NewQueue(sinks[s], QueueConfig{})
-		for i := range 5 {
-			if err := queues[s].PushAudio([]byte(fmt.Sprint(i)), 960); err != nil {
-				t.Fatal(err)
+	for _, workers := range []int{1, 2, 3, 4, 6, 8, 16} {
+		t.Run(fmt.Sprint(workers), func(t *testing.T) {
+			c := newClock(workers, Tick)
+			owned := -1
+			for s, o := range c.owners {
+				if len(o) == 0 || len(o) != len(c.owners[0]) {
+					t.Fatalf("slot %d has %d owners, slot 0 %d", s, len(o), len(c.owners[0]))
+				}
 			}
-		}
-		// Started in slot base+1+s, by its own worker.
-		at := (base+1+int64(s))*c.slotSamples + 7
-		sinks[s].at = at
-		queues[s].w.runStarts(at)
-	}
-	for k := base + 1; k <= base+6*Slots; k++ {
-		for _, sk := range sinks {
-			sk.at = k * c.slotSamples
-		}
-		for _, w := range c.workers {
-			w.runStarts(k * c.slotSamples)
-			w.runSlots(k)
-		}
-	}
-	// The runs are in their grace, still on their slots.
-	for i, w := range c.workers {
-		for s, l := range w.slots {
-			want := 0
-			if s%2 == i {
-				want = 1
+			for i, w := range c.workers {
+				n := 0
+				for s := range int64(Slots) {
+					mine := w.owns&(1<<s) != 0
+					if mine {
+						n++
+					}
+					if mine != slices.Contains(c.owners[s], w) {
+						t.Fatalf("worker %d: owns bit %v for slot %d, owners %v", i, mine, s, c.owners[s])
+					}
+					if workers == 2 && mine != (s%2 == int64(i)) {
+						t.Fatalf("two workers: worker %d owns slot %d: %v", i, s, mine)
+					}
+				}
+				if owned == -1 {
+					owned = n
+				}
+				if n == 0 || n != owned {
+					t.Fatalf("worker %d owns %d slots, worker 0 %d", i, n, owned)
+				}
 			}
-			if len(l) != want {
-				t.Fatalf("worker %d holds %d queues on slot %d, want %d", i, len(l), s, want)
+			// A tick wakes each worker once per slot it owns: Slots in all
+			// with up to Slots workers when they divide it, one per worker
+			// with a multiple of Slots workers.
+			if workers%Slots == 0 && owned != 1 || Slots%workers == 0 && owned*workers != Slots {
+				t.Fatalf("%d workers own %d slots each", workers, owned)
 			}
-		}
-	}
-	for s, sk := range sinks {
-		if len(sk.pkts) != 5 {
-			t.Fatalf("queue %d sent %d packets", s, len(sk.pkts))
-		}
-		h := &slotHarness{t: t, w: c.workers[0]}
-		h.checkPhase(sk.pkts)
+
+			base := int64(1000 * Slots)
+			for _, w := range c.workers {
+				w.runSlots(base)
+			}
+			// For each slot, 3 runs from the queues of each worker
+			// (NewQueue spreads queues over the workers in turn).
+			const perWorker = 3
+			var sinks []*timedSink
+			for s := range int64(Slots) {
+				k := base + 1 + s
+				for range perWorker * workers {
+					sk := &timedSink{at: k*c.slotSamples + 7}
+					q := c.NewQueue(sk, QueueConfig{})
+					for i := range 5 {
+						if err := q.PushAudio([]byte(fmt.Sprint(i)), 960); err != nil {
+							t.Fatal(err)
+						}
+					}
+					sinks = append(sinks, sk)
+				}
+				// Started in slot k by their own workers. A run for
+				// another worker's slot is handed over only after the
+				// round (after the Batcher's Flush, in run): its owner
+				// cannot send its second packet before the first left.
+				moved := func(w *worker) (n int) { // handed to the others
+					for _, o := range c.workers {
+						if o == w {
+							continue
+						}
+						o.mu.Lock()
+						n += len(o.moved)
+						o.mu.Unlock()
+					}
+					return n
+				}
+				for _, w := range c.workers {
+					before := moved(w)
+					w.runStarts(k*c.slotSamples + 7)
+					if after := moved(w); after > before {
+						t.Fatalf("%d runs handed over during the round", after-before)
+					}
+					w.handOver()
+				}
+			}
+			for k := base + Slots + 1; k <= base+7*Slots; k++ {
+				for _, sk := range sinks {
+					sk.at = k * c.slotSamples
+				}
+				for _, w := range c.workers {
+					w.runStarts(k * c.slotSamples)
+					w.handOver()
+					w.runSlots(k)
+				}
+			}
+			// The runs are in their grace, still on their slots: each
+			// owner of a slot holds the same number of its queues, and
+			// nobody else any.
+			for i, w := range c.workers {
+				for s, l := range w.slots {
+					want := 0
+					if w.owns&(1<<s) != 0 {
+						want = perWorker * workers / len(c.owners[s])
+					}
+					if len(l) != want {
+						t.Fatalf("worker %d holds %d queues on slot %d, want %d", i, len(l), s, want)
+					}
+				}
+				if n := w.active(); n != perWorker*Slots {
+					t.Fatalf("worker %d holds %d queues, want %d", i, n, perWorker*Slots)
+				}
+			}
+			h := &slotHarness{t: t, w: c.workers[0]}
+			for i, sk := range sinks {
+				if len(sk.pkts) != 5 {
+					t.Fatalf("queue %d sent %d packets", i, len(sk.pkts))
+				}
+				h.checkPhase(sk.pkts)
+			}
+		})
 	}
 }
 

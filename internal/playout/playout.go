@@ -11,19 +11,27 @@
 // (5 ms with the 20 ms tick, 2.5 ms with TickShort). A queue is on its
 // worker only while it holds something or a playout run is in progress,
 // and then on one slot, the one its run started in: it has its turn every
-// Tick, on that slot. Each slot belongs to one worker (slot number modulo
-// the workers), which sleeps until the next of its slots that has queues
-// on it (a timer on the slot grid): with sessions on every slot a clock
-// wakes Slots times per Tick in all, an idle session costs no timer and
-// no wake-up, and an idle clock none at all. At each slot a worker walks
-// that slot's queues and sends what is due through
+// Tick, on that slot. Every worker owns the same number of slots and
+// every slot has the same number of owners (worker i owns slot s when
+// i ≡ s modulo gcd(workers, Slots): with 4 workers one slot each, with 8
+// each slot two owners, with 1 or 3 every worker all the slots); a run is
+// played by the worker that started it if that one owns the run's slot,
+// otherwise by the slot's owners in turn, so the steady-state sends spread
+// evenly over all the workers. A worker sleeps until the next of
+// its slots that has queues on it (a timer on the slot grid): with
+// sessions on every slot a worker wakes at most Slots times per Tick, an
+// idle session costs no timer and no wake-up, and an idle clock none at
+// all. At each slot a worker walks that slot's queues and sends what is
+// due through
 // each queue's Sink, so the sends of many sessions happen together on one
 // goroutine, and a Batcher (NewBatchedClock) can send them together (the
 // transceiver's hop socket: one sendmmsg per batch). A push into an idle
 // queue (or Resume) wakes the queue's worker, which sends the new run's
 // first packet at once, in a round of its own (bracketed by the Batcher
-// too), and hands the queue to the worker of its slot. A Sink is called
-// on one worker goroutine at a time.
+// too), and then, after that round (after the Batcher's Flush, so the
+// run's second packet cannot overtake its first), hands the queue to an
+// owner of its slot if it does not own it. A Sink is called on one worker
+// goroutine at a time.
 //
 // # Timeline
 //
@@ -118,7 +126,7 @@ type Packet struct {
 
 // Sink receives a queue's packets on a clock worker goroutine, one worker
 // at a time (the one that started the run sends its first packet, the
-// one owning the run's slot the rest). SendPacket should not block: every
+// owner of the run's slot that took the run the rest, in order). SendPacket should not block: every
 // queue of the worker waits for it.
 type Sink interface {
 	SendPacket(p *Packet)

@@ -28,8 +28,8 @@ const DefaultRunGrace = 200 * time.Millisecond
 
 // QueueConfig configures a Queue. The zero value takes the defaults.
 type QueueConfig struct {
-	// MaxQueued caps the audio waiting in the queue (not yet sent).
-	// Default DefaultMaxQueued.
+	// MaxQueued caps the audio waiting in the queue (not yet sent), to
+	// the 48 kHz sample. Default DefaultMaxQueued.
 	MaxQueued time.Duration
 	// MaxItems caps the packets, marks and response tags waiting in the
 	// queue. Default DefaultMaxItems.
@@ -156,7 +156,7 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		sink:       sink,
 		onUnderrun: cfg.OnUnderrun,
 		onEvents:   cfg.OnEvents,
-		maxQueued:  int64(cfg.MaxQueued / Tick * TickSamples),
+		maxQueued:  durSamples(cfg.MaxQueued),
 		maxItems:   cfg.MaxItems,
 		period:     c.samples,
 		slot:       c.slotSamples,
@@ -278,7 +278,7 @@ func (q *Queue) Idle() bool {
 func (q *Queue) Queued() time.Duration {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return time.Duration(q.queued) * time.Second / 48000
+	return time.Duration(q.queued/48000)*time.Second + time.Duration(q.queued%48000)*time.Second/48000
 }
 
 // Fits reports whether n more packets totalling dur samples (48 kHz) fit
