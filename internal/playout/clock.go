@@ -43,14 +43,24 @@ type Clock struct {
 	closeOnce sync.Once
 }
 
-// Slots is how many slots a Clock cuts each Tick into (Tick/Slots long:
-// 5 ms with the 20 ms tick, 2.5 ms with TickShort). A queue plays on one
-// slot of each Tick, the one its run started in, so a run's later packets
-// leave at most one slot ahead of the time their timestamps give, never
-// behind it. A worker wakes at each of its slots (Clock) that has queues
-// on it: with sessions on every slot, up to Slots wake-ups per worker per
-// Tick (one with a multiple of Slots workers).
-const Slots = 4
+// Slots is how many slots a Clock cuts each Tick into (Tick/Slots long).
+// A queue plays on one slot of each Tick, the one its run started in, so a
+// run's later packets leave at most one slot ahead of the time their
+// timestamps give, never behind it: with one slot, on the tick grid, up to
+// a Tick early (early packets cost a receiver's jitter buffer nothing,
+// docs/bridge.md §6.1). A run's first packet leaves at once whatever the
+// count. A worker wakes at each of its slots (Clock) that has queues on
+// it: with sessions on every slot, up to Slots wake-ups per worker per Tick
+// (one with a multiple of Slots workers).
+//
+// Quarter-tick slots (4) kept later packets within 5 ms of their time, but
+// in headless Chromium through the relay at 50 ms RTT the median from
+// speech end to the reply heard was 140 ms with 4 slots against 130 with 1
+// at ptime 20, and 130 against 150 at ptime 10 (32 replies a row): no gain
+// the browser shows, for about 0.35 ms of CPU per 20 ms per clock and a
+// third more pacing CPU per session (docs/benchmarks.md). More slots work:
+// any count up to 8 (worker.owns) that divides TickShort's 480 samples.
+const Slots = 1
 
 // ClockStats are a clock's counters.
 type ClockStats struct {

@@ -8,16 +8,16 @@
 //
 // A Clock is a few worker goroutines (one per CPU by default), each
 // owning a share of the queues. Time is cut into Slots slots per Tick
-// (5 ms with the 20 ms tick, 2.5 ms with TickShort). A queue is on its
+// (Slots is 1: the slot is the tick; see Slots for why). A queue is on its
 // worker only while it holds something or a playout run is in progress,
 // and then on one slot, the one its run started in: it has its turn every
 // Tick, on that slot. Every worker owns the same number of slots and
 // every slot has the same number of owners (worker i owns slot s when
-// i ≡ s modulo gcd(workers, Slots): with 4 workers one slot each, with 8
-// each slot two owners, with 1 or 3 every worker all the slots); a run is
-// played by the worker that started it if that one owns the run's slot,
-// otherwise by the slot's owners in turn, so the steady-state sends spread
-// evenly over all the workers. A worker sleeps until the next of
+// i ≡ s modulo gcd(workers, Slots): with one slot every worker owns it;
+// with 4 slots and 4 workers one slot each, with 8 each slot two owners);
+// a run is played by the worker that started it if that one owns the
+// run's slot, otherwise by the slot's owners in turn, so the steady-state
+// sends spread evenly over all the workers. A worker sleeps until the next of
 // its slots that has queues on it (a timer on the slot grid): with
 // sessions on every slot a worker wakes at most Slots times per Tick, an
 // idle session costs no timer and no wake-up, and an idle clock none at
@@ -43,7 +43,8 @@
 // the queue takes the slot that moment falls in. At each turn, the packets
 // that start before the queue's next turn are due, so packets of 10, 20 or
 // 60 ms all leave at their real-time pace, and every later packet of the
-// run leaves at its own position or up to one slot before it, never after:
+// run leaves at its own position or up to one slot (with Slots = 1, one
+// tick) before it, never after:
 // a receiver that times the run from its first packet (WebRTC's NetEq)
 // never sees a later packet late, however the run's phase falls against
 // the clock's. When nothing was due for a while within a run (the queue
