@@ -153,6 +153,13 @@ const (
 // still in flight before it hangs up.
 const LoadTail = 300 * time.Millisecond
 
+// closingPingWait bounds the wait for the echo of a session's closing
+// data channel ping. SCTP retransmits a lost message on its T3-rtx timer,
+// at least 1 s and doubled on each expiry (RFC 4960 §6.3.3), so on a lossy
+// path a ping and its echo can need several seconds each; 5 s lost about
+// 1 session in 100 of the chaos suite's 5%-loss run.
+const closingPingWait = 15 * time.Second
+
 // loadPayloadSize is the counter payload's size in bytes.
 const loadPayloadSize = 60
 
@@ -666,7 +673,7 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 			_, _ = rand.Read(id[:])
 			pingID := fmt.Sprintf("load-%d-%x", i, id)
 			if err := dc.SendText(fmt.Sprintf(`{"type":"ping","id":%q}`, pingID)); err == nil {
-				deadline := time.NewTimer(5 * time.Second)
+				deadline := time.NewTimer(closingPingWait)
 			wait:
 				for {
 					select {
