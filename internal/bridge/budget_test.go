@@ -9,6 +9,20 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 )
 
+// overConnLimit returns the load both connection budget tests queue:
+// sessions sessions that each send frames frames of payload, 3.75 MiB a
+// session (under SessionQueueLimit) and, all together, past
+// ConnQueueLimit.
+func overConnLimit(t *testing.T) (sessions, frames int, payload []byte) {
+	t.Helper()
+	const frame = 64 << 10
+	sessions, frames = 10, (bridge.SessionQueueLimit-256<<10)/frame // 3.75 MiB per session
+	if sessions*frames*frame <= bridge.ConnQueueLimit {
+		t.Fatal("the test does not pass the connection limit")
+	}
+	return sessions, frames, make([]byte, frame)
+}
+
 // TestV2EndedSessionsLeaveBudget: what is queued for a session that has
 // ended no longer counts against its connection's ConnQueueLimit. Ten
 // sessions in turn each queue 3.75 MiB at a backend handler that never
@@ -48,15 +62,7 @@ func TestV2EndedSessionsLeaveBudget(t *testing.T) {
 	ctx := testCtx(t)
 	// The holder keeps the connection open while the others come and go.
 	holder := poolDial(t, p, "holder")
-	const (
-		sessions = 10
-		frame    = 64 << 10
-		frames   = (bridge.SessionQueueLimit - 256<<10) / frame // 3.75 MiB per session
-	)
-	if sessions*frames*frame <= bridge.ConnQueueLimit {
-		t.Fatal("the test does not pass the connection limit")
-	}
-	payload := make([]byte, frame)
+	sessions, frames, payload := overConnLimit(t)
 	for i := range sessions {
 		c := poolDial(t, p, fmt.Sprint("s", i))
 		for j := range frames {
@@ -84,6 +90,6 @@ func TestV2EndedSessionsLeaveBudget(t *testing.T) {
 	}
 	// The backend has dispatched every record before the holder's event.
 	if n := stats.Drops(bridge.DropQueueFull); n != 0 {
-		t.Errorf("queue_full = %d with at most %d MiB queued for live sessions, want 0", n, frames*frame>>20)
+		t.Errorf("queue_full = %d with at most %d MiB queued for live sessions, want 0", n, frames*len(payload)>>20)
 	}
 }

@@ -238,15 +238,40 @@ func waitErr(t *testing.T, errc <-chan error) error {
 	}
 }
 
+// stalledV2 dials session id on a proxiedV2 pool whose write timeout
+// and keepalive are an hour away, stops the proxy forwarding its
+// connection's client-to-backend bytes, and fills that direction with
+// sendUntilStalled; it returns the pool, the session and the channel
+// that gets the error ending the stalled sends.
+func stalledV2(t *testing.T, id string) (*bridge.Pool, *bridge.Conn, <-chan error) {
+	t.Helper()
+	p, px := proxiedV2(t, bridge.PoolOptions{WriteTimeout: time.Hour, KeepAlive: time.Hour})
+	c := poolDial(t, p, id)
+	px.conn(t, 0).up.Store(true)
+	return p, c, sendUntilStalled(t, c)
+}
+
+// halfOpen dials session "a" on p, checks that 3 messages echo through
+// px's first connection, then stops that connection forwarding in both
+// directions, as a backend host that is gone leaves it.
+func halfOpen(t *testing.T, p *bridge.Pool, px *stallProxy) *bridge.Conn {
+	t.Helper()
+	c := poolDial(t, p, "a")
+	if err := exchange(testCtx(t), c, "a", 3); err != nil {
+		t.Fatal(err)
+	}
+	pc := px.conn(t, 0)
+	pc.up.Store(true)
+	pc.down.Store(true)
+	return c
+}
+
 // TestV2EndUnblocksStalledSend: End must return, and free the session's
 // send blocked on a backend that stopped reading, when its ctx ends
 // (review B0: End used to wait for the blocked send forever). The write
 // timeout is out of reach here, so only End can free the sender.
 func TestV2EndUnblocksStalledSend(t *testing.T) {
-	p, px := proxiedV2(t, bridge.PoolOptions{WriteTimeout: time.Hour, KeepAlive: time.Hour})
-	c := poolDial(t, p, "x")
-	px.conn(t, 0).up.Store(true)
-	sendErr := sendUntilStalled(t, c)
+	p, c, sendErr := stalledV2(t, "x")
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	endErr := make(chan error, 1)
@@ -265,10 +290,7 @@ func TestV2EndUnblocksStalledSend(t *testing.T) {
 
 // TestV2CloseUnblocksStalledSend: the same with Close.
 func TestV2CloseUnblocksStalledSend(t *testing.T) {
-	p, px := proxiedV2(t, bridge.PoolOptions{WriteTimeout: time.Hour, KeepAlive: time.Hour})
-	c := poolDial(t, p, "x")
-	px.conn(t, 0).up.Store(true)
-	sendErr := sendUntilStalled(t, c)
+	_, c, sendErr := stalledV2(t, "x")
 	_ = c.Close()
 	if err := waitErr(t, sendErr); !errors.Is(err, bridge.ErrClosed) {
 		t.Errorf("blocked send after Close: %v, want ErrClosed", err)
@@ -324,10 +346,7 @@ func TestV2WriteTimeout(t *testing.T) {
 // (before its write timeout), new sessions go to a new connection rather
 // than waiting behind it (review B1).
 func TestV2PickSkipsStuckConnection(t *testing.T) {
-	p, px := proxiedV2(t, bridge.PoolOptions{WriteTimeout: time.Hour, KeepAlive: time.Hour})
-	a := poolDial(t, p, "a")
-	px.conn(t, 0).up.Store(true)
-	sendErr := sendUntilStalled(t, a)
+	p, a, sendErr := stalledV2(t, "a")
 	c := poolDial(t, p, "c")
 	if n := p.Conns(); n != 2 {
 		t.Errorf("%d connections, want 2 (a new one next to the stuck one)", n)
@@ -347,13 +366,7 @@ func TestV2PickSkipsStuckConnection(t *testing.T) {
 // (review B1).
 func TestV2KeepAlive(t *testing.T) {
 	p, px := proxiedV2(t, bridge.PoolOptions{KeepAlive: 100 * time.Millisecond})
-	c := poolDial(t, p, "a")
-	if err := exchange(testCtx(t), c, "a", 3); err != nil {
-		t.Fatal(err)
-	}
-	pc := px.conn(t, 0)
-	pc.up.Store(true)
-	pc.down.Store(true)
+	c := halfOpen(t, p, px)
 	if _, err := c.Recv(context.Background()); !errors.Is(err, bridge.ErrClosed) {
 		t.Errorf("Recv on a half-open connection: %v, want ErrClosed", err)
 	}
@@ -416,15 +429,7 @@ func TestV2ConnQueueLimit(t *testing.T) {
 	}))
 	t.Cleanup(func() { close(stop) })
 	p := newPool(t, url, 0)
-	const (
-		sessions = 10
-		frame    = 64 << 10
-		frames   = (bridge.SessionQueueLimit - 256<<10) / frame // 3.75 MiB per session
-	)
-	if sessions*frames*frame <= bridge.ConnQueueLimit {
-		t.Fatal("the test does not pass the connection limit")
-	}
-	payload := make([]byte, frame)
+	sessions, frames, payload := overConnLimit(t)
 	sendCtx := testCtx(t)
 	for i := range sessions {
 		c := poolDial(t, p, fmt.Sprint("s", i))
@@ -439,7 +444,7 @@ func TestV2ConnQueueLimit(t *testing.T) {
 	for stats.Drops(bridge.DropQueueFull) == 0 {
 		select {
 		case <-ctx.Done():
-			t.Fatalf("queue_full %d after %d MiB queued on one connection, want ≥ 1", stats.Drops(bridge.DropQueueFull), sessions*frames*frame>>20)
+			t.Fatalf("queue_full %d after %d MiB queued on one connection, want ≥ 1", stats.Drops(bridge.DropQueueFull), sessions*frames*len(payload)>>20)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

@@ -116,13 +116,7 @@ func TestV1KeepAlive(t *testing.T) {
 	px := newStallProxy(t, host)
 	p := bridge.NewPool(strings.Replace(url, host, px.ln.Addr().String(), 1), bridge.PoolOptions{KeepAlive: 100 * time.Millisecond})
 	t.Cleanup(func() { _ = p.Close() })
-	c := poolDial(t, p, "a")
-	if err := exchange(testCtx(t), c, "a", 3); err != nil {
-		t.Fatal(err)
-	}
-	pc := px.conn(t, 0)
-	pc.up.Store(true)
-	pc.down.Store(true)
+	c := halfOpen(t, p, px)
 	errc := make(chan error, 1)
 	go func() { errc <- recvUntilErr(c) }()
 	if err := waitErr(t, errc); !errors.Is(err, bridge.ErrClosed) {
