@@ -495,20 +495,10 @@ func BenchmarkProcess(b *testing.B) {
 				fb := d.FrameBytes()
 				frames := len(pcm) / fb
 				per := Frame20ms / fm
-				b.ReportAllocs()
-				cpu0 := cpuTime(b)
-				i := 0
-				for b.Loop() {
-					for range per {
-						if _, err := d.Process(pcm[i*fb : (i+1)*fb]); err != nil {
-							b.Fatal(err)
-						}
-						if i++; i == frames {
-							i = 0
-						}
-					}
-				}
-				b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/20ms")
+				loopFrames(b, frames, per, func(i int) error {
+					_, err := d.Process(pcm[i*fb : (i+1)*fb])
+					return err
+				})
 			})
 		}
 	}
@@ -541,23 +531,35 @@ func BenchmarkEngine(b *testing.B) {
 				defer e.close()
 				frames := len(samples) / n
 				per := Frame20ms / fm
-				b.ReportAllocs()
-				cpu0 := cpuTime(b)
-				i := 0
-				for b.Loop() {
-					for range per {
-						if _, err := e.process(engineRate, samples[i*n:(i+1)*n]); err != nil {
-							b.Fatal(err)
-						}
-						if i++; i == frames {
-							i = 0
-						}
-					}
-				}
-				b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/20ms")
+				loopFrames(b, frames, per, func(i int) error {
+					_, err := e.process(engineRate, samples[i*n:(i+1)*n])
+					return err
+				})
 			})
 		}
 	}
+}
+
+// loopFrames calls process per times for each b.Loop iteration (per
+// frames make 20 ms of audio), on frame indices 0 to frames-1 in turn,
+// failing b on the first error, and reports allocations and the CPU time
+// per 20 ms (user + system, ns) as cpu-ns/20ms.
+func loopFrames(b *testing.B, frames, per int, process func(i int) error) {
+	b.Helper()
+	b.ReportAllocs()
+	cpu0 := cpuTime(b)
+	i := 0
+	for b.Loop() {
+		for range per {
+			if err := process(i); err != nil {
+				b.Fatal(err)
+			}
+			if i++; i == frames {
+				i = 0
+			}
+		}
+	}
+	b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/20ms")
 }
 
 // cpuTime returns the CPU time (user + system) the process has used, ns.
