@@ -78,6 +78,30 @@ func (b *turnBackend) messages() []turnMsg {
 	return append([]turnMsg(nil), b.msgs...)
 }
 
+// waitTurns waits up to 5 s for the backend to have n or more
+// input.speech_started / input.speech_stopped controls, and returns those
+// messages in arrival order; it fails t with every message so far if they
+// do not all arrive.
+func (b *turnBackend) waitTurns(t *testing.T, n int) []turnMsg {
+	t.Helper()
+	var turns []turnMsg
+	deadline := time.After(5 * time.Second)
+	for len(turns) < n {
+		select {
+		case <-b.got:
+		case <-deadline:
+			t.Fatalf("backend messages: %+v", b.messages())
+		}
+		turns = turns[:0]
+		for _, m := range b.messages() {
+			if m.ctl.Type == bridge.TypeInputSpeechStarted || m.ctl.Type == bridge.TypeInputSpeechStopped {
+				turns = append(turns, m)
+			}
+		}
+	}
+	return turns
+}
+
 // TestTurnDetectionBargeIn: a Pion client speaks, pauses, and speaks again
 // over the agent's reply. The backend (PCM, turn detection asked for in
 // its hello) gets input.speech_started / input.speech_stopped in order,
@@ -342,21 +366,7 @@ func turnsAcrossDTX(t *testing.T, ptime int) {
 	for range 800 / ptime {
 		send(silence, packet)
 	}
-	deadline := time.After(5 * time.Second)
-	var turns []turnMsg
-	for len(turns) < 4 {
-		select {
-		case <-tb.got:
-		case <-deadline:
-			t.Fatalf("backend messages: %+v", tb.messages())
-		}
-		turns = turns[:0]
-		for _, m := range tb.messages() {
-			if m.ctl.Type == bridge.TypeInputSpeechStarted || m.ctl.Type == bridge.TypeInputSpeechStopped {
-				turns = append(turns, m)
-			}
-		}
-	}
+	turns := tb.waitTurns(t, 4)
 	for _, m := range turns {
 		t.Logf("backend: after %4d frames: %s audio_ms %d", m.frames, m.ctl.Type, m.ctl.AudioMs)
 	}
@@ -487,21 +497,7 @@ func tenMsPackets(t *testing.T, script *speechgen.Script) time.Duration {
 		return gap
 	}
 	want := 2 * len(script.Utterances)
-	var turns []turnMsg
-	deadline := time.After(5 * time.Second)
-	for len(turns) < want {
-		select {
-		case <-tb.got:
-		case <-deadline:
-			t.Fatalf("backend messages: %+v", tb.messages())
-		}
-		turns = turns[:0]
-		for _, m := range tb.messages() {
-			if m.ctl.Type == bridge.TypeInputSpeechStarted || m.ctl.Type == bridge.TypeInputSpeechStopped {
-				turns = append(turns, m)
-			}
-		}
-	}
+	turns := tb.waitTurns(t, want)
 	odd := 0
 	for i, m := range turns {
 		t.Logf("backend: after %4d frames (%d ms): %s audio_ms %d", m.frames, m.frames*20, m.ctl.Type, m.ctl.AudioMs)
