@@ -9,38 +9,19 @@ import (
 	"time"
 )
 
-// timedSink records each packet with the timeline position (48 kHz
-// samples since the clock's start) at which its worker sent it.
-type timedSink struct {
-	at   int64
-	pkts []timedPacket
-}
-
-type timedPacket struct {
-	at     int64
-	seq    uint16
-	ts     uint32
-	marker bool
-	data   string
-}
-
-func (s *timedSink) SendPacket(p *Packet) {
-	s.pkts = append(s.pkts, timedPacket{s.at, p.Seq, p.Timestamp, p.Marker, string(p.Payload)})
-}
-
 // slotHarness drives one queue on a one-worker clock slot by slot, and
 // wakes the worker at moments the test chooses, as a push does.
 type slotHarness struct {
 	t    *testing.T
 	w    *worker
 	q    *Queue
-	sink *timedSink
+	sink *recorder
 	slot int64 // the last slot played
 }
 
 func newSlotHarness(t *testing.T, tick time.Duration, cfg QueueConfig) *slotHarness {
 	c := newClock(1, tick)
-	h := &slotHarness{t: t, w: c.workers[0], sink: &timedSink{}, slot: 1000 * Slots}
+	h := &slotHarness{t: t, w: c.workers[0], sink: &recorder{}, slot: 1000 * Slots}
 	h.q = c.NewQueue(h.sink, cfg)
 	h.w.runSlots(h.slot)
 	return h
@@ -76,7 +57,7 @@ func (h *slotHarness) push(data string, dur int) {
 // packet that left at its own time: each later packet left no later than
 // its timestamp says (the first packet's send time plus the timestamp
 // difference) and at most one slot earlier, seq +1, no marker.
-func (h *slotHarness) checkPhase(pkts []timedPacket) {
+func (h *slotHarness) checkPhase(pkts []sent) {
 	h.t.Helper()
 	first := pkts[0]
 	if !first.marker {
@@ -345,11 +326,11 @@ func TestSlotOwners(t *testing.T) {
 			// For each slot, 3 runs from the queues of each worker
 			// (NewQueue spreads queues over the workers in turn).
 			const perWorker = 3
-			var sinks []*timedSink
+			var sinks []*recorder
 			for s := range int64(Slots) {
 				k := base + 1 + s
 				for range perWorker * workers {
-					sk := &timedSink{at: k*c.slotSamples + 7}
+					sk := &recorder{at: k*c.slotSamples + 7}
 					q := c.NewQueue(sk, QueueConfig{})
 					for i := range 5 {
 						if err := q.PushAudio([]byte(fmt.Sprint(i)), 960); err != nil {

@@ -18,15 +18,17 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // graceTicks is DefaultRunGrace in ticks: the empty ticks a run outlasts.
 const graceTicks = int(DefaultRunGrace / Tick)
 
-// recorder is a Sink that keeps copies of what it was sent, with the tick
-// it was sent in.
+// recorder is a Sink that keeps copies of what it was sent, each with the
+// time it was sent at: the tick count in the tick-driven tests (harness),
+// the timeline position in 48 kHz samples in the slot-driven ones
+// (slotHarness).
 type recorder struct {
-	tick int64
+	at   int64
 	pkts []sent
 }
 
 type sent struct {
-	tick   int64
+	at     int64
 	seq    uint16
 	ts     uint32
 	marker bool
@@ -34,7 +36,7 @@ type sent struct {
 }
 
 func (r *recorder) SendPacket(p *Packet) {
-	r.pkts = append(r.pkts, sent{r.tick, p.Seq, p.Timestamp, p.Marker, string(p.Payload)})
+	r.pkts = append(r.pkts, sent{r.at, p.Seq, p.Timestamp, p.Marker, string(p.Payload)})
 }
 
 // harness drives one queue on a clock with one worker, tick by tick.
@@ -61,7 +63,7 @@ func newHarnessTick(t *testing.T, tick time.Duration, cfg QueueConfig) *harness 
 // run plays k ticks.
 func (h *harness) run(k int) {
 	for range k {
-		h.rec.tick = h.n
+		h.rec.at = h.n
 		h.c.workers[0].runTick(h.n)
 		h.n++
 	}
@@ -91,7 +93,7 @@ func TestBurstPacedOnePerTick(t *testing.T) {
 	}
 	first := h.rec.pkts[0]
 	for i, p := range h.rec.pkts {
-		want := sent{first.tick + int64(i), first.seq + uint16(i), first.ts + uint32(i*960), i == 0, fmt.Sprint(i)}
+		want := sent{first.at + int64(i), first.seq + uint16(i), first.ts + uint32(i*960), i == 0, fmt.Sprint(i)}
 		if p != want {
 			t.Fatalf("packet %d = %+v, want %+v", i, p, want)
 		}
@@ -116,7 +118,7 @@ func TestBurstPacedOnePerTick(t *testing.T) {
 	h.push("later", 960)
 	h.run(1)
 	last, p := h.rec.pkts[n-1], h.rec.pkts[n]
-	if p.seq != last.seq+1 || !p.marker || p.ts != last.ts+uint32((p.tick-last.tick)*960) {
+	if p.seq != last.seq+1 || !p.marker || p.ts != last.ts+uint32((p.at-last.at)*960) {
 		t.Fatalf("next reply's first packet %+v after %+v: want seq+1, marker, timestamp by elapsed ticks", p, last)
 	}
 }
@@ -188,7 +190,7 @@ func TestClearTail(t *testing.T) {
 	}
 	for i, p := range h.rec.pkts[10:] {
 		prev := h.rec.pkts[9+i]
-		if p.data != "quiet" || p.marker || p.seq != prev.seq+1 || p.ts != prev.ts+960 || p.tick != prev.tick+1 {
+		if p.data != "quiet" || p.marker || p.seq != prev.seq+1 || p.ts != prev.ts+960 || p.at != prev.at+1 {
 			t.Fatalf("tail packet %d %+v after %+v: want silence, numbered on, one per tick", i, p, prev)
 		}
 	}
@@ -242,8 +244,8 @@ func TestMarksAfterTheirAudio(t *testing.T) {
 		t.Fatalf("events (tick:type:name:response) %q, want %q", got, want)
 	}
 	for i, p := range h.rec.pkts {
-		if p.tick-1000 != int64(i) {
-			t.Fatalf("packet %d sent at tick %d", i, p.tick-1000)
+		if p.at-1000 != int64(i) {
+			t.Fatalf("packet %d sent at tick %d", i, p.at-1000)
 		}
 	}
 }
@@ -258,7 +260,7 @@ func TestPacketDurations(t *testing.T) {
 	var ticks []int64
 	var tss []uint32
 	for _, p := range h.rec.pkts {
-		ticks = append(ticks, p.tick-1000)
+		ticks = append(ticks, p.at-1000)
 		tss = append(tss, p.ts-h.rec.pkts[0].ts)
 	}
 	if want := []int64{0, 3, 3, 4, 5, 7}; !slices.Equal(ticks, want) {
@@ -279,7 +281,7 @@ func TestGapWithinGrace(t *testing.T) {
 		t.Run(fmt.Sprintf("%d ticks", gap), func(t *testing.T) {
 			var h *harness
 			var underruns []int64
-			h = newHarness(t, QueueConfig{OnUnderrun: func() { underruns = append(underruns, h.rec.tick) }})
+			h = newHarness(t, QueueConfig{OnUnderrun: func() { underruns = append(underruns, h.rec.at) }})
 			h.push("a", 960)
 			h.run(1 + gap) // sent, then the empty ticks
 			h.push("b", 960)
@@ -288,7 +290,7 @@ func TestGapWithinGrace(t *testing.T) {
 				t.Fatalf("%d packets", len(h.rec.pkts))
 			}
 			a, b := h.rec.pkts[0], h.rec.pkts[1]
-			if !b.marker || b.seq != a.seq+1 || b.tick != a.tick+int64(gap)+1 || b.ts != a.ts+uint32(960*(gap+1)) {
+			if !b.marker || b.seq != a.seq+1 || b.at != a.at+int64(gap)+1 || b.ts != a.ts+uint32(960*(gap+1)) {
 				t.Fatalf("late packet %+v after %+v: want marker, seq+1, %d ticks later, timestamp +%d", b, a, gap+1, 960*(gap+1))
 			}
 			want := []Event{{Type: EventStarted}, {Type: EventStopped, PlayedMs: 40}}
@@ -296,9 +298,9 @@ func TestGapWithinGrace(t *testing.T) {
 				t.Fatalf("events %+v, want one run %+v", ev, want)
 			}
 			// One underrun a gap of more than a tick, and one at the end.
-			wantU := []int64{b.tick + 2}
+			wantU := []int64{b.at + 2}
 			if gap > 1 {
-				wantU = []int64{a.tick + 2, b.tick + 2}
+				wantU = []int64{a.at + 2, b.at + 2}
 			}
 			if !slices.Equal(underruns, wantU) {
 				t.Fatalf("OnUnderrun at ticks %v, want %v", underruns, wantU)
@@ -323,7 +325,7 @@ func TestGapLongerThanGrace(t *testing.T) {
 	h.push("b", 960)
 	h.run(2 + graceTicks)
 	a, b := h.rec.pkts[0], h.rec.pkts[1]
-	if !b.marker || b.seq != a.seq+1 || b.ts != a.ts+uint32(960*(b.tick-a.tick)) {
+	if !b.marker || b.seq != a.seq+1 || b.ts != a.ts+uint32(960*(b.at-a.at)) {
 		t.Fatalf("next run's packet %+v after %+v: want marker, seq+1, timestamp by elapsed ticks", b, a)
 	}
 	if ev := h.events(); !reflect.DeepEqual(ev, []Event{{Type: EventStarted}, {Type: EventStopped, PlayedMs: 20}}) {
@@ -469,7 +471,7 @@ func TestLateWorker(t *testing.T) {
 	h.run(1)
 	var ticks []int64
 	for i, p := range h.rec.pkts {
-		ticks = append(ticks, p.tick-1000)
+		ticks = append(ticks, p.at-1000)
 		if p.ts != h.rec.pkts[0].ts+uint32(960*i) || p.seq != h.rec.pkts[0].seq+uint16(i) {
 			t.Fatalf("packet %d: %+v", i, p)
 		}
@@ -709,8 +711,8 @@ func TestNoCatchUpForBurst(t *testing.T) {
 		t.Fatalf("%d packets of the burst in 500 ticks", len(burst))
 	}
 	for k, p := range burst {
-		if p.tick != burst[0].tick+int64(k) {
-			t.Fatalf("burst packet %d sent at tick %d, want %d: one per tick", k, p.tick, burst[0].tick+int64(k))
+		if p.at != burst[0].at+int64(k) {
+			t.Fatalf("burst packet %d sent at tick %d, want %d: one per tick", k, p.at, burst[0].at+int64(k))
 		}
 	}
 	if c := h.c.Stats().CaughtUp; c != 0 {
@@ -732,8 +734,8 @@ func TestNoCatchUpForShortReply(t *testing.T) {
 			t.Fatalf("%d packets of a %d-packet reply", len(h.rec.pkts), n)
 		}
 		for k, p := range h.rec.pkts {
-			if p.tick != h.rec.pkts[0].tick+int64(k) {
-				t.Fatalf("%d-packet reply: packet %d sent at tick %d, want %d: one per tick", n, k, p.tick, h.rec.pkts[0].tick+int64(k))
+			if p.at != h.rec.pkts[0].at+int64(k) {
+				t.Fatalf("%d-packet reply: packet %d sent at tick %d, want %d: one per tick", n, k, p.at, h.rec.pkts[0].at+int64(k))
 			}
 		}
 		if c := h.c.Stats().CaughtUp; c != 0 {

@@ -24,7 +24,7 @@ func TestShortTickPacesTenMs(t *testing.T) {
 		t.Fatalf("%d packets in %d ticks, want one per tick", len(h.rec.pkts), n)
 	}
 	for i, p := range h.rec.pkts {
-		if p.data != fmt.Sprint(i) || p.tick != start+int64(i) || p.marker != (i == 0) {
+		if p.data != fmt.Sprint(i) || p.at != start+int64(i) || p.marker != (i == 0) {
 			t.Fatalf("packet %d: %+v, want %d in tick %d, marker only on the first", i, p, i, start+int64(i))
 		}
 		if i > 0 {
@@ -57,7 +57,7 @@ func TestShortTickTwentyMsPackets(t *testing.T) {
 	}
 	for i, p := range h.rec.pkts[1:] {
 		prev := h.rec.pkts[i]
-		if p.tick != prev.tick+2 || p.ts != prev.ts+960 || p.seq != prev.seq+1 {
+		if p.at != prev.at+2 || p.ts != prev.ts+960 || p.seq != prev.seq+1 {
 			t.Fatalf("packet %d %+v after %+v: want every other tick, timestamp +960", i+1, p, prev)
 		}
 	}
@@ -85,7 +85,7 @@ func TestShortTickClearTail(t *testing.T) {
 		if i == 0 {
 			step, ticks = 480, 1 // after the reply's last 10 ms packet
 		}
-		if p.data != "quiet" || p.seq != prev.seq+1 || p.ts != prev.ts+step || p.tick != prev.tick+ticks {
+		if p.data != "quiet" || p.seq != prev.seq+1 || p.ts != prev.ts+step || p.at != prev.at+ticks {
 			t.Fatalf("tail packet %d %+v after %+v: want silence every 20 ms on the reply's timeline", i, p, prev)
 		}
 	}
