@@ -639,6 +639,12 @@ func TestBadSTUN(t *testing.T) {
 		before := s.ep.Drops()[tc.want]
 		sendRaw(t, s.addr(), tc.b, false)
 		waitDrop(t, s.ep, tc.want, before+1)
+		// The endpoint counts a drop before it calls OnDrop, so the
+		// callback's count may trail Drops() by a moment: wait for it.
+		deadline := time.Now().Add(5 * time.Second)
+		for counted[tc.want].Load() < before+1 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
 		if got := counted[tc.want].Load(); got != before+1 {
 			t.Fatalf("%s: OnDrop counted %d, want %d", tc.name, got, before+1)
 		}
