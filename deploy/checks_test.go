@@ -518,7 +518,7 @@ func checkTransceiverIDs(t *testing.T, r *rendered, v map[string]any) {
 	if hopPort == nil || hopPort.Protocol != corev1.ProtocolUDP {
 		t.Fatalf("hop Service has no UDP port %q: %+v", portName, hop.Spec.Ports)
 	}
-	listen := portOf(t, env["SWITCHBOARD_LISTEN"].Value)
+	listen := portOf(t, env[config.CommandEnvName("transceiver", "listen")].Value)
 	if cp := containerPort(t, c, hopPort.TargetPort.StrVal); cp.ContainerPort != listen || cp.Protocol != corev1.ProtocolUDP || int(listen) != valInt(t, v, "transceiver.ports.hop") {
 		t.Errorf("transceiver -listen port %d, container port %+v, value %d", listen, cp, valInt(t, v, "transceiver.ports.hop"))
 	}

@@ -11,8 +11,9 @@
 //
 // Run `switchboard <command> -h` for each one's flags. Every flag can also
 // be set in a YAML file (-config) or as SWITCHBOARD_<FLAG> in the
-// environment (-mode: SWITCHBOARD_<COMMAND>_MODE); flags win over the
-// environment, which wins over the file.
+// environment (-mode and -listen, which mean something else in each
+// command: SWITCHBOARD_<COMMAND>_MODE, SWITCHBOARD_<COMMAND>_LISTEN);
+// flags win over the environment, which wins over the file.
 package main
 
 import (

@@ -234,7 +234,7 @@ type Agent struct {
 // Flags returns the agent's flag set, bound to c.
 func (c *Agent) Flags() *flag.FlagSet {
 	fs := newFlagSet("agent")
-	fs.StringVar(&c.Listen, "listen", agent.DefaultListenAddr, "address serving the bridge at /v1/bridge")
+	fs.StringVar(&c.Listen, "listen", agent.DefaultListenAddr, "HTTP address serving the bridge (WebSocket) at /v1/bridge, and /live")
 	fs.StringVar(&c.Mode, "mode", agent.ModeParrot, "parrot (turn detection at the edge; replies with what the user said) or echo (sends every frame back)")
 	fs.StringVar(&c.Format, "format", "", "audio format: parrot pcm16/24000/1 (default) or pcm16/16000/1; echo opus/48000/2 (default), pcm16/24000/1 or pcm16/16000/1")
 	c.Log.RegisterFlags(fs, "json", "the -listen address")
@@ -257,7 +257,7 @@ type Director struct {
 // Flags returns the director's flag set, bound to c.
 func (c *Director) Flags() *flag.FlagSet {
 	fs := newFlagSet("director")
-	fs.StringVar(&c.Listen, "listen", director.DefaultListenAddr, "address serving the signaling API (/v1/calls), /metrics, /live and /ready")
+	fs.StringVar(&c.Listen, "listen", director.DefaultListenAddr, "HTTP address serving the signaling API (/v1/calls), /metrics, /live and /ready")
 	fs.StringVar(&c.Director.Mode, "mode", director.DefaultMode, "proxy (forward the offer) or redirect (307 to the transceiver)")
 	fs.StringVar(&c.Director.RegionHeader, "region-header", "", "request header a trusted CDN sets to the client's region (empty: ignore)")
 	fs.StringVar(&c.Director.DefaultRegion, "default-region", "", "region used when neither header nor client IP decides (required)")

@@ -2,8 +2,9 @@
 // cmd/switchboard: each one's config struct, its flag set with defaults
 // taken from the component packages' Default… constants, and Parse, which
 // layers the defaults, a YAML file, SWITCHBOARD_<FLAG> environment
-// variables (SWITCHBOARD_<COMMAND>_MODE for -mode) and the command line. Tests (deploy/) build the same flag sets
-// to check the Helm chart against them.
+// variables (SWITCHBOARD_<COMMAND>_<FLAG> for -mode and -listen, whose
+// meaning differs between commands) and the command line. Tests (deploy/)
+// build the same flag sets to check the Helm chart against them.
 package config
 
 import (
@@ -65,8 +66,10 @@ func nameEnv(fs *flag.FlagSet) {
 // flags given on the command line. The file
 // itself is named like any flag: -config or SWITCHBOARD_CONFIG. dst is the
 // struct the flags of fs are bound to, whose yaml tags name the file's
-// keys; an unknown key is an error. Parse adds -config (AddFileFlag) if fs
-// lacks it.
+// keys; an unknown key is an error. The old shared variable of a flag
+// named per subcommand (SWITCHBOARD_MODE, SWITCHBOARD_LISTEN) is an error
+// that names the subcommand's own, unless the flag is on the command
+// line. Parse adds -config (AddFileFlag) if fs lacks it.
 func Parse(fs *flag.FlagSet, args []string, dst any) error {
 	if fs.Lookup("config") == nil {
 		AddFileFlag(fs)
@@ -103,7 +106,8 @@ func Parse(fs *flag.FlagSet, args []string, dst any) error {
 		if old := EnvName(f.Name); old != env {
 			// Renamed: say so rather than run on the default.
 			if _, ok := os.LookupEnv(old); ok {
-				err = fmt.Errorf("%s is no longer read (-%s means something else in each command): set %s instead", old, f.Name, env)
+				err = fmt.Errorf("%s is no longer read (-%s means something else in each command; `switchboard %s -%s`: %s): set %s instead",
+					old, f.Name, fs.Name(), f.Name, strings.TrimSuffix(f.Usage, " [$"+env+"]"), env)
 				return
 			}
 		}
@@ -398,14 +402,19 @@ func EnvName(name string) string {
 
 // perCommandEnv are the flags that mean different things in different
 // subcommands: -mode is the agent's parrot or echo and the director's
-// proxy or redirect. Their variable carries the subcommand's name, so
-// that one exported in a shell for one command does not reach another.
-var perCommandEnv = map[string]bool{"mode": true}
+// proxy or redirect; -listen is the transceiver's internal-hop UDP socket
+// and the agent's and the director's HTTP address. Their variable carries
+// the subcommand's name, so that one exported in a shell, or set in an
+// env file or ConfigMap shared by several commands, for one command does
+// not reach another.
+var perCommandEnv = map[string]bool{"mode": true, "listen": true}
 
 // CommandEnvName is the environment variable that sets flag name of
 // subcommand cmd: EnvName(name), or for a flag whose meaning differs
-// between subcommands (-mode), SWITCHBOARD_<CMD>_<FLAG>, e.g.
-// SWITCHBOARD_AGENT_MODE, SWITCHBOARD_DIRECTOR_MODE, SWITCHBOARD_DEMO_MODE.
+// between subcommands (-mode, -listen), SWITCHBOARD_<CMD>_<FLAG>, e.g.
+// SWITCHBOARD_AGENT_MODE, SWITCHBOARD_DIRECTOR_MODE, SWITCHBOARD_DEMO_MODE,
+// SWITCHBOARD_TRANSCEIVER_LISTEN, SWITCHBOARD_AGENT_LISTEN,
+// SWITCHBOARD_DIRECTOR_LISTEN.
 func CommandEnvName(cmd, name string) string {
 	if perCommandEnv[name] {
 		return "SWITCHBOARD_" + envPart(cmd) + "_" + envPart(name)

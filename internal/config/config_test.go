@@ -212,19 +212,82 @@ func TestModeEnvironmentPerCommand(t *testing.T) {
 	}
 
 	t.Setenv("SWITCHBOARD_MODE", "echo")
+	checkSharedNameRefused(t, "mode", "agent", "director", "demo")
+}
+
+// TestListenEnvironmentPerCommand: -listen is the transceiver's
+// internal-hop UDP socket but the agent's and the director's HTTP
+// address, so each reads its own variable, and an env file or ConfigMap
+// shared by all three moves each alone; the old shared SWITCHBOARD_LISTEN
+// is an error naming the command's own variable.
+func TestListenEnvironmentPerCommand(t *testing.T) {
+	t.Setenv("SWITCHBOARD_TRANSCEIVER_LISTEN", "127.0.0.1:14000")
+	t.Setenv("SWITCHBOARD_AGENT_LISTEN", "127.0.0.1:18081")
+	t.Setenv("SWITCHBOARD_DIRECTOR_LISTEN", "127.0.0.1:18443")
+	var trx Transceiver
+	if err := Parse(trx.Flags(), nil, &trx); err != nil {
+		t.Fatal(err)
+	}
+	var a Agent
+	if err := Parse(a.Flags(), nil, &a); err != nil {
+		t.Fatal(err)
+	}
+	var d Director
+	if err := Parse(d.Flags(), nil, &d); err != nil {
+		t.Fatal(err)
+	}
+	if trx.Trx.ListenAddr != "127.0.0.1:14000" || a.Listen != "127.0.0.1:18081" || d.Listen != "127.0.0.1:18443" {
+		t.Fatalf("transceiver -listen %q, agent -listen %q, director -listen %q; want each its own variable's", trx.Trx.ListenAddr, a.Listen, d.Listen)
+	}
+
+	t.Setenv("SWITCHBOARD_LISTEN", "0.0.0.0:4000")
+	checkSharedNameRefused(t, "listen", "transceiver", "agent", "director")
+	// The whole message, as `switchboard transceiver` prints it.
+	err := Parse(new(Transceiver).Flags(), nil, &struct{}{})
+	want := "SWITCHBOARD_LISTEN is no longer read (-listen means something else in each command; " +
+		"`switchboard transceiver -listen`: UDP address of the internal-hop socket relays send to): set SWITCHBOARD_TRANSCEIVER_LISTEN instead"
+	if err == nil || err.Error() != want {
+		t.Errorf("transceiver with SWITCHBOARD_LISTEN set: %v\nwant: %s", err, want)
+	}
+	// The relay and the demo have no -listen: the variable is another
+	// command's to them, like any flag they lack.
+	for _, name := range []string{"relay", "demo"} {
+		if err := Parse(FlagSets()[name], nil, &struct{}{}); err != nil {
+			t.Errorf("%s with SWITCHBOARD_LISTEN set: %v", name, err)
+		}
+	}
+}
+
+// checkSharedNameRefused checks, with the old shared variable of flag set
+// (EnvName), that exactly the subcommands in want have the flag, that
+// each fails to parse with an error naming the old variable and its own
+// (CommandEnvName), and that each parses with the flag on the command
+// line, which does not read the environment.
+func checkSharedNameRefused(t *testing.T, flagName string, want ...string) {
+	t.Helper()
+	old := EnvName(flagName)
+	var have []string
 	for name, fs := range FlagSets() {
-		if fs.Lookup("mode") == nil {
+		if fs.Lookup(flagName) == nil {
 			continue
 		}
+		have = append(have, name)
 		err := Parse(fs, nil, &struct{}{})
-		want := CommandEnvName(name, "mode")
-		if err == nil || !strings.Contains(err.Error(), "SWITCHBOARD_MODE") || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s with SWITCHBOARD_MODE set: %v; want an error naming %s", name, err, want)
+		own := CommandEnvName(name, flagName)
+		if own == old {
+			t.Errorf("%s -%s is read from the shared %s", name, flagName, old)
 		}
-		// A -mode on the command line does not read the environment.
-		if err := Parse(FlagSets()[name], []string{"-mode", fs.Lookup("mode").DefValue}, &struct{}{}); err != nil {
-			t.Errorf("%s -mode with SWITCHBOARD_MODE set: %v", name, err)
+		if err == nil || !strings.Contains(err.Error(), old+" is no longer read") || !strings.Contains(err.Error(), "set "+own+" instead") {
+			t.Errorf("%s with %s set: %v; want an error naming %s", name, old, err, own)
 		}
+		if err := Parse(FlagSets()[name], []string{"-" + flagName, fs.Lookup(flagName).DefValue}, &struct{}{}); err != nil {
+			t.Errorf("%s -%s with %s set: %v", name, flagName, old, err)
+		}
+	}
+	slices.Sort(have)
+	slices.Sort(want)
+	if !slices.Equal(have, want) {
+		t.Errorf("subcommands with -%s: %v, want %v", flagName, have, want)
 	}
 }
 
