@@ -161,6 +161,7 @@ func checkAll(t *testing.T, r *rendered, over map[string]any) {
 	t.Run("relay", func(t *testing.T) { checkRelay(t, r, v) })
 	t.Run("transceiver ids and membership", func(t *testing.T) { checkTransceiverIDs(t, r, v) })
 	t.Run("transceiver", func(t *testing.T) { checkTransceiver(t, r, v) })
+	t.Run("agent and director", func(t *testing.T) { checkHTTPListen(t, r, v) })
 	t.Run("token keys", func(t *testing.T) { checkTokenKeys(t, r, v) })
 	t.Run("signaling auth", func(t *testing.T) { checkAuth(t, r, v) })
 	t.Run("rbac", func(t *testing.T) { checkRBAC(t, r) })
@@ -642,6 +643,30 @@ var transceiverSettings = []struct{ value, flag string }{
 	{"transceiver.outputBitrate", "output-bitrate"},
 	{"transceiver.outputComplexity", "output-complexity"},
 	{"transceiver.ptime", "ptime"},
+}
+
+// checkHTTPListen: the agent and the director, where the render runs
+// them, listen (-listen, as SWITCHBOARD_AGENT_LISTEN and
+// SWITCHBOARD_DIRECTOR_LISTEN) on the port of their value, which is their
+// container's http port.
+func checkHTTPListen(t *testing.T, r *rendered, v map[string]any) {
+	for _, w := range r.workloads() {
+		cmd := w.tmpl.Labels["app.kubernetes.io/component"]
+		if cmd != "agent" && cmd != "director" {
+			continue
+		}
+		c := w.tmpl.Spec.Containers[0]
+		name := config.CommandEnvName(cmd, "listen")
+		e, ok := envMap(c)[name]
+		if !ok {
+			t.Errorf("%s: no %s", w.name, name)
+			continue
+		}
+		listen, http := portOf(t, e.Value), containerPort(t, c, "http")
+		if listen != http.ContainerPort || http.Protocol != corev1.ProtocolTCP || int(listen) != valInt(t, v, cmd+".port") {
+			t.Errorf("%s -listen port %d, container port %+v, %s.port %d", cmd, listen, http, cmd, valInt(t, v, cmd+".port"))
+		}
+	}
 }
 
 // checkTokenKeys: relays and transceivers read the fleet key from the same

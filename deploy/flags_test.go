@@ -2,8 +2,13 @@ package deploy
 
 import (
 	"flag"
+	"os"
+	"path"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/switchboard-rtc/switchboard/internal/config"
 )
@@ -81,6 +86,23 @@ var relayFlagsNotInChart = map[string]string{
 	"new-flows-per-second":  "a per-relay flood bound sized to one relay's capacity, not to the release; extraEnv SWITCHBOARD_NEW_FLOWS_PER_SECOND",
 }
 
+// agentFlagsNotInChart are the `switchboard agent` flags the chart does
+// not set, each with why (TestAgentFlagsInChart).
+var agentFlagsNotInChart = map[string]string{
+	"config":     "the chart gives the agent its settings as variables and arguments, not a file",
+	"format":     "-mode echo's default, opus/48000/2, is what the transceiver sends, returned unchanged",
+	"log-format": "the binary's default for servers is JSON, what a cluster's log pipeline reads",
+	"pprof":      "profiles stay off in a fleet; extraEnv SWITCHBOARD_PPROF=true on one pod to profile it",
+}
+
+// directorFlagsNotInChart are the `switchboard director` flags the chart
+// does not set, each with why (TestDirectorFlagsInChart).
+var directorFlagsNotInChart = map[string]string{
+	"region-header": "only behind a CDN that sets a client-region header, which director.config's region_header then names",
+	"log-format":    "the binary's default for servers is JSON, what a cluster's log pipeline reads",
+	"pprof":         "profiles stay off in a fleet; extraEnv SWITCHBOARD_PPROF=true on one pod to profile it",
+}
+
 // TestTransceiverFlagsInChart: every flag of the transceiver's real flag
 // set (config.FlagSets) reaches its pod as its environment variable in the
 // default or the custom render, whether from a value (transceiverSettings)
@@ -98,20 +120,46 @@ func TestRelayFlagsInChart(t *testing.T) {
 	checkFlagsInChart(t, "relay", relayFlagsNotInChart)
 }
 
+// TestAgentFlagsInChart is TestTransceiverFlagsInChart for the agent, whose
+// -mode is an argument: each of its flags reaches the agent's pod or is
+// listed in agentFlagsNotInChart with why.
+func TestAgentFlagsInChart(t *testing.T) {
+	checkFlagsInChart(t, "agent", agentFlagsNotInChart)
+}
+
+// TestDirectorFlagsInChart is TestTransceiverFlagsInChart for the
+// director, which also reads the YAML file of its ConfigMap (-config):
+// each of its flags reaches the director's pod, as a variable, an
+// argument or a key of that file (default_region), or is listed in
+// directorFlagsNotInChart with why.
+func TestDirectorFlagsInChart(t *testing.T) {
+	checkFlagsInChart(t, "director", directorFlagsNotInChart)
+}
+
 // checkFlagsInChart checks that every flag of `switchboard <cmd>` reaches
-// the pod of component cmd as its environment variable in the default or
-// the custom render, or is in notInChart with a reason, and that every
-// name there is a flag of cmd that the chart does not set.
+// the pod of component cmd in the default or the custom render (one of
+// them must run it), as chartFlags finds, or is in notInChart with a
+// reason, and that every name there is a flag of cmd that the chart does
+// not set.
 func checkFlagsInChart(t *testing.T, cmd string, notInChart map[string]string) {
-	set := map[string]bool{}
+	set := map[string]string{} // flag → how the chart sets it
+	runs := false
 	for _, vals := range []map[string]any{withPublicIP(nil), customValues()} {
 		r, err := render(t, vals)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for name := range envMap(r.component(t, cmd).tmpl.Spec.Containers[0]) {
-			set[name] = true
+		for _, w := range r.workloads() {
+			if w.tmpl.Labels["app.kubernetes.io/component"] == cmd {
+				runs = true
+				for name, how := range chartFlags(t, r, w, cmd) {
+					set[name] = how
+				}
+			}
 		}
+	}
+	if !runs {
+		t.Fatalf("neither the default nor the custom render runs the %s", cmd)
 	}
 	flags := flagsOf(t, config.FlagSets(), cmd)
 	for name, why := range notInChart {
@@ -125,11 +173,86 @@ func checkFlagsInChart(t *testing.T, cmd string, notInChart map[string]string) {
 	for name := range flags {
 		_, listed := notInChart[name]
 		env := config.CommandEnvName(cmd, name)
-		switch inChart := set[env]; {
+		switch how, inChart := set[name]; {
 		case !inChart && !listed:
-			t.Errorf("-%s: the chart does not set %s; add a %s value for it, or list it as not in the chart with why", name, env, cmd)
+			t.Errorf("-%s: the chart does not set %s; set it from the %s values, or list it as not in the chart with why", name, env, cmd)
 		case inChart && listed:
-			t.Errorf("-%s is set by the chart (%s) but listed as not in it", name, env)
+			t.Errorf("-%s is set by the chart (%s) but listed as not in it", name, how)
 		}
 	}
+}
+
+// chartFlags returns the flags of `switchboard <cmd>` that the container
+// of workload w sets, each with how: as its environment variable
+// (config.CommandEnvName), as an argument, or as a key of the YAML file
+// that -config names, read from the ConfigMap mounted there and decoded
+// by config.Parse into cmd's own config, as the binary does.
+func chartFlags(t *testing.T, r *rendered, w workload, cmd string) map[string]string {
+	t.Helper()
+	c := w.tmpl.Spec.Containers[0]
+	if len(c.Args) == 0 || c.Args[0] != cmd {
+		t.Fatalf("%s: container %s runs %q, not switchboard %s", w.name, c.Name, c.Args, cmd)
+	}
+	set := map[string]string{}
+	env := envMap(c)
+	for name := range flagsOf(t, config.FlagSets(), cmd) {
+		if e := config.CommandEnvName(cmd, name); env[e].Name != "" {
+			set[name] = e
+		}
+	}
+	fs := config.FlagSets()[cmd]
+	if err := fs.Parse(c.Args[1:]); err != nil || fs.NArg() > 0 {
+		t.Fatalf("%s: args %q: %v", w.name, c.Args, err)
+	}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = "argument -" + f.Name })
+	file := fs.Lookup("config").Value.String()
+	if file == "" {
+		return set
+	}
+	dst, fileFlags := commandConfigs[cmd]()
+	copied := filepath.Join(t.TempDir(), path.Base(file))
+	if err := os.WriteFile(copied, []byte(mountedFile(t, r, w, c, file)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := config.Parse(fileFlags, []string{"-config", copied}, dst); err != nil {
+		t.Fatalf("%s: the chart's %s: %v", w.name, file, err)
+	}
+	fileFlags.VisitAll(func(f *flag.Flag) {
+		if f.Name != "config" && f.Value.String() != f.DefValue {
+			set[f.Name] = "in " + file
+		}
+	})
+	return set
+}
+
+// mountedFile returns the content of file in container c of workload w:
+// a key of the ConfigMap whose volume is mounted at file's directory.
+func mountedFile(t *testing.T, r *rendered, w workload, c corev1.Container, file string) string {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		if m.MountPath != path.Dir(file) {
+			continue
+		}
+		for _, v := range w.tmpl.Spec.Volumes {
+			if v.Name == m.Name && v.ConfigMap != nil && len(v.ConfigMap.Items) == 0 {
+				data, ok := get[*corev1.ConfigMap](t, r, "ConfigMap", v.ConfigMap.Name).Data[path.Base(file)]
+				if !ok {
+					t.Fatalf("%s: ConfigMap %s has no key %s", w.name, v.ConfigMap.Name, path.Base(file))
+				}
+				return data
+			}
+		}
+	}
+	t.Fatalf("%s: no ConfigMap is mounted at %s for %s", w.name, path.Dir(file), file)
+	return ""
+}
+
+// commandConfigs returns each server subcommand's config and its flag set
+// bound to it, as cmd/switchboard builds them.
+var commandConfigs = map[string]func() (any, *flag.FlagSet){
+	"demo":        func() (any, *flag.FlagSet) { c := new(config.Demo); return c, c.Flags() },
+	"relay":       func() (any, *flag.FlagSet) { c := new(config.Relay); return c, c.Flags() },
+	"transceiver": func() (any, *flag.FlagSet) { c := new(config.Transceiver); return c, c.Flags() },
+	"agent":       func() (any, *flag.FlagSet) { c := new(config.Agent); return c, c.Flags() },
+	"director":    func() (any, *flag.FlagSet) { c := new(config.Director); return c, c.Flags() },
 }
