@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // cliResult is one run of the built binary.
@@ -20,8 +22,19 @@ type cliResult struct {
 // returns its exit code and output.
 func runBinary(t *testing.T, bin string, args ...string) cliResult {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	return runBinaryEnv(t, bin, nil, args...)
+}
+
+// runBinaryEnv is runBinary with env (NAME=value) added to the
+// environment. A run still going after a minute, a server that started
+// when it should have failed, is killed.
+func runBinaryEnv(t *testing.T, bin string, env []string, args ...string) cliResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "SWITCHBOARD_TOKEN_KEY=c3dpdGNoYm9hcmQtdGVzdC1mbGVldC1rZXktMzItYnl0ZXM=")
+	cmd.Env = append(cmd.Env, env...)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -98,6 +111,55 @@ func TestCommandLine(t *testing.T) {
 			}
 			if strings.Contains(r.stderr, tt.running) {
 				t.Errorf("%q logged %q before failing:\n%s", tt.args, tt.running, r.stderr)
+			}
+		}
+	})
+
+	// One environment for every command, as an env file or a ConfigMap
+	// shared by all gives: each command binds its own -listen, shown by
+	// each failing on the busy address meant for it; and the shared
+	// SWITCHBOARD_LISTEN is refused, naming the command's own variable,
+	// before anything binds.
+	t.Run("listen variables", func(t *testing.T) {
+		udp, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer udp.Close()
+		var tcp [3]net.Listener
+		for i := range tcp {
+			if tcp[i], err = net.Listen("tcp4", "127.0.0.1:0"); err != nil {
+				t.Fatal(err)
+			}
+			defer tcp[i].Close()
+		}
+		hop, agentHTTP, directorHTTP, trxHTTP := udp.LocalAddr().String(), tcp[0].Addr().String(), tcp[1].Addr().String(), tcp[2].Addr().String()
+		directorYAML := filepath.Join(t.TempDir(), "director.yaml")
+		if err := os.WriteFile(directorYAML, []byte("default_region: a\nregions: {a: {cluster: c}}\nclusters: {c: [\"http://127.0.0.1:1\"]}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		shared := []string{
+			"SWITCHBOARD_TRANSCEIVER_LISTEN=" + hop,
+			"SWITCHBOARD_AGENT_LISTEN=" + agentHTTP,
+			"SWITCHBOARD_DIRECTOR_LISTEN=" + directorHTTP,
+		}
+		for _, tt := range []struct {
+			args []string
+			own  string // the address of its own variable
+			name string // that variable
+		}{
+			{[]string{"transceiver", "-id", "1", "-advertise", "127.0.0.1:3478", "-http", trxHTTP}, hop, "SWITCHBOARD_TRANSCEIVER_LISTEN"},
+			{[]string{"agent"}, agentHTTP, "SWITCHBOARD_AGENT_LISTEN"},
+			{[]string{"director", "-config", directorYAML}, directorHTTP, "SWITCHBOARD_DIRECTOR_LISTEN"},
+		} {
+			r := runBinaryEnv(t, bin, shared, tt.args...)
+			if want := tt.own + ": bind"; r.code != 1 || !strings.Contains(r.stderr, want) {
+				t.Errorf("%q with %v: exit %d, stderr:\n%s\nwant exit 1 and %q", tt.args, shared, r.code, r.stderr, want)
+			}
+			r = runBinaryEnv(t, bin, append(shared, "SWITCHBOARD_LISTEN=127.0.0.1:0"), tt.args...)
+			want := "switchboard " + tt.args[0] + ": SWITCHBOARD_LISTEN is no longer read"
+			if r.code != 1 || !strings.HasPrefix(r.stderr, want) || !strings.Contains(r.stderr, "set "+tt.name+" instead") {
+				t.Errorf("%q with SWITCHBOARD_LISTEN: exit %d, stderr:\n%s\nwant exit 1 and %q … set %s instead", tt.args, r.code, r.stderr, want, tt.name)
 			}
 		}
 	})
