@@ -404,9 +404,9 @@ func EnvName(name string) string {
 // subcommands: -mode is the agent's parrot or echo and the director's
 // proxy or redirect; -listen is the transceiver's internal-hop UDP socket
 // and the agent's and the director's HTTP address. Their variable carries
-// the subcommand's name, so that one exported in a shell, or set in an
-// env file or ConfigMap shared by several commands, for one command does
-// not reach another.
+// the subcommand's name, so that one meant for one command, exported in a
+// shell or set in an env file or ConfigMap that several commands share,
+// does not reach another.
 var perCommandEnv = map[string]bool{"mode": true, "listen": true}
 
 // CommandEnvName is the environment variable that sets flag name of
