@@ -233,37 +233,42 @@ func (e *Endpoint) readLoop() {
 			e.log.Warn("peer: socket read failed; the endpoint stops", "err", err)
 			return
 		}
-		b := buf[:n]
-		if n == 0 {
-			e.drop(DropUnknownPacket)
-			continue
+		e.handle(&rd, buf[:n], addr)
+	}
+}
+
+// handle demultiplexes one datagram from addr by its first byte (RFC 7983
+// §7) and hands it to its handler. Read loop.
+func (e *Endpoint) handle(rd *reader, b []byte, addr netip.AddrPort) {
+	if len(b) == 0 {
+		e.drop(DropUnknownPacket)
+		return
+	}
+	switch c := b[0]; {
+	case c <= 3:
+		e.handleSTUN(rd, b, addr)
+	case c >= 20 && c <= 63:
+		s := e.session(addr)
+		if s == nil {
+			e.drop(DropUnknownAddress)
+			return
 		}
-		switch c := b[0]; {
-		case c <= 3:
-			e.handleSTUN(&rd, b, addr)
-		case c >= 20 && c <= 63:
-			s := e.session(addr)
-			if s == nil {
-				e.drop(DropUnknownAddress)
-				continue
-			}
-			// Not yet authenticated: consent is refreshed only once
-			// the record layer has verified it (authConn).
-			if !s.dtls.push(b) {
-				e.drop(DropDTLSQueueFull)
-			}
-		case c >= 128 && c <= 191:
-			s := e.session(addr)
-			if s == nil {
-				e.drop(DropUnknownAddress)
-				continue
-			}
-			if r := s.handleSRTP(&rd, b); r != dropNone {
-				e.drop(r)
-			}
-		default:
-			e.drop(DropUnknownPacket)
+		// Not yet authenticated: consent is refreshed only once the
+		// record layer has verified it (authConn).
+		if !s.dtls.push(b) {
+			e.drop(DropDTLSQueueFull)
 		}
+	case c >= 128 && c <= 191:
+		s := e.session(addr)
+		if s == nil {
+			e.drop(DropUnknownAddress)
+			return
+		}
+		if r := s.handleSRTP(rd, b); r != dropNone {
+			e.drop(r)
+		}
+	default:
+		e.drop(DropUnknownPacket)
 	}
 }
 

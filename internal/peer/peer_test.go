@@ -46,7 +46,7 @@ type server struct {
 	fp        Fingerprint
 }
 
-func newServer(t *testing.T, mutate ...func(*Config)) *server {
+func newServer(t testing.TB, mutate ...func(*Config)) *server {
 	t.Helper()
 	sock, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -665,7 +665,7 @@ func TestBadSTUN(t *testing.T) {
 	}
 }
 
-func mustBuild(t *testing.T, setters ...stun.Setter) []byte {
+func mustBuild(t testing.TB, setters ...stun.Setter) []byte {
 	t.Helper()
 	m, err := stun.Build(setters...)
 	if err != nil {
@@ -734,7 +734,7 @@ func TestEarlyMedia(t *testing.T) {
 
 // checkFrom sends the check b to the server from c and waits for its
 // answer.
-func checkFrom(t *testing.T, c *net.UDPConn, to netip.AddrPort, b []byte) {
+func checkFrom(t testing.TB, c *net.UDPConn, to netip.AddrPort, b []byte) {
 	t.Helper()
 	if _, err := c.WriteToUDPAddrPort(b, to); err != nil {
 		t.Fatal(err)
@@ -746,7 +746,7 @@ func checkFrom(t *testing.T, c *net.UDPConn, to netip.AddrPort, b []byte) {
 	}
 }
 
-func newSock(t *testing.T) *net.UDPConn {
+func newSock(t testing.TB) *net.UDPConn {
 	t.Helper()
 	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -760,7 +760,7 @@ func sockAddr(c *net.UDPConn) netip.AddrPort { return c.LocalAddr().(*net.UDPAdd
 
 // liteSession is a session with fixed credentials and no client: tests
 // sign its checks themselves.
-func liteSession(t *testing.T, s *server, mutate ...func(*SessionConfig)) *Session {
+func liteSession(t testing.TB, s *server, mutate ...func(*SessionConfig)) *Session {
 	t.Helper()
 	cfg := SessionConfig{LocalUfrag: "local", LocalPwd: "localpwdlocalpwdlocalpwd", RemoteUfrag: "remote",
 		Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}}
@@ -769,7 +769,7 @@ func liteSession(t *testing.T, s *server, mutate ...func(*SessionConfig)) *Sessi
 
 // newSession makes a session on s with cfg, changed by mutate in order,
 // and closes it when the test ends.
-func newSession(t *testing.T, s *server, cfg SessionConfig, mutate ...func(*SessionConfig)) *Session {
+func newSession(t testing.TB, s *server, cfg SessionConfig, mutate ...func(*SessionConfig)) *Session {
 	t.Helper()
 	for _, m := range mutate {
 		m(&cfg)
@@ -782,7 +782,7 @@ func newSession(t *testing.T, s *server, cfg SessionConfig, mutate ...func(*Sess
 	return sess
 }
 
-func check(t *testing.T, username, pwd string, nominate bool) []byte {
+func check(t testing.TB, username, pwd string, nominate bool) []byte {
 	t.Helper()
 	setters := []stun.Setter{stun.TransactionID, stun.BindingRequest, stun.NewUsername(username)}
 	if nominate {
