@@ -110,6 +110,44 @@ func (r DropReason) String() string {
 	return "unknown"
 }
 
+// MoveReason says why a session's media moved to another client address,
+// or why a nomination of another address did not move it (MoveDeferred).
+// Its String is the reason label of the metric the caller exports
+// (Endpoint.Moves).
+type MoveReason uint8
+
+// Reasons for a move (session.go, "Path selection").
+const (
+	// MoveNominated: a fresh nominating check (USE-CANDIDATE) from
+	// another address moved the media, before any SRTP or SRTCP from the
+	// client had authenticated (RFC 8445 §8.2: a lite agent's selected
+	// pair is the nominated one).
+	MoveNominated MoveReason = iota
+	// MoveConfirmed: SRTP or SRTCP that authenticated and passed the
+	// replay window (RFC 3711 §3.3.2) came from a candidate, an address a
+	// fresh check had come from since the client's media began, and the
+	// media moved there.
+	MoveConfirmed
+	// MoveDeferred: a fresh nominating check from another address, after
+	// the client's media began, moved nothing: the address is a
+	// candidate until the client's media comes from it (a NAT rebinding's
+	// first check, a check on a path the client sends no media on, or a
+	// replay of a captured check from another address). Not a move.
+	MoveDeferred
+	// NumMoveReasons is the number of reasons.
+	NumMoveReasons
+)
+
+var moveNames = [NumMoveReasons]string{"nominated", "confirmed", "deferred"}
+
+// String returns the reason's metric label, e.g. "confirmed".
+func (r MoveReason) String() string {
+	if r < NumMoveReasons {
+		return moveNames[r]
+	}
+	return "unknown"
+}
+
 // Config configures an Endpoint.
 type Config struct {
 	// Conn is the shared socket. Required. The Endpoint reads it until a
@@ -154,6 +192,7 @@ type Endpoint struct {
 	byAddr  map[netip.AddrPort]*Session // learned client address → session; guarded by mu
 
 	drops [NumDropReasons]atomic.Uint64
+	moves [NumMoveReasons]atomic.Uint64
 
 	closeOnce sync.Once
 }
@@ -206,6 +245,17 @@ func (e *Endpoint) Drops() [NumDropReasons]uint64 {
 		d[i] = e.drops[i].Load()
 	}
 	return d
+}
+
+// Moves returns how many times sessions' media moved to another client
+// address, by reason, and how many nominations of another address were
+// deferred (MoveDeferred).
+func (e *Endpoint) Moves() [NumMoveReasons]uint64 {
+	var m [NumMoveReasons]uint64
+	for i := range m {
+		m[i] = e.moves[i].Load()
+	}
+	return m
 }
 
 func (e *Endpoint) drop(r DropReason) {
@@ -264,7 +314,7 @@ func (e *Endpoint) handle(rd *reader, b []byte, addr netip.AddrPort) {
 			e.drop(DropUnknownAddress)
 			return
 		}
-		if r := s.handleSRTP(rd, b); r != dropNone {
+		if r := s.handleSRTP(rd, b, addr); r != dropNone {
 			e.drop(r)
 		}
 	default:
