@@ -320,9 +320,10 @@ func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
 //     confirmation is the client's own: a NAT-rebound client sends RTP
 //     every 20 ms from its new port, so the move waits for its first
 //     check from there (a nominating one, or a consent check, which Pion
-//     sends without USE-CANDIDATE at least every 2 s) and one packet; a replayer's
-//     address never confirms. A move clears the candidates, so that late
-//     packets from the address left do not move the media back.
+//     sends without USE-CANDIDATE at least every 2 s) and one packet; a
+//     replayer's address never confirms. A move clears the candidates,
+//     so that late packets from the address left do not move the media
+//     back.
 //
 // Consent (RFC 7675): a check refreshes it only from the selected address
 // (or when it selects its address); a candidate's check does not, its
@@ -457,8 +458,8 @@ func (s *Session) checkConsent(now time.Time) {
 // with localPwd; the old local ufrag is forgotten at once, and so are the
 // client addresses learned from the old generation's checks but the
 // selected one. DTLS, SRTP and SCTP continue, and media keeps going to the
-// selected address until the new generation moves it ("Path selection"). It fails with
-// ErrClosed once the session is closed.
+// selected address until the new generation moves it ("Path selection").
+// It fails with ErrClosed once the session is closed.
 func (s *Session) Restart(localUfrag, localPwd, remoteUfrag string) error {
 	if localUfrag == "" || localPwd == "" || remoteUfrag == "" {
 		return errors.New("peer: an ICE restart needs local and remote credentials")
