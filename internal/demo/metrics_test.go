@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/switchboard-rtc/switchboard/internal/hop"
+	"github.com/switchboard-rtc/switchboard/internal/peer"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 )
 
@@ -45,6 +46,9 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	for r := hop.MoveReason(0); r < hop.NumMoveReasons; r++ {
 		want = append(want, `switchboard_transceiver_hop_moves_total{reason="`+r.String()+`"} 0`)
+	}
+	for r := peer.MoveReason(0); r < peer.NumMoveReasons; r++ {
+		want = append(want, `switchboard_transceiver_peer_moves_total{reason="`+r.String()+`"} 0`)
 	}
 	for _, w := range want {
 		if !strings.Contains(text, w+"\n") {

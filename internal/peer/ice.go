@@ -17,11 +17,15 @@ import (
 // (short-term credentials, RFC 8489 §9.1) and a FINGERPRINT (RFC 8445 §7.3).
 // The answer is a Binding success response with XOR-MAPPED-ADDRESS, signed
 // with the same pwd and fingerprinted. A valid check teaches the Endpoint
-// the client's address (later DTLS and SRTP from it go to the session) and
-// refreshes the session's consent; the first one, or one with USE-CANDIDATE
-// (the controlling client nominating the pair, RFC 8445 §8.1.1), makes its
-// address the one the session sends to, and the first nomination connects
-// the session (Session.checked). A check whose transaction ID is among the
+// the client's address (later DTLS and SRTP from it go to the session);
+// the first one, or a nominating one (USE-CANDIDATE, the controlling
+// client's choice of pair, RFC 8445 §8.1.1), selects its address, the one
+// the session sends to, and the first nomination connects the session
+// (Session.checked). Once the client's media has begun, a check from
+// another address only makes it a candidate, which the client's SRTP from
+// it confirms: a replayed check, however old, moves nothing (session.go,
+// "Path selection"). A check refreshes the session's consent from the
+// selected address only. A check whose transaction ID is among the
 // session's last 16 (a retransmission, or a replay from anywhere) is
 // answered and changes nothing (Session.replayed).
 //
@@ -87,16 +91,18 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 	}
 	use := m.Contains(stun.AttrUseCandidate)
 
-	// A retransmission, or a replay of a captured check from another
-	// address (short-term credentials have no replay protection, RFC
-	// 8489 §9.1), is answered as STUN asks but changes nothing: it does
-	// not teach its address, move the session or refresh consent. A fresh
-	// check is taken before it is answered, so that a client (or a test)
-	// that has the answer finds the session already moved.
+	// A retransmission, or a recent check replayed from another address
+	// (short-term credentials have no replay protection, RFC 8489 §9.1),
+	// is answered as STUN asks but changes nothing: it does not teach its
+	// address, move the session or refresh consent. An older replay
+	// passes here and is a fresh check to checked, whose candidates keep
+	// it from moving the media. A fresh check is taken before it is
+	// answered, so that a client (or a test) that has the answer finds
+	// the session already moved.
 	start := false
 	if !s.replayed(m.TransactionID) {
 		e.learn(s, addr)
-		start = s.checked(addr, use)
+		start = s.checked(addr, use, cred)
 	}
 
 	res := &rd.res

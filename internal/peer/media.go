@@ -2,6 +2,7 @@ package peer
 
 import (
 	"bytes"
+	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -55,8 +56,9 @@ func isRTCP(b []byte) bool {
 // flight is still on its way to the other; 16 is 320 ms of 20 ms audio.
 const earlyMax = 16
 
-// handleSRTP decrypts one SRTP or SRTCP datagram. Read loop.
-func (s *Session) handleSRTP(rd *reader, b []byte) DropReason {
+// handleSRTP decrypts one SRTP or SRTCP datagram from the client address
+// from. Read loop.
+func (s *Session) handleSRTP(rd *reader, b []byte, from netip.AddrPort) DropReason {
 	k := s.keys.Load()
 	if k == nil {
 		s.emu.Lock()
@@ -72,7 +74,7 @@ func (s *Session) handleSRTP(rd *reader, b []byte) DropReason {
 		}
 		s.emu.Unlock()
 	}
-	return s.decrypt(&rd.dec, k, b)
+	return s.decrypt(&rd.dec, k, b, from)
 }
 
 // setKeys decrypts the datagrams that came before k, then publishes k to
@@ -82,7 +84,8 @@ func (s *Session) setKeys(k *srtpKeys) {
 	defer s.emu.Unlock()
 	var scratch decryptScratch
 	for _, e := range s.early {
-		if r := s.decrypt(&scratch, k, e); r != dropNone {
+		// Their addresses are not kept: they confirm no move.
+		if r := s.decrypt(&scratch, k, e, netip.AddrPort{}); r != dropNone {
 			s.e.drop(r)
 		}
 	}
@@ -98,8 +101,11 @@ type decryptScratch struct {
 }
 
 // decrypt decrypts one SRTP or SRTCP datagram with k and hands it on: the
-// read loop, or startSRTP for those that came before the keys.
-func (s *Session) decrypt(rd *decryptScratch, k *srtpKeys, b []byte) DropReason {
+// read loop, or startSRTP for those that came before the keys (from is
+// then invalid). A datagram that authenticates and passes the replay
+// window is fresh from the client: it refreshes consent, and from a
+// candidate address it moves the media there (Session.authenticated).
+func (s *Session) decrypt(rd *decryptScratch, k *srtpKeys, b []byte, from netip.AddrPort) DropReason {
 	if isRTCP(b) {
 		if rd.rtcpBuf == nil {
 			rd.rtcpBuf = make([]byte, 0, bufSize)
@@ -108,7 +114,7 @@ func (s *Session) decrypt(rd *decryptScratch, k *srtpKeys, b []byte) DropReason 
 		if err != nil {
 			return DropSRTPAuth
 		}
-		s.seen()
+		s.authenticated(from)
 		if s.cfg.OnRTCP != nil {
 			s.cfg.OnRTCP(out)
 		}
@@ -120,7 +126,7 @@ func (s *Session) decrypt(rd *decryptScratch, k *srtpKeys, b []byte) DropReason 
 		putBuf(bp)
 		return DropSRTPAuth
 	}
-	s.seen()
+	s.authenticated(from)
 	*bp = out
 	select {
 	case s.rtpq <- bp:

@@ -110,6 +110,44 @@ func (r DropReason) String() string {
 	return "unknown"
 }
 
+// MoveReason says why a session's media moved to another client address,
+// or why a nomination of another address did not move it (MoveDeferred).
+// Its String is the reason label of the metric the caller exports
+// (Endpoint.Moves).
+type MoveReason uint8
+
+// Reasons for a move (session.go, "Path selection").
+const (
+	// MoveNominated: a fresh nominating check (USE-CANDIDATE) from
+	// another address moved the media, before any SRTP or SRTCP from the
+	// client had authenticated (RFC 8445 §8.2: a lite agent's selected
+	// pair is the nominated one).
+	MoveNominated MoveReason = iota
+	// MoveConfirmed: SRTP or SRTCP that authenticated and passed the
+	// replay window (RFC 3711 §3.3.2) came from a candidate, an address a
+	// fresh check had come from since the client's media began, and the
+	// media moved there.
+	MoveConfirmed
+	// MoveDeferred: a fresh nominating check from another address, after
+	// the client's media began, moved nothing: the address is a
+	// candidate until the client's media comes from it (a NAT rebinding's
+	// first check, a check on a path the client sends no media on, or a
+	// replay of a captured check from another address). Not a move.
+	MoveDeferred
+	// NumMoveReasons is the number of reasons.
+	NumMoveReasons
+)
+
+var moveNames = [NumMoveReasons]string{"nominated", "confirmed", "deferred"}
+
+// String returns the reason's metric label, e.g. "confirmed".
+func (r MoveReason) String() string {
+	if r < NumMoveReasons {
+		return moveNames[r]
+	}
+	return "unknown"
+}
+
 // Config configures an Endpoint.
 type Config struct {
 	// Conn is the shared socket. Required. The Endpoint reads it until a
@@ -154,6 +192,7 @@ type Endpoint struct {
 	byAddr  map[netip.AddrPort]*Session // learned client address → session; guarded by mu
 
 	drops [NumDropReasons]atomic.Uint64
+	moves [NumMoveReasons]atomic.Uint64
 
 	closeOnce sync.Once
 }
@@ -208,6 +247,17 @@ func (e *Endpoint) Drops() [NumDropReasons]uint64 {
 	return d
 }
 
+// Moves returns how many times sessions' media moved to another client
+// address, by reason, and how many nominations of another address were
+// deferred (MoveDeferred).
+func (e *Endpoint) Moves() [NumMoveReasons]uint64 {
+	var m [NumMoveReasons]uint64
+	for i := range m {
+		m[i] = e.moves[i].Load()
+	}
+	return m
+}
+
 func (e *Endpoint) drop(r DropReason) {
 	e.drops[r].Add(1)
 	if e.cfg.OnDrop != nil {
@@ -233,37 +283,42 @@ func (e *Endpoint) readLoop() {
 			e.log.Warn("peer: socket read failed; the endpoint stops", "err", err)
 			return
 		}
-		b := buf[:n]
-		if n == 0 {
-			e.drop(DropUnknownPacket)
-			continue
+		e.handle(&rd, buf[:n], addr)
+	}
+}
+
+// handle demultiplexes one datagram from addr by its first byte (RFC 7983
+// §7) and hands it to its handler. Read loop.
+func (e *Endpoint) handle(rd *reader, b []byte, addr netip.AddrPort) {
+	if len(b) == 0 {
+		e.drop(DropUnknownPacket)
+		return
+	}
+	switch c := b[0]; {
+	case c <= 3:
+		e.handleSTUN(rd, b, addr)
+	case c >= 20 && c <= 63:
+		s := e.session(addr)
+		if s == nil {
+			e.drop(DropUnknownAddress)
+			return
 		}
-		switch c := b[0]; {
-		case c <= 3:
-			e.handleSTUN(&rd, b, addr)
-		case c >= 20 && c <= 63:
-			s := e.session(addr)
-			if s == nil {
-				e.drop(DropUnknownAddress)
-				continue
-			}
-			// Not yet authenticated: consent is refreshed only once
-			// the record layer has verified it (authConn).
-			if !s.dtls.push(b) {
-				e.drop(DropDTLSQueueFull)
-			}
-		case c >= 128 && c <= 191:
-			s := e.session(addr)
-			if s == nil {
-				e.drop(DropUnknownAddress)
-				continue
-			}
-			if r := s.handleSRTP(&rd, b); r != dropNone {
-				e.drop(r)
-			}
-		default:
-			e.drop(DropUnknownPacket)
+		// Not yet authenticated: consent is refreshed only once the
+		// record layer has verified it (authConn).
+		if !s.dtls.push(b) {
+			e.drop(DropDTLSQueueFull)
 		}
+	case c >= 128 && c <= 191:
+		s := e.session(addr)
+		if s == nil {
+			e.drop(DropUnknownAddress)
+			return
+		}
+		if r := s.handleSRTP(rd, b, addr); r != dropNone {
+			e.drop(r)
+		}
+	default:
+		e.drop(DropUnknownPacket)
 	}
 }
 

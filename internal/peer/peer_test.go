@@ -46,7 +46,7 @@ type server struct {
 	fp        Fingerprint
 }
 
-func newServer(t *testing.T, mutate ...func(*Config)) *server {
+func newServer(t testing.TB, mutate ...func(*Config)) *server {
 	t.Helper()
 	sock, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -84,68 +84,98 @@ func (s *server) candidate() netip.AddrPort {
 
 // path is a UDP forwarder between one client and the server that can be
 // cut: the client's traffic then stops reaching the server, as when a
-// laptop's lid closes.
+// laptop's lid closes. Its back socket is the client's address as the
+// server sees it; rebind replaces it, as a NAT that gives the client a new
+// port.
 type path struct {
-	front, back *net.UDPConn
-	cut         atomic.Bool
-	wg          sync.WaitGroup
+	front  *net.UDPConn
+	back   atomic.Pointer[net.UDPConn]
+	server netip.AddrPort
+	client atomic.Pointer[netip.AddrPort]
+	cut    atomic.Bool
+	wg     sync.WaitGroup
 	// lastRTP is a copy of the last SRTP datagram (not SRTCP) the
-	// client sent through the path.
-	lastRTP atomic.Pointer[[]byte]
+	// client sent through the path; firstNom of the first nominating
+	// check (a Binding request with USE-CANDIDATE).
+	lastRTP, firstNom atomic.Pointer[[]byte]
 }
 
 func newPath(t *testing.T, server netip.AddrPort) *path {
 	t.Helper()
-	p := &path{}
+	p := &path{server: server}
 	var err error
 	if p.front, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
 		t.Fatal(err)
 	}
-	if p.back, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
-		t.Fatal(err)
-	}
-	var client atomic.Pointer[netip.AddrPort]
-	p.wg.Add(2)
+	p.rebind(t)
+	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
 		buf := make([]byte, 1500)
+		var m stun.Message
 		for {
 			n, from, err := p.front.ReadFromUDPAddrPort(buf)
 			if err != nil {
 				return
 			}
-			client.Store(&from)
-			if b := buf[:n]; n > 12 && b[0] >= 128 && b[0] <= 191 && !isRTCP(b) {
+			p.client.Store(&from)
+			b := buf[:n]
+			switch {
+			case n > 12 && b[0] >= 128 && b[0] <= 191 && !isRTCP(b):
 				c := bytes.Clone(b)
 				p.lastRTP.Store(&c)
+			case n > 0 && b[0] <= 3 && p.firstNom.Load() == nil:
+				m.Raw = append(m.Raw[:0], b...)
+				if m.Decode() == nil && m.Type == stun.BindingRequest && m.Contains(stun.AttrUseCandidate) {
+					c := bytes.Clone(b)
+					p.firstNom.Store(&c)
+				}
 			}
 			if !p.cut.Load() {
-				_, _ = p.back.WriteToUDPAddrPort(buf[:n], server)
-			}
-		}
-	}()
-	go func() {
-		defer p.wg.Done()
-		buf := make([]byte, 1500)
-		for {
-			n, err := p.back.Read(buf)
-			if err != nil {
-				return
-			}
-			if c := client.Load(); c != nil {
-				_, _ = p.front.WriteToUDPAddrPort(buf[:n], *c)
+				_, _ = p.back.Load().WriteToUDPAddrPort(b, server)
 			}
 		}
 	}()
 	t.Cleanup(func() {
 		_ = p.front.Close()
-		_ = p.back.Close()
+		_ = p.back.Load().Close()
 		p.wg.Wait()
 	})
 	return p
 }
 
+// rebind gives the path a new back socket, so the client's later
+// datagrams reach the server from a new port, and closes the old one:
+// what the server sends there is lost, as at a NAT whose mapping is gone.
+func (p *path) rebind(t *testing.T) {
+	t.Helper()
+	back, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		buf := make([]byte, 1500)
+		for {
+			n, err := back.Read(buf)
+			if err != nil {
+				return
+			}
+			if c := p.client.Load(); c != nil {
+				_, _ = p.front.WriteToUDPAddrPort(buf[:n], *c)
+			}
+		}
+	}()
+	if old := p.back.Swap(back); old != nil {
+		_ = old.Close()
+	}
+}
+
 func (p *path) addr() netip.AddrPort { return p.front.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// backAddr is the client's address as the server sees it.
+func (p *path) backAddr() netip.AddrPort { return sockAddr(p.back.Load()) }
 
 // client is a Pion PeerConnection offering Opus audio and an oai-events
 // data channel, as the transceiver's clients do.
@@ -665,7 +695,7 @@ func TestBadSTUN(t *testing.T) {
 	}
 }
 
-func mustBuild(t *testing.T, setters ...stun.Setter) []byte {
+func mustBuild(t testing.TB, setters ...stun.Setter) []byte {
 	t.Helper()
 	m, err := stun.Build(setters...)
 	if err != nil {
@@ -734,7 +764,7 @@ func TestEarlyMedia(t *testing.T) {
 
 // checkFrom sends the check b to the server from c and waits for its
 // answer.
-func checkFrom(t *testing.T, c *net.UDPConn, to netip.AddrPort, b []byte) {
+func checkFrom(t testing.TB, c *net.UDPConn, to netip.AddrPort, b []byte) {
 	t.Helper()
 	if _, err := c.WriteToUDPAddrPort(b, to); err != nil {
 		t.Fatal(err)
@@ -746,7 +776,7 @@ func checkFrom(t *testing.T, c *net.UDPConn, to netip.AddrPort, b []byte) {
 	}
 }
 
-func newSock(t *testing.T) *net.UDPConn {
+func newSock(t testing.TB) *net.UDPConn {
 	t.Helper()
 	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -760,7 +790,7 @@ func sockAddr(c *net.UDPConn) netip.AddrPort { return c.LocalAddr().(*net.UDPAdd
 
 // liteSession is a session with fixed credentials and no client: tests
 // sign its checks themselves.
-func liteSession(t *testing.T, s *server, mutate ...func(*SessionConfig)) *Session {
+func liteSession(t testing.TB, s *server, mutate ...func(*SessionConfig)) *Session {
 	t.Helper()
 	cfg := SessionConfig{LocalUfrag: "local", LocalPwd: "localpwdlocalpwdlocalpwd", RemoteUfrag: "remote",
 		Role: DTLSServer, Certificate: s.cert, Fingerprints: []Fingerprint{s.fp}}
@@ -769,7 +799,7 @@ func liteSession(t *testing.T, s *server, mutate ...func(*SessionConfig)) *Sessi
 
 // newSession makes a session on s with cfg, changed by mutate in order,
 // and closes it when the test ends.
-func newSession(t *testing.T, s *server, cfg SessionConfig, mutate ...func(*SessionConfig)) *Session {
+func newSession(t testing.TB, s *server, cfg SessionConfig, mutate ...func(*SessionConfig)) *Session {
 	t.Helper()
 	for _, m := range mutate {
 		m(&cfg)
@@ -782,7 +812,7 @@ func newSession(t *testing.T, s *server, cfg SessionConfig, mutate ...func(*Sess
 	return sess
 }
 
-func check(t *testing.T, username, pwd string, nominate bool) []byte {
+func check(t testing.TB, username, pwd string, nominate bool) []byte {
 	t.Helper()
 	setters := []stun.Setter{stun.TransactionID, stun.BindingRequest, stun.NewUsername(username)}
 	if nominate {
@@ -795,7 +825,8 @@ func check(t *testing.T, username, pwd string, nominate bool) []byte {
 // TestReplayDoesNotRedirect: a captured nominating check replayed byte for
 // byte from another address is answered but does not move the session's
 // media there, nor teach that address; a valid non-nominating check from
-// another address does not move it either; a fresh nominating one does.
+// another address does not move it either; before the client's media has
+// begun, a fresh nominating one does (after, TestOldReplayAfterMedia).
 func TestReplayDoesNotRedirect(t *testing.T) {
 	s := newServer(t)
 	sess := liteSession(t, s)
@@ -824,6 +855,154 @@ func TestReplayDoesNotRedirect(t *testing.T) {
 	if got := sess.RemoteAddr(); got != sockAddr(other) {
 		t.Fatalf("a fresh nominating check from %v left the session on %v", sockAddr(other), got)
 	}
+}
+
+// TestOldReplayAfterMedia: once the client's SRTP has authenticated, a
+// captured nominating check older than the transaction-ID ring, replayed
+// from another address, is answered and counted (MoveDeferred) but moves
+// nothing and refreshes no consent, nor does the client's SRTP replayed
+// from there; the client's fresh SRTP from a new address that a check
+// came from (a NAT rebinding) moves the media, and a late packet from the
+// address it left does not move it back.
+func TestOldReplayAfterMedia(t *testing.T) {
+	s := newServer(t)
+	sess := liteSession(t, s)
+	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
+	victim, attacker, rebound := newSock(t), newSock(t), newSock(t)
+	captured := check(t, user, pwd, true)
+	checkFrom(t, victim, s.addr(), captured)
+	p := keySession(t, sess)
+	// rtpFrom sends the client's next SRTP packet from c and waits for
+	// the session's media reader to get it.
+	rtpFrom := func(c *net.UDPConn) []byte {
+		t.Helper()
+		pkt := p.next(t, nil)
+		if _, err := c.WriteToUDPAddrPort(pkt, s.addr()); err != nil {
+			t.Fatal(err)
+		}
+		_ = sess.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 1500)
+		if _, err := sess.ReadRTP(buf); err != nil {
+			t.Fatalf("SRTP from %v did not reach the media reader: %v (drops %v)", sockAddr(c), err, s.ep.Drops())
+		}
+		return pkt
+	}
+	last := rtpFrom(victim) // the media has begun
+	// The client's next txRing checks push the captured one out of the
+	// ring.
+	for range txRing {
+		checkFrom(t, victim, s.addr(), check(t, user, pwd, true))
+	}
+	seen, moves := sess.lastSeen.Load(), s.ep.Moves()
+	checkFrom(t, attacker, s.addr(), captured)
+	if got := s.ep.Moves()[MoveDeferred]; got != moves[MoveDeferred]+1 {
+		t.Fatalf("deferred moves %d, want %d: the replay did not get past the ring", got, moves[MoveDeferred]+1)
+	}
+	if got := sess.RemoteAddr(); got != sockAddr(victim) {
+		t.Fatalf("a replayed check older than the ring moved the media to %v", got)
+	}
+	if sess.lastSeen.Load() != seen {
+		t.Fatal("a replayed check from another address refreshed consent")
+	}
+	// The client's last SRTP packet replayed from the attacker's address
+	// fails the replay window: it confirms nothing.
+	auth := s.ep.Drops()[DropSRTPAuth]
+	if _, err := attacker.WriteToUDPAddrPort(last, s.addr()); err != nil {
+		t.Fatal(err)
+	}
+	waitDrop(t, s.ep, DropSRTPAuth, auth+1)
+	if got := sess.RemoteAddr(); got != sockAddr(victim) {
+		t.Fatalf("replayed SRTP moved the media to %v", got)
+	}
+	rtpFrom(victim)
+	if got := sess.RemoteAddr(); got != sockAddr(victim) {
+		t.Fatalf("the client's own SRTP left the media on %v", got)
+	}
+
+	// A rebinding: the client's consent check (not nominating) and then
+	// its SRTP come from a new port.
+	checkFrom(t, rebound, s.addr(), check(t, user, pwd, false))
+	if got := sess.RemoteAddr(); got != sockAddr(victim) {
+		t.Fatalf("a check alone moved the media to %v", got)
+	}
+	rtpFrom(rebound)
+	if got := sess.RemoteAddr(); got != sockAddr(rebound) {
+		t.Fatalf("the client's SRTP from its new port left the media on %v", got)
+	}
+	if got := s.ep.Moves()[MoveConfirmed]; got != moves[MoveConfirmed]+1 {
+		t.Fatalf("confirmed moves %d, want %d", got, moves[MoveConfirmed]+1)
+	}
+	// A late packet from the old port moves nothing back.
+	rtpFrom(victim)
+	if got := sess.RemoteAddr(); got != sockAddr(rebound) {
+		t.Fatalf("a late packet from the old port moved the media back to %v", got)
+	}
+}
+
+// TestRebindAfterOldReplay: a Pion client in a call. Its first
+// nominating check, captured on the path and replayed from another
+// address once it is older than the transaction-ID ring, is answered but
+// the client's echoes keep coming; then the client's NAT gives it a new
+// port, and the session follows it there (its next consent check, then
+// its RTP) without signaling.
+func TestRebindAfterOldReplay(t *testing.T) {
+	s := newServer(t)
+	p := newPath(t, s.addr())
+	s.advertise = p.addr()
+	c := newClient(t, false)
+	sess, parts := connect(t, s, c)
+	waitState(t, parts, StateConnected)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go echoRTP(sess, &wg)
+	sendUntilEcho(t, c, 1)
+	old := p.backAddr()
+	if got := sess.RemoteAddr(); got != old {
+		t.Fatalf("remote %v, want the path's %v", got, old)
+	}
+	captured := p.firstNom.Load()
+	if captured == nil {
+		t.Fatal("the client sent no nominating check through the path")
+	}
+	// Fresh checks with the session's credentials push the captured one
+	// out of the ring, as txRing of the client's consent checks would
+	// (Pion sends one every 2 s).
+	filler := newSock(t)
+	user := sess.cfg.LocalUfrag + ":" + sess.cfg.RemoteUfrag
+	for range txRing {
+		checkFrom(t, filler, s.addr(), check(t, user, sess.cfg.LocalPwd, false))
+	}
+	attacker := newSock(t)
+	moves := s.ep.Moves()
+	checkFrom(t, attacker, s.addr(), *captured)
+	if got := s.ep.Moves()[MoveDeferred]; got != moves[MoveDeferred]+1 {
+		t.Fatalf("deferred moves %d, want %d: the replay did not get past the ring", got, moves[MoveDeferred]+1)
+	}
+	// The session takes a check before it answers it.
+	if got := sess.RemoteAddr(); got != old {
+		t.Fatalf("the replayed check moved the media to %v", got)
+	}
+	sendUntilEcho(t, c, 2)
+	if got := s.ep.Moves(); got[MoveConfirmed] != moves[MoveConfirmed] || got[MoveNominated] != moves[MoveNominated] {
+		t.Fatalf("moves %v, then %v: the media moved", moves, got)
+	}
+	if got := sess.RemoteAddr(); got != old {
+		t.Fatalf("the media is on %v, want the client's %v", got, old)
+	}
+
+	confirmed := s.ep.Moves()[MoveConfirmed]
+	p.rebind(t)
+	rebindAt := time.Now()
+	sendUntilEcho(t, c, 3)
+	t.Logf("echoes resumed %v after the rebinding", time.Since(rebindAt).Round(time.Millisecond))
+	if got, want := sess.RemoteAddr(), p.backAddr(); got != want {
+		t.Fatalf("remote %v after the rebinding, want %v", got, want)
+	}
+	if got := s.ep.Moves()[MoveConfirmed]; got != confirmed+1 {
+		t.Fatalf("confirmed moves %d, want %d", got, confirmed+1)
+	}
+	_ = sess.Close()
+	wg.Wait()
 }
 
 // TestEvictKeepsSelected: a session that learns more than maxLearned
@@ -893,7 +1072,7 @@ func TestDTLSGarbageKeepsNoConsent(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			_, _ = p.back.WriteToUDPAddrPort(garbage[i%2], s.addr())
+			_, _ = p.back.Load().WriteToUDPAddrPort(garbage[i%2], s.addr())
 		}
 	}()
 	waitState(t, parts, StateFailed)
@@ -1011,7 +1190,7 @@ func TestSRTPReplay(t *testing.T) {
 		t.Fatal("no SRTP went through the path")
 	}
 	before := s.ep.Drops()[DropSRTPAuth]
-	if _, err := p.back.WriteToUDPAddrPort(*captured, s.addr()); err != nil {
+	if _, err := p.back.Load().WriteToUDPAddrPort(*captured, s.addr()); err != nil {
 		t.Fatal(err)
 	}
 	waitDrop(t, s.ep, DropSRTPAuth, before+1)

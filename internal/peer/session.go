@@ -164,6 +164,7 @@ type Session struct {
 	lastSeen atomic.Int64                   // unix ns of the last authenticated datagram
 	iceUp    atomic.Bool                    // a valid check came; run started
 	keys     atomic.Pointer[srtpKeys]
+	media    atomic.Bool // SRTP or SRTCP from the client has authenticated
 	closing  atomic.Bool
 
 	// The transaction IDs of the last checks, the read loop's alone
@@ -171,6 +172,15 @@ type Session struct {
 	txids [txRing][stun.TransactionIDSize]byte
 	txn   int // next slot
 	txLen int // slots filled
+
+	// Candidates, the read loop's alone ("Path selection"): the addresses
+	// other than the selected one that fresh checks of generation candGen
+	// came from since the media began or last moved, waiting for the
+	// client's media from them.
+	cands    [maxLearned]netip.AddrPort
+	candN    int // slots filled
+	candNext int
+	candGen  *credentials
 
 	// Consent state, the sweeper's alone.
 	silent, failed bool
@@ -273,8 +283,8 @@ const txRing = 16
 // replayed reports whether id is one of the session's last txRing check
 // transaction IDs, and remembers it if not. MESSAGE-INTEGRITY covers the
 // ID, so whoever lacks the pwd cannot mint a fresh one; a replay of a
-// check older than the ring is still accepted, and the client's next
-// nominating check moves the session back. Read loop.
+// check older than the ring passes here, and "Path selection" keeps it
+// from moving the media. Read loop.
 func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
 	for i := range s.txLen {
 		if s.txids[i] == id {
@@ -287,22 +297,71 @@ func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
 	return false
 }
 
-// checked handles a valid, fresh check from addr (ice.go) and reports
-// whether it is the first nomination, for which the caller calls
-// connectICE once it has answered. Read loop.
+// Path selection.
 //
-// The first valid check selects its address, so that the session can
-// answer and send; a nominating one (USE-CANDIDATE, which the controlling
-// client sends on the pair it chose, RFC 8445 §8.1.1) selects its
-// address, and the first connects ICE: the DTLS handshake starts then, as
-// a full agent's would on its selected pair.
-func (s *Session) checked(addr netip.AddrPort, nominated bool) (first bool) {
-	s.seen()
+// The selected address is where the session sends (RemoteAddr). The first
+// valid check selects its address, so that the session can answer and
+// send. What moves the media after that depends on whether the client's
+// media has begun (SRTP or SRTCP from it has authenticated):
+//
+//   - Before: a nominating check (USE-CANDIDATE, which the controlling
+//     client sends on the pair it chose, RFC 8445 §8.1.1) moves the media
+//     at once, a lite agent's selected pair being the nominated one (RFC
+//     8445 §8.2), MoveNominated. There is no media to take yet: DTLS is
+//     still starting, or the client sends data channels only.
+//   - After: a fresh check from another address, nominating or not, only
+//     makes that address a candidate (a nominating one is counted,
+//     MoveDeferred); the media moves there with the first SRTP or SRTCP
+//     from it that authenticates and passes the replay window (RFC 3711
+//     §3.3.2), MoveConfirmed. A check carries no time and short-term
+//     credentials have no replay protection (RFC 8489 §9.1): whoever
+//     captured one can replay it from anywhere, and the transaction-ID
+//     ring catches only recent ones. SRTP cannot be replayed, so the
+//     confirmation is the client's own: a NAT-rebound client sends RTP
+//     every 20 ms from its new port, so the move waits for its first
+//     check from there (a nominating one, or a consent check, which Pion
+//     sends without USE-CANDIDATE at least every 2 s) and one packet; a
+//     replayer's address never confirms. A move clears the candidates,
+//     so that late packets from the address left do not move the media
+//     back.
+//
+// Consent (RFC 7675): a check refreshes it only from the selected address
+// (or when it selects its address); a candidate's check does not, its
+// confirming SRTP does. SRTP, SRTCP and authenticated DTLS refresh it from
+// any learned address.
+//
+// An ICE restart (Restart) voids the old generation's candidates.
+
+// checked handles a valid, fresh check from addr of the credentials cred
+// (ice.go) and reports whether it is the first nomination, for which the
+// caller calls connectICE once it has answered. Read loop.
+//
+// The first nomination connects ICE: the DTLS handshake starts then, as a
+// full agent's would on its selected pair.
+func (s *Session) checked(addr netip.AddrPort, nominated bool, cred *credentials) (first bool) {
+	cur := s.remote()
+	switch {
+	case !cur.IsValid():
+		s.selectAddr(addr)
+		cur = addr
+	case cur == addr:
+	case !s.media.Load():
+		if nominated {
+			s.selectAddr(addr)
+			cur = addr
+			s.e.moves[MoveNominated].Add(1)
+		}
+	default:
+		s.candidate(addr, cred)
+		if nominated {
+			s.e.moves[MoveDeferred].Add(1)
+		}
+	}
+	if addr == cur {
+		s.seen()
+	}
 	if s.cfg.OnCheck != nil {
 		s.cfg.OnCheck(addr, nominated)
-	}
-	if cur := s.remote(); !cur.IsValid() || nominated && cur != addr {
-		s.addr.Store(&addr)
 	}
 	if !nominated || s.iceUp.Load() {
 		return false
@@ -311,6 +370,58 @@ func (s *Session) checked(addr netip.AddrPort, nominated bool) (first bool) {
 	start := !s.closing.Load() && !s.iceUp.Swap(true)
 	s.mu.Unlock()
 	return start
+}
+
+// selectAddr makes a the selected address. (Its own function, so that
+// only a move puts an address on the heap.)
+func (s *Session) selectAddr(a netip.AddrPort) { s.addr.Store(&a) }
+
+// candidate makes addr, from a fresh check of generation cred, a
+// candidate. The oldest candidate gives way when all maxLearned slots are
+// taken (as the oldest learned address does, ice.go). Read loop.
+func (s *Session) candidate(addr netip.AddrPort, cred *credentials) {
+	if s.candGen != cred {
+		s.candN, s.candNext, s.candGen = 0, 0, cred
+	}
+	for _, a := range s.cands[:s.candN] {
+		if a == addr {
+			return
+		}
+	}
+	s.cands[s.candNext] = addr
+	s.candNext = (s.candNext + 1) % len(s.cands)
+	s.candN = min(s.candN+1, len(s.cands))
+}
+
+// authenticated handles SRTP or SRTCP from the client address from that
+// authenticated and passed the replay window: it refreshes consent, marks
+// the client's media begun and, from a candidate, moves the media there.
+// from is invalid for the datagrams that came before the keys, which move
+// nothing. The read loop (setKeys for those before the keys).
+func (s *Session) authenticated(from netip.AddrPort) {
+	s.seen()
+	if !s.media.Load() {
+		s.media.Store(true)
+	}
+	// from is checked first: the candidates are the read loop's.
+	if !from.IsValid() || from == s.remote() || s.candN == 0 {
+		return
+	}
+	// A datagram from another address than the selected one: from a
+	// candidate, a move; else a late one from an address the media left,
+	// which moves nothing.
+	if s.candGen != s.credentials() {
+		s.candN, s.candNext = 0, 0 // an ICE restart since
+		return
+	}
+	for _, a := range s.cands[:s.candN] {
+		if a == from {
+			s.selectAddr(from)
+			s.candN, s.candNext = 0, 0
+			s.e.moves[MoveConfirmed].Add(1)
+			return
+		}
+	}
 }
 
 // connectICE reports ICE connected and starts the session's goroutine
@@ -347,8 +458,8 @@ func (s *Session) checkConsent(now time.Time) {
 // with localPwd; the old local ufrag is forgotten at once, and so are the
 // client addresses learned from the old generation's checks but the
 // selected one. DTLS, SRTP and SCTP continue, and media keeps going to the
-// selected address until a nominating check selects another. It fails with
-// ErrClosed once the session is closed.
+// selected address until the new generation moves it ("Path selection").
+// It fails with ErrClosed once the session is closed.
 func (s *Session) Restart(localUfrag, localPwd, remoteUfrag string) error {
 	if localUfrag == "" || localPwd == "" || remoteUfrag == "" {
 		return errors.New("peer: an ICE restart needs local and remote credentials")

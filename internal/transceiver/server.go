@@ -182,6 +182,15 @@ func (s *Server) HopStats() hop.ConnStats {
 	return s.conn.Stats()
 }
 
+// PeerMoves returns how many times the WebRTC endpoint moved sessions'
+// media to another client address, by reason (peer.Endpoint.Moves).
+func (s *Server) PeerMoves() [peer.NumMoveReasons]uint64 {
+	if s.peer == nil {
+		return [peer.NumMoveReasons]uint64{}
+	}
+	return s.peer.Moves()
+}
+
 // Sessions returns the number of live sessions.
 func (s *Server) Sessions() int {
 	s.mu.Lock()
