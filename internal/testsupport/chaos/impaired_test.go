@@ -34,8 +34,8 @@ const (
 // counted where it was lost, by the kernel at one of the stack's UDP
 // sockets (a receive buffer overflow, watched per socket in
 // /proc/net/udp) or by a product drop counter, give or take the
-// binomial noise. The transceiver's and the proxy's own counts of their
-// kernel drops must match the kernel's. Figure: the loss and where it
+// binomial noise. The relay's, the transceiver's and the proxy's own
+// counts of their kernel drops must match the kernel's. Figure: the loss and where it
 // happened.
 func TestImpairedNetwork(t *testing.T) {
 	n := *flagSessions
@@ -100,6 +100,9 @@ func TestImpairedNetwork(t *testing.T) {
 	// The product's own counters agree with the kernel's.
 	if got, want := trx.sum("switchboard_transceiver_socket_dropped_total"), kernel["transceiver 1"]; uint64(got) != want {
 		t.Errorf("switchboard_transceiver_socket_dropped_total %v, the kernel's count for the socket %d", got, want)
+	}
+	if got, want := rly.sum("switchboard_relay_socket_dropped_total"), kernel["relay"]; uint64(got) != want {
+		t.Errorf("switchboard_relay_socket_dropped_total %v, the kernel's count for the relay's sockets %d", got, want)
 	}
 	if got, want := ps.SocketDropped, kernel["impairproxy"]; got != want {
 		t.Errorf("impairproxy's SocketDropped %d, the kernel's count for its sockets %d", got, want)
