@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/hop"
@@ -28,6 +29,9 @@ type worker struct {
 	pubSlots, intSlots           [][]byte
 
 	c counters
+	// sockDrops are the kernel drops of public and internal at the last
+	// Stats (udpio.Drops), kept for when the sockets are closed.
+	sockDrops [2]atomic.Uint64
 }
 
 // newWorker makes worker id over its two sockets, with the batches of its

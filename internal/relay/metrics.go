@@ -7,6 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type collector struct {
 	r                            *Relay
 	drops, packets, bytes, flows *prometheus.Desc
+	socketDrops                  *prometheus.Desc
 	created, expired, relearned  *prometheus.Desc
 	restored                     *prometheus.Desc
 	// Flow cache (nil without one).
@@ -20,6 +21,8 @@ func newCollector(r *Relay) *collector {
 		r: r,
 		drops: prometheus.NewDesc("switchboard_relay_drops_total",
 			"Datagrams the relay dropped, by reason (docs/relay.md).", []string{"reason"}, nil),
+		socketDrops: prometheus.NewDesc("switchboard_relay_socket_dropped_total",
+			"Datagrams the kernel dropped at the relay's sockets (public, internal; all workers) because their receive buffers were full: the relay never read them (Linux SO_MEMINFO; 0 elsewhere).", []string{"socket"}, nil),
 		packets: prometheus.NewDesc("switchboard_relay_packets_total",
 			"Datagrams the relay forwarded, by direction (to_transceiver, to_client).", []string{"direction"}, nil),
 		bytes: prometheus.NewDesc("switchboard_relay_bytes_total",
@@ -49,7 +52,7 @@ func newCollector(r *Relay) *collector {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.drops, c.packets, c.bytes, c.flows, c.created, c.expired, c.relearned} {
+	for _, d := range []*prometheus.Desc{c.drops, c.socketDrops, c.packets, c.bytes, c.flows, c.created, c.expired, c.relearned} {
 		ch <- d
 	}
 	if c.r.fc != nil {
@@ -65,6 +68,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for reason := DropReason(1); reason < NumDropReasons; reason++ {
 		ch <- prometheus.MustNewConstMetric(c.drops, prometheus.CounterValue, float64(s.Drops[reason]), reason.String())
 	}
+	ch <- prometheus.MustNewConstMetric(c.socketDrops, prometheus.CounterValue, float64(s.PublicSocketDrops), "public")
+	ch <- prometheus.MustNewConstMetric(c.socketDrops, prometheus.CounterValue, float64(s.InternalSocketDrops), "internal")
 	ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(s.ToTransceiverPackets), directionNames[toTransceiver])
 	ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(s.ToClientPackets), directionNames[toClient])
 	ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.ToTransceiverBytes), directionNames[toTransceiver])

@@ -692,6 +692,12 @@ type Stats struct {
 
 	// Drops counts dropped datagrams by reason; Drops[0] is unused.
 	Drops [NumDropReasons]uint64
+	// PublicSocketDrops and InternalSocketDrops count datagrams the
+	// kernel dropped at the public and the internal sockets, all workers
+	// together, because their receive buffers were full (udpio.Drops;
+	// 0 where the OS does not tell): the relay never read them, so they
+	// are in no Drops reason.
+	PublicSocketDrops, InternalSocketDrops uint64
 
 	// FlowCache is zero without the flow cache (Config.FlowStore).
 	FlowCache FlowCacheStats
@@ -736,6 +742,13 @@ func (r *Relay) Stats() Stats {
 	cs := make([]*counters, 0, len(r.workers)+1)
 	for _, w := range r.workers {
 		cs = append(cs, &w.c)
+		for i, c := range [2]*net.UDPConn{w.public, w.internal} {
+			if d, err := udpio.Drops(c); err == nil { // a closed socket keeps its last count
+				w.sockDrops[i].Store(d)
+			}
+		}
+		s.PublicSocketDrops += w.sockDrops[0].Load()
+		s.InternalSocketDrops += w.sockDrops[1].Load()
 	}
 	if fc := r.fc; fc != nil {
 		cs = append(cs, &fc.c)

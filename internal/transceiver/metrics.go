@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-rtc/switchboard/internal/peer"
+	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
 )
 
 // metrics are the transceiver's Prometheus metrics, all created at start-up.
@@ -217,8 +218,17 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	pionSuppressed := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_pion_log_suppressed_total", Help: "Pion log lines dropped over the per-scope limit (20 at once, then 5 a second).",
 	}, func() float64 { return float64(s.pion.Suppressed()) })
+	socketDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "switchboard_transceiver_socket_dropped_total", Help: "Datagrams the kernel dropped at the transceiver's UDP socket (internal hop, or clients with -direct) because its receive buffer was full: they never reached the transceiver (Linux SO_MEMINFO; 0 elsewhere).",
+	}, func() float64 {
+		// A closed socket (after Close) has no count: keep the last one.
+		if d, err := udpio.Drops(s.sock); err == nil {
+			s.sockDrops.Store(d)
+		}
+		return float64(s.sockDrops.Load())
+	})
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
 		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed)
+		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped)
 	return m
 }

@@ -24,6 +24,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,6 +34,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/peer"
 	"github.com/switchboard-rtc/switchboard/internal/playout"
+	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
 	"github.com/switchboard-rtc/switchboard/internal/rtcpreport"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
@@ -79,6 +81,8 @@ type Server struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 
+	sockDrops atomic.Uint64 // the socket's kernel drops at the last scrape (metrics.go)
+
 	mu       sync.Mutex
 	sessions map[string]*session // guarded by mu
 	closed   bool                // guarded by mu
@@ -114,6 +118,10 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 	if err != nil {
 		return nil, fmt.Errorf("transceiver: listen %s: %w", cfg.ListenAddr, err)
 	}
+	// Every session's datagrams share this socket: with the default
+	// receive buffer, a read loop held up some tens of milliseconds on a
+	// busy machine lost audio in the kernel (switchboard_transceiver_socket_dropped_total).
+	udpio.SetBuffers(sock)
 	s := &Server{
 		cfg:      cfg,
 		keys:     keys,

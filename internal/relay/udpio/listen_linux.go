@@ -63,9 +63,7 @@ func ListenGroup(addr string, n int) ([]*net.UDPConn, error) {
 			}
 			addr = net.JoinHostPort(host, strconv.Itoa(c.LocalAddr().(*net.UDPAddr).Port))
 		}
-		// Best effort: the kernel caps these at net.core.[rw]mem_max.
-		_ = c.SetReadBuffer(4 << 20)
-		_ = c.SetWriteBuffer(4 << 20)
+		SetBuffers(c)
 	}
 	if len(conns) != n {
 		closeAll(conns)

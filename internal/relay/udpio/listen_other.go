@@ -25,7 +25,6 @@ func ListenGroup(addr string, n int) ([]*net.UDPConn, error) {
 		return nil, bindError(addr, err)
 	}
 	c := pc.(*net.UDPConn)
-	_ = c.SetReadBuffer(4 << 20)
-	_ = c.SetWriteBuffer(4 << 20)
+	SetBuffers(c)
 	return []*net.UDPConn{c}, nil
 }

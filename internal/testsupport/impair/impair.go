@@ -19,6 +19,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
 )
 
 // Config is an impairment, applied to each direction independently.
@@ -39,6 +41,11 @@ type Config struct {
 // Stats counts what a proxy did, both directions together.
 type Stats struct {
 	Forwarded, Dropped, Duplicated, Reordered uint64
+	// SocketDropped counts datagrams the kernel dropped at the proxy's
+	// own sockets because their receive buffers were full (udpio.Drops):
+	// the proxy never saw them, so they are in no other count. A UDP
+	// proxy's Stats has it on Linux; 0 elsewhere and for TCP.
+	SocketDropped uint64
 }
 
 // scheduler sends datagrams at their due time, in due-time order.
@@ -173,7 +180,7 @@ func (im *impairer) submit(b []byte, send func([]byte)) {
 }
 
 func (im *impairer) stats() Stats {
-	return Stats{im.forwarded.Load(), im.dropped.Load(), im.duplicated.Load(), im.reordered.Load()}
+	return Stats{Forwarded: im.forwarded.Load(), Dropped: im.dropped.Load(), Duplicated: im.duplicated.Load(), Reordered: im.reordered.Load()}
 }
 
 // UDP is a UDP impairment proxy in front of one target address.
@@ -185,8 +192,9 @@ type UDP struct {
 	wg     sync.WaitGroup
 	once   sync.Once
 
-	mu    sync.Mutex
-	peers map[netip.AddrPort]*net.UDPConn // client → upstream socket; guarded by mu
+	mu     sync.Mutex
+	peers  map[netip.AddrPort]*net.UDPConn // client → upstream socket; guarded by mu
+	closed uint64                          // kernel drops of the sockets closed so far; guarded by mu
 }
 
 // NewUDP listens on listen (e.g. "127.0.0.1:0") and forwards to target
@@ -200,6 +208,10 @@ func NewUDP(listen string, target netip.AddrPort, cfg Config, seed uint64) (*UDP
 	if err != nil {
 		return nil, err
 	}
+	// All clients' datagrams share conn: with the default receive buffer
+	// a proxy held up some tens of milliseconds on a busy machine lost
+	// datagrams of its own, beyond its Config.
+	udpio.SetBuffers(conn)
 	p := &UDP{conn: conn, target: target, im: newImpairer(cfg, seed), peers: map[netip.AddrPort]*net.UDPConn{}}
 	p.wg.Add(1)
 	go p.readClients()
@@ -212,8 +224,26 @@ func (p *UDP) Addr() netip.AddrPort { return p.conn.LocalAddr().(*net.UDPAddr).A
 // SetConfig changes the impairment from now on.
 func (p *UDP) SetConfig(cfg Config) { p.im.cfg.Store(&cfg) }
 
-// Stats returns the proxy's counters.
-func (p *UDP) Stats() Stats { return p.im.stats() }
+// Stats returns the proxy's counters, also after Close.
+func (p *UDP) Stats() Stats {
+	st := p.im.stats()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st.SocketDropped = p.closed
+	if p.peers != nil { // not closed: add the live sockets
+		st.SocketDropped += drops(p.conn)
+		for _, up := range p.peers {
+			st.SocketDropped += drops(up)
+		}
+	}
+	return st
+}
+
+// drops is c's kernel receive drops, 0 where they cannot be read.
+func drops(c *net.UDPConn) uint64 {
+	d, _ := udpio.Drops(c)
+	return d
+}
 
 func (p *UDP) readClients() {
 	defer p.wg.Done()
@@ -244,6 +274,7 @@ func (p *UDP) upstream(client netip.AddrPort) (*net.UDPConn, error) {
 	if err != nil {
 		return nil, err
 	}
+	udpio.SetBuffers(up)
 	p.peers[client] = up
 	p.wg.Add(1)
 	go p.readUpstream(client, up)
@@ -281,12 +312,13 @@ func (p *UDP) Clients() []netip.AddrPort {
 // it are lost. It reports whether the client was known.
 func (p *UDP) Rebind(client netip.AddrPort) bool {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	old := p.peers[client]
-	delete(p.peers, client)
-	p.mu.Unlock()
 	if old == nil {
 		return false
 	}
+	delete(p.peers, client)
+	p.closed += drops(old)
 	_ = old.Close()
 	return true
 }
@@ -296,9 +328,11 @@ func (p *UDP) Rebind(client netip.AddrPort) bool {
 func (p *UDP) Close() error {
 	var err error
 	p.once.Do(func() {
-		err = p.conn.Close()
 		p.mu.Lock()
+		p.closed += drops(p.conn)
+		err = p.conn.Close()
 		for _, up := range p.peers {
+			p.closed += drops(up)
 			_ = up.Close()
 		}
 		p.peers = nil
