@@ -52,10 +52,10 @@ type QueueConfig struct {
 	OnUnderrun func()
 	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
 	// Clear which cuts a run sends ClearTailTicks times, one every 20 ms
-	// from the queue's next turn, on the run's slot, continuing its RTP
+	// from the queue's next turn, continuing its RTP
 	// numbering, outside any run (no events, not counted in played_ms).
 	// Audio pushed meanwhile ends the tail and plays at the queue's next
-	// turn, as a new run on the old one's slot. A receiver whose jitter buffer
+	// turn, as a new run. A receiver whose jitter buffer
 	// runs dry conceals the missing audio (Opus PLC, WebRTC NetEq's
 	// expand) and keeps sounding the reply for a while; a few packets of
 	// real silence end the talkspurt at once. The payload is not copied.
@@ -103,8 +103,7 @@ type Queue struct {
 	onEvents   func()
 	maxQueued  int64 // 48 kHz samples
 	maxItems   int
-	period     int64 // the clock's tick, 48 kHz samples (a queue's turns are one tick apart)
-	slot       int64 // the clock's slot, 48 kHz samples: a turn at now stands for [now, now+slot)
+	period     int64 // the clock's tick, 48 kHz samples: a turn at now stands for [now, now+period)
 	grace      int64 // RunGrace, 48 kHz samples, whole ticks
 	notify     chan struct{}
 
@@ -113,7 +112,7 @@ type Queue struct {
 	head      int
 	arena     []byte // guarded by mu
 	queued    int64  // guarded by mu: audio waiting, 48 kHz samples
-	scheduled bool   // guarded by mu: on its worker (a slot's list, or starting)
+	scheduled bool   // guarded by mu: on its worker (playing, or starting)
 	closed    bool
 	paused    bool   // hold everything until Resume
 	running   bool   // a run is in progress
@@ -133,9 +132,8 @@ type Queue struct {
 	inflow    int64      // audio pushed since the worker last looked, 48 kHz samples
 	pace      paceWindow // the backend's pushes over the last PaceWindow
 
-	// Owned by the worker playing the queue (a worker that hands it to
-	// another sets it first, under the other's mu).
-	next int64 // the slot number of the queue's next turn
+	// Owned by the queue's worker goroutine.
+	next int64 // the tick number of the queue's next turn
 }
 
 // NewQueue returns an empty queue drained by c that sends to sink.
@@ -159,7 +157,6 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		maxQueued:  durSamples(cfg.MaxQueued),
 		maxItems:   cfg.MaxItems,
 		period:     c.samples,
-		slot:       c.slotSamples,
 		grace:      ticks * c.samples,
 		notify:     make(chan struct{}, 1),
 		paused:     cfg.Paused,
@@ -326,7 +323,7 @@ func (q *Queue) admit(dur int64) error {
 }
 
 // schedule hands the queue to its worker, which plays what is due at
-// once and then on the slot that moment falls in; a paused queue waits
+// once and then at each tick; a paused queue waits
 // for Resume. mu held.
 func (q *Queue) schedule() {
 	if !q.scheduled && !q.paused {
@@ -426,7 +423,7 @@ func (q *Queue) tick(now, first, at int64, w *worker) (keep bool) {
 	// The run's grace (RunGrace) after the last audio ended before the
 	// run stops, so a backend streaming in real time with jitter does not
 	// split its playout.
-	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now+q.slot > q.tl+q.grace {
+	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now+q.period > q.tl+q.grace {
 		q.stop()
 		events = true
 	}
@@ -452,7 +449,7 @@ func (q *Queue) stop() {
 func (q *Queue) wantsTail(now int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !q.running || q.head != len(q.items) || q.underrun || now+q.slot <= q.tl+q.period {
+	if !q.running || q.head != len(q.items) || q.underrun || now <= q.tl {
 		return false
 	}
 	q.underrun = true
@@ -485,8 +482,8 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 	for q.head < len(q.items) && !q.closed {
 		it := &q.items[q.head]
 		if it.kind != itemAudio {
-			if q.tl >= now+q.slot {
-				break // the audio before it ends after this turn's slot
+			if q.tl >= now+q.period {
+				break // the audio before it ends after this turn's tick
 			}
 			if it.kind == itemMark {
 				q.events = append(q.events, Event{Type: EventMark, Name: it.text})

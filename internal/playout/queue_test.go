@@ -20,8 +20,8 @@ const graceTicks = int(DefaultRunGrace / Tick)
 
 // recorder is a Sink that keeps copies of what it was sent, each with the
 // time it was sent at: the tick count in the tick-driven tests (harness),
-// the timeline position in 48 kHz samples in the slot-driven ones
-// (slotHarness).
+// the timeline position in 48 kHz samples in the phase tests
+// (phaseHarness).
 type recorder struct {
 	at   int64
 	pkts []sent
