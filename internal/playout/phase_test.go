@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 )
@@ -332,10 +333,12 @@ func TestWorkersShareQueues(t *testing.T) {
 }
 
 // TestMarkOffTheGrid: on a run whose phase is off the tick grid, a mark
-// between two packets comes back at the turn that sends the packet after
-// it, and does not hold that packet back (no gap, no marker); a run that
-// runs dry calls OnUnderrun one tick after its last packet's turn, and
-// what it pushes leaves in that turn.
+// between two packets does not hold back the packet after it (no gap, no
+// marker), and comes back at the first turn at or after its audio's end:
+// the turn after the one that sends that packet, which leaves up to a
+// tick before the end (TestMarkNotBeforeItsAudioEnds); a run that runs
+// dry calls OnUnderrun one tick after its last packet's turn, and what it
+// pushes leaves in that turn.
 func TestMarkOffTheGrid(t *testing.T) {
 	var h *phaseHarness
 	var underruns []int64
@@ -354,15 +357,19 @@ func TestMarkOffTheGrid(t *testing.T) {
 	if ev := eventTypes(h.q.Events(nil)); !reflect.DeepEqual(ev, []EventType{EventStarted}) {
 		t.Fatalf("events after a1's turn %v, want the start only", ev)
 	}
-	h.ticks(1) // a2
-	if ev := h.q.Events(nil); !reflect.DeepEqual(ev, []Event{{Type: EventMark, Name: "m"}}) {
-		t.Fatalf("events at a2's turn %+v, want the mark", ev)
+	h.ticks(1) // a2, before a1's audio ends
+	if ev := h.q.Events(nil); len(ev) != 0 {
+		t.Fatalf("events at a2's turn %+v, want none: a1's audio has not ended", ev)
 	}
 	if len(h.sink.pkts) != 3 {
 		t.Fatalf("%d packets, want a0 a1 a2", len(h.sink.pkts))
 	}
 	h.checkPhase(h.sink.pkts)
-	h.ticks(2) // a2's turn + a tick: the underrun
+	h.ticks(1) // a1's audio has ended
+	if ev := h.q.Events(nil); !reflect.DeepEqual(ev, []Event{{Type: EventMark, Name: "m"}}) {
+		t.Fatalf("events at the turn after a2's %+v, want the mark", ev)
+	}
+	h.ticks(1) // a2's turn + 2 ticks: the underrun
 	a2 := h.sink.pkts[2]
 	if len(underruns) != 1 || underruns[0] != a2.at+2*960 || len(h.sink.pkts) != 4 {
 		t.Fatalf("OnUnderrun at %v, %d packets; want once at %d (a tick after a2's turn), the tail sent then", underruns, len(h.sink.pkts), a2.at+2*960)
@@ -371,5 +378,107 @@ func TestMarkOffTheGrid(t *testing.T) {
 	a0 := h.sink.pkts[0]
 	if tail := h.sink.pkts[3]; tail.at != underruns[0] || !tail.marker || tail.ts-a0.ts != uint32(tail.at-a0.at) {
 		t.Fatalf("tail %+v after a2 %+v: want it sent at the underrun's turn, marker, timestamp at that turn's time", tail, a2)
+	}
+}
+
+// TestMarkNotBeforeItsAudioEnds: a mark comes back when the audio before
+// it has played out on the pacing timeline: at the first turn at or after
+// the end of its last packet (the first packet's send time plus the
+// timestamps' difference plus the packet's duration), never before it,
+// although that packet left up to a tick early, whatever the run's phase
+// against the tick grid; and the marks hold back no audio. With the 20 ms
+// and the 10 ms tick, and 20 ms packets on the 10 ms tick; with marks
+// between packets, after the last, and one pushed while the last packet's
+// audio is still playing.
+func TestMarkNotBeforeItsAudioEnds(t *testing.T) {
+	for _, c := range []struct {
+		tick time.Duration
+		dur  int
+	}{{Tick, 960}, {TickShort, 480}, {TickShort, 960}} {
+		for _, off := range []int64{0, 1, 77, 479} {
+			t.Run(fmt.Sprintf("%v/%d/%d", c.tick, c.dur, off), func(t *testing.T) {
+				h := newPhaseHarness(t, c.tick, QueueConfig{})
+				const n = 6
+				for i := range n {
+					h.push(fmt.Sprint(i), c.dur)
+					if err := h.q.PushMark(fmt.Sprint(i)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				marks := map[string]int64{} // mark → the time it came back
+				var order []string
+				collect := func() {
+					for _, e := range h.q.Events(nil) {
+						if e.Type == EventMark {
+							marks[e.Name] = h.sink.at
+							order = append(order, e.Name)
+						}
+					}
+				}
+				h.wake(h.mid(off))
+				collect()
+				for len(h.sink.pkts) < n {
+					h.ticks(1)
+					collect()
+				}
+				// The last packet just left: its audio is still to play.
+				if err := h.q.PushMark("grace"); err != nil {
+					t.Fatal(err)
+				}
+				for range 4 {
+					h.ticks(1)
+					collect()
+				}
+				if len(h.sink.pkts) != n {
+					t.Fatalf("%d packets sent of %d", len(h.sink.pkts), n)
+				}
+				h.checkPhase(h.sink.pkts)
+				first := h.sink.pkts[0]
+				end := func(i int) int64 { return first.at + int64(h.sink.pkts[i].ts-first.ts) + int64(c.dur) }
+				want := []string{"0", "1", "2", "3", "4", "5", "grace"}
+				if !slices.Equal(order, want) {
+					t.Fatalf("marks came back %q, want %q", order, want)
+				}
+				for i, name := range want {
+					p := min(i, n-1)
+					at, e := marks[name], end(p)
+					if at < e {
+						t.Errorf("mark %s came back at %d, %d samples before its audio's end %d (packet %+v)", name, at, e-at, e, h.sink.pkts[p])
+					}
+					if at >= e+h.w.c.samples {
+						t.Errorf("mark %s came back at %d, want the first turn at or after its audio's end %d", name, at, e)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestClearReturnsSentMarks: a clear that finds a mark whose audio has
+// been sent in full but has not played out yet returns it as played (its
+// audio is counted in played_ms and reaches the client), in order, before
+// the marks it drops.
+func TestClearReturnsSentMarks(t *testing.T) {
+	h := newPhaseHarness(t, Tick, QueueConfig{})
+	h.push("a0", 960)
+	_ = h.q.PushMark("sent")
+	h.push("a1", 960)
+	_ = h.q.PushMark("dropped")
+	h.wake(h.mid(300)) // a0, 300 samples into a tick
+	h.ticks(2)         // that tick, then the next: a1, before a0's audio ends
+	if len(h.sink.pkts) != 2 {
+		t.Fatalf("%d packets, want a0 and a1", len(h.sink.pkts))
+	}
+	h.q.Events(nil)
+	if played := h.q.Clear(); played != 40 {
+		t.Fatalf("Clear = %d ms, want 40", played)
+	}
+	want := []Event{{Type: EventMark, Name: "sent"}, {Type: EventMark, Name: "dropped", Cleared: true}, {Type: EventCleared, PlayedMs: 40}}
+	if ev := h.q.Events(nil); !reflect.DeepEqual(ev, want) {
+		t.Fatalf("events at the clear %+v, want %+v", ev, want)
+	}
+	h.ticks(3)
+	if ev := h.q.Events(nil); len(ev) != 0 {
+		t.Fatalf("events after the clear %+v, want none", ev)
 	}
 }

@@ -69,11 +69,18 @@
 // gap in it is a gap in the timestamps. Played time counts the durations of the
 // packets sent to the Sink, exactly; a packet is counted when the worker
 // takes it, so the packets a worker took before a clear (one, or one per
-// missed turn when it runs late) may still be sent after Clear returns. A mark comes back (EventMark) when the audio queued
-// before it has played out: at the queue's first turn whose tick reaches
-// the end of that audio (the turn that sends the audio after it, if any;
-// at most a tick before the end); on an idle, empty queue at once. Clear returns the marks it
-// dropped with Cleared set, before its EventCleared.
+// missed turn when it runs late) may still be sent after Clear returns.
+//
+// A mark comes back (EventMark) when the audio queued before it has
+// played out on the timeline: at the queue's first turn at or after the
+// position where that audio ends (its last packet's position plus its
+// duration), never before, although that packet may have left up to a
+// tick early; up to a tick after, since turns fall on the tick grid and a
+// run's phase need not. A mark holds back no audio: the packets after it
+// leave at their own turns. On an idle, empty queue a mark comes back at
+// once. Clear first returns, as played, the marks whose audio had all
+// been sent (it is counted in the played time and reaches the client),
+// then the marks it dropped, with Cleared set, then its EventCleared.
 package playout
 
 import (
@@ -134,8 +141,9 @@ const (
 	// EventCleared: Clear emptied the queue; PlayedMs is what the current
 	// run had sent (0 when there was no run).
 	EventCleared
-	// EventMark: a mark's audio has played (Cleared false), or a clear
-	// dropped it (Cleared true).
+	// EventMark: a mark's audio has played out on the timeline, or was
+	// all sent before a clear (Cleared false); or a clear dropped it
+	// (Cleared true).
 	EventMark
 )
 

@@ -93,6 +93,13 @@ type item struct {
 	text string // mark name or response id
 }
 
+// pendingMark is a mark whose audio has been sent and plays out at end
+// (a timeline position, 48 kHz samples).
+type pendingMark struct {
+	name string
+	end  int64
+}
+
 // Queue is one session's output queue, drained by a Clock. All methods
 // are safe for concurrent use.
 type Queue struct {
@@ -124,6 +131,10 @@ type Queue struct {
 	sentResp  string // respID when the run's last packet was sent
 	underrun  bool   // OnUnderrun was called for the current underrun
 	events    []Event
+	// marks are the marks whose audio has all been sent but has not yet
+	// played out on the timeline (a run's packets leave up to a tick
+	// early), in order, each with the position where its audio ends.
+	marks []pendingMark
 	// The clear tail (QueueConfig.ClearTail): set once; tailLeft, guarded
 	// by mu, is how many packets of it are still to send.
 	tail      []byte
@@ -188,7 +199,10 @@ func (q *Queue) PushAudio(payload []byte, dur int) error {
 }
 
 // PushMark queues a mark. On an idle, empty queue it comes back at once
-// (an EventMark); otherwise when the audio queued before it has played.
+// (an EventMark); otherwise when the audio queued before it has played
+// out: at the queue's first turn at or after the moment that audio's end
+// reaches on the timeline (never before; up to a tick after, as turns
+// fall on the tick grid), or at a Clear that comes first.
 func (q *Queue) PushMark(name string) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -236,6 +250,13 @@ func (q *Queue) Clear() (playedMs int64) {
 	if q.running {
 		playedMs = q.played * 1000 / 48000
 	}
+	// Marks whose audio has been sent in full: it is in played_ms and on
+	// its way to the client, so they come back as played.
+	for _, m := range q.marks {
+		q.events = append(q.events, Event{Type: EventMark, Name: m.name})
+	}
+	clear(q.marks)
+	q.marks = q.marks[:0]
 	for _, it := range q.items[q.head:] {
 		if it.kind == itemMark {
 			q.events = append(q.events, Event{Type: EventMark, Name: it.text, Cleared: true})
@@ -309,6 +330,7 @@ func (q *Queue) Close() {
 	defer q.mu.Unlock()
 	q.closed = true
 	q.reset()
+	q.marks = nil
 }
 
 // admit checks the caps for an item of dur samples. mu held.
@@ -430,7 +452,7 @@ func (q *Queue) tick(now, first, at int64, w *worker) (keep bool) {
 	if events {
 		q.signal()
 	}
-	if q.closed || (!q.running && q.head == len(q.items) && q.tailLeft == 0) {
+	if q.closed || (!q.running && q.head == len(q.items) && q.tailLeft == 0 && len(q.marks) == 0) {
 		q.scheduled = false
 		return false
 	}
@@ -468,6 +490,7 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 	nev := len(q.events)
 	q.pace.add(now/paceSlot, q.inflow)
 	q.inflow = 0
+	q.playedMarks(now)
 	if q.paused {
 		return false
 	}
@@ -486,7 +509,14 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 				break // the audio before it ends after this turn's tick
 			}
 			if it.kind == itemMark {
-				q.events = append(q.events, Event{Type: EventMark, Name: it.text})
+				// Its audio is all sent, but a run's packets leave up
+				// to a tick early: it has played when the timeline
+				// reaches its end.
+				if len(q.marks) == 0 && q.tl <= now {
+					q.events = append(q.events, Event{Type: EventMark, Name: it.text})
+				} else {
+					q.marks = append(q.marks, pendingMark{it.text, q.tl})
+				}
 			} else {
 				q.respID = it.text
 			}
@@ -554,6 +584,21 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 		q.compact()
 	}
 	return len(q.events) > nev
+}
+
+// playedMarks queues the EventMark of each pending mark whose audio has
+// played out by now (a timeline position). mu held.
+func (q *Queue) playedMarks(now int64) {
+	n := 0
+	for n < len(q.marks) && q.marks[n].end <= now {
+		q.events = append(q.events, Event{Type: EventMark, Name: q.marks[n].name})
+		n++
+	}
+	if n > 0 {
+		k := copy(q.marks, q.marks[n:])
+		clear(q.marks[k:])
+		q.marks = q.marks[:k]
+	}
 }
 
 // CatchUpTarget is the backlog (48 kHz samples, 60 ms) a queue keeps
