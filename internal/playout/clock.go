@@ -14,8 +14,11 @@ import (
 // shared tick grid. Create it with NewClock or NewClockConfig and Close
 // it when done.
 //
-// A run's later packets leave at the tick at or before their time, so up
-// to a tick early, never late. Cutting the tick into quarter-tick slots,
+// A run's first packet leaves at once (a push into an idle queue wakes
+// its worker); its later packets leave at the tick at or before their
+// time, so up to a tick early and never late: early packets cost a
+// receiver's jitter buffer nothing, late ones raise its delay
+// (docs/bridge.md §6.1). Cutting the tick into quarter-tick slots,
 // each run on the slot it started in, was measured and dropped: later
 // packets within 5 ms of their time did not shorten the reply heard in
 // Chromium and cost a third more pacing CPU (docs/benchmarks.md, and the
