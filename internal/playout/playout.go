@@ -50,7 +50,8 @@
 // stay as added delay for the rest of the stream. So while a run is
 // playing, its queue holds more than CatchUpTarget plus one tick, and the
 // backend pushed about real time over the last PaceWindow (at least half
-// of it, at most all of it plus CatchUpTarget), each turn plays one more
+// of it, at most all of it plus CatchUpTarget, pushing since the window's
+// start and within the last PaceRecent), each turn plays one more
 // tick's worth than is due, without advancing the timeline: the backlog
 // drains at twice real time down to the target. Sequence numbers and
 // timestamps stay continuous and the caught-up packets count as played. A

@@ -613,9 +613,20 @@ const tailSamples = TickSamples
 
 // PaceWindow is how far back a queue looks to tell whether its backend
 // streams at about real time: it pushed between half of PaceWindow and
-// PaceWindow plus CatchUpTarget of audio in the last PaceWindow. Twice the
-// longest stall whose backlog is caught up without a pause.
+// PaceWindow plus CatchUpTarget of audio in the last PaceWindow, and
+// within the last PaceRecent. Twice the longest stall whose backlog is
+// caught up without a pause.
 const PaceWindow = 2 * time.Second
+
+// PaceRecent is how recently a backend that streams at about real time
+// last pushed audio: the window's pushes are then its stream, not the
+// tail of a burst (a reply sent ahead of real time, its pushes spread
+// over a few ticks by the encoder) sliding out of the window, whose
+// sum passes through the real-time range on the way to zero. Ten ticks
+// of a backend's jitter.
+const PaceRecent = 200 * time.Millisecond
+
+const paceRecentTicks = int64(PaceRecent / Tick)
 
 // paceSlot is the time one slot of a paceWindow covers, 48 kHz samples
 // (20 ms, whatever the clock's tick).
@@ -630,6 +641,7 @@ type paceWindow struct {
 	slots [paceTicks]int64
 	last  int64 // the latest tick recorded
 	since int64 // the tick of the first push after the window was empty
+	fresh int64 // the tick of the latest push
 	sum   int64
 }
 
@@ -648,8 +660,11 @@ func (p *paceWindow) add(n, samples int64) {
 		}
 		p.last = n
 	}
-	if p.sum == 0 && samples > 0 {
-		p.since = n
+	if samples > 0 {
+		if p.sum == 0 {
+			p.since = n
+		}
+		p.fresh = p.last
 	}
 	p.slots[p.last%paceTicks] += samples
 	p.sum += samples
@@ -659,8 +674,11 @@ func (p *paceWindow) add(n, samples int64) {
 // neither a backend that is silent or stalled (less than half of it) nor
 // one sending ahead (a burst, a faster-than-real-time TTS). The pushes
 // must span the whole window: a reply of up to PaceWindow sent in one
-// burst into an idle queue would otherwise look like real time.
+// burst into an idle queue would otherwise look like real time; and
+// reach its present (PaceRecent): the last part of a longer burst would
+// otherwise look like real time while it leaves the window.
 func (p *paceWindow) realTime() bool {
 	const window = paceTicks * TickSamples
-	return p.last-p.since >= paceTicks-1 && p.sum >= window/2 && p.sum <= window+CatchUpTarget
+	return p.last-p.since >= paceTicks-1 && p.last-p.fresh <= paceRecentTicks &&
+		p.sum >= window/2 && p.sum <= window+CatchUpTarget
 }
