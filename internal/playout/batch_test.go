@@ -33,7 +33,7 @@ func (b *logBatcher) Flush()                     { b.add("flush") }
 func (b *logBatcher) SendPacket(*playout.Packet) { b.add("send") }
 
 // TestBatchedClockBracketsTicks: every packet a worker sends is sent
-// between the Hold and the Flush of one of its rounds (a slot, or the
+// between the Hold and the Flush of one of its rounds (a tick, or the
 // start of runs), and every Hold is flushed.
 func TestBatchedClockBracketsTicks(t *testing.T) {
 	const queues, packets = 3, 4
@@ -52,7 +52,7 @@ func TestBatchedClockBracketsTicks(t *testing.T) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	// How many rounds the sends took depends on timing (a worker that ran
-	// late plays several slots in one round; the queues' first packets
+	// late plays several ticks' turns in one round; the queues' first packets
 	// may leave in one round or in three), so only the bracketing is
 	// checked.
 	held := false

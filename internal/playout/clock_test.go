@@ -13,20 +13,20 @@ func exactSamples(d time.Duration) int64 {
 	return n.Div(n, big.NewInt(int64(time.Second))).Int64()
 }
 
-// TestClockArithmetic: the sample timeline and the wake-up timer's slot
+// TestClockArithmetic: the sample timeline and the wake-up timer's tick
 // grid stay in step however long the clock runs. After 1 h, 24 h and 30
 // days, the position at any moment is that moment at 48 kHz exactly, and
-// a worker woken at slot k's time (start + k×slot) finds itself in slot
+// a worker woken at tick k's time (start + k×tick) finds itself in tick
 // k, not in a later one (a timeline that gained 16 ppm on the timer, as
-// with a 20833 ns sample, was 11 slots ahead after an hour).
+// with a 20833 ns sample, was 11 ticks ahead after an hour).
 func TestClockArithmetic(t *testing.T) {
 	for _, tick := range []time.Duration{Tick, TickShort} {
 		c := newClock(1, tick)
-		if want := exactSamples(tick); c.samples != want || c.slotSamples*Slots != want || c.slot*Slots != tick {
-			t.Fatalf("tick %v: %d samples, slot %v of %d samples", tick, c.samples, c.slot, c.slotSamples)
+		if want := exactSamples(tick); c.samples != want || c.period != tick {
+			t.Fatalf("tick %v: %d samples, period %v", tick, c.samples, c.period)
 		}
 		for _, up := range []time.Duration{time.Hour, 24 * time.Hour, 30 * 24 * time.Hour} {
-			for _, off := range []time.Duration{0, 1, 20832, 20833, 20834, c.slot - 1, c.slot, 7*c.slot + 12345, time.Second - 1} {
+			for _, off := range []time.Duration{0, 1, 20832, 20833, 20834, c.period - 1, c.period, 7*c.period + 12345, time.Second - 1} {
 				d := up + off
 				if got, want := c.samplesAt(d), exactSamples(d); got != want {
 					t.Errorf("tick %v: samplesAt(%v) = %d, want %d", tick, d, got, want)
@@ -35,14 +35,14 @@ func TestClockArithmetic(t *testing.T) {
 					t.Errorf("durSamples(%v) = %d, want %d", d, got, want)
 				}
 			}
-			k := int64(up / c.slot)
+			k := int64(up / c.period)
 			for _, kk := range []int64{k, k + 1, k + 12345} {
-				at := time.Duration(kk) * c.slot
-				if got := c.samplesAt(at) / c.slotSamples; got != kk {
-					t.Errorf("tick %v: woken at slot %d's time (%v), the timeline is in slot %d", tick, kk, at, got)
+				at := time.Duration(kk) * c.period
+				if got := c.samplesAt(at) / c.samples; got != kk {
+					t.Errorf("tick %v: woken at tick %d's time (%v), the timeline is in tick %d", tick, kk, at, got)
 				}
-				if got := c.samplesAt(at-1) / c.slotSamples; got != kk-1 {
-					t.Errorf("tick %v: 1 ns before slot %d's time, the timeline is in slot %d", tick, kk, got)
+				if got := c.samplesAt(at-1) / c.samples; got != kk-1 {
+					t.Errorf("tick %v: 1 ns before tick %d's time, the timeline is in tick %d", tick, kk, got)
 				}
 			}
 		}

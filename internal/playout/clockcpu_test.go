@@ -17,7 +17,7 @@ func (discard) SendPacket(*playout.Packet) {}
 // CPU time while a real clock (two workers) paces N sessions' replies to
 // Sinks that discard them, 2 s per run, in µs per 20 ms of audio (all
 // sessions together). The replies start at random moments within a tick
-// (spreadStarts), as real ones do, so the runs fall on every slot. N = 0
+// (spreadStarts), as real ones do, so the runs fall at every phase of the tick. N = 0
 // is an idle clock. Run it with:
 //
 //	go test -run '^$' -bench ClockCPU -benchtime 1x ./internal/playout
@@ -51,8 +51,9 @@ func BenchmarkClockCPU(b *testing.B) {
 
 // spreadStarts calls start(i) for each i in [0, n) at a random moment
 // within one Tick from now (in the order of those moments, on the
-// caller's goroutine): replies begin at any moment, so their runs fall on
-// every slot of the clock, as on a real transceiver, not all on one.
+// caller's goroutine): replies begin at any moment, so their runs start
+// at every phase of the clock's tick, as on a real transceiver, not all
+// at one.
 func spreadStarts(n int, start func(i int)) {
 	at := make([]time.Duration, n)
 	for i := range at {

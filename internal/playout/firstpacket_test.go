@@ -25,27 +25,27 @@ func (nopSink) SendPacket(*Packet) {}
 // BenchmarkFirstPacket measures how long a run's first packet waits
 // between PushAudio into an idle queue and its Sink's SendPacket, on a
 // real clock whose workers also pace 100 sessions' replies (started at
-// random moments, on every slot). Each round
-// runs the current clock (slots: the run starts when the push wakes the
-// worker) and the baseline (tick: the run starts at the next tick, as
-// before slots) one after the other, 16 queues × 8 replies each, pushed
-// at random moments; it reports the median and p90 of each in µs and
-// the ratio of the medians (slots/tick). Run it with, e.g.:
+// random moments, at every phase of the tick). Each round runs the
+// current clock (wake: the run starts when the push wakes the worker)
+// and the baseline (tick: the run starts at the next tick, as before a
+// run's first packet left at once) one after the other, 16 queues × 8
+// replies each, pushed at random moments; it reports the median and p90
+// of each in µs and the ratio of the medians (wake/tick). Run it with, e.g.:
 //
 //	go test -run '^$' -bench FirstPacket -benchtime 10x ./internal/playout
 func BenchmarkFirstPacket(b *testing.B) {
 	for _, tick := range []time.Duration{Tick, TickShort} {
 		b.Run(tick.String(), func(b *testing.B) {
-			var slots, ticks []float64
+			var wakes, ticks []float64
 			for b.Loop() {
-				slots = append(slots, firstPackets(b, tick, false)...)
+				wakes = append(wakes, firstPackets(b, tick, false)...)
 				ticks = append(ticks, firstPackets(b, tick, true)...)
 			}
-			b.ReportMetric(quantile(slots, 50), "slots-p50-µs")
-			b.ReportMetric(quantile(slots, 90), "slots-p90-µs")
+			b.ReportMetric(quantile(wakes, 50), "wake-p50-µs")
+			b.ReportMetric(quantile(wakes, 90), "wake-p90-µs")
 			b.ReportMetric(quantile(ticks, 50), "tick-p50-µs")
 			b.ReportMetric(quantile(ticks, 90), "tick-p90-µs")
-			b.ReportMetric(quantile(slots, 50)/quantile(ticks, 50), "ratio-p50")
+			b.ReportMetric(quantile(wakes, 50)/quantile(ticks, 50), "ratio-p50")
 		})
 	}
 }
@@ -59,7 +59,7 @@ func firstPackets(b *testing.B, tick time.Duration, tickStarts bool) []float64 {
 	payload := make([]byte, 120)
 	dur := int(c.samples)
 	// The load: replies pacing out meanwhile, started at random moments
-	// within a tick, so that they fall on every slot.
+	// within a tick, so that they start at every phase of it.
 	starts := make([]time.Duration, 100)
 	for i := range starts {
 		starts[i] = rand.N(tick)

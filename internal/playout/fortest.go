@@ -22,7 +22,7 @@ func NewManualClockTick(workers int, tick time.Duration) (*Clock, error) {
 // RunTick plays tick n (n ticks after the clock's start) on every worker
 // of a manual clock, in the caller's goroutine: the runs that start at
 // its beginning (queues that became active since the last call), then
-// its Slots slots. Do not call it on a clock made by NewClock.
+// the tick's turns. Do not call it on a clock made by NewClock.
 func (c *Clock) RunTick(n int64) {
 	for _, w := range c.workers {
 		w.runTick(n)
@@ -30,11 +30,8 @@ func (c *Clock) RunTick(n int64) {
 }
 
 // runTick plays tick n: the runs that start at its beginning, then its
-// slots, one by one.
+// turns.
 func (w *worker) runTick(n int64) {
 	w.runStarts(n * w.c.samples)
-	w.handOver()
-	for k := n * Slots; k < (n+1)*Slots; k++ {
-		w.runSlots(k)
-	}
+	w.playTick(n)
 }

@@ -40,7 +40,7 @@ func (s *udpSink) SendPacket(p *playout.Packet) {
 
 // BenchmarkPacing plays a 5 s burst on every one of N sessions on one
 // real clock, each starting at a random moment within the first tick (so
-// the runs fall on every slot), then clears each session at a random
+// the runs start at every phase of the tick), then clears each session at a random
 // moment of a second burst. It reports the send interval per session (p50, p99, worst, in
 // ms; 20 is perfect) and the clear latency (Clear called → the last
 // packet of the cleared audio sent, p50 and p99 in µs), and the process's

@@ -9,44 +9,44 @@ import (
 	"time"
 )
 
-// slotHarness drives one queue on a one-worker clock slot by slot, and
+// phaseHarness drives one queue on a one-worker clock tick by tick, and
 // wakes the worker at moments the test chooses, as a push does.
-type slotHarness struct {
+type phaseHarness struct {
 	t    *testing.T
 	w    *worker
 	q    *Queue
 	sink *recorder
-	slot int64 // the last slot played
+	n    int64 // the last tick played
 }
 
-func newSlotHarness(t *testing.T, tick time.Duration, cfg QueueConfig) *slotHarness {
+func newPhaseHarness(t *testing.T, tick time.Duration, cfg QueueConfig) *phaseHarness {
 	c := newClock(1, tick)
-	h := &slotHarness{t: t, w: c.workers[0], sink: &recorder{}, slot: 1000 * Slots}
+	h := &phaseHarness{t: t, w: c.workers[0], sink: &recorder{}, n: 1000}
 	h.q = c.NewQueue(h.sink, cfg)
-	h.w.runSlots(h.slot)
+	h.w.playTick(h.n)
 	return h
 }
 
 // wake plays what a worker woken at timeline position at plays: the runs
-// that start then. at lies within the slot after the last one played.
-func (h *slotHarness) wake(at int64) {
+// that start then. at lies within the tick after the last one played.
+func (h *phaseHarness) wake(at int64) {
 	h.sink.at = at
 	h.w.runStarts(at)
 }
 
-// slots plays the next k slots, each at its time.
-func (h *slotHarness) slots(k int) {
+// ticks plays the next k ticks, each at its time.
+func (h *phaseHarness) ticks(k int) {
 	for range k {
-		h.slot++
-		h.sink.at = h.slot * h.w.c.slotSamples
-		h.w.runSlots(h.slot)
+		h.n++
+		h.sink.at = h.n * h.w.c.samples
+		h.w.playTick(h.n)
 	}
 }
 
-// mid returns a position within the next slot, off its start.
-func (h *slotHarness) mid(off int64) int64 { return (h.slot+1)*h.w.c.slotSamples + off }
+// mid returns a position within the next tick, off its start.
+func (h *phaseHarness) mid(off int64) int64 { return (h.n+1)*h.w.c.samples + off }
 
-func (h *slotHarness) push(data string, dur int) {
+func (h *phaseHarness) push(data string, dur int) {
 	h.t.Helper()
 	if err := h.q.PushAudio([]byte(data), dur); err != nil {
 		h.t.Fatalf("PushAudio(%s): %v", data, err)
@@ -56,8 +56,8 @@ func (h *slotHarness) push(data string, dur int) {
 // checkPhase checks the packets of one run, pkts, sent from a first
 // packet that left at its own time: each later packet left no later than
 // its timestamp says (the first packet's send time plus the timestamp
-// difference) and at most one slot earlier, seq +1, no marker.
-func (h *slotHarness) checkPhase(pkts []sent) {
+// difference) and at most one tick earlier, seq +1, no marker.
+func (h *phaseHarness) checkPhase(pkts []sent) {
 	h.t.Helper()
 	first := pkts[0]
 	if !first.marker {
@@ -65,22 +65,22 @@ func (h *slotHarness) checkPhase(pkts []sent) {
 	}
 	for i, p := range pkts[1:] {
 		due := first.at + int64(p.ts-first.ts) // when its timestamp says it plays
-		if p.at > due || p.at <= due-h.w.c.slotSamples || p.marker || p.seq != first.seq+uint16(i+1) {
-			h.t.Fatalf("packet %d %+v of the run from %+v: want it sent in (%d, %d], seq +%d, no marker", i+1, p, first, due-h.w.c.slotSamples, due, i+1)
+		if p.at > due || p.at <= due-h.w.c.samples || p.marker || p.seq != first.seq+uint16(i+1) {
+			h.t.Fatalf("packet %d %+v of the run from %+v: want it sent in (%d, %d], seq +%d, no marker", i+1, p, first, due-h.w.c.samples, due, i+1)
 		}
 	}
 }
 
 // TestRunStartsAtOnce: a reply queued into an idle queue sends its first
-// packet as soon as the worker is woken, in the middle of a slot, with the
+// packet as soon as the worker is woken, in the middle of a tick, with the
 // marker bit and EventStarted; the rest of the reply leaves one packet per
 // tick on that moment's phase (never later than its timestamp, at most a
-// slot earlier), with the 20 ms and the 10 ms tick, whatever the moment.
+// tick earlier), with the 20 ms and the 10 ms tick, whatever the moment.
 func TestRunStartsAtOnce(t *testing.T) {
 	for _, tick := range []time.Duration{Tick, TickShort} {
 		for _, off := range []int64{0, 1, 37, 119} {
 			t.Run(fmt.Sprintf("%v/%d", tick, off), func(t *testing.T) {
-				h := newSlotHarness(t, tick, QueueConfig{})
+				h := newPhaseHarness(t, tick, QueueConfig{})
 				dur := int(h.w.c.samples)
 				const n = 20
 				for i := range n {
@@ -97,7 +97,7 @@ func TestRunStartsAtOnce(t *testing.T) {
 				if ev := h.q.Events(nil); !reflect.DeepEqual(ev, []Event{{Type: EventStarted}}) {
 					t.Fatalf("events at the start %+v", ev)
 				}
-				h.slots(Slots * (n + 2))
+				h.ticks(n + 2)
 				if len(h.sink.pkts) != n {
 					t.Fatalf("%d packets sent of %d", len(h.sink.pkts), n)
 				}
@@ -113,35 +113,35 @@ func TestRunStartsAtOnce(t *testing.T) {
 }
 
 // TestRunKeepsPhaseWithinGrace: audio that comes within the run's grace
-// is not a new run: it waits for the run's own slot (its timestamp
+// is not a new run: it waits for the run's next turn, on the tick grid (its timestamp
 // following the time that passed, the marker bit on), and stays on the
 // run's phase; after the grace, the next run starts at once on its own.
 func TestRunKeepsPhaseWithinGrace(t *testing.T) {
-	h := newSlotHarness(t, Tick, QueueConfig{})
+	h := newPhaseHarness(t, Tick, QueueConfig{})
 	h.push("a0", 960)
 	h.push("a1", 960)
 	h.wake(h.mid(50))
-	h.slots(3 * Slots) // a0, a1, then a tick of nothing
+	h.ticks(3) // a0, a1, then a tick of nothing
 	h.push("b0", 960)
 	h.push("b1", 960)
 	h.wake(h.mid(10)) // a running queue: nothing starts
 	if len(h.sink.pkts) != 2 {
 		t.Fatalf("%d packets: audio within the grace started on the wake-up", len(h.sink.pkts))
 	}
-	h.slots(3 * Slots)
+	h.ticks(3)
 	if len(h.sink.pkts) != 4 {
 		t.Fatalf("%d packets, want 4", len(h.sink.pkts))
 	}
 	a0, b0 := h.sink.pkts[0], h.sink.pkts[2]
-	if sl, tk := h.w.c.slotSamples, h.w.c.samples; b0.at%tk != a0.at/sl*sl%tk || !b0.marker || b0.ts != a0.ts+uint32(b0.at-a0.at) {
-		t.Fatalf("b0 %+v after a0 %+v: want it on a0's slot, marker, timestamp by the time that passed", b0, a0)
+	if b0.at%h.w.c.samples != 0 || !b0.marker || b0.ts != a0.ts+uint32(b0.at-a0.at) {
+		t.Fatalf("b0 %+v after a0 %+v: want it on the tick grid, marker, timestamp by the time that passed", b0, a0)
 	}
 	h.checkPhase(h.sink.pkts[2:])
 	if ev := eventTypes(h.q.Events(nil)); !reflect.DeepEqual(ev, []EventType{EventStarted}) {
 		t.Fatalf("events %v, want one run", ev)
 	}
 	// The grace runs out: a new run, at once, on its own phase.
-	h.slots(graceTicks*Slots + Slots)
+	h.ticks(graceTicks + 1)
 	if ev := eventTypes(h.q.Events(nil)); !reflect.DeepEqual(ev, []EventType{EventStopped}) {
 		t.Fatalf("events %v, want the run stopped", ev)
 	}
@@ -153,7 +153,7 @@ func TestRunKeepsPhaseWithinGrace(t *testing.T) {
 	if c0.at != at || !c0.marker || c0.seq != last.seq+1 || c0.ts != last.ts+960+uint32(at-(last.at+960)) {
 		t.Fatalf("next run's first packet %+v after %+v: want at %d, marker, seq +1, timestamp by the time since the last audio ended", c0, last, at)
 	}
-	h.slots(2 * Slots)
+	h.ticks(2)
 	h.checkPhase(h.sink.pkts[4:])
 }
 
@@ -162,16 +162,16 @@ func TestRunKeepsPhaseWithinGrace(t *testing.T) {
 // sent; the clear tail keeps the run's phase; the next reply starts at
 // once, numbered on.
 func TestClearStopsAtOnce(t *testing.T) {
-	h := newSlotHarness(t, Tick, QueueConfig{ClearTail: []byte("quiet"), ClearTailTicks: 2})
+	h := newPhaseHarness(t, Tick, QueueConfig{ClearTail: []byte("quiet"), ClearTailTicks: 2})
 	for i := range 50 {
 		h.push(fmt.Sprint(i), 960)
 	}
 	h.wake(h.mid(77))
-	h.slots(3*Slots + 1) // through the run's slot in its fourth tick
+	h.ticks(4) // through the run's fourth turn
 	if played := h.q.Clear(); played != 80 {
 		t.Fatalf("Clear = %d ms, want 80", played)
 	}
-	h.slots(4 * Slots)
+	h.ticks(4)
 	run := h.sink.pkts[:4]
 	tail := h.sink.pkts[4:]
 	if len(tail) != 2 || tail[0].data != "quiet" || tail[1].data != "quiet" {
@@ -179,12 +179,12 @@ func TestClearStopsAtOnce(t *testing.T) {
 	}
 	h.checkPhase(append(run, tail[0]))
 	// Cleared before the worker woke: nothing is sent.
-	h.slots(Slots)
+	h.ticks(1)
 	n := len(h.sink.pkts)
 	h.push("x", 960)
 	h.q.Clear()
 	h.wake(h.mid(5))
-	h.slots(2 * Slots)
+	h.ticks(2)
 	if len(h.sink.pkts) != n {
 		t.Fatalf("audio cleared before its first packet left was sent: %+v", h.sink.pkts[n:])
 	}
@@ -201,10 +201,10 @@ func TestClearStopsAtOnce(t *testing.T) {
 // TestResumeStartsAtOnce: audio queued while paused starts when Resume
 // wakes the worker, not at a later tick.
 func TestResumeStartsAtOnce(t *testing.T) {
-	h := newSlotHarness(t, Tick, QueueConfig{Paused: true})
+	h := newPhaseHarness(t, Tick, QueueConfig{Paused: true})
 	h.push("greeting", 960)
 	h.wake(h.mid(1))
-	h.slots(2 * Slots)
+	h.ticks(2)
 	if len(h.sink.pkts) != 0 {
 		t.Fatal("a paused queue sent")
 	}
@@ -216,14 +216,14 @@ func TestResumeStartsAtOnce(t *testing.T) {
 	}
 }
 
-// TestSlotsRandomLateness plays replies and pauses of random lengths on a
+// TestRandomLateness plays replies and pauses of random lengths on a
 // worker that is woken late by random amounts (up to several ticks) and
 // pushes at random moments: every packet is sent once, in order, seq +1,
 // each timestamp at least the previous packet's duration on, and no
-// packet leaves more than a slot before the time its timestamp gives.
-func TestSlotsRandomLateness(t *testing.T) {
+// packet leaves more than a tick before the time its timestamp gives.
+func TestRandomLateness(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	h := newSlotHarness(t, Tick, QueueConfig{})
+	h := newPhaseHarness(t, Tick, QueueConfig{})
 	pushed := 0
 	for range 2000 {
 		switch r := rng.IntN(10); {
@@ -235,15 +235,15 @@ func TestSlotsRandomLateness(t *testing.T) {
 				h.push(fmt.Sprint(pushed), 960)
 				pushed++
 			}
-			h.wake(h.mid(rng.Int64N(h.w.c.slotSamples)))
+			h.wake(h.mid(rng.Int64N(h.w.c.samples)))
 		case r < 5: // the worker is late
-			h.slot += rng.Int64N(3 * Slots)
-			h.slots(1)
+			h.n += rng.Int64N(3)
+			h.ticks(1)
 		default:
-			h.slots(1 + rng.IntN(2*Slots))
+			h.ticks(1 + rng.IntN(2))
 		}
 	}
-	h.slots(40 * Slots)
+	h.ticks(40)
 	if c := h.w.c.Stats().CaughtUp; c != 0 {
 		t.Fatalf("caught up %d samples: the test's backend must stay under real time", c)
 	}
@@ -258,9 +258,9 @@ func TestSlotsRandomLateness(t *testing.T) {
 			t.Fatalf("packet %d is %q", i, p.data)
 		}
 		// A late worker sends after the position (the harness records
-		// the time it played the slot at); never more than a slot early.
-		if pos := int64(uint32(p.ts - offset)); p.at < pos-h.w.c.slotSamples {
-			t.Fatalf("packet %d %+v left more than a slot before its time %d", i, p, pos)
+		// the time it played the tick at); never more than a tick early.
+		if pos := int64(uint32(p.ts - offset)); p.at < pos-h.w.c.samples {
+			t.Fatalf("packet %d %+v left more than a tick before its time %d", i, p, pos)
 		}
 		if i == 0 {
 			continue
@@ -272,65 +272,28 @@ func TestSlotsRandomLateness(t *testing.T) {
 	}
 }
 
-// TestSlotOwners: at any number of workers, every worker owns the same
-// number of slots and every slot has the same number of owners (with two
-// workers, slot number modulo the workers); a run started by its queue's
-// worker on a slot it does not own is handed to one of the slot's owners,
-// in turn, and plays on there on its phase. With runs started on every
-// slot by the queues of every worker, each worker ends up with the same
-// number of queues: all the workers share the steady-state sends.
-func TestSlotOwners(t *testing.T) {
+// TestWorkersShareQueues: at any number of workers, runs started at
+// every moment of a tick by the queues of every worker stay on their
+// queue's worker and play on their phase there: each worker ends up with
+// the same number of queues, so all the workers share the steady-state
+// sends.
+func TestWorkersShareQueues(t *testing.T) {
 	for _, workers := range []int{1, 2, 3, 4, 6, 8, 16} {
 		t.Run(fmt.Sprint(workers), func(t *testing.T) {
 			c := newClock(workers, Tick)
-			owned := -1
-			for s, o := range c.owners {
-				if len(o) == 0 || len(o) != len(c.owners[0]) {
-					t.Fatalf("slot %d has %d owners, slot 0 %d", s, len(o), len(c.owners[0]))
-				}
-			}
-			for i, w := range c.workers {
-				n := 0
-				for s := range int64(Slots) {
-					mine := w.owns&(1<<s) != 0
-					if mine {
-						n++
-					}
-					if mine != slices.Contains(c.owners[s], w) {
-						t.Fatalf("worker %d: owns bit %v for slot %d, owners %v", i, mine, s, c.owners[s])
-					}
-					// Two workers share each slot when Slots is odd, and
-					// take every other slot when it is even.
-					if workers == 2 && mine != (Slots%2 == 1 || s%2 == int64(i)) {
-						t.Fatalf("two workers: worker %d owns slot %d: %v", i, s, mine)
-					}
-				}
-				if owned == -1 {
-					owned = n
-				}
-				if n == 0 || n != owned {
-					t.Fatalf("worker %d owns %d slots, worker 0 %d", i, n, owned)
-				}
-			}
-			// A tick wakes each worker once per slot it owns: Slots in all
-			// with up to Slots workers when they divide it, one per worker
-			// with a multiple of Slots workers.
-			if workers%Slots == 0 && owned != 1 || Slots%workers == 0 && owned*workers != Slots {
-				t.Fatalf("%d workers own %d slots each", workers, owned)
-			}
-
-			base := int64(1000 * Slots)
+			const base = 1000
 			for _, w := range c.workers {
-				w.runSlots(base)
+				w.playTick(base)
 			}
-			// For each slot, 3 runs from the queues of each worker
-			// (NewQueue spreads queues over the workers in turn).
-			const perWorker = 3
+			// At each of 4 moments of tick base+1, 3 runs from the
+			// queues of each worker (NewQueue spreads queues over the
+			// workers in turn).
+			const moments, perWorker = 4, 3
 			var sinks []*recorder
-			for s := range int64(Slots) {
-				k := base + 1 + s
+			for m := range int64(moments) {
+				at := (base+1)*c.samples + m*c.samples/moments + 7
 				for range perWorker * workers {
-					sk := &recorder{at: k*c.slotSamples + 7}
+					sk := &recorder{at: at}
 					q := c.NewQueue(sk, QueueConfig{})
 					for i := range 5 {
 						if err := q.PushAudio([]byte(fmt.Sprint(i)), 960); err != nil {
@@ -339,58 +302,26 @@ func TestSlotOwners(t *testing.T) {
 					}
 					sinks = append(sinks, sk)
 				}
-				// Started in slot k by their own workers. A run for
-				// another worker's slot is handed over only after the
-				// round (after the Batcher's Flush, in run): its owner
-				// cannot send its second packet before the first left.
-				moved := func(w *worker) (n int) { // handed to the others
-					for _, o := range c.workers {
-						if o == w {
-							continue
-						}
-						o.mu.Lock()
-						n += len(o.moved)
-						o.mu.Unlock()
-					}
-					return n
-				}
 				for _, w := range c.workers {
-					before := moved(w)
-					w.runStarts(k*c.slotSamples + 7)
-					if after := moved(w); after > before {
-						t.Fatalf("%d runs handed over during the round", after-before)
-					}
-					w.handOver()
+					w.runStarts(at)
 				}
 			}
-			for k := base + Slots + 1; k <= base+7*Slots; k++ {
+			for k := int64(base + 2); k <= base+7; k++ {
 				for _, sk := range sinks {
-					sk.at = k * c.slotSamples
+					sk.at = k * c.samples
 				}
 				for _, w := range c.workers {
-					w.runStarts(k * c.slotSamples)
-					w.handOver()
-					w.runSlots(k)
+					w.runStarts(k * c.samples)
+					w.playTick(k)
 				}
 			}
-			// The runs are in their grace, still on their slots: each
-			// owner of a slot holds the same number of its queues, and
-			// nobody else any.
+			// The runs are in their grace, still on their workers.
 			for i, w := range c.workers {
-				for s, l := range w.slots {
-					want := 0
-					if w.owns&(1<<s) != 0 {
-						want = perWorker * workers / len(c.owners[s])
-					}
-					if len(l) != want {
-						t.Fatalf("worker %d holds %d queues on slot %d, want %d", i, len(l), s, want)
-					}
-				}
-				if n := w.active(); n != perWorker*Slots {
-					t.Fatalf("worker %d holds %d queues, want %d", i, n, perWorker*Slots)
+				if n := w.active(); n != perWorker*moments {
+					t.Fatalf("worker %d holds %d queues, want %d", i, n, perWorker*moments)
 				}
 			}
-			h := &slotHarness{t: t, w: c.workers[0]}
+			h := &phaseHarness{t: t, w: c.workers[0]}
 			for i, sk := range sinks {
 				if len(sk.pkts) != 5 {
 					t.Fatalf("queue %d sent %d packets", i, len(sk.pkts))
@@ -401,15 +332,17 @@ func TestSlotOwners(t *testing.T) {
 	}
 }
 
-// TestMarkOffTheGrid: on a run whose phase is off the slot grid, a mark
-// between two packets comes back at the turn that sends the packet after
-// it, and does not hold that packet back (no gap, no marker); a run that
-// runs dry calls OnUnderrun one tick after its last packet's turn, and
-// what it pushes leaves in that turn.
+// TestMarkOffTheGrid: on a run whose phase is off the tick grid, a mark
+// between two packets does not hold back the packet after it (no gap, no
+// marker), and comes back at the first turn at or after its audio's end:
+// the turn after the one that sends that packet, which leaves up to a
+// tick before the end (TestMarkNotBeforeItsAudioEnds); a run that runs
+// dry calls OnUnderrun one tick after its last packet's turn, and what it
+// pushes leaves in that turn.
 func TestMarkOffTheGrid(t *testing.T) {
-	var h *slotHarness
+	var h *phaseHarness
 	var underruns []int64
-	h = newSlotHarness(t, Tick, QueueConfig{OnUnderrun: func() {
+	h = newPhaseHarness(t, Tick, QueueConfig{OnUnderrun: func() {
 		underruns = append(underruns, h.sink.at)
 		h.push("tail", 960)
 	}})
@@ -419,20 +352,24 @@ func TestMarkOffTheGrid(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.push("a2", 960)
-	h.wake(h.mid(77))  // a0, in the next slot
-	h.slots(Slots + 1) // that slot, then a tick: a1
+	h.wake(h.mid(77)) // a0, in the next tick
+	h.ticks(2)        // that tick, then the next: a1
 	if ev := eventTypes(h.q.Events(nil)); !reflect.DeepEqual(ev, []EventType{EventStarted}) {
 		t.Fatalf("events after a1's turn %v, want the start only", ev)
 	}
-	h.slots(Slots) // a2
-	if ev := h.q.Events(nil); !reflect.DeepEqual(ev, []Event{{Type: EventMark, Name: "m"}}) {
-		t.Fatalf("events at a2's turn %+v, want the mark", ev)
+	h.ticks(1) // a2, before a1's audio ends
+	if ev := h.q.Events(nil); len(ev) != 0 {
+		t.Fatalf("events at a2's turn %+v, want none: a1's audio has not ended", ev)
 	}
 	if len(h.sink.pkts) != 3 {
 		t.Fatalf("%d packets, want a0 a1 a2", len(h.sink.pkts))
 	}
 	h.checkPhase(h.sink.pkts)
-	h.slots(2 * Slots) // a2's turn + a tick: the underrun
+	h.ticks(1) // a1's audio has ended
+	if ev := h.q.Events(nil); !reflect.DeepEqual(ev, []Event{{Type: EventMark, Name: "m"}}) {
+		t.Fatalf("events at the turn after a2's %+v, want the mark", ev)
+	}
+	h.ticks(1) // a2's turn + 2 ticks: the underrun
 	a2 := h.sink.pkts[2]
 	if len(underruns) != 1 || underruns[0] != a2.at+2*960 || len(h.sink.pkts) != 4 {
 		t.Fatalf("OnUnderrun at %v, %d packets; want once at %d (a tick after a2's turn), the tail sent then", underruns, len(h.sink.pkts), a2.at+2*960)
@@ -441,5 +378,107 @@ func TestMarkOffTheGrid(t *testing.T) {
 	a0 := h.sink.pkts[0]
 	if tail := h.sink.pkts[3]; tail.at != underruns[0] || !tail.marker || tail.ts-a0.ts != uint32(tail.at-a0.at) {
 		t.Fatalf("tail %+v after a2 %+v: want it sent at the underrun's turn, marker, timestamp at that turn's time", tail, a2)
+	}
+}
+
+// TestMarkNotBeforeItsAudioEnds: a mark comes back when the audio before
+// it has played out on the pacing timeline: at the first turn at or after
+// the end of its last packet (the first packet's send time plus the
+// timestamps' difference plus the packet's duration), never before it,
+// although that packet left up to a tick early, whatever the run's phase
+// against the tick grid; and the marks hold back no audio. With the 20 ms
+// and the 10 ms tick, and 20 ms packets on the 10 ms tick; with marks
+// between packets, after the last, and one pushed while the last packet's
+// audio is still playing.
+func TestMarkNotBeforeItsAudioEnds(t *testing.T) {
+	for _, c := range []struct {
+		tick time.Duration
+		dur  int
+	}{{Tick, 960}, {TickShort, 480}, {TickShort, 960}} {
+		for _, off := range []int64{0, 1, 77, 479} {
+			t.Run(fmt.Sprintf("%v/%d/%d", c.tick, c.dur, off), func(t *testing.T) {
+				h := newPhaseHarness(t, c.tick, QueueConfig{})
+				const n = 6
+				for i := range n {
+					h.push(fmt.Sprint(i), c.dur)
+					if err := h.q.PushMark(fmt.Sprint(i)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				marks := map[string]int64{} // mark → the time it came back
+				var order []string
+				collect := func() {
+					for _, e := range h.q.Events(nil) {
+						if e.Type == EventMark {
+							marks[e.Name] = h.sink.at
+							order = append(order, e.Name)
+						}
+					}
+				}
+				h.wake(h.mid(off))
+				collect()
+				for len(h.sink.pkts) < n {
+					h.ticks(1)
+					collect()
+				}
+				// The last packet just left: its audio is still to play.
+				if err := h.q.PushMark("grace"); err != nil {
+					t.Fatal(err)
+				}
+				for range 4 {
+					h.ticks(1)
+					collect()
+				}
+				if len(h.sink.pkts) != n {
+					t.Fatalf("%d packets sent of %d", len(h.sink.pkts), n)
+				}
+				h.checkPhase(h.sink.pkts)
+				first := h.sink.pkts[0]
+				end := func(i int) int64 { return first.at + int64(h.sink.pkts[i].ts-first.ts) + int64(c.dur) }
+				want := []string{"0", "1", "2", "3", "4", "5", "grace"}
+				if !slices.Equal(order, want) {
+					t.Fatalf("marks came back %q, want %q", order, want)
+				}
+				for i, name := range want {
+					p := min(i, n-1)
+					at, e := marks[name], end(p)
+					if at < e {
+						t.Errorf("mark %s came back at %d, %d samples before its audio's end %d (packet %+v)", name, at, e-at, e, h.sink.pkts[p])
+					}
+					if at >= e+h.w.c.samples {
+						t.Errorf("mark %s came back at %d, want the first turn at or after its audio's end %d", name, at, e)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestClearReturnsSentMarks: a clear that finds a mark whose audio has
+// been sent in full but has not played out yet returns it as played (its
+// audio is counted in played_ms and reaches the client), in order, before
+// the marks it drops.
+func TestClearReturnsSentMarks(t *testing.T) {
+	h := newPhaseHarness(t, Tick, QueueConfig{})
+	h.push("a0", 960)
+	_ = h.q.PushMark("sent")
+	h.push("a1", 960)
+	_ = h.q.PushMark("dropped")
+	h.wake(h.mid(300)) // a0, 300 samples into a tick
+	h.ticks(2)         // that tick, then the next: a1, before a0's audio ends
+	if len(h.sink.pkts) != 2 {
+		t.Fatalf("%d packets, want a0 and a1", len(h.sink.pkts))
+	}
+	h.q.Events(nil)
+	if played := h.q.Clear(); played != 40 {
+		t.Fatalf("Clear = %d ms, want 40", played)
+	}
+	want := []Event{{Type: EventMark, Name: "sent"}, {Type: EventMark, Name: "dropped", Cleared: true}, {Type: EventCleared, PlayedMs: 40}}
+	if ev := h.q.Events(nil); !reflect.DeepEqual(ev, want) {
+		t.Fatalf("events at the clear %+v, want %+v", ev, want)
+	}
+	h.ticks(3)
+	if ev := h.q.Events(nil); len(ev) != 0 {
+		t.Fatalf("events after the clear %+v, want none", ev)
 	}
 }

@@ -7,53 +7,41 @@
 // # Clock
 //
 // A Clock is a few worker goroutines (one per CPU by default), each
-// owning a share of the queues. Time is cut into Slots slots per Tick
-// (Slots is 1: the slot is the tick; see Slots for why). A queue is on its
+// owning a share of the queues (NewQueue deals them out in turn, so the
+// steady-state sends spread evenly over the workers). A queue is on its
 // worker only while it holds something or a playout run is in progress,
-// and then on one slot, the one its run started in: it has its turn every
-// Tick, on that slot. Every worker owns the same number of slots and
-// every slot has the same number of owners (worker i owns slot s when
-// i ≡ s modulo gcd(workers, Slots): with one slot every worker owns it;
-// with 4 slots and 4 workers one slot each, with 8 each slot two owners);
-// a run is played by the worker that started it if that one owns the
-// run's slot, otherwise by the slot's owners in turn, so the steady-state
-// sends spread evenly over all the workers. A worker sleeps until the next of
-// its slots that has queues on it (a timer on the slot grid): with
-// sessions on every slot a worker wakes at most Slots times per Tick, an
-// idle session costs no timer and no wake-up, and an idle clock none at
-// all. At each slot a worker walks that slot's queues and sends what is
-// due through
-// each queue's Sink, so the sends of many sessions happen together on one
+// and then has its turn every Tick. A worker sleeps until the next tick
+// while it has queues playing (a timer on the tick grid): an idle session
+// costs no timer and no wake-up, and an idle clock none at all. At each
+// tick a worker walks its queues and sends what is due through each
+// queue's Sink, so the sends of many sessions happen together on one
 // goroutine, and a Batcher (NewBatchedClock) can send them together (the
 // transceiver's hop socket: one sendmmsg per batch). A push into an idle
 // queue (or Resume) wakes the queue's worker, which sends the new run's
 // first packet at once, in a round of its own (bracketed by the Batcher
-// too), and then, after that round (after the Batcher's Flush, so the
-// run's second packet cannot overtake its first), hands the queue to an
-// owner of its slot if it does not own it. A Sink is called on one worker
-// goroutine at a time.
+// too). A queue's packets are all sent by its worker, in order; a Sink is
+// called on one worker goroutine.
 //
 // # Timeline
 //
 // Positions on the timeline count 48 kHz samples (the RTP clock of Opus,
-// RFC 7587 §4.1) from the clock's start; slot k starts at k×Tick/Slots. A
+// RFC 7587 §4.1) from the clock's start; tick k starts at k×Tick. A
 // queue keeps the timeline position where its next packet starts. A run
 // from idle starts where the clock is when its worker is woken: its first
-// packet's position is that moment (not a tick's), it is sent then, and
-// the queue takes the slot that moment falls in. At each turn, the packets
-// that start before the queue's next turn are due, so packets of 10, 20 or
-// 60 ms all leave at their real-time pace, and every later packet of the
-// run leaves at its own position or up to one slot (with Slots = 1, one
-// tick) before it, never after:
-// a receiver that times the run from its first packet (WebRTC's NetEq)
-// never sees a later packet late, however the run's phase falls against
-// the clock's. When nothing was due for a while within a run (the queue
-// ran dry), the position jumps to the queue's current turn and the RTP
-// timestamp jumps with it: the run keeps its slot. Sequence numbers stay
-// continuous (+1 per packet, across replies and clears), timestamps follow
-// real time (RFC 3550 §5.1), and the first packet of each run, and the
-// first after a gap within a run, has the marker bit set (RFC 3551 §4.1:
-// the first packet of a talkspurt).
+// packet's position is that moment (not a tick's), and it is sent then.
+// At each turn, the packets that start before the queue's next turn are
+// due, so packets of 10, 20 or 60 ms all leave at their real-time pace,
+// and every later packet of the run leaves at the tick at or before its
+// own position, up to one tick early, never after: a receiver that times
+// the run from its first packet (WebRTC's NetEq) never sees a later
+// packet late, however the run's phase falls against the clock's (see
+// Clock for the quarter-tick slots measured instead). When nothing was
+// due for a while within a run (the queue ran dry), the position jumps to
+// the queue's current turn and the RTP timestamp jumps with it. Sequence
+// numbers stay continuous (+1 per packet, across replies and clears),
+// timestamps follow real time (RFC 3550 §5.1), and the first packet of
+// each run, and the first after a gap within a run, has the marker bit
+// set (RFC 3551 §4.1: the first packet of a talkspurt).
 //
 // # Catch-up
 //
@@ -62,7 +50,8 @@
 // stay as added delay for the rest of the stream. So while a run is
 // playing, its queue holds more than CatchUpTarget plus one tick, and the
 // backend pushed about real time over the last PaceWindow (at least half
-// of it, at most all of it plus CatchUpTarget), each turn plays one more
+// of it, at most all of it plus CatchUpTarget, pushing since the window's
+// start and within the last PaceRecent), each turn plays one more
 // tick's worth than is due, without advancing the timeline: the backlog
 // drains at twice real time down to the target. Sequence numbers and
 // timestamps stay continuous and the caught-up packets count as played. A
@@ -81,11 +70,18 @@
 // gap in it is a gap in the timestamps. Played time counts the durations of the
 // packets sent to the Sink, exactly; a packet is counted when the worker
 // takes it, so the packets a worker took before a clear (one, or one per
-// missed turn when it runs late) may still be sent after Clear returns. A mark comes back (EventMark) when the audio queued
-// before it has played out: at the queue's first turn whose slot reaches
-// the end of that audio (the turn that sends the audio after it, if any;
-// at most a slot before the end); on an idle, empty queue at once. Clear returns the marks it
-// dropped with Cleared set, before its EventCleared.
+// missed turn when it runs late) may still be sent after Clear returns.
+//
+// A mark comes back (EventMark) when the audio queued before it has
+// played out on the timeline: at the queue's first turn at or after the
+// position where that audio ends (its last packet's position plus its
+// duration), never before, although that packet may have left up to a
+// tick early; up to a tick after, since turns fall on the tick grid and a
+// run's phase need not. A mark holds back no audio: the packets after it
+// leave at their own turns. On an idle, empty queue a mark comes back at
+// once. Clear first returns, as played, the marks whose audio had all
+// been sent (it is counted in the played time and reaches the client),
+// then the marks it dropped, with Cleared set, then its EventCleared.
 package playout
 
 import (
@@ -125,9 +121,8 @@ type Packet struct {
 	Payload []byte
 }
 
-// Sink receives a queue's packets on a clock worker goroutine, one worker
-// at a time (the one that started the run sends its first packet, the
-// owner of the run's slot that took the run the rest, in order). SendPacket should not block: every
+// Sink receives a queue's packets, in order, on the goroutine of the
+// clock worker the queue belongs to. SendPacket should not block: every
 // queue of the worker waits for it.
 type Sink interface {
 	SendPacket(p *Packet)
@@ -147,8 +142,9 @@ const (
 	// EventCleared: Clear emptied the queue; PlayedMs is what the current
 	// run had sent (0 when there was no run).
 	EventCleared
-	// EventMark: a mark's audio has played (Cleared false), or a clear
-	// dropped it (Cleared true).
+	// EventMark: a mark's audio has played out on the timeline, or was
+	// all sent before a clear (Cleared false); or a clear dropped it
+	// (Cleared true).
 	EventMark
 )
 

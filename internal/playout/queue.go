@@ -52,10 +52,10 @@ type QueueConfig struct {
 	OnUnderrun func()
 	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
 	// Clear which cuts a run sends ClearTailTicks times, one every 20 ms
-	// from the queue's next turn, on the run's slot, continuing its RTP
+	// from the queue's next turn, continuing its RTP
 	// numbering, outside any run (no events, not counted in played_ms).
 	// Audio pushed meanwhile ends the tail and plays at the queue's next
-	// turn, as a new run on the old one's slot. A receiver whose jitter buffer
+	// turn, as a new run. A receiver whose jitter buffer
 	// runs dry conceals the missing audio (Opus PLC, WebRTC NetEq's
 	// expand) and keeps sounding the reply for a while; a few packets of
 	// real silence end the talkspurt at once. The payload is not copied.
@@ -93,6 +93,13 @@ type item struct {
 	text string // mark name or response id
 }
 
+// pendingMark is a mark whose audio has been sent and plays out at end
+// (a timeline position, 48 kHz samples).
+type pendingMark struct {
+	name string
+	end  int64
+}
+
 // Queue is one session's output queue, drained by a Clock. All methods
 // are safe for concurrent use.
 type Queue struct {
@@ -103,8 +110,7 @@ type Queue struct {
 	onEvents   func()
 	maxQueued  int64 // 48 kHz samples
 	maxItems   int
-	period     int64 // the clock's tick, 48 kHz samples (a queue's turns are one tick apart)
-	slot       int64 // the clock's slot, 48 kHz samples: a turn at now stands for [now, now+slot)
+	period     int64 // the clock's tick, 48 kHz samples: a turn at now stands for [now, now+period)
 	grace      int64 // RunGrace, 48 kHz samples, whole ticks
 	notify     chan struct{}
 
@@ -113,7 +119,7 @@ type Queue struct {
 	head      int
 	arena     []byte // guarded by mu
 	queued    int64  // guarded by mu: audio waiting, 48 kHz samples
-	scheduled bool   // guarded by mu: on its worker (a slot's list, or starting)
+	scheduled bool   // guarded by mu: on its worker (playing, or starting)
 	closed    bool
 	paused    bool   // hold everything until Resume
 	running   bool   // a run is in progress
@@ -125,6 +131,10 @@ type Queue struct {
 	sentResp  string // respID when the run's last packet was sent
 	underrun  bool   // OnUnderrun was called for the current underrun
 	events    []Event
+	// marks are the marks whose audio has all been sent but has not yet
+	// played out on the timeline (a run's packets leave up to a tick
+	// early), in order, each with the position where its audio ends.
+	marks []pendingMark
 	// The clear tail (QueueConfig.ClearTail): set once; tailLeft, guarded
 	// by mu, is how many packets of it are still to send.
 	tail      []byte
@@ -133,9 +143,8 @@ type Queue struct {
 	inflow    int64      // audio pushed since the worker last looked, 48 kHz samples
 	pace      paceWindow // the backend's pushes over the last PaceWindow
 
-	// Owned by the worker playing the queue (a worker that hands it to
-	// another sets it first, under the other's mu).
-	next int64 // the slot number of the queue's next turn
+	// Owned by the queue's worker goroutine.
+	next int64 // the tick number of the queue's next turn
 }
 
 // NewQueue returns an empty queue drained by c that sends to sink.
@@ -159,7 +168,6 @@ func (c *Clock) NewQueue(sink Sink, cfg QueueConfig) *Queue {
 		maxQueued:  durSamples(cfg.MaxQueued),
 		maxItems:   cfg.MaxItems,
 		period:     c.samples,
-		slot:       c.slotSamples,
 		grace:      ticks * c.samples,
 		notify:     make(chan struct{}, 1),
 		paused:     cfg.Paused,
@@ -191,7 +199,10 @@ func (q *Queue) PushAudio(payload []byte, dur int) error {
 }
 
 // PushMark queues a mark. On an idle, empty queue it comes back at once
-// (an EventMark); otherwise when the audio queued before it has played.
+// (an EventMark); otherwise when the audio queued before it has played
+// out: at the queue's first turn at or after the moment that audio's end
+// reaches on the timeline (never before; up to a tick after, as turns
+// fall on the tick grid), or at a Clear that comes first.
 func (q *Queue) PushMark(name string) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -239,6 +250,13 @@ func (q *Queue) Clear() (playedMs int64) {
 	if q.running {
 		playedMs = q.played * 1000 / 48000
 	}
+	// Marks whose audio has been sent in full: it is in played_ms and on
+	// its way to the client, so they come back as played.
+	for _, m := range q.marks {
+		q.events = append(q.events, Event{Type: EventMark, Name: m.name})
+	}
+	clear(q.marks)
+	q.marks = q.marks[:0]
 	for _, it := range q.items[q.head:] {
 		if it.kind == itemMark {
 			q.events = append(q.events, Event{Type: EventMark, Name: it.text, Cleared: true})
@@ -312,6 +330,7 @@ func (q *Queue) Close() {
 	defer q.mu.Unlock()
 	q.closed = true
 	q.reset()
+	q.marks = nil
 }
 
 // admit checks the caps for an item of dur samples. mu held.
@@ -326,7 +345,7 @@ func (q *Queue) admit(dur int64) error {
 }
 
 // schedule hands the queue to its worker, which plays what is due at
-// once and then on the slot that moment falls in; a paused queue waits
+// once and then at each tick; a paused queue waits
 // for Resume. mu held.
 func (q *Queue) schedule() {
 	if !q.scheduled && !q.paused {
@@ -426,14 +445,14 @@ func (q *Queue) tick(now, first, at int64, w *worker) (keep bool) {
 	// The run's grace (RunGrace) after the last audio ended before the
 	// run stops, so a backend streaming in real time with jitter does not
 	// split its playout.
-	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now+q.slot > q.tl+q.grace {
+	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now+q.period > q.tl+q.grace {
 		q.stop()
 		events = true
 	}
 	if events {
 		q.signal()
 	}
-	if q.closed || (!q.running && q.head == len(q.items) && q.tailLeft == 0) {
+	if q.closed || (!q.running && q.head == len(q.items) && q.tailLeft == 0 && len(q.marks) == 0) {
 		q.scheduled = false
 		return false
 	}
@@ -452,7 +471,7 @@ func (q *Queue) stop() {
 func (q *Queue) wantsTail(now int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !q.running || q.head != len(q.items) || q.underrun || now+q.slot <= q.tl+q.period {
+	if !q.running || q.head != len(q.items) || q.underrun || now <= q.tl {
 		return false
 	}
 	q.underrun = true
@@ -471,6 +490,7 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 	nev := len(q.events)
 	q.pace.add(now/paceSlot, q.inflow)
 	q.inflow = 0
+	q.playedMarks(now)
 	if q.paused {
 		return false
 	}
@@ -485,11 +505,18 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 	for q.head < len(q.items) && !q.closed {
 		it := &q.items[q.head]
 		if it.kind != itemAudio {
-			if q.tl >= now+q.slot {
-				break // the audio before it ends after this turn's slot
+			if q.tl >= now+q.period {
+				break // the audio before it ends after this turn's tick
 			}
 			if it.kind == itemMark {
-				q.events = append(q.events, Event{Type: EventMark, Name: it.text})
+				// Its audio is all sent, but a run's packets leave up
+				// to a tick early: it has played when the timeline
+				// reaches its end.
+				if len(q.marks) == 0 && q.tl <= now {
+					q.events = append(q.events, Event{Type: EventMark, Name: it.text})
+				} else {
+					q.marks = append(q.marks, pendingMark{it.text, q.tl})
+				}
 			} else {
 				q.respID = it.text
 			}
@@ -559,6 +586,21 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 	return len(q.events) > nev
 }
 
+// playedMarks queues the EventMark of each pending mark whose audio has
+// played out by now (a timeline position). mu held.
+func (q *Queue) playedMarks(now int64) {
+	n := 0
+	for n < len(q.marks) && q.marks[n].end <= now {
+		q.events = append(q.events, Event{Type: EventMark, Name: q.marks[n].name})
+		n++
+	}
+	if n > 0 {
+		k := copy(q.marks, q.marks[n:])
+		clear(q.marks[k:])
+		q.marks = q.marks[:k]
+	}
+}
+
 // CatchUpTarget is the backlog (48 kHz samples, 60 ms) a queue keeps
 // while its backend streams at about real time: above it, playout catches
 // up (docs/bridge.md §6.1).
@@ -571,9 +613,20 @@ const tailSamples = TickSamples
 
 // PaceWindow is how far back a queue looks to tell whether its backend
 // streams at about real time: it pushed between half of PaceWindow and
-// PaceWindow plus CatchUpTarget of audio in the last PaceWindow. Twice the
-// longest stall whose backlog is caught up without a pause.
+// PaceWindow plus CatchUpTarget of audio in the last PaceWindow, and
+// within the last PaceRecent. Twice the longest stall whose backlog is
+// caught up without a pause.
 const PaceWindow = 2 * time.Second
+
+// PaceRecent is how recently a backend that streams at about real time
+// last pushed audio: the window's pushes are then its stream, not the
+// tail of a burst (a reply sent ahead of real time, its pushes spread
+// over a few ticks by the encoder) sliding out of the window, whose
+// sum passes through the real-time range on the way to zero. Ten ticks
+// of a backend's jitter.
+const PaceRecent = 200 * time.Millisecond
+
+const paceRecentTicks = int64(PaceRecent / Tick)
 
 // paceSlot is the time one slot of a paceWindow covers, 48 kHz samples
 // (20 ms, whatever the clock's tick).
@@ -588,6 +641,7 @@ type paceWindow struct {
 	slots [paceTicks]int64
 	last  int64 // the latest tick recorded
 	since int64 // the tick of the first push after the window was empty
+	fresh int64 // the tick of the latest push
 	sum   int64
 }
 
@@ -606,8 +660,11 @@ func (p *paceWindow) add(n, samples int64) {
 		}
 		p.last = n
 	}
-	if p.sum == 0 && samples > 0 {
-		p.since = n
+	if samples > 0 {
+		if p.sum == 0 {
+			p.since = n
+		}
+		p.fresh = p.last
 	}
 	p.slots[p.last%paceTicks] += samples
 	p.sum += samples
@@ -617,8 +674,11 @@ func (p *paceWindow) add(n, samples int64) {
 // neither a backend that is silent or stalled (less than half of it) nor
 // one sending ahead (a burst, a faster-than-real-time TTS). The pushes
 // must span the whole window: a reply of up to PaceWindow sent in one
-// burst into an idle queue would otherwise look like real time.
+// burst into an idle queue would otherwise look like real time; and
+// reach its present (PaceRecent): the last part of a longer burst would
+// otherwise look like real time while it leaves the window.
 func (p *paceWindow) realTime() bool {
 	const window = paceTicks * TickSamples
-	return p.last-p.since >= paceTicks-1 && p.sum >= window/2 && p.sum <= window+CatchUpTarget
+	return p.last-p.since >= paceTicks-1 && p.last-p.fresh <= paceRecentTicks &&
+		p.sum >= window/2 && p.sum <= window+CatchUpTarget
 }

@@ -20,8 +20,8 @@ const graceTicks = int(DefaultRunGrace / Tick)
 
 // recorder is a Sink that keeps copies of what it was sent, each with the
 // time it was sent at: the tick count in the tick-driven tests (harness),
-// the timeline position in 48 kHz samples in the slot-driven ones
-// (slotHarness).
+// the timeline position in 48 kHz samples in the phase tests
+// (phaseHarness).
 type recorder struct {
 	at   int64
 	pkts []sent
@@ -717,6 +717,35 @@ func TestNoCatchUpForBurst(t *testing.T) {
 	}
 	if c := h.c.Stats().CaughtUp; c != 0 {
 		t.Fatalf("caught up %d samples of a burst", c)
+	}
+}
+
+// TestNoCatchUpForSpreadBurst: a 10 s reply sent ahead of real time
+// whose pushes spread over a few ticks (a transceiver encodes PCM frame by
+// frame as it comes) is paced one packet per tick to its end: as the
+// burst's last pushes slide out of the pace window, the window's sum
+// passes through the real-time range, but the backend has gone quiet.
+func TestNoCatchUpForSpreadBurst(t *testing.T) {
+	for _, per := range []int{100, 50, 25, 10} { // packets pushed per tick
+		h := newHarness(t, QueueConfig{})
+		for k := range 500 {
+			h.push(fmt.Sprint(k), 960)
+			if k%per == per-1 {
+				h.run(1)
+			}
+		}
+		h.run(510)
+		if len(h.rec.pkts) != 500 {
+			t.Fatalf("%d a tick: %d packets of 500", per, len(h.rec.pkts))
+		}
+		for k, p := range h.rec.pkts {
+			if p.at != h.rec.pkts[0].at+int64(k) {
+				t.Fatalf("%d a tick: packet %d sent at tick %d, want %d: one per tick", per, k, p.at, h.rec.pkts[0].at+int64(k))
+			}
+		}
+		if c := h.c.Stats().CaughtUp; c != 0 {
+			t.Fatalf("%d a tick: caught up %d samples of a burst", per, c)
+		}
 	}
 }
 
