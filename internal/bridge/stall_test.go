@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -12,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 )
@@ -430,17 +431,22 @@ func TestV2ConnQueueLimit(t *testing.T) {
 	t.Cleanup(func() { close(stop) })
 	p := newPool(t, url, 0)
 	sessions, frames, payload := overConnLimit(t)
-	sendCtx := testCtx(t)
-	for i := range sessions {
-		c := poolDial(t, p, fmt.Sprint("s", i))
+	ctx := budgetCtx(t)
+	for i, c := range dialOneConn(t, p, sessionIDs(sessions)...) {
 		for j := range frames {
-			if err := c.SendAudio(sendCtx, bridge.AudioFrame{Seq: uint16(j), Payload: payload}); err != nil {
-				break // ended by the backend's budget: its close record arrived
+			err := c.SendAudio(ctx, bridge.AudioFrame{Seq: uint16(j), Payload: payload})
+			if err == nil {
+				continue
 			}
+			// Only the backend's budget may end the sends: its close
+			// record arrived.
+			if code := websocket.CloseStatus(err); code != bridge.CloseQueueFull {
+				t.Fatalf("session %d frame %d: %v, want close code %d", i, j, err, bridge.CloseQueueFull)
+			}
+			break
 		}
 	}
 	// The backend counts the drop once its read loop gets that far.
-	ctx := testCtx(t)
 	for stats.Drops(bridge.DropQueueFull) == 0 {
 		select {
 		case <-ctx.Done():
