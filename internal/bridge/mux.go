@@ -414,6 +414,11 @@ func (m *muxConn) drain() {
 // returns it, wrapped in ErrClosed, after what was already queued). It
 // reports whether this call ended the connection (false when it was over
 // already).
+//
+// onFail runs before the sessions learn of the end: once a session's Recv
+// returns the error, its pool no longer counts the connection nor offers
+// it to a Dial (which would find it failed, and pick it again until
+// onFail ran).
 func (m *muxConn) fail(err error) (first bool) {
 	m.failOnce.Do(func() {
 		first = true
@@ -422,6 +427,9 @@ func (m *muxConn) fail(err error) (first bool) {
 		m.mu.Unlock()
 		close(m.done)
 		_ = m.ws.CloseNow()
+		if m.onFail != nil {
+			m.onFail()
+		}
 		m.smu.Lock()
 		ss := make([]*stream, 0, len(m.sessions)+len(m.unnumbered))
 		for _, s := range m.sessions {
@@ -433,9 +441,6 @@ func (m *muxConn) fail(err error) (first bool) {
 		m.smu.Unlock()
 		for _, s := range ss {
 			s.ended(err)
-		}
-		if m.onFail != nil {
-			m.onFail()
 		}
 	})
 	return first
