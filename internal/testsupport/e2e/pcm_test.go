@@ -452,7 +452,10 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 	if stopped.ctl.PlayedMs != 10000 {
 		t.Errorf("output.stopped played_ms %d, want 10000", stopped.ctl.PlayedMs)
 	}
-	run := c.received()
+	// output.stopped goes to the backend as the last packet goes to the
+	// client: the packet may still be on its way (UDP, then the client's
+	// SRTP read loop).
+	run := waitReceived(t, c, 500)
 	if len(run) != 500 {
 		t.Fatalf("client received %d packets of the burst, want 500", len(run))
 	}
@@ -487,10 +490,9 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 	b.control(t, bridge.Control{Type: bridge.TypeOutputClear})
 	dropped := b.next(t, bridge.TypeOutputMark, 2*time.Second)
 	cleared := b.next(t, bridge.TypeOutputCleared, 2*time.Second)
-	time.Sleep(500 * time.Millisecond)
-	rx, tail := withoutClearTail(t, c.received()[before:])
-	if tail != 3 {
-		t.Errorf("the clear sent %d silence packets after the reply, want 3 (docs/bridge.md §6.3)", tail)
+	rx, tail := withoutClearTail(t, waitClearTail(t, c, before))
+	if tail != clearTailPackets {
+		t.Errorf("the clear sent %d silence packets after the reply, want %d (docs/bridge.md §6.3)", tail, clearTailPackets)
 	}
 	after := len(rx) - countBefore(rx, clearAt)
 	t.Logf("backend clear after ~1 s: played_ms %d, client received %d packets (%d ms), %d after the clear was sent; answer in %v",
@@ -523,8 +525,7 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	c.send(map[string]string{"type": "output_audio_buffer.clear"})
 	cleared = b.next(t, bridge.TypeOutputCleared, 2*time.Second)
-	time.Sleep(300 * time.Millisecond)
-	rx, _ = withoutClearTail(t, c.received()[before:])
+	rx, _ = withoutClearTail(t, waitClearTail(t, c, before))
 	if d := cleared.ctl.PlayedMs - int64(20*len(rx)); d < -20 || d > 20 {
 		t.Errorf("client clear: played_ms %d, the client received %d ms", cleared.ctl.PlayedMs, 20*len(rx))
 	}
@@ -613,6 +614,47 @@ func countBefore(pkts []rxPacket, at time.Time) int {
 		}
 	}
 	return n
+}
+
+// waitReceived waits until the client has received n packets, and
+// returns what it received then.
+func waitReceived(t *testing.T, c *testClient, n int) []rxPacket {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rx := c.received()
+		if len(rx) >= n || time.Now().After(deadline) {
+			return rx
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// clearTailPackets is how many packets of silence a clear sends after the
+// reply it cuts (docs/bridge.md §6.3; playout's default ClearTailTicks).
+const clearTailPackets = 3
+
+// waitClearTail waits until the packets the client received after its
+// first before end in a clear's tail of silence, and returns them. The
+// tail is the last thing a clear sends, one packet a tick from the turn
+// after output.cleared went to the backend; the reply's packets before it
+// have arrived once it has. It then waits 100 ms more, so that a packet
+// past the tail, if one were sent, shows in what it returns.
+func waitClearTail(t *testing.T, c *testClient, before int) []rxPacket {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rx := c.received()[before:]
+		if _, tail := withoutClearTail(t, rx); tail >= clearTailPackets {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no clear tail (%d packets of silence) among the client's last packets in 10 s; %d packets since the clear's run", clearTailPackets, len(rx))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	return c.received()[before:]
 }
 
 // withoutClearTail returns the packets before the silence a clear sends
