@@ -503,10 +503,13 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 	// The clear stopped it: the client got exactly what played_ms says was
 	// handed to it (below: the one packet a clear may find on its way is in
 	// both), and played_ms is no more than real time allows between the
-	// burst and the clear plus that packet. The playout unit tests pin the
-	// exact tick.
-	if limit := clearAt.Sub(sentAt).Milliseconds() + 20; cleared.ctl.PlayedMs > limit {
-		t.Errorf("played_ms %d for a clear %v after the audio was sent: faster than real time", cleared.ctl.PlayedMs, clearAt.Sub(sentAt))
+	// burst and the clear plus that packet. The clear takes effect at some
+	// moment before output.cleared comes back, not when it was sent (on a
+	// loaded machine the answer took 130 ms, 6 packets more), so real time
+	// is counted up to the answer. The playout unit tests pin the exact
+	// tick.
+	if limit := cleared.at.Sub(sentAt).Milliseconds() + 20; cleared.ctl.PlayedMs > limit {
+		t.Errorf("played_ms %d with output.cleared back %v after the audio was sent: faster than real time", cleared.ctl.PlayedMs, cleared.at.Sub(sentAt))
 	}
 	if d := cleared.ctl.PlayedMs - int64(20*len(rx)); d < -20 || d > 20 {
 		t.Errorf("played_ms %d, the client received %d ms: want within 20 ms", cleared.ctl.PlayedMs, 20*len(rx))
