@@ -283,7 +283,7 @@ func TestPCMEchoSpeech(t *testing.T) {
 				}
 				<-tick.C
 			}
-			deadline := time.Now().Add(3 * time.Second)
+			deadline := time.Now().Add(10 * time.Second)
 			for len(c.received()) < frames && time.Now().Before(deadline) {
 				time.Sleep(50 * time.Millisecond)
 			}
@@ -681,7 +681,7 @@ func withoutClearTail(t *testing.T, rx []rxPacket) ([]rxPacket, int) {
 func waitEvents(t *testing.T, c *testClient, want ...string) {
 	t.Helper()
 	var got []string
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		got = got[:0]
 		for _, ev := range c.eventTypes() {
@@ -776,7 +776,7 @@ func TestPCMSecondAudioTrackIgnored(t *testing.T) {
 		_ = second.WriteSample(media.Sample{Data: buf[:n], Duration: 20 * time.Millisecond})
 		<-tick.C
 	}
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for len(c.received()) < 45 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}

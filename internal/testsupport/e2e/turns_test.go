@@ -282,7 +282,7 @@ func slicesIndex(msgs []turnMsg, m turnMsg) int {
 func waitAudioBufferEvents(t *testing.T, c *testClient, want ...string) {
 	t.Helper()
 	var got []string
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		got = got[:0]
 		for _, ev := range c.eventTypes() {
