@@ -427,7 +427,7 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 	t.Logf("backend sent 10 s of PCM and 10 marks in %v", time.Since(burstAt).Round(time.Microsecond))
 	b.next(t, bridge.TypeOutputStarted, 5*time.Second)
 	for k := range 10 {
-		m := b.next(t, bridge.TypeOutputMark, 3*time.Second)
+		m := b.next(t, bridge.TypeOutputMark, 10*time.Second)
 		if want := "m" + string(rune('0'+k)); m.ctl.Name != want || m.ctl.Cleared {
 			t.Fatalf("mark %d = %+v, want %s", k, m.ctl, want)
 		}
@@ -448,7 +448,7 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 			}
 		}
 	}
-	stopped := b.next(t, bridge.TypeOutputStopped, 3*time.Second)
+	stopped := b.next(t, bridge.TypeOutputStopped, 10*time.Second)
 	if stopped.ctl.PlayedMs != 10000 {
 		t.Errorf("output.stopped played_ms %d, want 10000", stopped.ctl.PlayedMs)
 	}
@@ -488,8 +488,8 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 	time.Sleep(time.Second)
 	clearAt := time.Now()
 	b.control(t, bridge.Control{Type: bridge.TypeOutputClear})
-	dropped := b.next(t, bridge.TypeOutputMark, 2*time.Second)
-	cleared := b.next(t, bridge.TypeOutputCleared, 2*time.Second)
+	dropped := b.next(t, bridge.TypeOutputMark, 10*time.Second)
+	cleared := b.next(t, bridge.TypeOutputCleared, 10*time.Second)
 	rx, tail := withoutClearTail(t, waitClearTail(t, c, before))
 	if tail != clearTailPackets {
 		t.Errorf("the clear sent %d silence packets after the reply, want %d (docs/bridge.md §6.3)", tail, clearTailPackets)
@@ -527,7 +527,7 @@ func TestPCMBurstPacedClearMarks(t *testing.T) {
 	b.next(t, bridge.TypeOutputStarted, 5*time.Second)
 	time.Sleep(300 * time.Millisecond)
 	c.send(map[string]string{"type": "output_audio_buffer.clear"})
-	cleared = b.next(t, bridge.TypeOutputCleared, 2*time.Second)
+	cleared = b.next(t, bridge.TypeOutputCleared, 10*time.Second)
 	rx, _ = withoutClearTail(t, waitClearTail(t, c, before))
 	if d := cleared.ctl.PlayedMs - int64(20*len(rx)); d < -20 || d > 20 {
 		t.Errorf("client clear: played_ms %d, the client received %d ms", cleared.ctl.PlayedMs, 20*len(rx))
@@ -561,7 +561,7 @@ func TestPCMBackendErrors(t *testing.T) {
 	}
 	expectError := func(code string) {
 		t.Helper()
-		if m := b.next(t, bridge.TypeError, 2*time.Second); m.ctl.Code != code {
+		if m := b.next(t, bridge.TypeError, 10*time.Second); m.ctl.Code != code {
 			t.Fatalf("error %+v, want code %s", m.ctl, code)
 		} else {
 			t.Logf("%s: %s", code, m.ctl.Message)
@@ -569,12 +569,12 @@ func TestPCMBackendErrors(t *testing.T) {
 	}
 	// A clear with nothing queued is answered with played_ms 0.
 	b.control(t, bridge.Control{Type: bridge.TypeOutputClear})
-	if m := b.next(t, bridge.TypeOutputCleared, 2*time.Second); m.ctl.PlayedMs != 0 {
+	if m := b.next(t, bridge.TypeOutputCleared, 10*time.Second); m.ctl.PlayedMs != 0 {
 		t.Fatalf("idle clear: %+v", m.ctl)
 	}
 	// A mark on an idle queue comes back at once.
 	b.control(t, bridge.Control{Type: bridge.TypeOutputMark, Name: "now"})
-	if m := b.next(t, bridge.TypeOutputMark, 2*time.Second); m.ctl.Name != "now" {
+	if m := b.next(t, bridge.TypeOutputMark, 10*time.Second); m.ctl.Name != "now" {
 		t.Fatalf("idle mark: %+v", m.ctl)
 	}
 	send(make([]byte, 641))
@@ -589,11 +589,11 @@ func TestPCMBackendErrors(t *testing.T) {
 	expectError(bridge.ErrCodeQueueFull)
 	// Within the cap: played.
 	send(make([]byte, 16000)) // 0.5 s
-	if m := b.next(t, bridge.TypeOutputStopped, 3*time.Second); m.ctl.PlayedMs != 500 {
+	if m := b.next(t, bridge.TypeOutputStopped, 10*time.Second); m.ctl.PlayedMs != 500 {
 		t.Fatalf("output.stopped %+v, want 500 ms", m.ctl)
 	}
 	b.control(t, bridge.Control{Type: bridge.TypeOutputClear})
-	b.next(t, bridge.TypeOutputCleared, 2*time.Second)
+	b.next(t, bridge.TypeOutputCleared, 10*time.Second)
 	for reason, want := range map[string]float64{
 		"pcm_odd_length": 1, "invalid_mark_name": 1, "unexpected_type": 1, "output_queue_full": 2, "clear_idle": 2,
 	} {
