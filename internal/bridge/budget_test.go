@@ -26,9 +26,10 @@ func overConnLimit(t *testing.T) (sessions, frames int, payload []byte) {
 
 // budgetCtx bounds a connection budget test. overConnLimit's 37.5 MiB
 // go through masked WebSocket frames under the race detector, which
-// spends most of its time in the race runtime: 2–4 s on an idle 2-core
-// machine, 8–13 s with three busy loops beside it, so testCtx's 20 s was
-// within reach of a loaded CI machine. Two minutes only ends a hang.
+// spends most of its time in the race runtime: 2–4.5 s on a 2-core
+// machine already at load 3.5, 8–13 s with three busy loops added, so
+// testCtx's 20 s was within reach of a loaded CI machine. Two minutes
+// only ends a hang.
 func budgetCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
