@@ -187,9 +187,7 @@ func (m *muxConn) watchdog() {
 		select {
 		case now := <-t.C:
 			if start := m.writeStart.Load(); start != 0 && now.Sub(time.Unix(0, start)) > m.writeTimeout {
-				if m.fail(fmt.Errorf("%w: %w: batch write not done within %v", errSessionClosed, errWriteTimeout, m.writeTimeout)) {
-					m.stats.writeTimeouts.Add(1)
-				}
+				m.failCounted(fmt.Errorf("%w: %w: batch write not done within %v", errSessionClosed, errWriteTimeout, m.writeTimeout), &m.stats.writeTimeouts)
 				return
 			}
 		case <-m.done:
@@ -220,8 +218,11 @@ func (m *muxConn) pinger() {
 		expired := ctx.Err() != nil
 		cancel()
 		if err != nil {
-			if m.fail(fmt.Errorf("%w: keepalive: no pong within %v: %w", errSessionClosed, m.keepAlive, err)) && expired {
-				m.stats.pongTimeouts.Add(1)
+			err = fmt.Errorf("%w: keepalive: no pong within %v: %w", errSessionClosed, m.keepAlive, err)
+			if expired {
+				m.failCounted(err, &m.stats.pongTimeouts)
+			} else {
+				m.fail(err)
 			}
 			return
 		}
@@ -419,9 +420,17 @@ func (m *muxConn) drain() {
 // returns the error, its pool no longer counts the connection nor offers
 // it to a Dial (which would find it failed, and pick it again until
 // onFail ran).
-func (m *muxConn) fail(err error) (first bool) {
+func (m *muxConn) fail(err error) (first bool) { return m.failCounted(err, nil) }
+
+// failCounted is fail that, when this call ends the connection, first
+// adds one to count (when not nil): whoever sees a session end can read
+// the count that says why.
+func (m *muxConn) failCounted(err error, count *atomic.Uint64) (first bool) {
 	m.failOnce.Do(func() {
 		first = true
+		if count != nil {
+			count.Add(1)
+		}
 		m.mu.Lock()
 		m.err = err
 		m.mu.Unlock()

@@ -326,6 +326,10 @@ func TestV2WriteTimeout(t *testing.T) {
 			t.Errorf("send on the stalled connection: %v, want ErrClosed", err)
 		}
 	}
+	// Counted before the sessions end.
+	if n := p.Stats().WriteTimeouts(); n != 1 {
+		t.Errorf("WriteTimeouts() = %d, want 1", n)
+	}
 	for _, c := range []*bridge.Conn{a, b} {
 		for {
 			_, err := c.Recv(context.Background())
@@ -370,6 +374,10 @@ func TestV2KeepAlive(t *testing.T) {
 	c := halfOpen(t, p, px)
 	if _, err := c.Recv(context.Background()); !errors.Is(err, bridge.ErrClosed) {
 		t.Errorf("Recv on a half-open connection: %v, want ErrClosed", err)
+	}
+	// Counted before the sessions end.
+	if n := p.Stats().PongTimeouts(); n != 1 {
+		t.Errorf("PongTimeouts() = %d, want 1", n)
 	}
 }
 
