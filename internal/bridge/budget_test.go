@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 )
@@ -21,6 +22,45 @@ func overConnLimit(t *testing.T) (sessions, frames int, payload []byte) {
 		t.Fatal("the test does not pass the connection limit")
 	}
 	return sessions, frames, make([]byte, frame)
+}
+
+// budgetCtx bounds a connection budget test. overConnLimit's 37.5 MiB
+// go through masked WebSocket frames under the race detector, which
+// spends most of its time in the race runtime: 2–4.5 s on a 2-core
+// machine already at load 3.5, 8–13 s with three busy loops added, so
+// testCtx's 20 s was within reach of a loaded CI machine. Two minutes
+// only ends a hang.
+func budgetCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// dialOneConn dials the sessions ids on p before any of them sends, and
+// checks that they share one connection. Dialing each just before its
+// sends would leave the pool's pick to timing: a connection whose batch
+// write has been in flight for a second (the previous session's last
+// 64 KiB frame, on a starved machine) gets no new session, and a second
+// connection would split the load under ConnQueueLimit.
+func dialOneConn(t *testing.T, p *bridge.Pool, ids ...string) []*bridge.Conn {
+	t.Helper()
+	cs := make([]*bridge.Conn, len(ids))
+	for i, id := range ids {
+		cs[i] = poolDial(t, p, id)
+	}
+	if n := p.Conns(); n != 1 {
+		t.Fatalf("%d sessions on %d connections, want 1", len(ids), n)
+	}
+	return cs
+}
+
+// sessionIDs returns the ids s0 … s(n−1).
+func sessionIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprint("s", i)
+	}
+	return ids
 }
 
 // TestV2EndedSessionsLeaveBudget: what is queued for a session that has
@@ -59,12 +99,12 @@ func TestV2EndedSessionsLeaveBudget(t *testing.T) {
 	}))
 	t.Cleanup(func() { close(stop) })
 	p := newPool(t, url, 0)
-	ctx := testCtx(t)
-	// The holder keeps the connection open while the others come and go.
-	holder := poolDial(t, p, "holder")
+	ctx := budgetCtx(t)
 	sessions, frames, payload := overConnLimit(t)
-	for i := range sessions {
-		c := poolDial(t, p, fmt.Sprint("s", i))
+	// The holder keeps the connection open while the others end in turn.
+	cs := dialOneConn(t, p, append([]string{"holder"}, sessionIDs(sessions)...)...)
+	holder := cs[0]
+	for i, c := range cs[1:] {
 		for j := range frames {
 			if err := c.SendAudio(ctx, bridge.AudioFrame{Seq: uint16(j), Payload: payload}); err != nil {
 				t.Fatalf("session %d frame %d: %v", i, j, err)

@@ -187,9 +187,7 @@ func (m *muxConn) watchdog() {
 		select {
 		case now := <-t.C:
 			if start := m.writeStart.Load(); start != 0 && now.Sub(time.Unix(0, start)) > m.writeTimeout {
-				if m.fail(fmt.Errorf("%w: %w: batch write not done within %v", errSessionClosed, errWriteTimeout, m.writeTimeout)) {
-					m.stats.writeTimeouts.Add(1)
-				}
+				m.failCounted(fmt.Errorf("%w: %w: batch write not done within %v", errSessionClosed, errWriteTimeout, m.writeTimeout), &m.stats.writeTimeouts)
 				return
 			}
 		case <-m.done:
@@ -220,8 +218,11 @@ func (m *muxConn) pinger() {
 		expired := ctx.Err() != nil
 		cancel()
 		if err != nil {
-			if m.fail(fmt.Errorf("%w: keepalive: no pong within %v: %w", errSessionClosed, m.keepAlive, err)) && expired {
-				m.stats.pongTimeouts.Add(1)
+			err = fmt.Errorf("%w: keepalive: no pong within %v: %w", errSessionClosed, m.keepAlive, err)
+			if expired {
+				m.failCounted(err, &m.stats.pongTimeouts)
+			} else {
+				m.fail(err)
 			}
 			return
 		}
@@ -414,14 +415,30 @@ func (m *muxConn) drain() {
 // returns it, wrapped in ErrClosed, after what was already queued). It
 // reports whether this call ended the connection (false when it was over
 // already).
-func (m *muxConn) fail(err error) (first bool) {
+//
+// onFail runs before the sessions learn of the end: once a session's Recv
+// returns the error, its pool no longer counts the connection nor offers
+// it to a Dial (which would find it failed, and pick it again until
+// onFail ran).
+func (m *muxConn) fail(err error) (first bool) { return m.failCounted(err, nil) }
+
+// failCounted is fail that, when this call ends the connection, first
+// adds one to count (when not nil): whoever sees a session end can read
+// the count that says why.
+func (m *muxConn) failCounted(err error, count *atomic.Uint64) (first bool) {
 	m.failOnce.Do(func() {
 		first = true
+		if count != nil {
+			count.Add(1)
+		}
 		m.mu.Lock()
 		m.err = err
 		m.mu.Unlock()
 		close(m.done)
 		_ = m.ws.CloseNow()
+		if m.onFail != nil {
+			m.onFail()
+		}
 		m.smu.Lock()
 		ss := make([]*stream, 0, len(m.sessions)+len(m.unnumbered))
 		for _, s := range m.sessions {
@@ -433,9 +450,6 @@ func (m *muxConn) fail(err error) (first bool) {
 		m.smu.Unlock()
 		for _, s := range ss {
 			s.ended(err)
-		}
-		if m.onFail != nil {
-			m.onFail()
 		}
 	})
 	return first

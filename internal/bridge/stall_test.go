@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -12,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 )
@@ -325,6 +326,10 @@ func TestV2WriteTimeout(t *testing.T) {
 			t.Errorf("send on the stalled connection: %v, want ErrClosed", err)
 		}
 	}
+	// Counted before the sessions end.
+	if n := p.Stats().WriteTimeouts(); n != 1 {
+		t.Errorf("WriteTimeouts() = %d, want 1", n)
+	}
 	for _, c := range []*bridge.Conn{a, b} {
 		for {
 			_, err := c.Recv(context.Background())
@@ -369,6 +374,10 @@ func TestV2KeepAlive(t *testing.T) {
 	c := halfOpen(t, p, px)
 	if _, err := c.Recv(context.Background()); !errors.Is(err, bridge.ErrClosed) {
 		t.Errorf("Recv on a half-open connection: %v, want ErrClosed", err)
+	}
+	// Counted before the sessions end.
+	if n := p.Stats().PongTimeouts(); n != 1 {
+		t.Errorf("PongTimeouts() = %d, want 1", n)
 	}
 }
 
@@ -430,17 +439,22 @@ func TestV2ConnQueueLimit(t *testing.T) {
 	t.Cleanup(func() { close(stop) })
 	p := newPool(t, url, 0)
 	sessions, frames, payload := overConnLimit(t)
-	sendCtx := testCtx(t)
-	for i := range sessions {
-		c := poolDial(t, p, fmt.Sprint("s", i))
+	ctx := budgetCtx(t)
+	for i, c := range dialOneConn(t, p, sessionIDs(sessions)...) {
 		for j := range frames {
-			if err := c.SendAudio(sendCtx, bridge.AudioFrame{Seq: uint16(j), Payload: payload}); err != nil {
-				break // ended by the backend's budget: its close record arrived
+			err := c.SendAudio(ctx, bridge.AudioFrame{Seq: uint16(j), Payload: payload})
+			if err == nil {
+				continue
 			}
+			// Only the backend's budget may end the sends: its close
+			// record arrived.
+			if code := websocket.CloseStatus(err); code != bridge.CloseQueueFull {
+				t.Fatalf("session %d frame %d: %v, want close code %d", i, j, err, bridge.CloseQueueFull)
+			}
+			break
 		}
 	}
 	// The backend counts the drop once its read loop gets that far.
-	ctx := testCtx(t)
 	for stats.Drops(bridge.DropQueueFull) == 0 {
 		select {
 		case <-ctx.Done():

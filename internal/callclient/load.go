@@ -51,11 +51,13 @@ import (
 // 1 − received ÷ sent. Against a backend that does not echo, loss and gaps
 // describe the backend's own audio, not the round trip.
 //
-// After streaming, a session sends a ping on the data channel
-// ({"type":"ping","id":"load-<i>-<random>"}), waits up to 5 s for the
-// same message to come back (an echo backend returns it; against another
-// backend the session reports FailDataChannel), lets echoes in flight
-// arrive for LoadTail, sends the DELETE and closes the peer connection.
+// After streaming, a session whose data channel has opened (the stream
+// starts once it has, or after 10 s without it) sends a ping on it
+// ({"type":"ping","id":"load-<i>-<random>"}), waits up to 15 s
+// (closingPingWait) for the same message to come back (an echo backend
+// returns it; against another backend, or when the channel never opened,
+// the session reports FailDataChannel), lets echoes in flight arrive for
+// LoadTail, sends the DELETE and closes the peer connection.
 //
 // With LoadOptions.Vanish, a session instead stands for a client that
 // loses its network: it connects, waits a random while and closes its
@@ -664,6 +666,17 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 
 	sendErr := l.stream(ctx, track, failed, &r)
 	streamEnd := time.Now().UnixNano()
+	if !r.DCOpen {
+		// Opened while the audio streamed: on a lossy path SCTP's
+		// association and the channel's DCEP open each retransmit on
+		// timers from 1 s, doubled on each loss (RFC 4960 §6.3.3), so
+		// four losses in a row take one of them past the 10 s above.
+		select {
+		case <-dcOpen:
+			r.DCOpen = true
+		default:
+		}
+	}
 
 	select {
 	case <-failed:

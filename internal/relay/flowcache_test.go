@@ -104,13 +104,15 @@ func TestFlowCacheRestoresAfterRestart(t *testing.T) {
 	e.r.Close()
 	client := udp(t)
 
-	first := newCacheRelay(t, e, newCache(t, srv.Addr), nil, nil)
-	start := time.Now()
+	// No refresh pass within the test: only the write at confirmation can
+	// put the flow in the cache. (A 250 ms bound on that write used to
+	// stand for this; it measured Redis and the race detector on a loaded
+	// machine as much as the relay.)
+	firstParams := defaultCacheParams
+	firstParams.refresh = time.Hour
+	first := newCacheRelay(t, e, newCache(t, srv.Addr), &firstParams, nil)
 	confirm(t, e, first, client)
-	eventually(t, "the confirmed flow written", func() bool { return first.Stats().FlowCache.WritesOK >= 1 })
-	if d := time.Since(start); d > 250*time.Millisecond {
-		t.Errorf("confirmed flow written %v after the first request; bound 250 ms", d)
-	}
+	eventually(t, "the confirmed flow written at its confirmation", func() bool { return first.Stats().FlowCache.WritesOK >= 1 })
 	first.Close()
 
 	p := defaultCacheParams
