@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,17 +47,10 @@ func TestBridgeDocPythonPCMBackend(t *testing.T) {
 		t.Fatal("docs/bridge.md has no second Python example")
 	}
 	src := blocks[2][:strings.Index(blocks[2], "```")]
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
 	const serve = `websockets.serve(session, "0.0.0.0", 8080,`
 	if !strings.Contains(src, serve) {
 		t.Fatalf("the example no longer serves with %s", serve)
 	}
-	src = strings.Replace(src, serve, fmt.Sprintf(`websockets.serve(session, "127.0.0.1", %d,`, port), 1)
 
 	// reply.wav: 3 s of speech.wav at 24 kHz.
 	dir := t.TempDir()
@@ -71,33 +65,22 @@ func TestBridgeDocPythonPCMBackend(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "reply.wav"), wavFile(pcm, 24000), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "backend.py"), []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var out logbuf.Buffer
-	cmd := exec.CommandContext(ctx, python, "-u", "backend.py")
-	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("backend output:\n%s", out.String())
-		}
-	})
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err == nil {
-			_ = c.Close()
+	// The example binds a fixed port: the test picks one that was free a
+	// moment ago, and another process may take it before Python binds it.
+	// Then Python exits ("address already in use") while a dial would reach
+	// the other process, so the backend is ready when the port answers as
+	// a websockets server does, and a lost port is tried again with another.
+	var out *logbuf.Buffer
+	var port int
+	for attempt := 1; ; attempt++ {
+		var busy bool
+		port, out, busy = startPythonBackend(t, python, dir, src, serve)
+		if !busy {
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the Python backend does not listen: %v", err)
+		if attempt == 5 {
+			t.Fatalf("the Python backend lost its port %d times:\n%s", attempt, out.String())
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 
 	s := startPCMStack(t, nil, func(c *transceiver.Config) { c.BackendURL = fmt.Sprintf("ws://127.0.0.1:%d/", port) })
@@ -144,4 +127,71 @@ func wavFile(pcm []byte, rate int) []byte {
 	_ = binary.Write(&b, le, uint32(len(pcm)))
 	b.Write(pcm)
 	return b.Bytes()
+}
+
+// startPythonBackend runs the example src in dir on a loopback port that
+// was free a moment ago (put in place of serve) and waits up to 10 s for
+// it to answer. busy reports that Python exited because the port had been
+// taken meanwhile; the test fails on any other failure.
+func startPythonBackend(t *testing.T, python, dir, src, serve string) (port int, out *logbuf.Buffer, busy bool) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port = ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	src = strings.Replace(src, serve, fmt.Sprintf(`websockets.serve(session, "127.0.0.1", %d,`, port), 1)
+	if err := os.WriteFile(filepath.Join(dir, "backend.py"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	out = &logbuf.Buffer{}
+	cmd := exec.CommandContext(ctx, python, "-u", "backend.py")
+	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, out, out
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stop := func() { cancel(); <-exited }
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		select {
+		case <-exited:
+			cancel()
+			if strings.Contains(strings.ToLower(out.String()), "address already in use") {
+				return port, out, true
+			}
+			t.Fatalf("the Python backend exited at start:\n%s", out.String())
+		default:
+		}
+		if isWebsocketsServer(port) {
+			t.Cleanup(func() {
+				stop()
+				if t.Failed() {
+					t.Logf("backend output:\n%s", out.String())
+				}
+			})
+			return port, out, false
+		}
+		if time.Now().After(deadline) {
+			stop()
+			t.Fatalf("the Python backend does not listen on %d:\n%s", port, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// isWebsocketsServer reports whether a plain GET to port is answered by
+// Python's websockets library (its Server header), and not by whichever
+// process might have taken the port.
+func isWebsocketsServer(port int) bool {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return strings.Contains(resp.Header.Get("Server"), "websockets")
 }
