@@ -116,21 +116,25 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 		return st, "Global Relay in front of the cluster relay", err
 
 	case PathDirect:
-		// The proxy must exist before the transceiver (its address is
-		// advertised) and target the transceiver's socket: reserve a port.
-		port, err := freeUDPPort()
+		// The transceiver advertises the proxy, and the proxy targets the
+		// transceiver's socket: bind the proxy's socket first, start the
+		// proxy on it once the transceiver has bound its own.
+		conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 		if err != nil {
 			return nil, "", err
 		}
-		listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port)
-		px, err := impair.NewUDP("127.0.0.1:0", listen, delay, 1)
-		if err != nil {
-			return nil, "", err
-		}
-		e.defer_(func() { _ = px.Close() })
 		cfg.Direct = true
-		cfg.ListenAddr = listen.String()
-		cfg.Advertise = px.Addr().String()
+		cfg.ListenAddr = "127.0.0.1:0"
+		cfg.Advertise = conn.LocalAddr().String()
+		trx, err := e.newTransceiver(cfg)
+		if err != nil {
+			_ = conn.Close()
+			return nil, "", err
+		}
+		px := impair.NewUDPConn(conn, trx.HopAddr().(*net.UDPAddr).AddrPort(), delay, 1)
+		e.defer_(func() { _ = px.Close() })
+		st.url, st.page, err = e.signaling(trx)
+		return st, "", err
 
 	case PathRelay:
 		st, err := e.behindRelay(cfg, id, delay, false)
@@ -278,16 +282,6 @@ func (e *env) clientEngine() *webrtc.SettingEngine {
 
 // turnUser is the one long-term-credential user of the TURN path's coturn.
 const turnUser = "bench"
-
-// freeUDPPort returns a loopback UDP port that was free a moment ago.
-func freeUDPPort() (uint16, error) {
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	return uint16(c.LocalAddr().(*net.UDPAddr).Port), nil
-}
 
 // tone is d of a 440 Hz sine, 48 kHz mono.
 func tone(d time.Duration) *callclient.WAV {

@@ -208,6 +208,14 @@ func NewUDP(listen string, target netip.AddrPort, cfg Config, seed uint64) (*UDP
 	if err != nil {
 		return nil, err
 	}
+	return NewUDPConn(conn, target, cfg, seed), nil
+}
+
+// NewUDPConn is NewUDP on a socket the caller bound already, for a target
+// that needs the proxy's address before it exists itself (a transceiver
+// that advertises the proxy): bind conn on port 0, start the target, then
+// the proxy. The proxy owns conn from now on and closes it in Close.
+func NewUDPConn(conn *net.UDPConn, target netip.AddrPort, cfg Config, seed uint64) *UDP {
 	// All clients' datagrams share conn: with the default receive buffer
 	// a proxy held up some tens of milliseconds on a busy machine lost
 	// datagrams of its own, beyond its Config.
@@ -215,7 +223,7 @@ func NewUDP(listen string, target netip.AddrPort, cfg Config, seed uint64) (*UDP
 	p := &UDP{conn: conn, target: target, im: newImpairer(cfg, seed), peers: map[netip.AddrPort]*net.UDPConn{}}
 	p.wg.Add(1)
 	go p.readClients()
-	return p, nil
+	return p
 }
 
 // Addr is the address clients send to.
