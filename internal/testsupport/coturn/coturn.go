@@ -62,9 +62,10 @@ type Server struct {
 }
 
 // Start starts turnserver with cfg on a free loopback UDP port and returns
-// once it answers a STUN Binding request (RFC 8489 §3). The port is picked
-// free and then bound by coturn, so a lost race is retried, up to three
-// times.
+// once it has bound the port and answers a STUN Binding request (RFC 8489
+// §3). The port is picked free and then bound by coturn, so a lost race
+// (turnserver logs that it cannot bind) is retried on another port, up to
+// three attempts in all.
 func Start(cfg Config) (*Server, error) {
 	bin, err := exec.LookPath("turnserver")
 	if err != nil {
@@ -78,7 +79,11 @@ func Start(cfg Config) (*Server, error) {
 	}
 	var lastErr error
 	for range 3 {
-		s, err := start(bin, cfg)
+		port, err := freeUDPPort()
+		if err != nil {
+			return nil, err
+		}
+		s, err := start(bin, cfg, port)
 		if err == nil {
 			return s, nil
 		}
@@ -87,11 +92,12 @@ func Start(cfg Config) (*Server, error) {
 	return nil, lastErr
 }
 
-func start(bin string, cfg Config) (*Server, error) {
-	port, err := freeUDPPort()
-	if err != nil {
-		return nil, err
-	}
+// errBusy is start's error when the port it picked was taken before
+// turnserver could bind it.
+var errBusy = errors.New("address already in use")
+
+// start runs turnserver once on port.
+func start(bin string, cfg Config, port uint16) (*Server, error) {
 	dir, err := os.MkdirTemp("", "coturn-")
 	if err != nil {
 		return nil, err
@@ -131,10 +137,20 @@ func start(bin string, cfg Config) (*Server, error) {
 			return nil, err
 		default:
 		}
-		if stunPing(s.Addr, 100*time.Millisecond) {
+		// turnserver does not exit when its port is taken: it logs
+		// "Cannot bind" and tries again and again, while the port's owner
+		// might answer the STUN ping. It logs "Total General servers"
+		// once its listeners are bound.
+		log, _ := os.ReadFile(s.logPath())
+		if bytes.Contains(log, []byte("Cannot bind")) {
+			s.Stop()
+			return nil, fmt.Errorf("coturn: port %d was taken before turnserver bound it: %w", port, errBusy)
+		}
+		if bytes.Contains(log, []byte("Total General servers")) && stunPing(s.Addr, 100*time.Millisecond) {
 			s.Version = version(bin)
 			return s, nil
 		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	err = fmt.Errorf("coturn: turnserver did not answer STUN on %s within %v: %s", s.Addr, cfg.StartTimeout, s.LogTail(2000))
 	s.Stop()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -105,5 +106,48 @@ func TestNoAuth(t *testing.T) {
 	var relayed stun.XORMappedAddress
 	if err := relayed.GetFromAs(&res, stun.AttrXORRelayedAddress); err != nil || !relayed.IP.IsLoopback() {
 		t.Fatalf("relayed address %v (%v), want one on loopback", relayed, err)
+	}
+}
+
+// TestBusyPort: on a port another socket holds (one that answers STUN, as
+// a transceiver would), turnserver does not come up, and start reports
+// the lost race for Start to try another port instead of taking the
+// other socket's answers for coturn's.
+func TestBusyPort(t *testing.T) {
+	bin, err := exec.LookPath("turnserver")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	busy, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	go func() { // answer Binding requests as a STUN server would
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := busy.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			req := stun.Message{Raw: append([]byte(nil), buf[:n]...)}
+			if req.Decode() != nil {
+				continue
+			}
+			res := stun.MustBuild(stun.NewTransactionIDSetter(req.TransactionID), stun.BindingSuccess, stun.Fingerprint)
+			_, _ = busy.WriteToUDP(res.Raw, from)
+		}
+	}()
+	port := uint16(busy.LocalAddr().(*net.UDPAddr).Port)
+	s, err := start(bin, Config{Realm: "switchboard.test", StartTimeout: 10 * time.Second}, port)
+	if err == nil {
+		s.Stop()
+		t.Fatalf("turnserver on busy port %d: started", port)
+	}
+	if !errors.Is(err, errBusy) {
+		t.Fatalf("turnserver on busy port %d: %v, want errBusy", port, err)
 	}
 }
