@@ -5,6 +5,7 @@ package logbuf
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"sync"
 )
@@ -54,4 +55,24 @@ func (b *Buffer) Reset() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.b.Reset()
+}
+
+// JSONField returns the string field key of the first JSON log line (one
+// slog JSON handler record per line) whose "msg" is msg: how a harness
+// reads the address a switchboard process bound from its start-up line,
+// e.g. JSONField("http listening", "addr"). ok is false until such a
+// line, with that field, has been written.
+func (b *Buffer) JSONField(msg, key string) (value string, ok bool) {
+	for line := range strings.Lines(b.String()) {
+		if !strings.Contains(line, `"msg":`) {
+			continue
+		}
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil || rec["msg"] != msg {
+			continue
+		}
+		value, ok = rec[key].(string)
+		return value, ok
+	}
+	return "", false
 }

@@ -51,3 +51,30 @@ func TestMaxTailReset(t *testing.T) {
 		t.Fatal("Reset left bytes")
 	}
 }
+
+func TestJSONField(t *testing.T) {
+	var b Buffer
+	if _, ok := b.JSONField("http listening", "addr"); ok {
+		t.Fatal("found a field in an empty buffer")
+	}
+	_, _ = b.Write([]byte("plain text, not JSON\n" +
+		`{"time":"t","level":"INFO","msg":"relay running","public":"127.0.0.1:5000","members":1}` + "\n" +
+		`{"time":"t","level":"INFO","msg":"http listening","addr":"127.0.0.1:4001"}` + "\n" +
+		`{"time":"t","level":"INFO","msg":"http listening","addr":"127.0.0.1:4002"}` + "\n"))
+	for _, tt := range []struct {
+		name, msg, key, want string
+		ok                   bool
+	}{
+		{"first of two", "http listening", "addr", "127.0.0.1:4001", true},
+		{"other record", "relay running", "public", "127.0.0.1:5000", true},
+		{"not a string", "relay running", "members", "", false},
+		{"no such field", "relay running", "internal", "", false},
+		{"no such msg", "transceiver running", "hop", "", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got, ok := b.JSONField(tt.msg, tt.key); got != tt.want || ok != tt.ok {
+				t.Errorf("JSONField(%q, %q) = %q, %v; want %q, %v", tt.msg, tt.key, got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+}
