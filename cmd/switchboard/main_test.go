@@ -25,6 +25,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// freeUDP returns a loopback UDP address that was free a moment ago.
 func freeUDP(t *testing.T) string {
 	t.Helper()
 	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
@@ -35,14 +36,68 @@ func freeUDP(t *testing.T) string {
 	return c.LocalAddr().String()
 }
 
-func freeTCP(t *testing.T) string {
+// child is a process of the binary under test.
+type child struct {
+	cmd    *exec.Cmd
+	log    *logbuf.Buffer
+	exited chan struct{}
+}
+
+// startChild runs bin with args and env added to the test's environment,
+// and stops it when the test ends.
+func startChild(t *testing.T, bin string, env []string, args ...string) *child {
 	t.Helper()
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
+	c := &child{cmd: exec.Command(bin, args...), log: &logbuf.Buffer{}, exited: make(chan struct{})}
+	c.cmd.Env = append(os.Environ(), env...)
+	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
+	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	go func() { _ = c.cmd.Wait(); close(c.exited) }()
+	t.Cleanup(c.stop)
+	return c
+}
+
+// stop interrupts the process (a graceful stop), kills it 5 s later if it
+// is still running, and waits for it.
+func (c *child) stop() {
+	_ = c.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-c.exited:
+	case <-time.After(5 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+	}
+}
+
+// bound waits for the start-up log line msg and returns its address
+// fields keys, in order: the addresses the process bound, when it was
+// given port 0. busy reports instead that the process exited because an
+// address it was given was in use; the test fails on any other exit.
+func (c *child) bound(t *testing.T, msg string, keys ...string) (addrs []string, busy bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if a, ok := c.log.JSONField(msg, keys[0]); ok {
+			addrs = append(addrs, a)
+			for _, k := range keys[1:] {
+				a, _ := c.log.JSONField(msg, k)
+				addrs = append(addrs, a)
+			}
+			return addrs, false
+		}
+		select {
+		case <-c.exited:
+			if strings.Contains(c.log.String(), "address already in use") {
+				return nil, true
+			}
+			t.Fatalf("%q exited before it logged %q:\n%s", c.cmd.Args, msg, c.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%q did not log %q in 20 s:\n%s", c.cmd.Args, msg, c.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func waitHTTP(t *testing.T, url string) {
@@ -77,36 +132,7 @@ func TestSeparateProcesses(t *testing.T) {
 // learns the transceiver from the Redis registry instead of -members.
 func separateProcesses(t *testing.T, bin, redisAddr string) {
 	key := "c3dpdGNoYm9hcmQtdGVzdC1mbGVldC1rZXktMzItYnl0ZXM="
-	agentHTTP, trxHTTP, relayOps := freeTCP(t), freeTCP(t), freeTCP(t)
-	public, internal, trxHop := freeUDP(t), freeUDP(t), freeUDP(t)
-
-	relayYAML := filepath.Join(t.TempDir(), "relay.yaml")
-	members := "members: 7=" + trxHop
-	var trxExtra []string
-	if redisAddr != "" {
-		members = "membership: redis\nredis: " + redisAddr
-		trxExtra = []string{"-redis", redisAddr}
-	}
-	if err := os.WriteFile(relayYAML, []byte(fmt.Sprintf(
-		"public_addr: %s\ninternal_addr: %s\n%s\nworkers: 2\n", public, internal, members)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var logs []*logbuf.Buffer
-	start := func(env []string, args ...string) {
-		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Env = append(os.Environ(), env...)
-		buf := &logbuf.Buffer{}
-		cmd.Stdout, cmd.Stderr = buf, buf
-		logs = append(logs, buf)
-		cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-		cmd.WaitDelay = 5 * time.Second
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cancel(); _ = cmd.Wait() })
-	}
 	defer func() {
 		if t.Failed() {
 			for _, l := range logs {
@@ -114,10 +140,53 @@ func separateProcesses(t *testing.T, bin, redisAddr string) {
 			}
 		}
 	}()
-	start(nil, "agent", "-mode", "echo", "-listen", agentHTTP)
-	start([]string{"SWITCHBOARD_TOKEN_KEY=" + key}, append([]string{"transceiver", "-id", "7", "-listen", trxHop,
-		"-advertise", public, "-backend", "ws://" + agentHTTP + "/v1/bridge", "-http", trxHTTP}, trxExtra...)...)
-	start([]string{"SWITCHBOARD_TOKEN_KEY=" + key}, "relay", "-config", relayYAML, "-metrics", relayOps)
+	keyEnv := []string{"SWITCHBOARD_TOKEN_KEY=" + key}
+	var trxExtra []string
+	if redisAddr != "" {
+		trxExtra = []string{"-redis", redisAddr}
+	}
+	// Each process binds port 0 and logs what it bound, except the relay's
+	// public address: the transceiver advertises it before the relay
+	// starts (the relay needs the transceiver's hop address first), so it
+	// is picked free beforehand, and the two start again on another port
+	// if a third process took it in between.
+	agent := startChild(t, bin, nil, "agent", "-mode", "echo", "-listen", "127.0.0.1:0")
+	logs = append(logs, agent.log)
+	a, _ := agent.bound(t, "http listening", "addr")
+	agentHTTP := a[0]
+	var trxHTTP, relayOps string
+	for attempt := 1; ; attempt++ {
+		public := freeUDP(t)
+		trx := startChild(t, bin, keyEnv, append([]string{"transceiver", "-id", "7", "-listen", "127.0.0.1:0",
+			"-advertise", public, "-backend", "ws://" + agentHTTP + "/v1/bridge", "-http", "127.0.0.1:0"}, trxExtra...)...)
+		logs = append(logs, trx.log)
+		a, _ := trx.bound(t, "transceiver running", "hop", "http")
+		trxHop := a[0]
+		trxHTTP = a[1]
+
+		relayYAML := filepath.Join(t.TempDir(), "relay.yaml")
+		members := "members: 7=" + trxHop
+		if redisAddr != "" {
+			members = "membership: redis\nredis: " + redisAddr
+		}
+		if err := os.WriteFile(relayYAML, []byte(fmt.Sprintf(
+			"public_addr: %s\ninternal_addr: 127.0.0.1:0\n%s\nworkers: 2\n", public, members)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		relay := startChild(t, bin, keyEnv, "relay", "-config", relayYAML, "-metrics", "127.0.0.1:0")
+		logs = append(logs, relay.log)
+		if _, busy := relay.bound(t, "relay running", "public"); busy {
+			if attempt == 5 {
+				t.Fatalf("the relay's public address was taken %d times", attempt)
+			}
+			relay.stop()
+			trx.stop()
+			continue
+		}
+		a, _ = relay.bound(t, "http listening", "addr")
+		relayOps = a[0]
+		break
+	}
 	waitHTTP(t, "http://"+agentHTTP+"/live")
 	waitHTTP(t, "http://"+trxHTTP+"/live")
 	waitHTTP(t, "http://"+relayOps+"/live")
