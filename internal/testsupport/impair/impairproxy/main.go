@@ -1,8 +1,10 @@
 // Command impairproxy runs an internal/testsupport/impair UDP proxy in a
 // process of its own, for tests that must not pay the race detector on
 // every datagram (the chaos suite builds it without it): from -listen to
-// -target, with -loss, -dup, -reorder and -delay on each direction. On
-// SIGINT or SIGTERM it prints the proxy's counters (impair.Stats) as one
+// -target, with -loss, -dup, -reorder and -delay on each direction. Once
+// it listens it logs the address it bound (a JSON line on stderr, msg
+// "impairproxy listening", field addr: what a harness that gave it port 0
+// sends to). On SIGINT or SIGTERM it prints the proxy's counters (impair.Stats) as one
 // JSON object on stdout and exits.
 package main
 
@@ -10,6 +12,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -40,6 +43,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "impairproxy:", err)
 		os.Exit(1)
 	}
+	slog.New(slog.NewJSONHandler(os.Stderr, nil)).Info("impairproxy listening", "addr", p.Addr().String())
 	<-stop
 	_ = p.Close()
 	_ = json.NewEncoder(os.Stdout).Encode(p.Stats())
