@@ -237,17 +237,7 @@ func logTime(m map[string]any) time.Time {
 	return t
 }
 
-// freeTCP and freeUDP return a loopback address that was free a moment ago.
-func freeTCP(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
+// freeUDP returns a loopback address that was free a moment ago.
 func freeUDP(t *testing.T) string {
 	t.Helper()
 	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
@@ -256,6 +246,46 @@ func freeUDP(t *testing.T) string {
 	}
 	defer c.Close()
 	return c.LocalAddr().String()
+}
+
+// bound waits for the process's JSON start-up log line msg and returns its
+// fields keys, in order: the addresses it bound when given port 0. busy
+// reports instead that it exited because an address it was given was in
+// use (another process took it after the harness picked it); the test
+// fails on any other exit.
+func (p *proc) bound(t *testing.T, msg string, keys ...string) (addrs []string, busy bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if a, ok := p.log.JSONField(msg, keys[0]); ok {
+			addrs = append(addrs, a)
+			for _, k := range keys[1:] {
+				a, _ := p.log.JSONField(msg, k)
+				addrs = append(addrs, a)
+			}
+			return addrs, false
+		}
+		if p.exited() {
+			if strings.Contains(strings.ToLower(p.log.String()), "address already in use") {
+				return nil, true
+			}
+			t.Fatalf("%s exited before it logged %q: %v\n%s", p.name, msg, p.err, p.log.Tail(4000))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not log %q in 20 s:\n%s", p.name, msg, p.log.Tail(4000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// mustBind is bound for a process given only port 0, which cannot find
+// its address taken.
+func (p *proc) mustBind(t *testing.T, msg string, keys ...string) []string {
+	t.Helper()
+	addrs, busy := p.bound(t, msg, keys...)
+	if busy {
+		t.Fatalf("%s: address in use on port 0:\n%s", p.name, p.log.Tail(4000))
+	}
+	return addrs
 }
 
 // metrics is one /metrics scrape: series (name and labels as exposed) →
@@ -401,5 +431,3 @@ func requireRedis(t *testing.T) string {
 	t.Skip("needs redis-server (scripts/deps.sh test installs it)")
 	return ""
 }
-
-func dialTCP(addr string) (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) }

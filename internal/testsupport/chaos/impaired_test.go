@@ -40,10 +40,9 @@ const (
 func TestImpairedNetwork(t *testing.T) {
 	n := *flagSessions
 	dur := impairedDuration()
-	proxyAddr := freeUDP(t)
-	s := startStack(t, stackConfig{advertise: proxyAddr})
-	proxy := s.h.start("impairproxy", bins.impairproxy, "-listen", proxyAddr, "-target", s.public,
-		"-loss", fmtF(impairLoss), "-dup", fmtF(impairDup), "-reorder", fmtF(impairReorder), "-delay", impairDelay.String())
+	s := startStack(t, stackConfig{proxyArgs: []string{
+		"-loss", fmtF(impairLoss), "-dup", fmtF(impairDup), "-reorder", fmtF(impairReorder), "-delay", impairDelay.String()}})
+	proxy := s.proxy
 	watch := watchDrops(s.h)
 	backlog := softnetDrops()
 	d := s.runDriver(t, "-sessions", strconv.Itoa(n), "-duration", dur.String(), "-ramp", "30ms")

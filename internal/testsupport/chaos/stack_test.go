@@ -3,6 +3,7 @@ package chaos
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/url"
 	"os/exec"
 	"path"
@@ -30,9 +31,10 @@ type stackConfig struct {
 	noRelearn bool
 	// idleTimeout is the relay's -idle-timeout (0: its default, 60 s).
 	idleTimeout time.Duration
-	// advertise, if set, is put in answers instead of the relay's public
-	// address (an impairment proxy in front of it).
-	advertise string
+	// proxyArgs, if set, runs an impairproxy with these flags in front of
+	// the relay's public address; its address, not the relay's, is put
+	// in answers.
+	proxyArgs []string
 	// trxArgs and relayArgs are extra flags.
 	trxArgs, relayArgs []string
 }
@@ -52,6 +54,7 @@ type stack struct {
 	relayArgs []string
 	public    string // relay public UDP address
 	relayOps  string // relay /metrics
+	proxy     *proc  // impairproxy, with stackConfig.proxyArgs
 }
 
 func startStack(t *testing.T, cfg stackConfig) *stack {
@@ -63,31 +66,66 @@ func startStack(t *testing.T, cfg stackConfig) *stack {
 	if cfg.redis || cfg.flowCache {
 		s.startRedis(t)
 	}
-	s.agentAddr = freeTCP(t)
-	s.agent = s.h.start("agent", bins.switchboard, "agent", "-mode", "echo", "-listen", s.agentAddr)
+	// Every process binds port 0 and logs what it bound, except the
+	// relay's public address: the transceivers advertise it (or a proxy
+	// targets it) before the relay starts, since the relay needs their
+	// hop addresses first. It is picked free beforehand, and if another
+	// process takes it before the relay binds it, all of them but the
+	// agent start again around another one.
+	s.agent = s.h.start("agent", bins.switchboard, "agent", "-mode", "echo", "-listen", "127.0.0.1:0")
+	s.agentAddr = s.agent.mustBind(t, "http listening", "addr")[0]
+	for attempt := 1; !s.startRelayed(t); attempt++ {
+		if attempt == 5 {
+			t.Fatalf("the relay's public address was taken %d times", attempt)
+		}
+	}
+	for _, a := range s.trxHTTP {
+		waitHTTP(t, "http://"+a+"/ready", 20*time.Second)
+	}
+	waitHTTP(t, "http://"+s.relayOps+"/ready", 20*time.Second)
+	if cfg.redis {
+		// The relay routes only to transceivers it has read from Redis.
+		want := float64(cfg.transceivers)
+		if _, ok := waitFor(15*time.Second, func() bool {
+			m, err := scrape(s.relayOps)
+			return err == nil && m.sum("switchboard_relay_members") == want
+		}); !ok {
+			t.Fatalf("relay did not see %v transceivers in Redis", want)
+		}
+	}
+	return s
+}
+
+// startRelayed starts the proxy (with proxyArgs), the transceivers and the
+// relay around a public address picked free. If another process took it
+// before the relay bound it, it stops them and reports false.
+func (s *stack) startRelayed(t *testing.T) bool {
+	t.Helper()
+	cfg := s.cfg
 	s.public = freeUDP(t)
-	internal := freeUDP(t)
-	s.relayOps = freeTCP(t)
 	advertise := s.public
-	if cfg.advertise != "" {
-		advertise = cfg.advertise
+	if cfg.proxyArgs != nil {
+		s.proxy = s.h.start("impairproxy", bins.impairproxy, append([]string{"-listen", "127.0.0.1:0", "-target", s.public}, cfg.proxyArgs...)...)
+		advertise = s.proxy.mustBind(t, "impairproxy listening", "addr")[0]
 	}
 	var members []string
+	s.trx, s.trxHTTP = nil, nil
 	for i := range cfg.transceivers {
-		hopAddr, httpAddr := freeUDP(t), freeTCP(t)
-		args := []string{"transceiver", "-id", strconv.Itoa(i + 1), "-listen", hopAddr, "-advertise", advertise,
-			"-backend", "ws://" + s.agentAddr + "/v1/bridge", "-http", httpAddr, "-pprof", "-drain-timeout", "1s"}
+		args := []string{"transceiver", "-id", strconv.Itoa(i + 1), "-listen", "127.0.0.1:0", "-advertise", advertise,
+			"-backend", "ws://" + s.agentAddr + "/v1/bridge", "-http", "127.0.0.1:0", "-pprof", "-drain-timeout", "1s"}
 		if cfg.redis {
 			args = append(args, "-redis", s.redisAddr)
 		}
 		args = append(args, cfg.trxArgs...)
-		s.trx = append(s.trx, s.h.start(fmt.Sprintf("transceiver %d", i+1), bins.switchboard, args...))
-		s.trxHTTP = append(s.trxHTTP, httpAddr)
-		members = append(members, fmt.Sprintf("%d=%s", i+1, hopAddr))
+		trx := s.h.start(fmt.Sprintf("transceiver %d", i+1), bins.switchboard, args...)
+		a := trx.mustBind(t, "transceiver running", "hop", "http")
+		s.trx = append(s.trx, trx)
+		s.trxHTTP = append(s.trxHTTP, a[1])
+		members = append(members, fmt.Sprintf("%d=%s", i+1, a[0]))
 	}
 	// Every client is 127.0.0.1 here, so the per-source caps on new flows
 	// (docs/design.md §5.5, meant for one client per address) are lifted.
-	s.relayArgs = []string{"relay", "-public", s.public, "-internal", internal, "-metrics", s.relayOps,
+	s.relayArgs = []string{"relay", "-public", s.public, "-internal", "127.0.0.1:0", "-metrics", "127.0.0.1:0",
 		"-workers", "2", "-pprof",
 		"-new-flows-per-ip", "1000000", "-max-pending-per-ip", "1000000", "-new-flows-per-second", "1000000"}
 	if cfg.redis {
@@ -106,49 +144,55 @@ func startStack(t *testing.T, cfg stackConfig) *stack {
 	}
 	s.relayArgs = append(s.relayArgs, cfg.relayArgs...)
 	s.relay = s.h.start("relay", bins.switchboard, s.relayArgs...)
-	for _, a := range s.trxHTTP {
-		waitHTTP(t, "http://"+a+"/ready", 20*time.Second)
-	}
-	waitHTTP(t, "http://"+s.relayOps+"/ready", 20*time.Second)
-	if cfg.redis {
-		// The relay routes only to transceivers it has read from Redis.
-		want := float64(cfg.transceivers)
-		if _, ok := waitFor(15*time.Second, func() bool {
-			m, err := scrape(s.relayOps)
-			return err == nil && m.sum("switchboard_relay_members") == want
-		}); !ok {
-			t.Fatalf("relay did not see %v transceivers in Redis", want)
+	a, busy := s.relay.bound(t, "relay running", "internal")
+	if busy {
+		for _, p := range append([]*proc{s.relay, s.proxy}, s.trx...) {
+			if p != nil {
+				p.stop()
+			}
 		}
+		return false
 	}
-	return s
+	s.relayOps = s.relay.mustBind(t, "http listening", "addr")[0]
+	// A restarted relay takes the same addresses again.
+	s.relayArgs[4], s.relayArgs[6] = a[0], s.relayOps
+	return true
 }
 
 func (s *stack) startRedis(t *testing.T) {
 	t.Helper()
 	bin := requireRedis(t)
-	s.redisAddr = freeTCP(t)
-	_, port, _ := strings.Cut(s.redisAddr, ":")
-	s.redis = s.h.start("redis-server", bin, "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--protected-mode", "no")
-	if _, ok := waitFor(10*time.Second, func() bool {
-		out, err := exec.Command("redis-cli", "-p", port, "ping").Output()
-		return err == nil && strings.TrimSpace(string(out)) == "PONG"
-	}); !ok {
-		// redis-cli may be missing; fall back to a TCP dial.
-		waitTCP(t, s.redisAddr)
+	// redis-server takes a port, not port 0: one picked free may be
+	// taken before redis-server binds it. Then it exits ("Address already
+	// in use") while the port's new owner might answer a dial, so
+	// readiness is its own log line, and a lost port is picked again.
+	for attempt := 1; ; attempt++ {
+		s.redisAddr = freeTCP(t)
+		_, port, _ := strings.Cut(s.redisAddr, ":")
+		s.redis = s.h.start("redis-server", bin, "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--protected-mode", "no")
+		if _, ok := waitFor(10*time.Second, func() bool {
+			return s.redis.exited() || s.redis.log.Count("Ready to accept connections") > 0
+		}); !ok {
+			t.Fatalf("redis-server on %s not ready in 10 s:\n%s", s.redisAddr, s.redis.log.Tail(4000))
+		}
+		if !s.redis.exited() {
+			return
+		}
+		if !strings.Contains(s.redis.log.String(), "Address already in use") || attempt == 5 {
+			t.Fatalf("redis-server on %s exited at start: %v\n%s", s.redisAddr, s.redis.err, s.redis.log.Tail(4000))
+		}
 	}
 }
 
-func waitTCP(t *testing.T, addr string) {
+// freeTCP returns a loopback address that was free a moment ago.
+func freeTCP(t *testing.T) string {
 	t.Helper()
-	if _, ok := waitFor(10*time.Second, func() bool {
-		c, err := dialTCP(addr)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	}); !ok {
-		t.Fatalf("%s does not accept connections", addr)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // urls are the transceivers' signaling URLs.
