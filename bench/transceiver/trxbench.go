@@ -36,6 +36,7 @@ package trxbench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -449,7 +450,28 @@ type stack struct {
 
 // startStack starts the processes, the echo agent asking for format, and
 // waits until they are ready.
-func startStack(ctx context.Context, opt Options, format string) (st *stack, err error) {
+//
+// They run at -log-level warn (the transceiver's per-session lines would
+// cost CPU the bench measures), without the start-up lines that name the
+// addresses a process bound on port 0; so they get addresses picked free
+// beforehand. Another process may take one before the child binds it:
+// the child then exits saying so, and the whole stack starts again on
+// other addresses.
+func startStack(ctx context.Context, opt Options, format string) (*stack, error) {
+	for attempt := 1; ; attempt++ {
+		st, err := startStackOnce(ctx, opt, format)
+		if !errors.Is(err, errAddrTaken) || attempt == 5 {
+			return st, err
+		}
+	}
+}
+
+// errAddrTaken is startStackOnce's error when a process exited because an
+// address picked for it had been taken meanwhile.
+var errAddrTaken = errors.New("an address picked free was taken before the process bound it")
+
+// startStackOnce is one attempt of startStack.
+func startStackOnce(ctx context.Context, opt Options, format string) (st *stack, err error) {
 	dir, err := os.MkdirTemp("", "trxbench-")
 	if err != nil {
 		return nil, err
@@ -488,11 +510,50 @@ func startStack(ctx context.Context, opt Options, format string) (st *stack, err
 		return st, err
 	}
 	for _, u := range []string{"http://" + st.trxHTTP + "/ready", "http://" + st.relayOps + "/ready"} {
-		if err := waitHTTP(ctx, u, 20*time.Second); err != nil {
+		if err := st.waitReady(ctx, u, 20*time.Second); err != nil {
 			return st, err
 		}
 	}
-	return st, nil
+	// A process that lost an address exits as it starts; one still
+	// running once the others answered holds its addresses (the answer
+	// came from it, not from the address's other owner).
+	return st, st.running()
+}
+
+// waitReady is waitHTTP that gives up as soon as a process of the stack
+// has exited.
+func (st *stack) waitReady(ctx context.Context, url string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if err := st.running(); err != nil {
+			return err
+		}
+		err := waitHTTP(ctx, url, 100*time.Millisecond)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after %v", url, timeout)
+		}
+	}
+}
+
+// running reports the first process of the stack that has exited, with
+// errAddrTaken if its log says an address was in use.
+func (st *stack) running() error {
+	for _, p := range st.procs {
+		select {
+		case <-p.done:
+		default:
+			continue
+		}
+		log, _ := os.ReadFile(filepath.Join(st.dir, p.name+".log"))
+		if bytes.Contains(log, []byte("address already in use")) {
+			return fmt.Errorf("%s: %w: %s", p.name, errAddrTaken, bytes.TrimSpace(log))
+		}
+		return fmt.Errorf("%s exited at start (%v): %s", p.name, p.err, bytes.TrimSpace(log))
+	}
+	return nil
 }
 
 // start starts one more process of the stack.
