@@ -107,7 +107,7 @@ func TestPutGet(t *testing.T) {
 
 // TestDown: against a closed port, calls fail fast with an error.
 func TestDown(t *testing.T) {
-	c, err := New(fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t)), 1)
+	c, err := New(fmt.Sprintf("127.0.0.1:%d", redistest.ClosedPort(t)), 1)
 	if err != nil {
 		t.Fatal(err)
 	}

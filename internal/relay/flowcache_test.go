@@ -167,7 +167,7 @@ func TestFlowCacheDown(t *testing.T) {
 				srv = redistest.Start(t)
 				addr = srv.Addr
 			} else {
-				addr = fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t))
+				addr = fmt.Sprintf("127.0.0.1:%d", redistest.ClosedPort(t))
 			}
 			e := newEnv(t, Config{}, nil)
 			e.r.Close()
