@@ -115,6 +115,23 @@ func TestCommandLine(t *testing.T) {
 		}
 	})
 
+	// A setting a newcomer gets wrong is named by the flag that fixes it.
+	t.Run("setting errors", func(t *testing.T) {
+		for _, tt := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"director", "-listen", "127.0.0.1:0"}, "give it with -config"},
+			{[]string{"relay", "-public", "127.0.0.1:0", "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-metrics", "", "-token-key", "abc"},
+				"-token-key: secret is 2 bytes"},
+		} {
+			r := runBinary(t, bin, tt.args...)
+			if r.code != 1 || !strings.Contains(r.stderr, tt.want) {
+				t.Errorf("%q: exit %d, stderr:\n%s\nwant exit 1 and %q", tt.args, r.code, r.stderr, tt.want)
+			}
+		}
+	})
+
 	// One environment for every command, as an env file or a ConfigMap
 	// shared by all gives: each command binds its own -listen, shown by
 	// each failing on the busy address meant for it; and the shared
