@@ -1,10 +1,10 @@
 // Command switchboard is the one Switchboard binary. Each subcommand runs
 // one part:
 //
-//	switchboard demo          relay + transceiver + echo agent + web page, on loopback
+//	switchboard demo          relay + transceiver + parrot agent (-mode echo: echo) + web page, on loopback
 //	switchboard relay         the UDP relay (public VIP:port ⇄ internal hop)
 //	switchboard transceiver   the WebRTC endpoint and signaling API
-//	switchboard agent         the reference echo backend
+//	switchboard agent         the reference backend: parrot (turn-taking) or echo
 //	switchboard director      the signaling front door: region → cluster
 //	switchboard call URL      a Pion client that runs one session and prints JSON
 //	switchboard load URL      many concurrent sessions: setup, failures, loss, gaps as JSON
