@@ -104,6 +104,10 @@ func TestCommandLine(t *testing.T) {
 				busyTCP, "relay running"},
 			{[]string{"relay", "-public", busyUDP, "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-workers", "2", "-metrics", ""},
 				busyUDP + " is in use by another process", "relay running"},
+			{[]string{"demo", "-http", busyTCP, "-relay", "127.0.0.1:0"},
+				"the page's address (-http): listen tcp " + busyTCP, "demo running"},
+			{[]string{"demo", "-http", "127.0.0.1:0", "-relay", busyUDP},
+				"the relay's address (-relay): relay: public socket: udpio: " + busyUDP + " is in use by another process", "demo running"},
 		} {
 			r := runBinary(t, bin, tt.args...)
 			if r.code != 1 || !strings.Contains(r.stderr, tt.want) {
