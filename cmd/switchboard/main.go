@@ -9,11 +9,12 @@
 //	switchboard call URL      a Pion client that runs one session and prints JSON
 //	switchboard load URL      many concurrent sessions: setup, failures, loss, gaps as JSON
 //
-// Run `switchboard <command> -h` for each one's flags. Every flag can also
-// be set in a YAML file (-config) or as SWITCHBOARD_<FLAG> in the
-// environment (-mode and -listen, which mean something else in each
-// command: SWITCHBOARD_<COMMAND>_MODE, SWITCHBOARD_<COMMAND>_LISTEN);
-// flags win over the environment, which wins over the file.
+// Run `switchboard <command> -h` for each one's flags. Every flag of the
+// servers (not of the clients call and load) can also be set in a YAML
+// file (-config) or as SWITCHBOARD_<FLAG> in the environment (-mode and
+// -listen, which mean something else in each command:
+// SWITCHBOARD_<COMMAND>_MODE, SWITCHBOARD_<COMMAND>_LISTEN); flags win
+// over the environment, which wins over the file.
 package main
 
 import (
