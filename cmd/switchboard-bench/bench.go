@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,8 +21,8 @@ import (
 // runBenchVoice is `switchboard-bench voice`: turn-taking latency heard in
 // headless Chromium, barge-in at the edge against the backend's own VAD
 // (bench/voice).
-func runBenchVoice(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("voice", flag.ContinueOnError)
+func runBenchVoice(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("voice", stderr)
 	rtt := fs.Duration("rtt", 50*time.Millisecond, "round-trip time added between the browser and the relay (half each way)")
 	cycles := fs.Int("cycles", 20, "script cycles per mode; each has two user turns, the second over the agent's reply")
 	modes := fs.String("modes", "", "comma-separated: edge, edge-hint, backend (default edge,backend); edge-hint is edge with the page's receiver given -jitter-buffer-target")
@@ -68,29 +67,29 @@ func runBenchVoice(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
-// runBench is `switchboard-bench relay` (the benchmark, docs/benchmarks.md),
-// `switchboard-bench setup`, `switchboard-bench transceiver` and
-// `switchboard-bench serve` (one system under
-// test, started by the relay benchmark as a pinned child process).
 // errUnknownBench is runBench's error for a benchmark name it lacks.
 var errUnknownBench = errors.New("unknown benchmark")
 
-func runBench(ctx context.Context, args []string, stdout io.Writer) error {
+// runBench is `switchboard-bench relay` (the benchmark, docs/benchmarks.md),
+// `switchboard-bench setup`, `switchboard-bench transceiver`,
+// `switchboard-bench voice` and `switchboard-bench serve` (one system under
+// test, started by the relay benchmark as a pinned child process).
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "relay", "serve":
 	case "setup":
-		return runBenchSetup(ctx, args[1:], stdout)
+		return runBenchSetup(ctx, args[1:], stdout, stderr)
 	case "transceiver":
-		return runBenchTransceiver(ctx, args[1:], stdout)
+		return runBenchTransceiver(ctx, args[1:], stdout, stderr)
 	case "voice":
-		return runBenchVoice(ctx, args[1:], stdout)
+		return runBenchVoice(ctx, args[1:], stdout, stderr)
 	default:
 		return fmt.Errorf("%w %q", errUnknownBench, args[0])
 	}
 	if args[0] == "serve" {
 		return relaybench.Serve(ctx, args[1:], stdout)
 	}
-	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
+	fs := newFlagSet("relay", stderr)
 	quick := fs.Bool("quick", false, "smoke run: one run, short steps (about a minute)")
 	runs := fs.Int("runs", 0, "runs per system (median); 0 means 3, or 1 with -quick")
 	systems := fs.String("systems", "", "comma-separated systems: raw, relay, relay-nobatch, relay-nolock, naive, coturn (default all)")
@@ -123,8 +122,8 @@ func runBench(ctx context.Context, args []string, stdout io.Writer) error {
 // runBenchSetup is `switchboard-bench setup`: call setup time, POST to first
 // audio at the backend, over direct, relay, Global Relay and TURN paths
 // with an added round-trip time (bench/setup).
-func runBenchSetup(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("setup", flag.ContinueOnError)
+func runBenchSetup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("setup", stderr)
 	rtt := fs.Duration("rtt", 50*time.Millisecond, "round-trip time added between client and server (half each way)")
 	runs := fs.Int("runs", 10, "calls per path and DTLS role (median)")
 	paths := fs.String("paths", "", "comma-separated paths: direct, relay, global, turn (default all)")

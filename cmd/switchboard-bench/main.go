@@ -23,16 +23,39 @@ import (
 	"syscall"
 )
 
+// benchmarks are the benchmarks usage lists, in its order, with what each
+// measures.
+var benchmarks = []struct{ name, about string }{
+	{"relay", "the relay against a raw UDP loop, a naive Go proxy and coturn (-quick: about a minute)"},
+	{"setup", "call setup time over direct, relay, Global Relay and TURN paths"},
+	{"transceiver", "CPU, memory, goroutines and delay inside per session, N sessions as real processes"},
+	{"voice", "turn-taking in headless Chromium: speech end to reply, barge-in to silence (edge vs backend)"},
+}
+
 func usage(w io.Writer) {
-	fmt.Fprintln(w, `Usage: switchboard-bench <benchmark> [flags]
+	fmt.Fprint(w, "Usage: switchboard-bench <benchmark> [flags]\n\nBenchmarks:\n")
+	for _, b := range benchmarks {
+		fmt.Fprintf(w, "  %-12s %s\n", b.name, b.about)
+	}
+	fmt.Fprintln(w, "\nRun 'switchboard-bench <benchmark> -h' for its flags; docs/benchmarks.md has the results.")
+}
 
-Benchmarks:
-  relay   the relay against a raw UDP loop, a naive Go proxy and coturn (-quick: about a minute)
-  setup   call setup time over direct, relay, Global Relay and TURN paths
-  transceiver   CPU, memory, goroutines and delay inside per session, N sessions as real processes
-  voice   turn-taking in headless Chromium: speech end to reply, barge-in to silence (edge vs backend)
-
-Run 'switchboard-bench <benchmark> -h' for its flags; docs/benchmarks.md has the results.`)
+// newFlagSet returns the flag set of benchmark name, writing errors and
+// its -h to stderr: the command line, what it measures, then the flags.
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: switchboard-bench %s [flags]\n\n", name)
+		for _, b := range benchmarks {
+			if b.name == name {
+				fmt.Fprintf(stderr, "Measures %s; docs/benchmarks.md has the results.\n\n", b.about)
+			}
+		}
+		fmt.Fprintln(stderr, "Flags:")
+		fs.PrintDefaults()
+	}
+	return fs
 }
 
 func main() {
@@ -54,7 +77,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stdout)
 		return 0
 	}
-	err := runBench(ctx, args, stdout)
+	err := runBench(ctx, args, stdout, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}

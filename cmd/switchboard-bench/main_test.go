@@ -11,7 +11,8 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestHelpAndUsage: asking for help prints the usage on stdout and exits 0;
-// no benchmark or an unknown one prints it on stderr and exits 2.
+// no benchmark or an unknown one prints it on stderr and exits 2; a
+// benchmark's -h prints its own usage on stderr and exits 0.
 func TestHelpAndUsage(t *testing.T) {
 	for _, tt := range []struct {
 		args           []string
@@ -23,6 +24,10 @@ func TestHelpAndUsage(t *testing.T) {
 		{[]string{"help"}, 0, "Usage: switchboard-bench", ""},
 		{nil, 2, "", "Usage: switchboard-bench"},
 		{[]string{"nosuch"}, 2, "", `unknown benchmark "nosuch"`},
+		{[]string{"relay", "-h"}, 0, "", "Usage: switchboard-bench relay [flags]\n\nMeasures the relay against"},
+		{[]string{"setup", "-h"}, 0, "", "Usage: switchboard-bench setup [flags]"},
+		{[]string{"transceiver", "-h"}, 0, "", "Usage: switchboard-bench transceiver [flags]"},
+		{[]string{"voice", "-h"}, 0, "", "Usage: switchboard-bench voice [flags]"},
 	} {
 		var stdout, stderr strings.Builder
 		code := run(context.Background(), tt.args, &stdout, &stderr)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -23,9 +22,9 @@ import (
 // for Opus passthrough and PCM sessions (-format).
 // Without -bin it builds ./cmd/switchboard, so run it from the repository
 // root. The Markdown table goes to stdout, progress to stderr.
-func runBenchTransceiver(ctx context.Context, args []string, stdout io.Writer) error {
+func runBenchTransceiver(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var opt trxbench.Options
-	fs := flag.NewFlagSet("transceiver", flag.ContinueOnError)
+	fs := newFlagSet("transceiver", stderr)
 	steps := fs.String("steps", "50,100,200", "session counts N, rising, comma separated")
 	formats := fs.String("format", "opus/48000/2,pcm16/24000/1", "bridge formats the echo agent asks for, comma separated, each measured with its own processes: opus/48000/2 (Opus passthrough), pcm16/24000/1, pcm16/16000/1 (the transceiver decodes, encodes and paces)")
 	fs.IntVar(&opt.Runs, "runs", 3, "fresh runs (medians)")

@@ -104,6 +104,10 @@ func TestCommandLine(t *testing.T) {
 				busyTCP, "relay running"},
 			{[]string{"relay", "-public", busyUDP, "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-workers", "2", "-metrics", ""},
 				busyUDP + " is in use by another process", "relay running"},
+			{[]string{"demo", "-http", busyTCP, "-relay", "127.0.0.1:0"},
+				"the page's address (-http): listen tcp " + busyTCP, "demo running"},
+			{[]string{"demo", "-http", "127.0.0.1:0", "-relay", busyUDP},
+				"the relay's address (-relay): relay: public socket: udpio: " + busyUDP + " is in use by another process", "demo running"},
 		} {
 			r := runBinary(t, bin, tt.args...)
 			if r.code != 1 || !strings.Contains(r.stderr, tt.want) {
@@ -111,6 +115,23 @@ func TestCommandLine(t *testing.T) {
 			}
 			if strings.Contains(r.stderr, tt.running) {
 				t.Errorf("%q logged %q before failing:\n%s", tt.args, tt.running, r.stderr)
+			}
+		}
+	})
+
+	// A setting a newcomer gets wrong is named by the flag that fixes it.
+	t.Run("setting errors", func(t *testing.T) {
+		for _, tt := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"director", "-listen", "127.0.0.1:0"}, "give it with -config"},
+			{[]string{"relay", "-public", "127.0.0.1:0", "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-metrics", "", "-token-key", "abc"},
+				"-token-key: secret is 2 bytes"},
+		} {
+			r := runBinary(t, bin, tt.args...)
+			if r.code != 1 || !strings.Contains(r.stderr, tt.want) {
+				t.Errorf("%q: exit %d, stderr:\n%s\nwant exit 1 and %q", tt.args, r.code, r.stderr, tt.want)
 			}
 		}
 	})

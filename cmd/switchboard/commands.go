@@ -266,7 +266,7 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	var opts callclient.Options
 	fs := flag.NewFlagSet("call", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: switchboard call URL -audio FILE.wav [flags]\n\nRuns one session against the signaling URL (e.g. http://127.0.0.1:8080/v1/calls),\nsends the file as Opus, and prints a JSON report.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: switchboard call URL -audio FILE.wav [flags]\n\nRuns one session against the signaling URL (e.g. http://127.0.0.1:8080/v1/calls),\nsends the file as Opus, and prints a JSON report. The report checks an echo:\ncall an echo backend (switchboard demo -mode echo, switchboard agent -mode echo);\nagainst the parrot, audio_echoed and data_channel_echoed are false.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&opts.AudioPath, "audio", "", "16-bit PCM WAV file to send (required)")

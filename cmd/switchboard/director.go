@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 
@@ -17,6 +18,9 @@ func runDirector(ctx context.Context, args []string, _ io.Writer) error {
 	log, err := newLogger(cfg.Log.Format, cfg.Log.Level)
 	if err != nil {
 		return err
+	}
+	if len(cfg.Director.Regions) == 0 && len(cfg.Director.Clusters) == 0 {
+		return errors.New("no regions and clusters: they come only from a YAML file; give it with -config (or SWITCHBOARD_CONFIG), as in docs/director.md")
 	}
 	d, err := director.New(cfg.Director, log)
 	if err != nil {

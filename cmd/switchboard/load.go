@@ -39,8 +39,10 @@ Runs -sessions concurrent WebRTC sessions against the signaling URL(s)
 and hangs up. Prints a progress line on stderr and a JSON summary on
 stdout: setup time p50/p99, failures by reason, loss and the largest
 audio gap p50/p99. Loss and gaps are the round trip when the backend
-echoes (switchboard agent); with -echo=false (a real agent) nothing is
-checked for an echo and gaps describe the backend's own audio.
+echoes (switchboard agent -mode echo, or switchboard demo -mode echo;
+against the default parrot every session fails); with -echo=false (a
+real agent) nothing is checked for an echo and gaps describe the
+backend's own audio.
 
 SIGUSR1 marks the moment of a fault you cause (a pod killed, a link cut):
 the summary then adds mark_gap_ms, the largest audio gap each live
@@ -58,7 +60,7 @@ Flags:`)
 	fs.DurationVar(&opts.Ramp, "ramp", 50*time.Millisecond, "delay between two session starts")
 	fs.StringVar(&audio, "audio", "", "16-bit PCM WAV file every session sends as Opus, looped (default: 60-byte counter payloads, no encoding cost)")
 	fs.StringVar(&opts.AuthToken, "token", "", "bearer token for signaling (a client token or an API key)")
-	echo := fs.Bool("echo", true, "the backend echoes audio and data-channel messages (switchboard agent): check the echo and report loss; false for a real agent")
+	echo := fs.Bool("echo", true, "the backend echoes audio and data-channel messages (switchboard agent -mode echo): check the echo and report loss; false for a real agent")
 	fs.DurationVar(&opts.ConnectTimeout, "connect-timeout", 30*time.Second, "bound on signaling, ICE and DTLS per session")
 	fs.DurationVar(&interval, "progress", 2*time.Second, "interval of the progress line on stderr (0 = none)")
 	fs.BoolVar(&jsonl, "sessions-json", false, "also print each session's result as a JSON line on stdout as it ends")

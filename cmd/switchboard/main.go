@@ -1,19 +1,20 @@
 // Command switchboard is the one Switchboard binary. Each subcommand runs
 // one part:
 //
-//	switchboard demo          relay + transceiver + echo agent + web page, on loopback
+//	switchboard demo          relay + transceiver + parrot agent (-mode echo: echo) + web page, on loopback
 //	switchboard relay         the UDP relay (public VIP:port ⇄ internal hop)
 //	switchboard transceiver   the WebRTC endpoint and signaling API
-//	switchboard agent         the reference echo backend
+//	switchboard agent         the reference backend: parrot (turn-taking) or echo
 //	switchboard director      the signaling front door: region → cluster
 //	switchboard call URL      a Pion client that runs one session and prints JSON
 //	switchboard load URL      many concurrent sessions: setup, failures, loss, gaps as JSON
 //
-// Run `switchboard <command> -h` for each one's flags. Every flag can also
-// be set in a YAML file (-config) or as SWITCHBOARD_<FLAG> in the
-// environment (-mode and -listen, which mean something else in each
-// command: SWITCHBOARD_<COMMAND>_MODE, SWITCHBOARD_<COMMAND>_LISTEN);
-// flags win over the environment, which wins over the file.
+// Run `switchboard <command> -h` for each one's flags. Every flag of the
+// servers (not of the clients call and load) can also be set in a YAML
+// file (-config) or as SWITCHBOARD_<FLAG> in the environment (-mode and
+// -listen, which mean something else in each command:
+// SWITCHBOARD_<COMMAND>_MODE, SWITCHBOARD_<COMMAND>_LISTEN); flags win
+// over the environment, which wins over the file.
 package main
 
 import (

@@ -477,11 +477,17 @@ func (k *Keys) Keyring() (*token.Keyring, error) {
 	if err != nil {
 		return nil, fmt.Errorf("-token-key: %w", err)
 	}
+	if len(cur) < token.MinSecretLen {
+		return nil, fmt.Errorf("-token-key: secret is %d bytes, need at least %d (e.g. `openssl rand -base64 32`)", len(cur), token.MinSecretLen)
+	}
 	var prev []token.Key
 	if k.PreviousKey != "" {
 		b, err := decodeSecret(k.PreviousKey)
 		if err != nil {
 			return nil, fmt.Errorf("-token-previous-key: %w", err)
+		}
+		if len(b) < token.MinSecretLen {
+			return nil, fmt.Errorf("-token-previous-key: secret is %d bytes, need at least %d", len(b), token.MinSecretLen)
 		}
 		prev = append(prev, token.Key{ID: uint8(k.PreviousKeyID), Secret: b})
 	}

@@ -135,7 +135,8 @@ func TestKeysErrors(t *testing.T) {
 	}{
 		{"missing", Keys{}, "SWITCHBOARD_TOKEN_KEY"},
 		{"not base64", Keys{Key: "!!!"}, "hex or base64"},
-		{"short", Keys{Key: "AAAA"}, "at least 16"},
+		{"short", Keys{Key: "AAAA"}, "-token-key: secret is 2 bytes, need at least 16"},
+		{"previous short", Keys{Key: strings.Repeat("ab", 32), KeyID: 1, PreviousKey: "AAAA"}, "-token-previous-key: secret is 2 bytes"},
 		{"id too large", Keys{Key: strings.Repeat("ab", 32), KeyID: 99}, "0-63"},
 	}
 	for _, tt := range tests {

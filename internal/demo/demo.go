@@ -112,13 +112,13 @@ func Start(cfg Config) (*Demo, error) {
 	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
-		return nil, fmt.Errorf("demo: web listener: %w", err)
+		return nil, fmt.Errorf("demo: the page's address (-http): %w", err)
 	}
 	members := &membership.Table{}
 	rly, err := relay.New(relay.Config{PublicAddr: cfg.RelayAddr, InternalAddr: "127.0.0.1:0", Cluster: 1, Relearn: true}, keys, members, reg, log.With("component", "relay"))
 	if err != nil {
 		_ = ln.Close()
-		return nil, err
+		return nil, fmt.Errorf("demo: the relay's address (-relay): %w", err)
 	}
 	internal := rly.InternalAddr()
 	trx, err := transceiver.New(transceiver.Config{
