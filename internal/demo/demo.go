@@ -102,7 +102,10 @@ func Start(cfg Config) (*Demo, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	// The agent first: a bad mode is refused before anything listens.
+	// Settings first: a bad ptime or mode is refused before anything listens.
+	if err := transceiver.CheckPtime(cfg.Ptime); err != nil {
+		return nil, fmt.Errorf("demo: -ptime: %w", err)
+	}
 	backend, page := cfg.Backend, web.Page{}
 	if backend == nil {
 		if backend, err = agent.NewMode(cfg.Agent, "", log.With("component", "agent")); err != nil {

@@ -177,6 +177,16 @@ type Config struct {
 	ingress   map[string]netip.AddrPort
 }
 
+// CheckPtime says what to fix in a Config.Ptime, in ms: 0 (DefaultPtime),
+// 10 or 20 are taken; anything else is an error naming the choices.
+func CheckPtime(ms int) error {
+	switch ms {
+	case 0, 10, 20:
+		return nil
+	}
+	return fmt.Errorf("transceiver: ptime %d must be 10 or 20 (ms of audio per RTP packet to and from clients; 20 is the default, 10 halves the packetization delay at twice the packet rate)", ms)
+}
+
 // Validate checks the config, fills defaults, and says what to fix.
 func (c *Config) Validate() error {
 	if c.ID == 0 {
@@ -255,12 +265,11 @@ func (c *Config) Validate() error {
 	case c.OutputQueueMax < playout.Tick || c.OutputQueueMax > 10*time.Minute:
 		return fmt.Errorf("transceiver: output_queue_max %v must be 20ms to 10m (a whole reply should fit: 60s is the default)", c.OutputQueueMax)
 	}
-	switch c.Ptime {
-	case 0:
+	if err := CheckPtime(c.Ptime); err != nil {
+		return err
+	}
+	if c.Ptime == 0 {
 		c.Ptime = DefaultPtime
-	case 10, 20:
-	default:
-		return fmt.Errorf("transceiver: ptime %d must be 10 or 20 (ms of audio per RTP packet to and from clients; 20 is the default, 10 halves the packetization delay at twice the packet rate)", c.Ptime)
 	}
 	switch {
 	case c.ReportInterval == 0:
