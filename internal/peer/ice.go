@@ -22,9 +22,10 @@ import (
 // client's choice of pair, RFC 8445 §8.1.1), selects its address, the one
 // the session sends to, and the first nomination connects the session
 // (Session.checked). Once the client's media has begun, a check from
-// another address only makes it a candidate, which the client's SRTP from
-// it confirms: a replayed check, however old, moves nothing (session.go,
-// "Path selection"). A check refreshes the session's consent from the
+// another address only makes it a candidate for a short while
+// (candidateTTL), which the client's SRTP from it confirms: a replayed
+// check, however old, moves nothing by itself (session.go, "Path
+// selection", with what a replayer can still do). A check refreshes the session's consent from the
 // selected address only. A check whose transaction ID is among the
 // session's last 16 (a retransmission, or a replay from anywhere) is
 // answered and changes nothing (Session.replayed).
@@ -95,8 +96,9 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 	// (short-term credentials have no replay protection, RFC 8489 §9.1),
 	// is answered as STUN asks but changes nothing: it does not teach its
 	// address, move the session or refresh consent. An older replay
-	// passes here and is a fresh check to checked, whose candidates keep
-	// it from moving the media. A fresh check is taken before it is
+	// passes here and is a fresh check to checked: before the client's
+	// media begins a nominating one moves the media, after it only makes
+	// its address a candidate for candidateTTL. A fresh check is taken before it is
 	// answered, so that a client (or a test) that has the answer finds
 	// the session already moved.
 	start := false

@@ -2,7 +2,9 @@ package peer
 
 import (
 	"bytes"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/pion/rtp"
 	"github.com/pion/srtp/v3"
@@ -51,6 +53,23 @@ func (p *srtpPair) next(t testing.TB, dst []byte) []byte {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// sendFrom sends the client's next SRTP packet from c to s and waits for
+// sess's media reader to get it (the read loop has handled it then). It
+// returns the packet.
+func (p *srtpPair) sendFrom(t testing.TB, s *server, sess *Session, c *net.UDPConn) []byte {
+	t.Helper()
+	pkt := p.next(t, nil)
+	if _, err := c.WriteToUDPAddrPort(pkt, s.addr()); err != nil {
+		t.Fatal(err)
+	}
+	_ = sess.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 1500)
+	if _, err := sess.ReadRTP(buf); err != nil {
+		t.Fatalf("SRTP from %v did not reach the media reader: %v (drops %v)", sockAddr(c), err, s.ep.Drops())
+	}
+	return pkt
 }
 
 // BenchmarkReadSRTP is the read loop's work for one SRTP packet from the

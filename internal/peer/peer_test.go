@@ -872,21 +872,7 @@ func TestOldReplayAfterMedia(t *testing.T) {
 	captured := check(t, user, pwd, true)
 	checkFrom(t, victim, s.addr(), captured)
 	p := keySession(t, sess)
-	// rtpFrom sends the client's next SRTP packet from c and waits for
-	// the session's media reader to get it.
-	rtpFrom := func(c *net.UDPConn) []byte {
-		t.Helper()
-		pkt := p.next(t, nil)
-		if _, err := c.WriteToUDPAddrPort(pkt, s.addr()); err != nil {
-			t.Fatal(err)
-		}
-		_ = sess.SetReadDeadline(time.Now().Add(5 * time.Second))
-		buf := make([]byte, 1500)
-		if _, err := sess.ReadRTP(buf); err != nil {
-			t.Fatalf("SRTP from %v did not reach the media reader: %v (drops %v)", sockAddr(c), err, s.ep.Drops())
-		}
-		return pkt
-	}
+	rtpFrom := func(c *net.UDPConn) []byte { t.Helper(); return p.sendFrom(t, s, sess, c) }
 	last := rtpFrom(victim) // the media has begun
 	// The client's next txRing checks push the captured one out of the
 	// ring.
@@ -936,6 +922,47 @@ func TestOldReplayAfterMedia(t *testing.T) {
 	rtpFrom(victim)
 	if got := sess.RemoteAddr(); got != sockAddr(rebound) {
 		t.Fatalf("a late packet from the old port moved the media back to %v", got)
+	}
+}
+
+// TestCandidateLapses: a candidate confirms only within its window after
+// its check (candidateTTL): the client's SRTP from an address whose check
+// is older than that moves nothing, so a replayed check is good for one
+// short race. The same steps with the default window (2 s) move the
+// media. The short window is a test's; the wait is longer than it, so
+// the outcome does not depend on the machine's speed.
+func TestCandidateLapses(t *testing.T) {
+	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
+	const wait = 20 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		ttl   time.Duration // 0: candidateTTL
+		moves bool
+	}{
+		{name: "lapsed", ttl: time.Millisecond, moves: false},
+		{name: "default", moves: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newServer(t)
+			sess := liteSession(t, s, func(c *SessionConfig) { c.candidateTTL = tc.ttl })
+			sel, other := newSock(t), newSock(t)
+			checkFrom(t, sel, s.addr(), check(t, user, pwd, true))
+			p := keySession(t, sess)
+			p.sendFrom(t, s, sess, sel) // the media has begun
+			checkFrom(t, other, s.addr(), check(t, user, pwd, true))
+			time.Sleep(wait)
+			p.sendFrom(t, s, sess, other)
+			want, confirmed := sockAddr(sel), uint64(0)
+			if tc.moves {
+				want, confirmed = sockAddr(other), 1
+			}
+			if got := sess.RemoteAddr(); got != want {
+				t.Fatalf("remote %v after SRTP from the candidate %v, %v after its check; want %v", got, sockAddr(other), wait, want)
+			}
+			if got := s.ep.Moves()[MoveConfirmed]; got != confirmed {
+				t.Fatalf("confirmed moves %d, want %d", got, confirmed)
+			}
+		})
 	}
 }
 

@@ -137,6 +137,9 @@ type SessionConfig struct {
 	// promptly (start the channel's reader on a goroutine of its own). The
 	// channel closes with the session.
 	OnDataChannel func(*datachannel.DataChannel)
+
+	// candidateTTL, if not 0, replaces candidateTTL (tests).
+	candidateTTL time.Duration
 }
 
 // credentials are a session's current ICE credentials.
@@ -178,9 +181,11 @@ type Session struct {
 	// came from since the media began or last moved, waiting for the
 	// client's media from them.
 	cands    [maxLearned]netip.AddrPort
-	candN    int // slots filled
+	candAt   [maxLearned]time.Time // when each candidate's last fresh check came
+	candN    int                   // slots filled
 	candNext int
 	candGen  *credentials
+	candTTL  time.Duration // candidateTTL, or SessionConfig.candidateTTL
 
 	// Consent state, the sweeper's alone.
 	silent, failed bool
@@ -229,7 +234,10 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = 30 * time.Second
 	}
-	s := &Session{e: e, cfg: cfg, rtpq: make(chan *[]byte, cfg.RTPQueue), rdline: deadline.New(), done: make(chan struct{})}
+	s := &Session{e: e, cfg: cfg, rtpq: make(chan *[]byte, cfg.RTPQueue), rdline: deadline.New(), done: make(chan struct{}), candTTL: candidateTTL}
+	if cfg.candidateTTL > 0 {
+		s.candTTL = cfg.candidateTTL
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.dtls = newFeed(s)
 	s.cred.Store(&credentials{localUfrag: cfg.LocalUfrag, remoteUfrag: cfg.RemoteUfrag, integrity: stun.NewShortTermIntegrity(cfg.LocalPwd)})
@@ -283,8 +291,8 @@ const txRing = 16
 // replayed reports whether id is one of the session's last txRing check
 // transaction IDs, and remembers it if not. MESSAGE-INTEGRITY covers the
 // ID, so whoever lacks the pwd cannot mint a fresh one; a replay of a
-// check older than the ring passes here, and "Path selection" keeps it
-// from moving the media. Read loop.
+// check older than the ring passes here, and "Path selection" bounds what
+// it can move. Read loop.
 func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
 	for i := range s.txLen {
 		if s.txids[i] == id {
@@ -310,20 +318,28 @@ func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
 //     8445 §8.2), MoveNominated. There is no media to take yet: DTLS is
 //     still starting, or the client sends data channels only.
 //   - After: a fresh check from another address, nominating or not, only
-//     makes that address a candidate (a nominating one is counted,
-//     MoveDeferred); the media moves there with the first SRTP or SRTCP
-//     from it that authenticates and passes the replay window (RFC 3711
-//     §3.3.2), MoveConfirmed. A check carries no time and short-term
-//     credentials have no replay protection (RFC 8489 §9.1): whoever
-//     captured one can replay it from anywhere, and the transaction-ID
-//     ring catches only recent ones. SRTP cannot be replayed, so the
-//     confirmation is the client's own: a NAT-rebound client sends RTP
-//     every 20 ms from its new port, so the move waits for its first
-//     check from there (a nominating one, or a consent check, which Pion
-//     sends without USE-CANDIDATE at least every 2 s) and one packet; a
-//     replayer's address never confirms. A move clears the candidates,
-//     so that late packets from the address left do not move the media
-//     back.
+//     makes that address a candidate for candidateTTL (a nominating one is
+//     counted, MoveDeferred); the media moves there with the first SRTP or
+//     SRTCP from it within that time that authenticates and passes the
+//     replay window (RFC 3711 §3.3.2), MoveConfirmed. A check carries no
+//     time and short-term credentials have no replay protection (RFC 8489
+//     §9.1): whoever captured one can replay it from anywhere, and the
+//     transaction-ID ring catches only recent ones. SRTP cannot be made
+//     without the keys nor replayed, so the confirmation is the client's
+//     own packet: a NAT-rebound client sends RTP every 20 ms from its new
+//     port, so the move waits for its first check from there (a
+//     nominating one, or a consent check, which Pion sends without
+//     USE-CANDIDATE at least every 2 s) and one packet. A replayer's
+//     address confirms only if a copy of one of the client's fresh
+//     packets, sent from there, reaches the session before the packet
+//     itself: the replayer's path from where it captured is shorter, or
+//     the original is lost past that point (Wi-Fi uplink loss). That
+//     takes no man in the middle, only capturing and sending; the
+//     replayer gets SRTP it cannot decrypt, the client loses audio until
+//     its next check and packet move the media back, and candidateTTL
+//     bounds each replayed check to one such race, in the seconds after
+//     it. A move clears the candidates, so that late packets from the
+//     address left do not move the media back.
 //
 // Consent (RFC 7675): a check refreshes it only from the selected address
 // (or when it selects its address); a candidate's check does not, its
@@ -376,26 +392,42 @@ func (s *Session) checked(addr netip.AddrPort, nominated bool, cred *credentials
 // only a move puts an address on the heap.)
 func (s *Session) selectAddr(a netip.AddrPort) { s.addr.Store(&a) }
 
+// candidateTTL is how long an address stays a candidate after its last
+// fresh check ("Path selection"). A NAT-rebound client's first RTP packet
+// from its new port follows its check from there within a packet time, 20
+// ms; 2 s is a hundred of them, room for a client whose RTP pauses and
+// that confirms with RTCP. A candidate that lapses unconfirmed costs the
+// client a wait, not the move: its next check from there (Pion's consent
+// checks come every 2 s, browsers' every 4 to 6 s, RFC 7675 §5.1) makes it
+// a candidate again. What the bound buys: a replayed check is good for one
+// race, a copy of the client's SRTP overtaking the original within 2 s of
+// the replay, rather than for any time until the media next moves.
+const candidateTTL = 2 * time.Second
+
 // candidate makes addr, from a fresh check of generation cred, a
-// candidate. The oldest candidate gives way when all maxLearned slots are
-// taken (as the oldest learned address does, ice.go). Read loop.
+// candidate from now for s.candTTL; a candidate's check renews it. The
+// oldest candidate gives way when all maxLearned slots are taken (as the
+// oldest learned address does, ice.go). Read loop.
 func (s *Session) candidate(addr netip.AddrPort, cred *credentials) {
 	if s.candGen != cred {
 		s.candN, s.candNext, s.candGen = 0, 0, cred
 	}
-	for _, a := range s.cands[:s.candN] {
+	now := time.Now()
+	for i, a := range s.cands[:s.candN] {
 		if a == addr {
+			s.candAt[i] = now
 			return
 		}
 	}
-	s.cands[s.candNext] = addr
+	s.cands[s.candNext], s.candAt[s.candNext] = addr, now
 	s.candNext = (s.candNext + 1) % len(s.cands)
 	s.candN = min(s.candN+1, len(s.cands))
 }
 
 // authenticated handles SRTP or SRTCP from the client address from that
 // authenticated and passed the replay window: it refreshes consent, marks
-// the client's media begun and, from a candidate, moves the media there.
+// the client's media begun and, from a candidate whose check came within
+// s.candTTL, moves the media there.
 // from is invalid for the datagrams that came before the keys, which move
 // nothing. The read loop (setKeys for those before the keys).
 func (s *Session) authenticated(from netip.AddrPort) {
@@ -408,14 +440,18 @@ func (s *Session) authenticated(from netip.AddrPort) {
 		return
 	}
 	// A datagram from another address than the selected one: from a
-	// candidate, a move; else a late one from an address the media left,
-	// which moves nothing.
+	// candidate whose check is recent, a move; else a late one from an
+	// address the media left, or from a candidate that lapsed, which
+	// moves nothing.
 	if s.candGen != s.credentials() {
 		s.candN, s.candNext = 0, 0 // an ICE restart since
 		return
 	}
-	for _, a := range s.cands[:s.candN] {
+	for i, a := range s.cands[:s.candN] {
 		if a == from {
+			if time.Since(s.candAt[i]) > s.candTTL {
+				return
+			}
 			s.selectAddr(from)
 			s.candN, s.candNext = 0, 0
 			s.e.moves[MoveConfirmed].Add(1)
