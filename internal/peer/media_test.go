@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pion/rtcp"
 	"github.com/pion/rtp"
 	"github.com/pion/srtp/v3"
 )
@@ -18,6 +19,8 @@ type srtpPair struct {
 	seq    uint16
 	hdr    rtp.Header
 	plain  []byte
+	// rtcpHdr is EncryptRTCP's scratch header.
+	rtcpHdr rtcp.Header
 }
 
 func keySession(t testing.TB, sess *Session) *srtpPair {
@@ -49,6 +52,20 @@ func (p *srtpPair) next(t testing.TB, dst []byte) []byte {
 		t.Fatal(err)
 	}
 	out, err := p.client.EncryptRTP(dst[:0], p.plain, &p.hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// nextRTCP returns the client's next SRTCP packet: a receiver report
+// (RFC 3550 §6.4.2) about the session's stream, appended to dst[:0].
+func (p *srtpPair) nextRTCP(t testing.TB, dst []byte) []byte {
+	raw, err := rtcp.Marshal([]rtcp.Packet{&rtcp.ReceiverReport{SSRC: 0xc1, Reports: []rtcp.ReceptionReport{{SSRC: 0x5e}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := p.client.EncryptRTCP(dst[:0], raw, &p.rtcpHdr)
 	if err != nil {
 		t.Fatal(err)
 	}
