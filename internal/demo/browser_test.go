@@ -151,9 +151,6 @@ func TestBrowserCall(t *testing.T) {
 	if got := metricLines(ctx, `switchboard_transceiver_ice_restarts_total{result="ok"}`); !strings.HasSuffix(got, " 1") {
 		t.Errorf("metrics: %s, want 1 ICE restart ok", got)
 	}
-	if n := d.Transceiver().HopStats().Sessions; n != 1 {
-		t.Errorf("the hop latches %d ICE sessions after the restart, want 1", n)
-	}
 
 	// hangup() DELETEs the session URL, then closes the peer connection.
 	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`window.switchboard.hangup()`, chromedp.EvalAwaitPromise)); err != nil {

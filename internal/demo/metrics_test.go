@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/peer"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 )
@@ -43,9 +42,6 @@ func TestMetricsEndpoint(t *testing.T) {
 	// The transceiver's hop counters, by reason, present before any traffic.
 	for _, r := range []string{"not_hop", "untrusted", "too_big", "send_failed"} {
 		want = append(want, `switchboard_transceiver_hop_dropped_total{reason="`+r+`"} 0`)
-	}
-	for r := hop.MoveReason(0); r < hop.NumMoveReasons; r++ {
-		want = append(want, `switchboard_transceiver_hop_moves_total{reason="`+r.String()+`"} 0`)
 	}
 	for r := peer.MoveReason(0); r < peer.NumMoveReasons; r++ {
 		want = append(want, `switchboard_transceiver_peer_moves_total{reason="`+r.String()+`"} 0`)

@@ -3,7 +3,6 @@ package hop
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
@@ -44,11 +43,6 @@ type ConnStats struct {
 	DroppedUntrusted uint64
 	// DroppedNoRoute counts writes to a client with no known relay.
 	DroppedNoRoute uint64
-	// Latched counts moves of a session's media to a new client address
-	// (NAT rebinding, a nominated path), all reasons (latch.go).
-	Latched uint64
-	// Moves counts those moves by reason.
-	Moves [NumMoveReasons]uint64
 	// DroppedTooBig counts client datagrams longer than MaxPayload: read
 	// from a relay (dropped before the transceiver's endpoint sees them)
 	// or written by it (refused with ErrTooBig).
@@ -58,9 +52,6 @@ type ConnStats struct {
 	// its caller's error instead. Packets still queued when the Conn is
 	// closed are discarded without being counted here or in Sent.
 	DroppedSendFailed uint64
-	// Sessions is the number of sessions registered for latching
-	// (AddSession, less RemoveSession): one per live ICE session.
-	Sessions int
 	// Routes is the number of clients with a known relay.
 	Routes int
 }
@@ -78,14 +69,6 @@ type ConnConfig struct {
 	// RouteTTL is how long a client's route to its last relay lives
 	// without traffic. Default 2 minutes, longer than ICE consent (30 s).
 	RouteTTL time.Duration
-	// LatchQuiet is how long the address a session's media goes to must
-	// have sent nothing before an authenticated Binding request without
-	// USE-CANDIDATE from another port of the client's IP moves the media
-	// there (latch.go). Default DefaultLatchQuiet.
-	LatchQuiet time.Duration
-	// Logger receives the (rare, rate-limited) lines about moves. Default
-	// slog.Default().
-	Logger *slog.Logger
 	// OnSent, if set, is called with each client datagram (hop header not
 	// included) when Conn hands it to the kernel: at its write, or for an
 	// RTP packet held for a batch (batch.go) when the batch's sendmmsg
@@ -101,6 +84,14 @@ type ConnConfig struct {
 // its client's real address. Writes to a client go, with a header naming
 // it, to the relay that delivered that client's last datagram.
 //
+// Conn reports each datagram under the address it came from, never under
+// another address of the same client: when a client's NAT gives it a new
+// port mid-call, its datagrams from there are a new address's, and whether
+// the session's media follows is the endpoint's decision (internal/peer,
+// "Path selection": the client's own SRTP or SRTCP from the new address,
+// which a replayed Binding request cannot bring). Writes go to the address
+// they name.
+//
 // Conn has allocation-free ReadFromAddrPort and WriteToAddrPort, which the
 // endpoint uses. Reads are meant for one goroutine (the endpoint's);
 // writes are safe from any number.
@@ -110,13 +101,10 @@ type Conn struct {
 	advertise *net.UDPAddr
 	allow     []netip.Prefix
 	ttl       time.Duration
-	log       *slog.Logger
-	// latchQuiet is ConnConfig.LatchQuiet.
-	latchQuiet time.Duration
-	onSent     func([]byte) // ConnConfig.OnSent; nil for none
-	done       chan struct{}
-	closeOnce  sync.Once
-	wg         sync.WaitGroup
+	onSent    func([]byte) // ConnConfig.OnSent; nil for none
+	done      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
 
 	received, sent, droppedNotHop, droppedUntrusted, droppedNoRoute, droppedTooBig, droppedSendFailed atomic.Uint64
 
@@ -124,16 +112,6 @@ type Conn struct {
 	// routes maps a client's wire address to the relay that last delivered
 	// its traffic; guarded by mu (lastSeen inside each route is atomic).
 	routes map[netip.AddrPort]*route
-
-	lmu sync.RWMutex
-	// Latching (NAT rebinding), guarded by lmu: sessions by local ufrag;
-	// alias maps a client's new wire address to the address its session
-	// knows it by; wire maps that address back to the current wire address.
-	sessions map[string]*latchSession
-	alias    map[netip.AddrPort]netip.AddrPort
-	wire     map[netip.AddrPort]netip.AddrPort
-	latched  atomic.Uint64
-	moves    [NumMoveReasons]atomic.Uint64
 
 	bufs sync.Pool // *[]byte of MaxHeaderLen + MaxPayload for writes
 
@@ -160,25 +138,14 @@ func NewConn(sock *net.UDPConn, cfg ConnConfig) (*Conn, error) {
 	if cfg.RouteTTL <= 0 {
 		cfg.RouteTTL = 2 * time.Minute
 	}
-	if cfg.LatchQuiet <= 0 {
-		cfg.LatchQuiet = DefaultLatchQuiet
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
 	c := &Conn{
-		sock:       sock,
-		log:        cfg.Logger,
-		latchQuiet: cfg.LatchQuiet,
-		onSent:     cfg.OnSent,
-		advertise:  net.UDPAddrFromAddrPort(cfg.Advertise),
-		allow:      cfg.AllowRelays,
-		ttl:        cfg.RouteTTL,
-		done:       make(chan struct{}),
-		routes:     make(map[netip.AddrPort]*route),
-		sessions:   make(map[string]*latchSession),
-		alias:      make(map[netip.AddrPort]netip.AddrPort),
-		wire:       make(map[netip.AddrPort]netip.AddrPort),
+		sock:      sock,
+		onSent:    cfg.OnSent,
+		advertise: net.UDPAddrFromAddrPort(cfg.Advertise),
+		allow:     cfg.AllowRelays,
+		ttl:       cfg.RouteTTL,
+		done:      make(chan struct{}),
+		routes:    make(map[netip.AddrPort]*route),
 	}
 	c.bufs.New = func() any { b := make([]byte, MaxHeaderLen+MaxPayload); return &b }
 	if err := c.newSendBatch(); err != nil {
@@ -226,8 +193,7 @@ func (c *Conn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
 		}
 		c.learn(client, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
 		c.received.Add(1)
-		addr := c.sessionAddr(client, payload) // before the copy moves the payload
-		return copy(b, payload), addr, nil
+		return copy(b, payload), client, nil
 	}
 }
 
@@ -261,11 +227,6 @@ func (c *Conn) WriteToAddrPort(b []byte, client netip.AddrPort) (int, error) {
 		return 0, ErrTooBig
 	}
 	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
-	c.lmu.RLock()
-	if w, ok := c.wire[client]; ok {
-		client = w // the client moved (NAT rebinding); its session does not know
-	}
-	c.lmu.RUnlock()
 	c.mu.RLock()
 	r := c.routes[client]
 	c.mu.RUnlock()
@@ -341,16 +302,7 @@ func (c *Conn) Stats() ConnStats {
 	c.mu.RLock()
 	routes := len(c.routes)
 	c.mu.RUnlock()
-	c.lmu.Lock()
-	sessions := len(c.sessions)
-	c.lmu.Unlock()
-	var moves [NumMoveReasons]uint64
-	for i := range moves {
-		moves[i] = c.moves[i].Load()
-	}
 	return ConnStats{
-		Moves:             moves,
-		Sessions:          sessions,
 		Received:          c.received.Load(),
 		Sent:              c.sent.Load(),
 		DroppedNotHop:     c.droppedNotHop.Load(),
@@ -358,7 +310,6 @@ func (c *Conn) Stats() ConnStats {
 		DroppedNoRoute:    c.droppedNoRoute.Load(),
 		DroppedTooBig:     c.droppedTooBig.Load(),
 		DroppedSendFailed: c.droppedSendFailed.Load(),
-		Latched:           c.latched.Load(),
 		Routes:            routes,
 	}
 }

@@ -20,7 +20,7 @@ import (
 // pwd, the client's new credentials are applied to its last offer and
 // answered, and the answer's fragment (the new credentials and the one
 // candidate) goes back. The old ufrag's state is purged: the peer endpoint
-// and the rebinding latch forget it, so checks that still carry it get no
+// forgets it, so checks that still carry it get no
 // answer (peer_dropped_total{reason="stun_unknown_ufrag"}). DTLS, SRTP and SCTP keep running over the new ICE session.
 // Otherwise it only trickles candidates, which an ICE-lite agent has no use
 // for (it learns the client's address from its checks): 204.
@@ -148,19 +148,10 @@ func (sess *session) restartICE(f sdpfrag.Fragment) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if s.conn != nil {
-		s.conn.AddSession(ufrag, pwd)
-	}
 	if err := sess.peer.Restart(ufrag, pwd, o.ICEUfrag); err != nil {
-		if s.conn != nil {
-			s.conn.RemoveSession(ufrag)
-		}
 		return "", err
 	}
 	old := sess.ufrag
-	if s.conn != nil {
-		s.conn.RemoveSession(old)
-	}
 	sess.ufrag, sess.offer, sess.lastOffer = ufrag, o, offer
 	sess.iceGen++
 	sess.log.Info("ICE restarted", "ufrag", ufrag, "old_ufrag", old, "generation", sess.iceGen)

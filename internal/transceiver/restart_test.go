@@ -71,10 +71,9 @@ func TestPatchErrors(t *testing.T) {
 
 // TestRestartIdempotent: a restart sent again (its 200 was lost) gets the
 // same answer and the new ETag instead of a 204 or a 412; a different
-// restart within MinRestartInterval gets 429; each session keeps one
-// latched ICE session.
+// restart within MinRestartInterval gets 429.
 func TestRestartIdempotent(t *testing.T) {
-	s, api, keys := newTestServer(t)
+	_, api, keys := newTestServer(t)
 	resp := post(t, api.URL+"/v1/calls", "application/sdp", clientOffer(t, true))
 	if resp.StatusCode != http.StatusCreated {
 		t.Fatalf("offer: %d", resp.StatusCode)
@@ -125,8 +124,5 @@ func TestRestartIdempotent(t *testing.T) {
 	r, _ = patch(tag2, frag("rst2"))
 	if r.StatusCode != http.StatusOK || !strings.HasSuffix(r.Header.Get("ETag"), `/3"`) {
 		t.Fatalf("second restart after the interval: %d, ETag %s", r.StatusCode, r.Header.Get("ETag"))
-	}
-	if n := s.HopStats().Sessions; n != 1 {
-		t.Fatalf("%d latched ICE sessions after two restarts, want 1", n)
 	}
 }

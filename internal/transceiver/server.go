@@ -143,7 +143,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		}
 		s.udp = newProbeConn(udpAddrPort{sock}, s.probe)
 	} else {
-		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow, Logger: s.log, OnSent: s.probe.sent})
+		s.conn, err = hop.NewConn(sock, hop.ConnConfig{Advertise: cfg.advertise, AllowRelays: cfg.allow, OnSent: s.probe.sent})
 		if err != nil {
 			_ = sock.Close()
 			return nil, err

@@ -135,9 +135,6 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	joined := false
 	fail := func(err error) (*session, string, error) {
 		cancel()
-		if s.conn != nil {
-			s.conn.RemoveSession(ufrag)
-		}
 		if sess.peer != nil {
 			_ = sess.peer.Close()
 		}
@@ -186,10 +183,6 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	}
 	if o.Data >= 0 {
 		pcfg.MaxMessageSize = o.Sections[o.Data].MaxMessageSize
-	}
-	if s.conn != nil {
-		// Follow the client across NAT rebindings (hop/latch.go).
-		s.conn.AddSession(ufrag, pwd)
 	}
 	if sess.peer, err = s.peer.NewSession(pcfg); err != nil {
 		return fail(err)
@@ -521,9 +514,6 @@ func (sess *session) teardown(reason string) {
 	sess.waitConnectionReports(context.Background()) // the bridge is closed: they end at once
 	sess.imu.Lock()                                  // waits for a restart in progress
 	sess.iceDone = true
-	if s.conn != nil {
-		s.conn.RemoveSession(sess.ufrag)
-	}
 	sess.imu.Unlock()
 	s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
 	sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))

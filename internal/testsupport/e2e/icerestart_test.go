@@ -141,9 +141,6 @@ func TestICERestart(t *testing.T) {
 		t.Fatalf("peer connection %s", pc.ConnectionState())
 	default:
 	}
-	if n := s.trx.HopStats().Sessions; n != 1 {
-		t.Fatalf("the hop latches %d ICE sessions, want 1: the old ufrag was not forgotten", n)
-	}
 	if n := restartsOK(t, s); n != 1 {
 		t.Fatalf("ice_restarts_total{result=ok} = %v, want 1", n)
 	}

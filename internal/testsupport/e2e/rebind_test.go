@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/internal/hop"
+	"github.com/switchboard-rtc/switchboard/internal/peer"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/impair"
 )
 
@@ -14,7 +14,7 @@ import (
 // The relay has no flow for the new address, so its media is dropped until
 // the client's next consent check (a Binding request carrying the token)
 // creates one; the transceiver's ICE agent then sees the check from the
-// new address. Media must resume in both directions with no signaling.
+// new address, and the client's SRTP from it moves the media. Media must resume in both directions with no signaling.
 func TestNATRebinding(t *testing.T) {
 	var px *impair.UDP
 	s := startStackFront(t, 9, slog.New(slog.DiscardHandler), func(relay netip.AddrPort) netip.AddrPort {
@@ -28,7 +28,7 @@ func TestNATRebinding(t *testing.T) {
 	// Let the call run, then rebind the client's NAT mapping.
 	done := callInBackground(t, s, 12*time.Second)
 	flowsBefore := s.relay.Stats().FlowsCreated
-	movesBefore := totalMoves(s.trx.HopStats().Moves)
+	movesBefore := peerMoved(s.trx.PeerMoves())
 	rebound := 0
 	for _, c := range px.Clients() {
 		if px.Rebind(c) {
@@ -41,20 +41,20 @@ func TestNATRebinding(t *testing.T) {
 	rebindAt := time.Now()
 	// Media resumes once the client's next consent check (a Binding request
 	// with the token and the session's credentials) has created a flow for
-	// the new address at the relay and the transceiver has moved the
-	// session's media to it: on a nominating check, or once the old
-	// address has been quiet for the latch's quiet time (internal/hop).
+	// the new address at the relay, made it a candidate of the session and
+	// the client's next SRTP from it has confirmed the move (internal/peer,
+	// "Path selection"; the hop reports the new port as it is).
 	var resumedAfter time.Duration
 	for time.Since(rebindAt) < 10*time.Second {
 		time.Sleep(10 * time.Millisecond)
-		if s.relay.Stats().FlowsCreated > flowsBefore && totalMoves(s.trx.HopStats().Moves) > movesBefore {
+		if s.relay.Stats().FlowsCreated > flowsBefore && peerMoved(s.trx.PeerMoves()) > movesBefore {
 			resumedAfter = time.Since(rebindAt)
 			break
 		}
 	}
 	res := <-done
 	t.Logf("report: %s", res.r)
-	t.Logf("hop stats %+v", s.trx.HopStats())
+	t.Logf("peer moves %v", s.trx.PeerMoves())
 	if resumedAfter == 0 {
 		t.Fatalf("the transceiver did not follow the client to its new address within 10 s (relay %+v)", s.relay.Stats())
 	}
@@ -71,10 +71,8 @@ func TestNATRebinding(t *testing.T) {
 	}
 }
 
-// totalMoves is the number of media moves of any reason (hop.ConnStats.Moves).
-func totalMoves(m [hop.NumMoveReasons]uint64) (n uint64) {
-	for _, v := range m {
-		n += v
-	}
-	return n
+// peerMoved is the number of moves of a session's media to another client
+// address (peer.Endpoint.Moves; a deferred nomination is not a move).
+func peerMoved(m [peer.NumMoveReasons]uint64) uint64 {
+	return m[peer.MoveNominated] + m[peer.MoveConfirmed]
 }
