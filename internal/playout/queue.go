@@ -52,13 +52,13 @@ type QueueConfig struct {
 	OnUnderrun func()
 	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
 	// Clear which cuts a run sends ClearTailTicks times, one every 20 ms
-	// from the queue's next turn, continuing its RTP
-	// numbering, outside any run (no events, not counted in played_ms).
-	// Audio pushed meanwhile ends the tail and plays at the queue's next
-	// turn, as a new run. A receiver whose jitter buffer
-	// runs dry conceals the missing audio (Opus PLC, WebRTC NetEq's
-	// expand) and keeps sounding the reply for a while; a few packets of
-	// real silence end the talkspurt at once. The payload is not copied.
+	// from the queue's next turn, continuing its RTP numbering, outside
+	// any run (no events, not counted in played_ms). Audio pushed
+	// meanwhile ends the tail and plays at the queue's next turn, as a
+	// new run. A receiver whose jitter buffer runs dry conceals the
+	// missing audio (Opus PLC, WebRTC NetEq's expand) and keeps sounding
+	// the reply for a while; a few packets of real silence end the
+	// talkspurt at once. The payload is not copied.
 	ClearTail []byte
 	// ClearTailTicks is how many ClearTail packets a clear sends
 	// (default 3: 60 ms).
