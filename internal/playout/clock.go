@@ -65,10 +65,10 @@ type ClockConfig struct {
 	// runtime.GOMAXPROCS).
 	Workers int
 	// Tick is the packet period, TickShort or Tick (0: Tick): a queue
-	// sends what is due once per tick, so packets
-	// shorter than the tick would leave in pairs: sessions that send
-	// 10 ms packets need the 10 ms tick (the transceiver's ptime
-	// setting). Packets of 20 ms on a 10 ms clock leave every other tick.
+	// sends what is due once per tick, so packets shorter than the tick
+	// would leave in pairs: sessions that send 10 ms packets need the
+	// 10 ms tick (the transceiver's ptime setting). Packets of 20 ms on a
+	// 10 ms clock leave every other tick.
 	// A run's first packet does not wait for a tick (docs/bridge.md §6.1).
 	Tick time.Duration
 	// Batcher, if set, brackets every round of work of every worker (see

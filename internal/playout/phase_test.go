@@ -454,15 +454,20 @@ func TestMarkNotBeforeItsAudioEnds(t *testing.T) {
 	}
 }
 
-// TestClearReturnsSentMarks: a clear that finds a mark whose audio has
-// been sent in full but has not played out yet returns it as played (its
-// audio is counted in played_ms and reaches the client), in order, before
-// the marks it drops.
+// TestClearReturnsSentMarks: a clear that finds marks whose audio has
+// been sent in full but has not played out yet returns them as played
+// (their audio is counted in played_ms and reaches the client), in order,
+// before the marks it drops: those behind audio not sent yet. The first
+// such mark has moved to the pending list (a later turn passed it); the
+// second, right after the last packet sent, is still at the head of the
+// queue (the turn that sent its audio stopped before it).
 func TestClearReturnsSentMarks(t *testing.T) {
 	h := newPhaseHarness(t, Tick, QueueConfig{})
 	h.push("a0", 960)
 	_ = h.q.PushMark("sent")
 	h.push("a1", 960)
+	_ = h.q.PushMark("sent, at the head")
+	h.push("a2", 960)
 	_ = h.q.PushMark("dropped")
 	h.wake(h.mid(300)) // a0, 300 samples into a tick
 	h.ticks(2)         // that tick, then the next: a1, before a0's audio ends
@@ -473,7 +478,12 @@ func TestClearReturnsSentMarks(t *testing.T) {
 	if played := h.q.Clear(); played != 40 {
 		t.Fatalf("Clear = %d ms, want 40", played)
 	}
-	want := []Event{{Type: EventMark, Name: "sent"}, {Type: EventMark, Name: "dropped", Cleared: true}, {Type: EventCleared, PlayedMs: 40}}
+	want := []Event{
+		{Type: EventMark, Name: "sent"},
+		{Type: EventMark, Name: "sent, at the head"},
+		{Type: EventMark, Name: "dropped", Cleared: true},
+		{Type: EventCleared, PlayedMs: 40},
+	}
 	if ev := h.q.Events(nil); !reflect.DeepEqual(ev, want) {
 		t.Fatalf("events at the clear %+v, want %+v", ev, want)
 	}

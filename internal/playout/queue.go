@@ -52,13 +52,13 @@ type QueueConfig struct {
 	OnUnderrun func()
 	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
 	// Clear which cuts a run sends ClearTailTicks times, one every 20 ms
-	// from the queue's next turn, continuing its RTP
-	// numbering, outside any run (no events, not counted in played_ms).
-	// Audio pushed meanwhile ends the tail and plays at the queue's next
-	// turn, as a new run. A receiver whose jitter buffer
-	// runs dry conceals the missing audio (Opus PLC, WebRTC NetEq's
-	// expand) and keeps sounding the reply for a while; a few packets of
-	// real silence end the talkspurt at once. The payload is not copied.
+	// from the queue's next turn, continuing its RTP numbering, outside
+	// any run (no events, not counted in played_ms). Audio pushed
+	// meanwhile ends the tail and plays at the queue's next turn, as a
+	// new run. A receiver whose jitter buffer runs dry conceals the
+	// missing audio (Opus PLC, WebRTC NetEq's expand) and keeps sounding
+	// the reply for a while; a few packets of real silence end the
+	// talkspurt at once. The payload is not copied.
 	ClearTail []byte
 	// ClearTailTicks is how many ClearTail packets a clear sends
 	// (default 3: 60 ms).
@@ -240,8 +240,10 @@ func (q *Queue) PushResponse(id string) error {
 
 // Clear drops everything queued, at once, and ends the current run. It
 // returns the milliseconds of the run sent to the Sink before the clear
-// (0 when there was no run), and queues the dropped marks (Cleared set)
-// then an EventCleared. This is the one way to interrupt playout: the
+// (0 when there was no run), and queues, in order, the marks whose audio
+// had all been sent (as played: that audio is counted in playedMs and
+// reaches the client), then the marks it drops (Cleared set), then an
+// EventCleared. This is the one way to interrupt playout: the
 // backend's output.clear, the client's output_audio_buffer.clear and,
 // later, barge-in on detected speech all call it.
 func (q *Queue) Clear() (playedMs int64) {
@@ -257,7 +259,18 @@ func (q *Queue) Clear() (playedMs int64) {
 	}
 	clear(q.marks)
 	q.marks = q.marks[:0]
-	for _, it := range q.items[q.head:] {
+	// So are the marks at the head of the queue, ahead of any audio not
+	// sent yet: the turn that sent their audio stopped before them (the
+	// timeline had not reached the turn's tick). A mark only stands
+	// behind unsent audio if it was pushed after that audio.
+	rest := q.items[q.head:]
+	for len(rest) > 0 && rest[0].kind != itemAudio {
+		if rest[0].kind == itemMark {
+			q.events = append(q.events, Event{Type: EventMark, Name: rest[0].text})
+		}
+		rest = rest[1:]
+	}
+	for _, it := range rest {
 		if it.kind == itemMark {
 			q.events = append(q.events, Event{Type: EventMark, Name: it.text, Cleared: true})
 		}

@@ -1,6 +1,7 @@
 package udpio
 
 import (
+	"errors"
 	"fmt"
 	"syscall"
 	"unsafe"
@@ -34,7 +35,7 @@ func Drops(c syscall.Conn) (uint64, error) {
 	case errno != 0:
 		return 0, fmt.Errorf("udpio: getsockopt SO_MEMINFO: %w", errno)
 	case size < (unix.SK_MEMINFO_DROPS+1)*4:
-		return 0, fmt.Errorf("udpio: SO_MEMINFO has %d bytes, no drop count: %w", size, errUnsupported)
+		return 0, fmt.Errorf("udpio: SO_MEMINFO has %d bytes, no drop count: %w", size, errors.ErrUnsupported)
 	}
 	return uint64(info[unix.SK_MEMINFO_DROPS]), nil
 }

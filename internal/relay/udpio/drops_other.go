@@ -3,6 +3,7 @@
 package udpio
 
 import (
+	"errors"
 	"fmt"
 	"syscall"
 )
@@ -11,5 +12,5 @@ import (
 // side; this OS does not tell, so it returns an error wrapping
 // errors.ErrUnsupported.
 func Drops(c syscall.Conn) (uint64, error) {
-	return 0, fmt.Errorf("udpio: socket drop count: %w", errUnsupported)
+	return 0, fmt.Errorf("udpio: socket drop count: %w", errors.ErrUnsupported)
 }

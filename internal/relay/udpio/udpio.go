@@ -16,9 +16,6 @@ import (
 	"syscall"
 )
 
-// errUnsupported is errors.ErrUnsupported, named for Drops.
-var errUnsupported = errors.ErrUnsupported
-
 // BufferSize is the receive and send buffer, in bytes, that SetBuffers
 // asks for. A loopback datagram of 100 bytes takes about 1 KiB of receive
 // buffer, so the usual default (net.core.rmem_default, 208 KiB) holds a

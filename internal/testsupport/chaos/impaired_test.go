@@ -31,12 +31,12 @@ const (
 // silently: the audio the clients miss is what the proxy dropped (an
 // echoed packet crosses it twice, 1-(1-0.05)² = 9.75% at the configured
 // rate; the test uses the rate the proxy actually drew), plus what was
-// counted where it was lost, by the kernel at one of the stack's UDP
-// sockets (a receive buffer overflow, watched per socket in
-// /proc/net/udp) or by a product drop counter, give or take the
-// binomial noise. The relay's, the transceiver's and the proxy's own
-// counts of their kernel drops must match the kernel's. Figure: the loss and where it
-// happened.
+// counted where it was lost, by the kernel at one of the UDP sockets
+// audio crosses (a receive buffer overflow, watched per socket in
+// /proc/net/udp) or by a product drop counter of a reason audio can
+// hit, give or take the binomial noise. The relay's, the transceiver's
+// and the proxy's own counts of their kernel drops must match the
+// kernel's. Figure: the loss and where it happened.
 func TestImpairedNetwork(t *testing.T) {
 	n := *flagSessions
 	dur := impairedDuration()
@@ -82,13 +82,14 @@ func TestImpairedNetwork(t *testing.T) {
 		t.Errorf("the proxy dropped %.2f%% of the datagrams it saw, configured %.0f%%: %+v", p*100, impairLoss*100, ps)
 	}
 	// Every audio packet lost is lost at the proxy, or counted where it
-	// was lost: by the kernel at one of the stack's sockets, or by a
-	// product drop counter. What is left over must be noise: the binomial
+	// was lost: by the kernel at one of the sockets audio crosses, or by
+	// a product drop counter of a reason audio can hit (udpdrops_test.go,
+	// lossCounters). What is left over must be noise: the binomial
 	// spread of the proxy's coin flips (4σ) and 0.1% for packets whose
 	// count is missed by a hair (a client socket that dropped in its last
-	// 100 ms, between two samples). Kernel drops also count datagrams that
-	// were not audio (STUN, RTCP, SCTP, duplicates), so the sum may
-	// exceed the loss; the proxy alone may not.
+	// 100 ms, between two samples). Kernel drops at those sockets also
+	// count datagrams that were not audio (STUN, RTCP, SCTP, duplicates),
+	// so the sum may exceed the loss; the proxy alone may not.
 	if acct.unexplained > acct.margin {
 		t.Errorf("audio loss %.2f%% (%d of %d packets), of which %d (%.2f%%) unexplained, more than the %.0f allowed: %s; machine-wide input backlog drops during the run (anyone's): %d",
 			seen*100, sent-recv, sent, int(acct.unexplained), 100*acct.unexplained/float64(sent), acct.margin, acct, backlog)
