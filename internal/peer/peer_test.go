@@ -24,14 +24,23 @@ import (
 
 // TestMain (goleak) is in sdp_test.go.
 
-// udpConn gives a UDP socket the method names of PacketConn.
-type udpConn struct{ *net.UDPConn }
+// udpConn gives a UDP socket the method names of PacketConn, and records
+// the DTLS handshake's datagrams in trace (traceDTLS).
+type udpConn struct {
+	*net.UDPConn
+	trace *trace
+}
 
 func (c udpConn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
-	return c.ReadFromUDPAddrPort(b)
+	n, a, err := c.ReadFromUDPAddrPort(b)
+	if err == nil {
+		traceDTLS(c.trace, "from", a, b[:n])
+	}
+	return n, a, err
 }
 
 func (c udpConn) WriteToAddrPort(b []byte, a netip.AddrPort) (int, error) {
+	traceDTLS(c.trace, "to", a, b)
 	return c.WriteToUDPAddrPort(b, a)
 }
 
@@ -44,6 +53,8 @@ type server struct {
 	advertise netip.AddrPort
 	cert      tls.Certificate
 	fp        Fingerprint
+	// trace records the DTLS handshakes' datagrams at the socket.
+	trace *trace
 }
 
 func newServer(t testing.TB, mutate ...func(*Config)) *server {
@@ -57,7 +68,8 @@ func newServer(t testing.TB, mutate ...func(*Config)) *server {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(cert.Certificate[0])
-	cfg := Config{Conn: udpConn{sock}, InsecureSkipHelloVerify: true}
+	tr := newTrace()
+	cfg := Config{Conn: udpConn{sock, tr}, InsecureSkipHelloVerify: true}
 	for _, m := range mutate {
 		m(&cfg)
 	}
@@ -65,7 +77,7 @@ func newServer(t testing.TB, mutate ...func(*Config)) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &server{ep: ep, sock: sock, cert: cert, fp: Fingerprint{Hash: "sha-256", Digest: sum[:]}}
+	s := &server{ep: ep, sock: sock, cert: cert, fp: Fingerprint{Hash: "sha-256", Digest: sum[:]}, trace: tr}
 	t.Cleanup(func() {
 		_ = sock.Close()
 		ep.Close()
@@ -98,11 +110,14 @@ type path struct {
 	// client sent through the path; firstNom of the first nominating
 	// check (a Binding request with USE-CANDIDATE).
 	lastRTP, firstNom atomic.Pointer[[]byte]
+	// trace records each change of client and the DTLS handshake's
+	// datagrams sent to it.
+	trace *trace
 }
 
 func newPath(t *testing.T, server netip.AddrPort) *path {
 	t.Helper()
-	p := &path{server: server}
+	p := &path{server: server, trace: newTrace()}
 	var err error
 	if p.front, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
 		t.Fatal(err)
@@ -118,7 +133,9 @@ func newPath(t *testing.T, server netip.AddrPort) *path {
 			if err != nil {
 				return
 			}
-			p.client.Store(&from)
+			if old := p.client.Swap(&from); old == nil || *old != from {
+				p.trace.add("path: the client sends from %v", from)
+			}
 			b := buf[:n]
 			switch {
 			case n > 12 && b[0] >= 128 && b[0] <= 191 && !isRTCP(b):
@@ -163,6 +180,7 @@ func (p *path) rebind(t *testing.T) {
 				return
 			}
 			if c := p.client.Load(); c != nil {
+				traceDTLS(p.trace, "path to client", *c, buf[:n])
 				_, _ = p.front.WriteToUDPAddrPort(buf[:n], *c)
 			}
 		}
@@ -188,6 +206,9 @@ type client struct {
 	open  chan struct{}
 	dtls  chan webrtc.DTLSTransportState
 	ice   chan webrtc.ICEConnectionState
+	// trace records the client's candidates and its ICE, DTLS and
+	// connection states, and each selected pair.
+	trace *trace
 }
 
 func newClient(t *testing.T, data bool, mutate ...func(*webrtc.SettingEngine)) *client {
@@ -196,7 +217,9 @@ func newClient(t *testing.T, data bool, mutate ...func(*webrtc.SettingEngine)) *
 	if err := me.RegisterDefaultCodecs(); err != nil {
 		t.Fatal(err)
 	}
+	tr := newTrace()
 	var se webrtc.SettingEngine
+	se.LoggerFactory = traceLogs{tr}
 	se.SetIncludeLoopbackCandidate(true)
 	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
 	for _, m := range mutate {
@@ -207,7 +230,7 @@ func newClient(t *testing.T, data bool, mutate ...func(*webrtc.SettingEngine)) *
 		t.Fatal(err)
 	}
 	c := &client{pc: pc, echo: make(chan *rtp.Packet, 64), msgs: make(chan string, 16), open: make(chan struct{}),
-		dtls: make(chan webrtc.DTLSTransportState, 16), ice: make(chan webrtc.ICEConnectionState, 16)}
+		dtls: make(chan webrtc.DTLSTransportState, 16), ice: make(chan webrtc.ICEConnectionState, 16), trace: tr}
 	t.Cleanup(func() { _ = pc.Close() })
 	c.track, err = webrtc.NewTrackLocalStaticRTP(webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2}, "audio", "client")
 	if err != nil {
@@ -236,8 +259,21 @@ func newClient(t *testing.T, data bool, mutate ...func(*webrtc.SettingEngine)) *
 			}
 		}
 	})
-	pc.SCTP().Transport().OnStateChange(func(st webrtc.DTLSTransportState) { c.dtls <- st })
+	pc.SCTP().Transport().OnStateChange(func(st webrtc.DTLSTransportState) {
+		c.trace.add("client: dtls %v", st)
+		c.dtls <- st
+	})
+	pc.SCTP().Transport().ICETransport().OnSelectedCandidatePairChange(func(p *webrtc.ICECandidatePair) {
+		c.trace.add("client: selected pair %v", p)
+	})
+	pc.OnICECandidate(func(cand *webrtc.ICECandidate) {
+		if cand != nil {
+			c.trace.add("client: candidate %v", cand)
+		}
+	})
+	pc.OnConnectionStateChange(func(st webrtc.PeerConnectionState) { c.trace.add("client: connection %v", st) })
 	pc.OnICEConnectionStateChange(func(st webrtc.ICEConnectionState) {
+		c.trace.add("client: ice %v", st)
 		select {
 		case c.ice <- st:
 		default:
@@ -276,6 +312,23 @@ type sessionParts struct {
 	// pending stands for any number of checks).
 	checked chan struct{}
 	dcs     chan *datachannel.DataChannel
+	// trace records the session's states and checks; traces are those a
+	// wait that times out prints with it, since start, and more what it
+	// adds (the client's and session's states at that moment).
+	trace  *trace
+	traces []*trace
+	start  time.Time
+	more   func() string
+}
+
+// report is what a wait that timed out prints: the traces merged in time
+// order and the state at the moment.
+func (p *sessionParts) report() string {
+	s := "trace:\n" + mergeTraces(p.start, append([]*trace{p.trace}, p.traces...)...)
+	if p.more != nil {
+		s += p.more()
+	}
+	return s
 }
 
 var ufragSeq atomic.Int64
@@ -293,7 +346,8 @@ func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig))
 		t.Fatal(err)
 	}
 	ufrag, pwd := newCreds()
-	parts := &sessionParts{states: make(chan State, 32), checked: make(chan struct{}, 1), dcs: make(chan *datachannel.DataChannel, 4)}
+	parts := &sessionParts{states: make(chan State, 32), checked: make(chan struct{}, 1), dcs: make(chan *datachannel.DataChannel, 4),
+		trace: newTrace(), traces: []*trace{s.trace, c.trace}, start: time.Now()}
 	role, setup := DTLSClient, "active"
 	if o.Setup == "active" {
 		role, setup = DTLSServer, "passive"
@@ -301,17 +355,22 @@ func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig))
 	cfg := SessionConfig{
 		LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: o.ICEUfrag, Role: role, Certificate: s.cert,
 		Fingerprints: o.Fingerprints, Data: o.Data >= 0, RemoteSCTPInit: o.SCTPInit,
-		OnCheck: func(netip.AddrPort, bool) {
+		OnCheck: func(from netip.AddrPort, nominated bool) {
+			parts.trace.add("session: check from %v nominated %v", from, nominated)
 			parts.checks.Add(1)
 			select {
 			case parts.checked <- struct{}{}:
 			default:
 			}
 		},
-		OnState:       func(st State) { parts.states <- st },
+		OnState: func(st State) {
+			parts.trace.add("session: state %v", st)
+			parts.states <- st
+		},
 		OnDataChannel: func(dc *datachannel.DataChannel) { parts.dcs <- dc },
 	}
 	sess := newSession(t, s, cfg, mutate...)
+	parts.more = func() string { return sessionNow(sess) + clientNow(c) }
 	ans, err := Answer(o, AnswerParams{
 		ICEUfrag: ufrag, ICEPwd: pwd, Fingerprint: s.fp, Setup: setup, Candidate: s.candidate(),
 		AudioSSRC: 0x1234, CNAME: "peer-test", StreamID: "switchboard", TrackID: "audio",
@@ -337,7 +396,7 @@ func waitState(t *testing.T, p *sessionParts, want State) {
 				t.Fatalf("session state %v while waiting for %v", st, want)
 			}
 		case <-timeout:
-			t.Fatalf("no session state %v", want)
+			t.Fatalf("no session state %v\n%s", want, p.report())
 		}
 	}
 }
@@ -540,6 +599,7 @@ func connectCuttable(t *testing.T, data bool, disconnected, failed time.Duration
 	_, parts := connect(t, s, c, func(sc *SessionConfig) {
 		sc.DisconnectedTimeout, sc.FailedTimeout = disconnected, failed
 	})
+	parts.traces = append(parts.traces, p.trace)
 	waitState(t, parts, StateConnected)
 	return s, p, c, parts
 }
@@ -1109,6 +1169,7 @@ func TestRebindAfterOldReplay(t *testing.T) {
 	s.advertise = p.addr()
 	c := newClient(t, false)
 	sess, parts := connect(t, s, c)
+	parts.traces = append(parts.traces, p.trace)
 	waitState(t, parts, StateConnected)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -1340,6 +1401,7 @@ func TestSRTPReplay(t *testing.T) {
 	s.advertise = p.addr()
 	c := newClient(t, false)
 	sess, parts := connect(t, s, c)
+	parts.traces = append(parts.traces, p.trace)
 	waitState(t, parts, StateConnected)
 	var wg sync.WaitGroup
 	wg.Add(1)
