@@ -190,6 +190,12 @@ func (p *path) rebind(t *testing.T) {
 	}
 }
 
+// andDrops returns more followed by the kernel's drops at the path's
+// sockets (a report's, sessionParts.more).
+func (p *path) andDrops(more func() string) func() string {
+	return func() string { return more() + kernelDrops(p.addr().Port(), p.backAddr().Port()) }
+}
+
 func (p *path) addr() netip.AddrPort { return p.front.LocalAddr().(*net.UDPAddr).AddrPort() }
 
 // backAddr is the client's address as the server sees it.
@@ -370,7 +376,9 @@ func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig))
 		OnDataChannel: func(dc *datachannel.DataChannel) { parts.dcs <- dc },
 	}
 	sess := newSession(t, s, cfg, mutate...)
-	parts.more = func() string { return sessionNow(sess) + clientNow(c) }
+	parts.more = func() string {
+		return sessionNow(sess) + clientNow(c) + kernelDrops(append(clientPorts(c), s.addr().Port())...)
+	}
 	ans, err := Answer(o, AnswerParams{
 		ICEUfrag: ufrag, ICEPwd: pwd, Fingerprint: s.fp, Setup: setup, Candidate: s.candidate(),
 		AudioSSRC: 0x1234, CNAME: "peer-test", StreamID: "switchboard", TrackID: "audio",
@@ -600,6 +608,7 @@ func connectCuttable(t *testing.T, data bool, disconnected, failed time.Duration
 		sc.DisconnectedTimeout, sc.FailedTimeout = disconnected, failed
 	})
 	parts.traces = append(parts.traces, p.trace)
+	parts.more = p.andDrops(parts.more)
 	waitState(t, parts, StateConnected)
 	return s, p, c, parts
 }
@@ -1170,6 +1179,7 @@ func TestRebindAfterOldReplay(t *testing.T) {
 	c := newClient(t, false)
 	sess, parts := connect(t, s, c)
 	parts.traces = append(parts.traces, p.trace)
+	parts.more = p.andDrops(parts.more)
 	waitState(t, parts, StateConnected)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -1402,6 +1412,7 @@ func TestSRTPReplay(t *testing.T) {
 	c := newClient(t, false)
 	sess, parts := connect(t, s, c)
 	parts.traces = append(parts.traces, p.trace)
+	parts.more = p.andDrops(parts.more)
 	waitState(t, parts, StateConnected)
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -3,7 +3,9 @@ package peer
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -209,4 +211,53 @@ func (l traceLogger) Warnf(format string, args ...any) {
 func (l traceLogger) Error(msg string) { l.tr.add("%s error: %s", l.scope, msg) }
 func (l traceLogger) Errorf(format string, args ...any) {
 	l.tr.add("%s error: %s", l.scope, fmt.Sprintf(format, args...))
+}
+
+// kernelDrops describes the kernel's receive-side drops (the "drops"
+// column of /proc/net/udp: a full receive buffer) and receive queues of
+// the IPv4 UDP sockets bound to ports, so that a stall says whether
+// datagrams were lost on a loaded machine. Linux only; elsewhere empty.
+func kernelDrops(ports ...uint16) string {
+	b, err := os.ReadFile("/proc/net/udp")
+	if err != nil {
+		return ""
+	}
+	want := make(map[uint16]bool, len(ports))
+	for _, p := range ports {
+		want[p] = true
+	}
+	var sb strings.Builder
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 13 {
+			continue
+		}
+		// local_address is hex "ADDR:PORT", tx_queue:rx_queue hex, drops
+		// the last column.
+		ip, port, ok := strings.Cut(f[1], ":")
+		if !ok {
+			continue
+		}
+		p, err := strconv.ParseUint(port, 16, 16)
+		if err != nil || !want[uint16(p)] {
+			continue
+		}
+		a, _ := strconv.ParseUint(ip, 16, 32) // in host (little-endian) order
+		_, rxq, _ := strings.Cut(f[4], ":")
+		rx, _ := strconv.ParseUint(rxq, 16, 64)
+		fmt.Fprintf(&sb, "kernel: udp %v: drops %s, receive queue %d bytes\n",
+			netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(a), byte(a >> 8), byte(a >> 16), byte(a >> 24)}), uint16(p)), f[len(f)-1], rx)
+	}
+	return sb.String()
+}
+
+// clientPorts returns the ports of the client's local candidates.
+func clientPorts(c *client) []uint16 {
+	var ports []uint16
+	for _, st := range c.pc.GetStats() {
+		if cs, ok := st.(webrtc.ICECandidateStats); ok && cs.Type == webrtc.StatsTypeLocalCandidate {
+			ports = append(ports, uint16(cs.Port))
+		}
+	}
+	return ports
 }
