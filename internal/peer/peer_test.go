@@ -6,8 +6,10 @@ import (
 	"crypto/sha1"
 	"crypto/sha256"
 	"crypto/tls"
+	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -98,14 +100,27 @@ func (s *server) candidate() netip.AddrPort {
 // cut: the client's traffic then stops reaching the server, as when a
 // laptop's lid closes. Its back socket is the client's address as the
 // server sees it; rebind replaces it, as a NAT that gives the client a new
-// port.
+// port. What the server sends goes to the candidate address the client
+// last sent from.
+//
+// The path forwards only the client's datagrams (from one of its
+// candidates' addresses) and the server's: on a shared machine a port
+// the path's socket was given may still receive another process's flow
+// (its peer went on sending after it closed), and a stranger's datagrams
+// that made it "the client" would send the server's DTLS and check
+// answers there, stalling the handshake (a CI flake, TestConsent: no
+// state for 10 s, every ClientHello sent to a stranger).
 type path struct {
 	front  *net.UDPConn
 	back   atomic.Pointer[net.UDPConn]
 	server netip.AddrPort
+	owner  *client
 	client atomic.Pointer[netip.AddrPort]
 	cut    atomic.Bool
 	wg     sync.WaitGroup
+	// strangers counts the datagrams dropped that came from neither
+	// the client nor the server.
+	strangers atomic.Int64
 	// lastRTP is a copy of the last SRTP datagram (not SRTCP) the
 	// client sent through the path; firstNom of the first nominating
 	// check (a Binding request with USE-CANDIDATE).
@@ -115,9 +130,10 @@ type path struct {
 	trace *trace
 }
 
-func newPath(t *testing.T, server netip.AddrPort) *path {
+// newPath returns a path between c and the server.
+func newPath(t *testing.T, server netip.AddrPort, c *client) *path {
 	t.Helper()
-	p := &path{server: server, trace: newTrace()}
+	p := &path{server: server, owner: c, trace: newTrace()}
 	var err error
 	if p.front, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
 		t.Fatal(err)
@@ -132,6 +148,10 @@ func newPath(t *testing.T, server netip.AddrPort) *path {
 			n, from, err := p.front.ReadFromUDPAddrPort(buf)
 			if err != nil {
 				return
+			}
+			if !p.owner.isCandidate(from) {
+				p.stranger(from)
+				continue
 			}
 			if old := p.client.Swap(&from); old == nil || *old != from {
 				p.trace.add("path: the client sends from %v", from)
@@ -175,9 +195,13 @@ func (p *path) rebind(t *testing.T) {
 		defer p.wg.Done()
 		buf := make([]byte, 1500)
 		for {
-			n, err := back.Read(buf)
+			n, from, err := back.ReadFromUDPAddrPort(buf)
 			if err != nil {
 				return
+			}
+			if from != p.server {
+				p.stranger(from)
+				continue
 			}
 			if c := p.client.Load(); c != nil {
 				traceDTLS(p.trace, "path to client", *c, buf[:n])
@@ -190,10 +214,21 @@ func (p *path) rebind(t *testing.T) {
 	}
 }
 
-// andDrops returns more followed by the kernel's drops at the path's
-// sockets (a report's, sessionParts.more).
+// stranger drops a datagram from neither the client nor the server,
+// tracing the first.
+func (p *path) stranger(from netip.AddrPort) {
+	if p.strangers.Add(1) == 1 {
+		p.trace.add("path: a stranger's datagram from %v dropped (and any later ones)", from)
+	}
+}
+
+// andDrops returns more followed by the datagrams the path dropped and
+// the kernel's drops at its sockets (a report's, sessionParts.more).
 func (p *path) andDrops(more func() string) func() string {
-	return func() string { return more() + kernelDrops(p.addr().Port(), p.backAddr().Port()) }
+	return func() string {
+		return more() + fmt.Sprintf("path: %d datagrams from strangers dropped\n", p.strangers.Load()) +
+			kernelDrops(p.addr().Port(), p.backAddr().Port())
+	}
 }
 
 func (p *path) addr() netip.AddrPort { return p.front.LocalAddr().(*net.UDPAddr).AddrPort() }
@@ -215,6 +250,18 @@ type client struct {
 	// trace records the client's candidates and its ICE, DTLS and
 	// connection states, and each selected pair.
 	trace *trace
+	// cands are the addresses of the client's local candidates,
+	// gathered before its offer is complete.
+	candMu sync.Mutex
+	cands  []netip.AddrPort
+}
+
+// isCandidate reports whether a is the address of one of c's local
+// candidates.
+func (c *client) isCandidate(a netip.AddrPort) bool {
+	c.candMu.Lock()
+	defer c.candMu.Unlock()
+	return slices.Contains(c.cands, a)
 }
 
 func newClient(t *testing.T, data bool, mutate ...func(*webrtc.SettingEngine)) *client {
@@ -273,8 +320,14 @@ func newClient(t *testing.T, data bool, mutate ...func(*webrtc.SettingEngine)) *
 		c.trace.add("client: selected pair %v", p)
 	})
 	pc.OnICECandidate(func(cand *webrtc.ICECandidate) {
-		if cand != nil {
-			c.trace.add("client: candidate %v", cand)
+		if cand == nil {
+			return
+		}
+		c.trace.add("client: candidate %v", cand)
+		if ip, err := netip.ParseAddr(cand.Address); err == nil {
+			c.candMu.Lock()
+			c.cands = append(c.cands, netip.AddrPortFrom(ip.Unmap(), cand.Port))
+			c.candMu.Unlock()
 		}
 	})
 	pc.OnConnectionStateChange(func(st webrtc.PeerConnectionState) { c.trace.add("client: connection %v", st) })
@@ -601,9 +654,9 @@ func TestClientCloses(t *testing.T) {
 func connectCuttable(t *testing.T, data bool, disconnected, failed time.Duration) (*server, *path, *client, *sessionParts) {
 	t.Helper()
 	s := newServer(t, func(c *Config) { c.ConsentTick = 20 * time.Millisecond })
-	p := newPath(t, s.addr())
-	s.advertise = p.addr()
 	c := newClient(t, data)
+	p := newPath(t, s.addr(), c)
+	s.advertise = p.addr()
 	_, parts := connect(t, s, c, func(sc *SessionConfig) {
 		sc.DisconnectedTimeout, sc.FailedTimeout = disconnected, failed
 	})
@@ -611,6 +664,51 @@ func connectCuttable(t *testing.T, data bool, disconnected, failed time.Duration
 	parts.more = p.andDrops(parts.more)
 	waitState(t, parts, StateConnected)
 	return s, p, c, parts
+}
+
+// TestPathStrangers: a stranger's flow to the path's front port (on a
+// shared machine, another process's peer still sending to a port the
+// path's socket was given) does not take the client's place: the client
+// connects through the path. Before the path dropped strangers, the
+// server's answers and every ClientHello went to the stranger, and the
+// session stalled with no state for 10 s (TestConsent's CI flake).
+func TestPathStrangers(t *testing.T) {
+	s := newServer(t)
+	c := newClient(t, false)
+	p := newPath(t, s.addr(), c)
+	s.advertise = p.addr()
+	stranger, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		rtp := make([]byte, 172) // a 20 ms Opus packet's size
+		rtp[0] = 0x80
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			_, _ = stranger.WriteToUDPAddrPort(rtp, p.addr())
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+		_ = stranger.Close()
+	})
+	_, parts := connect(t, s, c)
+	parts.traces = append(parts.traces, p.trace)
+	parts.more = p.andDrops(parts.more)
+	waitState(t, parts, StateConnected)
+	if p.strangers.Load() == 0 {
+		t.Fatal("no stranger's datagram reached the path")
+	}
 }
 
 // TestConsent: a connected client that goes silent is disconnected, back
@@ -1174,9 +1272,9 @@ func TestRestartVoidsOldCandidates(t *testing.T) {
 // its RTP) without signaling.
 func TestRebindAfterOldReplay(t *testing.T) {
 	s := newServer(t)
-	p := newPath(t, s.addr())
-	s.advertise = p.addr()
 	c := newClient(t, false)
+	p := newPath(t, s.addr(), c)
+	s.advertise = p.addr()
 	sess, parts := connect(t, s, c)
 	parts.traces = append(parts.traces, p.trace)
 	parts.more = p.andDrops(parts.more)
@@ -1407,9 +1505,9 @@ func TestFingerprintStrongestHash(t *testing.T) {
 // RFC 3711 §3.3.2).
 func TestSRTPReplay(t *testing.T) {
 	s := newServer(t)
-	p := newPath(t, s.addr())
-	s.advertise = p.addr()
 	c := newClient(t, false)
+	p := newPath(t, s.addr(), c)
+	s.advertise = p.addr()
 	sess, parts := connect(t, s, c)
 	parts.traces = append(parts.traces, p.trace)
 	parts.more = p.andDrops(parts.more)
