@@ -24,6 +24,8 @@ type trace struct {
 	lines   []traceLine // the last traceMax
 	next    int
 	dropped int
+	// kinds counts the lines added by addKind, by kind.
+	kinds map[string]int
 }
 
 type traceLine struct {
@@ -52,6 +54,44 @@ func (tr *trace) add(format string, args ...any) {
 	tr.dropped++
 }
 
+// kindMax is how many lines of one kind a trace keeps (addKind).
+const kindMax = 5
+
+// addKind adds a line of a kind (a log message's format) that may come
+// once per datagram: only the first kindMax of each kind, so that a flood
+// does not push the rest out; the others are only counted (suppressed).
+func (tr *trace) addKind(kind, format string, args ...any) {
+	if tr == nil {
+		return
+	}
+	tr.mu.Lock()
+	if tr.kinds == nil {
+		tr.kinds = make(map[string]int)
+	}
+	tr.kinds[kind]++
+	n := tr.kinds[kind]
+	tr.mu.Unlock()
+	if n <= kindMax {
+		tr.add(format, args...)
+	}
+}
+
+// suppressed describes the lines addKind only counted.
+func (tr *trace) suppressed() string {
+	if tr == nil {
+		return ""
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var sb strings.Builder
+	for kind, n := range tr.kinds {
+		if n > kindMax {
+			fmt.Fprintf(&sb, "  (%d more like %q)\n", n-kindMax, kind)
+		}
+	}
+	return sb.String()
+}
+
 func (tr *trace) snapshot() ([]traceLine, int) {
 	if tr == nil {
 		return nil, 0
@@ -78,6 +118,9 @@ func mergeTraces(since time.Time, trs ...*trace) string {
 	}
 	for _, l := range all {
 		fmt.Fprintf(&sb, "  %+9.3fs %s\n", l.at.Sub(since).Seconds(), l.what)
+	}
+	for _, tr := range trs {
+		sb.WriteString(tr.suppressed())
 	}
 	return sb.String()
 }
@@ -188,7 +231,8 @@ func clientNow(c *client) string {
 
 // traceLogs is a pion/logging factory that writes the Pion libraries'
 // warnings and errors (a discarded datagram, a failed write, a mux with no
-// endpoint for a packet) to a trace.
+// endpoint for a packet) to a trace, the first few of each message (the
+// rest are counted: trace.addKind).
 type traceLogs struct{ tr *trace }
 
 func (f traceLogs) NewLogger(scope string) logging.LeveledLogger { return traceLogger{f.tr, scope} }
@@ -204,13 +248,13 @@ func (traceLogger) Debug(string)          {}
 func (traceLogger) Debugf(string, ...any) {}
 func (traceLogger) Info(string)           {}
 func (traceLogger) Infof(string, ...any)  {}
-func (l traceLogger) Warn(msg string)     { l.tr.add("%s warning: %s", l.scope, msg) }
+func (l traceLogger) Warn(msg string)     { l.tr.addKind(msg, "%s warning: %s", l.scope, msg) }
 func (l traceLogger) Warnf(format string, args ...any) {
-	l.tr.add("%s warning: %s", l.scope, fmt.Sprintf(format, args...))
+	l.tr.addKind(format, "%s warning: %s", l.scope, fmt.Sprintf(format, args...))
 }
-func (l traceLogger) Error(msg string) { l.tr.add("%s error: %s", l.scope, msg) }
+func (l traceLogger) Error(msg string) { l.tr.addKind(msg, "%s error: %s", l.scope, msg) }
 func (l traceLogger) Errorf(format string, args ...any) {
-	l.tr.add("%s error: %s", l.scope, fmt.Sprintf(format, args...))
+	l.tr.addKind(format, "%s error: %s", l.scope, fmt.Sprintf(format, args...))
 }
 
 // kernelDrops describes the kernel's receive-side drops (the "drops"
