@@ -108,8 +108,8 @@ func (s *server) candidate() netip.AddrPort {
 // the path's socket was given may still receive another process's flow
 // (its peer went on sending after it closed), and a stranger's datagrams
 // that made it "the client" would send the server's DTLS and check
-// answers there, stalling the handshake (a CI flake, TestConsent: no
-// state for 10 s, every ClientHello sent to a stranger).
+// answers there, stalling the handshake: no session state for 10 s, the
+// symptom of TestConsent's one CI failure (TestPathStrangers).
 type path struct {
 	front  *net.UDPConn
 	back   atomic.Pointer[net.UDPConn]
@@ -671,7 +671,9 @@ func connectCuttable(t *testing.T, data bool, disconnected, failed time.Duration
 // path's socket was given) does not take the client's place: the client
 // connects through the path. Before the path dropped strangers, the
 // server's answers and every ClientHello went to the stranger, and the
-// session stalled with no state for 10 s (TestConsent's CI flake).
+// session stalled with no state for 10 s, as TestConsent once did in CI.
+// The stranger sends every millisecond, oftener than the server answers
+// on a loaded machine.
 func TestPathStrangers(t *testing.T) {
 	s := newServer(t)
 	c := newClient(t, false)
