@@ -128,19 +128,28 @@ func (p *checkTap) fromClient() {
 		if err != nil {
 			return
 		}
+		// The client is whoever sends Binding requests for it; anything
+		// else from another address is a stray datagram for a port this
+		// socket reuses (a past test's media) and is not forwarded, so
+		// that it cannot take the client's place for the replies.
+		m := &stun.Message{Raw: bytes.Clone(buf[:n])}
+		check := stun.IsMessage(buf[:n]) && m.Decode() == nil && m.Type == stun.BindingRequest
 		p.mu.Lock()
-		p.cli = from
+		if check {
+			p.cli = from
+		}
+		client := from == p.cli
 		p.mu.Unlock()
-		if stun.IsMessage(buf[:n]) {
-			m := &stun.Message{Raw: bytes.Clone(buf[:n])}
-			if m.Decode() == nil && m.Type == stun.BindingRequest && m.Contains(stun.AttrUseCandidate) {
-				p.once.Do(func() {
-					p.mu.Lock()
-					p.nom = m.Raw
-					p.mu.Unlock()
-					close(p.got)
-				})
-			}
+		if !client {
+			continue
+		}
+		if check && m.Contains(stun.AttrUseCandidate) {
+			p.once.Do(func() {
+				p.mu.Lock()
+				p.nom = m.Raw
+				p.mu.Unlock()
+				close(p.got)
+			})
 		}
 		_, _ = p.up.Write(buf[:n])
 	}
