@@ -41,28 +41,13 @@ func TestBrowserCall(t *testing.T) {
 	}
 	start := time.Now()
 
-	// The demo's log goes to a buffer, shown only on failure: its goroutines
-	// must not call t.Log once the test has returned.
-	var serverLog logbuf.Buffer
-	d, err := Start(Config{
+	// Cleanups run last-registered first, so the browser (registered below)
+	// stops before the demo closes.
+	d := startTestDemo(t, Config{
 		HTTPAddr:  "127.0.0.1:0",
 		RelayAddr: "127.0.0.1:0",
 		Agent:     agent.ModeEcho, // the test hears its own audio back
-		Logger:    slog.New(slog.NewTextHandler(&serverLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Cleanups run last-registered first, so the browser (registered below)
-	// stops before the demo closes.
-	t.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			t.Errorf("demo close: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("demo log:\n%s", serverLog.String())
-		}
-	})
+	}, slog.LevelDebug, nil)
 
 	ctx := startBrowser(t, chromium, wav)
 	if err := chromedp.Do(ctx, chromedp.Navigate(d.URL()+"/")); err != nil {
@@ -447,4 +432,30 @@ func deref[T any](p *T) T {
 		return zero
 	}
 	return *p
+}
+
+// startTestDemo starts the demo with cfg, its log at level kept in a
+// buffer and shown only if the test fails (its goroutines must not call
+// t.Log once the test has returned). A cleanup closes it, then runs after
+// (if not nil), then shows the log.
+func startTestDemo(t *testing.T, cfg Config, level slog.Level, after func()) *Demo {
+	t.Helper()
+	var serverLog logbuf.Buffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&serverLog, &slog.HandlerOptions{Level: level}))
+	d, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			t.Errorf("demo close: %v", err)
+		}
+		if after != nil {
+			after()
+		}
+		if t.Failed() {
+			t.Logf("demo log:\n%s", serverLog.String())
+		}
+	})
+	return d
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
 
 	"log/slog"
@@ -76,20 +75,7 @@ func conversationScript(t *testing.T) string {
 func TestBrowserConversation(t *testing.T) {
 	chromium := chromiumPath(t)
 	wav := conversationScript(t)
-	var serverLog logbuf.Buffer
-	d, err := Start(Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0",
-		Logger: slog.New(slog.NewTextHandler(&serverLog, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			t.Errorf("demo close: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("demo log:\n%s", serverLog.String())
-		}
-	})
+	d := startTestDemo(t, Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0"}, slog.LevelInfo, nil)
 	ctx := startBrowser(t, chromium, wav)
 	if err := chromedp.Do(ctx, chromedp.Navigate(d.URL()+"/")); err != nil {
 		t.Fatal(err)

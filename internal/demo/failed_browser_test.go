@@ -18,7 +18,6 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
-	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
 // TestBrowserCallFailed: when the peer connection fails (here: the answer
@@ -32,20 +31,7 @@ func TestBrowserCallFailed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var serverLog logbuf.Buffer
-	d, err := Start(Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Agent: agent.ModeEcho,
-		Logger: slog.New(slog.NewTextHandler(&serverLog, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			t.Errorf("demo close: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("demo log:\n%s", serverLog.String())
-		}
-	})
+	d := startTestDemo(t, Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Agent: agent.ModeEcho}, slog.LevelDebug, nil)
 
 	// A bound socket nobody reads: checks sent to it get no answer and no
 	// ICMP error, as with a relay that vanished.

@@ -96,25 +96,11 @@ func startInteropPageOn(t *testing.T, addr string) (string, <-chan interopResult
 // kept for failures.
 func startInteropDemo(t *testing.T, ip string) *Demo {
 	t.Helper()
-	var serverLog logbuf.Buffer
-	d, err := Start(Config{
+	return startTestDemo(t, Config{
 		HTTPAddr:  net.JoinHostPort(ip, "0"),
 		RelayAddr: net.JoinHostPort(ip, "0"),
 		Agent:     agent.ModeEcho, // the clients check they hear their audio back
-		Logger:    slog.New(slog.NewTextHandler(&serverLog, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			t.Errorf("demo close: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("demo log:\n%s", serverLog.String())
-		}
-	})
-	return d
+	}, slog.LevelDebug, nil)
 }
 
 // waitInterop waits for the page's result and checks the call: connected,

@@ -15,7 +15,6 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
-	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
 // speechBackend is a PCM backend: when the client sends {"type":"play"} on
@@ -130,23 +129,7 @@ func TestBrowserPCMPlayoutAndClear(t *testing.T) {
 			backend.reply = binary.LittleEndian.AppendUint16(backend.reply, uint16(int16((int(w.Samples[i])+int(w.Samples[i+1]))/2)))
 		}
 	}
-	var serverLog logbuf.Buffer
-	d, err := Start(Config{
-		HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Backend: backend,
-		Logger: slog.New(slog.NewTextHandler(&serverLog, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Close(); err != nil {
-			t.Errorf("demo close: %v", err)
-		}
-		backend.wg.Wait()
-		if t.Failed() {
-			t.Logf("demo log:\n%s", serverLog.String())
-		}
-	})
+	d := startTestDemo(t, Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Backend: backend}, slog.LevelInfo, backend.wg.Wait)
 	ctx := startBrowser(t, chromium, wavPath)
 	if err := chromedp.Do(ctx, chromedp.Navigate(d.URL()+"/")); err != nil {
 		t.Fatal(err)
