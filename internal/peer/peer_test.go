@@ -656,14 +656,23 @@ func connectCuttable(t *testing.T, data bool, disconnected, failed time.Duration
 	s := newServer(t, func(c *Config) { c.ConsentTick = 20 * time.Millisecond })
 	c := newClient(t, data)
 	p := newPath(t, s.addr(), c)
-	s.advertise = p.addr()
-	_, parts := connect(t, s, c, func(sc *SessionConfig) {
+	_, parts := connectPath(t, s, c, p, func(sc *SessionConfig) {
 		sc.DisconnectedTimeout, sc.FailedTimeout = disconnected, failed
 	})
+	return s, p, c, parts
+}
+
+// connectPath connects client c to server s through path p (s advertises
+// p's address), with p's trace and drops in the report of a timed-out
+// wait, and waits for StateConnected.
+func connectPath(t *testing.T, s *server, c *client, p *path, mutate ...func(*SessionConfig)) (*Session, *sessionParts) {
+	t.Helper()
+	s.advertise = p.addr()
+	sess, parts := connect(t, s, c, mutate...)
 	parts.traces = append(parts.traces, p.trace)
 	parts.more = p.andDrops(parts.more)
 	waitState(t, parts, StateConnected)
-	return s, p, c, parts
+	return sess, parts
 }
 
 // TestPathStrangers: a stranger's flow to the path's front port (on a
@@ -704,10 +713,7 @@ func TestPathStrangers(t *testing.T) {
 		<-done
 		_ = stranger.Close()
 	})
-	_, parts := connect(t, s, c)
-	parts.traces = append(parts.traces, p.trace)
-	parts.more = p.andDrops(parts.more)
-	waitState(t, parts, StateConnected)
+	connectPath(t, s, c, p)
 	if p.strangers.Load() == 0 {
 		t.Fatal("no stranger's datagram reached the path")
 	}
@@ -1276,11 +1282,7 @@ func TestRebindAfterOldReplay(t *testing.T) {
 	s := newServer(t)
 	c := newClient(t, false)
 	p := newPath(t, s.addr(), c)
-	s.advertise = p.addr()
-	sess, parts := connect(t, s, c)
-	parts.traces = append(parts.traces, p.trace)
-	parts.more = p.andDrops(parts.more)
-	waitState(t, parts, StateConnected)
+	sess, _ := connectPath(t, s, c, p)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go echoRTP(sess, &wg)
@@ -1509,11 +1511,7 @@ func TestSRTPReplay(t *testing.T) {
 	s := newServer(t)
 	c := newClient(t, false)
 	p := newPath(t, s.addr(), c)
-	s.advertise = p.addr()
-	sess, parts := connect(t, s, c)
-	parts.traces = append(parts.traces, p.trace)
-	parts.more = p.andDrops(parts.more)
-	waitState(t, parts, StateConnected)
+	sess, _ := connectPath(t, s, c, p)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go echoRTP(sess, &wg)
