@@ -27,7 +27,8 @@ import (
 // before a change, for its figures); otherwise the binary is built from
 // this package.
 
-// testBinary returns the binary under test.
+// testBinary returns the binary under test, built once for the tests
+// that share it (removed by TestMain).
 func testBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
@@ -36,11 +37,35 @@ func testBinary(t *testing.T) string {
 	if bin := os.Getenv("SWITCHBOARD_TEST_BIN"); bin != "" {
 		return bin
 	}
-	bin := filepath.Join(t.TempDir(), "switchboard")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "switchboard-test-bin")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.dir, built.bin = dir, filepath.Join(dir, "switchboard")
+		if out, err := exec.Command("go", "build", "-o", built.bin, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	return bin
+	return built.bin
+}
+
+// built is the binary testBinary built.
+var built struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+// removeBuilt removes the binary testBinary built, if any.
+func removeBuilt() {
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
 }
 
 // httpServer is one HTTP server of the binary, running.
@@ -91,6 +116,7 @@ func startHTTPServers(t *testing.T, bin string) []httpServer {
 // bound documented for it (httpapi: IdleTimeout, ReadHeaderTimeout,
 // ReadTimeout), plus a margin for a loaded machine.
 func TestHTTPBoundsPerServer(t *testing.T) {
+	t.Parallel() // mostly waiting for the bounds
 	bin := testBinary(t)
 	servers := startHTTPServers(t, bin)
 	const margin = 3 * time.Second
@@ -277,6 +303,7 @@ func TestHeaderFloodMemory(t *testing.T) {
 // accept (issue 28: the call failed with "502 … too many open files" and
 // net/http logged every retry).
 func TestDescriptorFlood(t *testing.T) {
+	t.Parallel()
 	bin := testBinary(t)
 	if _, err := exec.LookPath("sh"); err != nil {
 		t.Fatal(err)
