@@ -5,7 +5,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pion/transport/v5/deadline"
@@ -49,6 +51,99 @@ type feed struct {
 	// (a retransmitted Finished, when the first was lost) still reach
 	// DTLS: waiting at the head of the queue would hold them up for good.
 	held [][]byte
+
+	// The first flight (resendFirst). heard is set by the read loop once
+	// any DTLS from the client has come; fmu guards the rest: first, the
+	// datagrams written before that (the ClientHello, when the session is
+	// the DTLS client), firstKeys the handshake fragment each starts
+	// with, and resends, how many times they were sent again.
+	heard     atomic.Bool
+	fmu       sync.Mutex
+	first     [][]byte
+	firstKeys []uint64
+	resends   int
+}
+
+// The first flight.
+//
+// The DTLS client's first flight, its ClientHello, leaves right after the
+// answer to the session's first authenticated check. A client that drops
+// DTLS arriving before its ICE layer has taken that answer (Firefox), or a
+// lost datagram, would leave it to the DTLS retransmission timer. So, until
+// the client has sent any DTLS, each later fresh check from the selected
+// address (Chromium nominates on its next check, tens of milliseconds
+// later; Pion's consent checks follow) sends the same datagrams again, byte
+// for byte: a client that had them drops the copy as a replay (RFC 6347
+// §4.1.2.6), and nothing the handshake library keeps changes. maxResends
+// bounds the copies, so a client, or whoever replays its checks from its
+// address, gets at most that many more datagrams of the session's first
+// flight; a replayed check (a recent transaction ID) earns none.
+
+// maxResends bounds the re-sends of the first flight.
+const maxResends = 3
+
+// maxFirst bounds the datagrams of the first flight kept: a ClientHello
+// with a post-quantum key share spans two at the usual MTU.
+const maxFirst = 4
+
+// firstKey names the handshake fragment a datagram starts with, if it is
+// a plaintext DTLS handshake record (RFC 6347 §4.1 and §4.2.2: content
+// type 22, epoch 0; the handshake header's type, message_seq and
+// fragment_offset follow the 13-byte record header), so that the handshake
+// library's own retransmissions of a fragment already kept are told apart.
+func firstKey(b []byte) (uint64, bool) {
+	if len(b) < 13+12 || b[0] != 22 || b[3] != 0 || b[4] != 0 {
+		return 0, false
+	}
+	h := b[13:]
+	typ, seq, off := uint64(h[0]), uint64(h[4])<<8|uint64(h[5]), uint64(h[6])<<16|uint64(h[7])<<8|uint64(h[8])
+	return typ<<48 | seq<<24 | off, true
+}
+
+// keepFirst keeps b as part of the first flight if no DTLS has come from
+// the client yet. The handshake's goroutine (WriteTo).
+func (f *feed) keepFirst(b []byte) {
+	if f.heard.Load() {
+		return
+	}
+	k, ok := firstKey(b)
+	if !ok {
+		return
+	}
+	f.fmu.Lock()
+	defer f.fmu.Unlock()
+	if len(f.first) == maxFirst || slices.Contains(f.firstKeys, k) {
+		return
+	}
+	f.first = append(f.first, bytes.Clone(b))
+	f.firstKeys = append(f.firstKeys, k)
+}
+
+// resendFirst sends the first flight to addr again, if no DTLS has come
+// from the client and it has been sent again fewer than maxResends times.
+// The read loop, after answering a fresh check from the selected address.
+func (f *feed) resendFirst(addr netip.AddrPort) {
+	if f.heard.Load() {
+		return
+	}
+	f.fmu.Lock()
+	if len(f.first) == 0 || f.resends == maxResends {
+		f.fmu.Unlock()
+		return
+	}
+	f.resends++
+	again := f.first // never changed in place: keepFirst appends, forgetFirst drops
+	f.fmu.Unlock()
+	for _, b := range again {
+		_, _ = f.s.e.conn.WriteToAddrPort(b, addr)
+	}
+}
+
+// forgetFirst lets the first flight go, once the handshake has ended.
+func (f *feed) forgetFirst() {
+	f.fmu.Lock()
+	f.first, f.firstKeys = nil, nil
+	f.fmu.Unlock()
 }
 
 // maxHeld bounds the application-data datagrams held for the end of the
@@ -64,8 +159,12 @@ func newFeed(s *Session) *feed {
 	return &feed{s: s, notify: make(chan struct{}, 1), done: make(chan struct{}), rdline: deadline.New(), ready: make(chan struct{})}
 }
 
-// handshaken releases application data held for the end of the handshake.
-func (f *feed) handshaken() { f.readyOnce.Do(func() { close(f.ready) }) }
+// handshaken releases application data held for the end of the handshake,
+// and the first flight.
+func (f *feed) handshaken() {
+	f.readyOnce.Do(func() { close(f.ready) })
+	f.forgetFirst()
+}
 
 // push queues a copy of b and reports whether it fit. Read loop only.
 func (f *feed) push(b []byte) bool {
@@ -73,6 +172,9 @@ func (f *feed) push(b []byte) bool {
 	case <-f.done:
 		return true // closed: nothing reads, nothing to count
 	default:
+	}
+	if !f.heard.Load() {
+		f.heard.Store(true)
 	}
 	f.mu.Lock()
 	if f.qBytes+len(b) > dtlsQueueBytes {
@@ -170,6 +272,7 @@ func (f *feed) WriteTo(p []byte, _ net.Addr) (int, error) {
 	if !a.IsValid() {
 		return 0, errNoAddress
 	}
+	f.keepFirst(p)
 	return f.s.e.conn.WriteToAddrPort(p, a)
 }
 

@@ -68,9 +68,13 @@ const (
 	// StateClosed: the client closed the DTLS association (close_notify or
 	// a fatal alert). Final.
 	StateClosed
+	// StateChecked: the session's first authenticated check (USERNAME,
+	// MESSAGE-INTEGRITY and FINGERPRINT verified) arrived and was answered;
+	// the DTLS handshake starts now, before any nomination. Once.
+	StateChecked
 )
 
-var stateNames = [...]string{"", "ice_connected", "disconnected", "failed", "dtls_connected", "dtls_failed", "connected", "closed"}
+var stateNames = [...]string{"", "ice_connected", "disconnected", "failed", "dtls_connected", "dtls_failed", "connected", "closed", "checked"}
 
 // String returns the state's name, e.g. "ice_connected".
 func (s State) String() string {
@@ -108,9 +112,9 @@ type SessionConfig struct {
 	// handshake and LocalSCTPInit gives the answer's. Nil: none.
 	RemoteSCTPInit []byte
 	// HandshakeTimeout bounds the DTLS handshake, from the first
-	// nomination; past it the session reports StateDTLSFailed. Default
-	// 30 s (about when RFC 6347 §4.2.4.1's retransmissions, doubling
-	// from 1 s, would have given up).
+	// authenticated check; past it the session reports StateDTLSFailed.
+	// Default 30 s (about when RFC 6347 §4.2.4.1's retransmissions,
+	// doubling from 1 s, would have given up).
 	HandshakeTimeout time.Duration
 	// DisconnectedTimeout and FailedTimeout bound the client's silence
 	// (RFC 7675); 0 disables either.
@@ -140,6 +144,9 @@ type SessionConfig struct {
 
 	// candidateTTL, if not 0, replaces candidateTTL (tests).
 	candidateTTL time.Duration
+	// flightInterval, if not 0, replaces the DTLS retransmission timeout
+	// the session computes (Session.flightInterval; tests).
+	flightInterval time.Duration
 }
 
 // credentials are a session's current ICE credentials.
@@ -165,7 +172,8 @@ type Session struct {
 	cred     atomic.Pointer[credentials]
 	addr     atomic.Pointer[netip.AddrPort] // the selected client address; nil until the first check
 	lastSeen atomic.Int64                   // unix ns of the last authenticated datagram
-	iceUp    atomic.Bool                    // a valid check came; run started
+	started  atomic.Bool                    // the first authenticated check came; run started
+	iceUp    atomic.Bool                    // the first nomination came (StateICEConnected)
 	keys     atomic.Pointer[srtpKeys]
 	media    atomic.Bool // SRTP or SRTCP from the client has authenticated
 	closing  atomic.Bool
@@ -309,15 +317,20 @@ func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
 //
 // The selected address is where the session sends (RemoteAddr). The first
 // valid check selects its address, so that the session can answer and
-// send. What moves the media after that depends on whether the client's
-// media has begun (SRTP or SRTCP from it has authenticated):
+// send (its DTLS handshake starts there, checked). What moves the media
+// after that depends on whether the client's media has begun (SRTP or
+// SRTCP from it has authenticated) and the client has nominated:
 //
-//   - Before: a nominating check (USE-CANDIDATE, which the controlling
+//   - Before either: a nominating check (USE-CANDIDATE, which the controlling
 //     client sends on the pair it chose, RFC 8445 §8.1.1) moves the media
 //     at once, a lite agent's selected pair being the nominated one (RFC
 //     8445 §8.2), MoveNominated. There is no media to take yet: DTLS is
-//     still starting, or the client sends data channels only.
-//   - After: a fresh check from another address, nominating or not, only
+//     still starting, or the client sends data channels only. The first
+//     nomination moves the media even when the client's media began
+//     before it (DTLS done before the nomination, below ~48 ms of RTT with
+//     Chromium, which nominates on a later check): no nomination came
+//     before it to be replayed.
+//   - After both: a fresh check from another address, nominating or not, only
 //     makes that address a candidate for candidateTTL (a nominating one is
 //     counted, MoveDeferred); the media moves there with the first SRTP or
 //     SRTCP from it within that time that authenticates and passes the
@@ -349,19 +362,25 @@ func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
 // An ICE restart (Restart) voids the old generation's candidates.
 
 // checked handles a valid, fresh check from addr of the credentials cred
-// (ice.go) and reports whether it is the first nomination, for which the
-// caller calls connectICE once it has answered. Read loop.
+// (ice.go). It reports whether this is the session's first authenticated
+// check, for which the caller starts the DTLS handshake once it has
+// answered (startHandshake), and whether it is the first nomination, for
+// which it reports StateICEConnected. Read loop.
 //
-// The first nomination connects ICE: the DTLS handshake starts then, as a
-// full agent's would on its selected pair.
-func (s *Session) checked(addr netip.AddrPort, nominated bool, cred *credentials) (first bool) {
+// The handshake starts on the first authenticated check, not on the
+// nomination: a lite agent has no pair to choose, the check has proved
+// the client holds the pwd and can be reached at addr, and a client that
+// nominates on a later check (regular nomination: Chromium and Pion, RFC
+// 8445 §8.1.1) would otherwise wait a check interval and a round trip more.
+// The nomination still decides where the session sends ("Path selection").
+func (s *Session) checked(addr netip.AddrPort, nominated bool, cred *credentials) (first, firstNomination bool) {
 	cur := s.remote()
 	switch {
 	case !cur.IsValid():
 		s.selectAddr(addr)
 		cur = addr
 	case cur == addr:
-	case !s.media.Load():
+	case !s.media.Load() || !s.iceUp.Load():
 		if nominated {
 			s.selectAddr(addr)
 			cur = addr
@@ -379,13 +398,16 @@ func (s *Session) checked(addr netip.AddrPort, nominated bool, cred *credentials
 	if s.cfg.OnCheck != nil {
 		s.cfg.OnCheck(addr, nominated)
 	}
-	if !nominated || s.iceUp.Load() {
-		return false
+	if nominated && !s.iceUp.Load() {
+		firstNomination = !s.iceUp.Swap(true)
+	}
+	if s.started.Load() {
+		return false, firstNomination
 	}
 	s.mu.Lock()
-	start := !s.closing.Load() && !s.iceUp.Swap(true)
+	first = !s.closing.Load() && !s.started.Swap(true)
 	s.mu.Unlock()
-	return start
+	return first, firstNomination
 }
 
 // selectAddr makes a the selected address. (Its own function, so that
@@ -460,16 +482,17 @@ func (s *Session) authenticated(from netip.AddrPort) {
 	}
 }
 
-// connectICE reports ICE connected and starts the session's goroutine
-// (run), after the first nominating check. Read loop.
-func (s *Session) connectICE() {
-	s.state(StateICEConnected)
+// startHandshake reports StateChecked and starts the session's goroutine
+// (run), which starts the DTLS handshake, after the first authenticated
+// check has been answered. Read loop.
+func (s *Session) startHandshake() {
+	s.state(StateChecked)
 	go s.run()
 }
 
 // checkConsent reports the client's silence (the sweeper, peer.go).
 func (s *Session) checkConsent(now time.Time) {
-	if !s.iceUp.Load() || s.failed || s.closing.Load() {
+	if !s.started.Load() || s.failed || s.closing.Load() {
 		return
 	}
 	silent := now.Sub(time.Unix(0, s.lastSeen.Load()))
@@ -535,7 +558,7 @@ func (s *Session) Close() error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
 		s.closing.Store(true)
-		assoc, conn, started := s.assoc, s.conn, s.iceUp.Load()
+		assoc, conn, started := s.assoc, s.conn, s.started.Load()
 		s.mu.Unlock()
 		s.cancel()
 		if assoc != nil {
@@ -566,7 +589,7 @@ func (s *Session) Close() error {
 // Done is closed when the session is closed (Close).
 func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
 
-// run drives the session after its first valid check: the DTLS handshake,
+// run drives the session after its first authenticated check: the DTLS handshake,
 // SRTP keys, then the SCTP association and its data channels until DTLS
 // ends.
 func (s *Session) run() {
