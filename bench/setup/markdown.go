@@ -21,6 +21,9 @@ func Markdown(results []Result, opts Options) string {
 		runs = max(runs, r.Runs)
 	}
 	fmt.Fprintf(&b, "Setup latency from the POST of the offer, RTT %s (%s each way, userspace delay proxies on loopback), %d runs per row, medians.\n", rtt, rtt/2, runs)
+	if imp := impairment(opts); imp != "" {
+		fmt.Fprintf(&b, "Media path impaired: %s.\n", imp)
+	}
 	chromium := opts.Client == ClientChromium
 	if chromium {
 		name := "Chromium"
@@ -160,6 +163,21 @@ func Markdown(results []Result, opts Options) string {
 			r.DTLSRole, delta, delta/ms(rtt), total, total/ms(rtt))
 	}
 	return b.String()
+}
+
+// impairment describes Options.Loss and DropFlight, or "" without them.
+func impairment(opts Options) string {
+	var parts []string
+	if opts.Loss > 0 {
+		parts = append(parts, fmt.Sprintf("%s%% random loss each way", trimFloat(100*opts.Loss)))
+	}
+	switch opts.DropFlight {
+	case DropToClient:
+		parts = append(parts, "each call's first DTLS datagram toward the client dropped")
+	case DropToServer:
+		parts = append(parts, "each call's first DTLS datagram toward the server dropped")
+	}
+	return strings.Join(parts, ", ")
 }
 
 func trimFloat(f float64) string {

@@ -74,7 +74,31 @@ type Options struct {
 	// see chromium.go). ClientICETick and ClientSkipHelloVerify apply to
 	// Pion only.
 	Client string
+	// Loss is the probability (0–1) that the media proxy in front of the
+	// path drops a datagram, each way independently (signaling is not
+	// impaired). Default 0.
+	Loss float64
+	// Audio is how much audio the Pion client sends per call (the tone
+	// loops), from its DTLS connected; default 300 ms. Under loss make it
+	// longer than the transceiver's handshake can take to complete after
+	// the client's, or a call whose audio all came before the
+	// transceiver's keys (and past the few kept for them) counts as
+	// failed without first audio at the backend.
+	Audio time.Duration
+	// DropFlight drops one DTLS flight per call at the media proxy: the
+	// call's first DTLS datagram toward the client (DropToClient: the
+	// transceiver's ClientHello in role client, its ServerHello flight in
+	// role server) or toward the server (DropToServer: the client's
+	// first flight). Not on the turn path, where DTLS travels inside TURN
+	// framing. Default "": none.
+	DropFlight string
 }
+
+// Values of Options.DropFlight.
+const (
+	DropToClient = "to_client"
+	DropToServer = "to_server"
+)
 
 func (o Options) withDefaults() (Options, error) {
 	if o.RTT == 0 {
@@ -116,6 +140,20 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Client != ClientPion && o.Client != ClientChromium {
 		return o, fmt.Errorf("%w: client %q is not pion or chromium", ErrOptions, o.Client)
+	}
+	if o.Audio == 0 {
+		o.Audio = 300 * time.Millisecond
+	}
+	if o.Audio < 0 {
+		return o, fmt.Errorf("%w: Audio %v is negative", ErrOptions, o.Audio)
+	}
+	if o.Loss < 0 || o.Loss >= 1 {
+		return o, fmt.Errorf("%w: Loss %v is not in [0, 1)", ErrOptions, o.Loss)
+	}
+	switch o.DropFlight {
+	case "", DropToClient, DropToServer:
+	default:
+		return o, fmt.Errorf("%w: DropFlight %q is not %s or %s", ErrOptions, o.DropFlight, DropToClient, DropToServer)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -357,6 +395,7 @@ func (e *env) call(ctx context.Context, st *stack) (sample, error) {
 	rep, err := callclient.Run(ctx, callclient.Options{
 		URL:           st.url,
 		Audio:         e.audio,
+		Duration:      e.opts.Audio,
 		Timeout:       e.opts.CallTimeout,
 		Logger:        e.clientLog,
 		SettingEngine: e.clientEngine(),

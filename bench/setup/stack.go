@@ -99,7 +99,10 @@ type stack struct {
 // cannot run here.
 func (e *env) newStack(path, role string) (*stack, string, error) {
 	half := e.opts.RTT / 2
-	delay := impair.Config{Delay: half}
+	delay := impair.Config{Delay: half, Loss: e.opts.Loss}
+	if e.opts.DropFlight != "" {
+		delay.Drop = dropFirstDTLS(e.opts.DropFlight == DropToServer)
+	}
 	e.nextID++
 	id := e.nextID
 	cfg := transceiver.Config{
@@ -278,6 +281,26 @@ func (e *env) clientEngine() *webrtc.SettingEngine {
 		se.SetDTLSInsecureSkipHelloVerify(true)
 	}
 	return se
+}
+
+// dropFirstDTLS returns an impair.Config.Drop that drops each client's
+// first DTLS datagram (RFC 7983: first byte 20–63) in one direction:
+// toward the server if toServer, else toward the client.
+func dropFirstDTLS(toServer bool) func(netip.AddrPort, []byte, bool) bool {
+	var mu sync.Mutex
+	dropped := map[netip.AddrPort]bool{}
+	return func(client netip.AddrPort, b []byte, toTarget bool) bool {
+		if toTarget != toServer || len(b) == 0 || b[0] < 20 || b[0] > 63 {
+			return false
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if dropped[client] {
+			return false
+		}
+		dropped[client] = true
+		return true
+	}
 }
 
 // turnUser is the one long-term-credential user of the TURN path's coturn.

@@ -174,6 +174,8 @@ type Session struct {
 	lastSeen atomic.Int64                   // unix ns of the last authenticated datagram
 	started  atomic.Bool                    // the first authenticated check came; run started
 	iceUp    atomic.Bool                    // the first nomination came (StateICEConnected)
+	answered atomic.Int64                   // unix ns the answer left (Answered); 0: not told
+	checkAt  atomic.Int64                   // unix ns of the first authenticated check; 0: none yet
 	keys     atomic.Pointer[srtpKeys]
 	media    atomic.Bool // SRTP or SRTCP from the client has authenticated
 	closing  atomic.Bool
@@ -407,6 +409,9 @@ func (s *Session) checked(addr netip.AddrPort, nominated bool, cred *credentials
 	s.mu.Lock()
 	first = !s.closing.Load() && !s.started.Swap(true)
 	s.mu.Unlock()
+	if first {
+		s.checkAt.Store(time.Now().UnixNano())
+	}
 	return first, firstNomination
 }
 
@@ -488,6 +493,26 @@ func (s *Session) authenticated(from netip.AddrPort) {
 func (s *Session) startHandshake() {
 	s.state(StateChecked)
 	go s.run()
+}
+
+// Answered records at as when the session's answer left (the signaling
+// response was written). The first authenticated check then comes a round
+// trip and the client's processing later, which bounds the path's round
+// trip from above before any DTLS: the handshake's first retransmission
+// timeout is taken from it (flightInterval). Call it once, before the
+// client can have the answer; a session not told retransmits after 1 s
+// (RFC 6347 §4.2.4.1).
+func (s *Session) Answered(at time.Time) { s.answered.Store(at.UnixNano()) }
+
+// SetupRTT returns the time from Answered to the first authenticated
+// check, the bound of the round trip the handshake retransmits on, and
+// whether both have happened.
+func (s *Session) SetupRTT() (time.Duration, bool) {
+	a, c := s.answered.Load(), s.checkAt.Load()
+	if a == 0 || c == 0 || c < a {
+		return 0, false
+	}
+	return time.Duration(c - a), true
 }
 
 // checkConsent reports the client's silence (the sweeper, peer.go).

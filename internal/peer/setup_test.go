@@ -376,3 +376,35 @@ func TestMediaBeforeNomination(t *testing.T) {
 		t.Fatalf("a second nomination moved the media to %v before the client's SRTP came from there", got)
 	}
 }
+
+// TestFlightInterval: the handshake's first retransmission timeout is 1.5
+// times the time from the answer to the first authenticated check, within
+// [minFlightInterval, maxFlightInterval]; without the answer's time it is
+// RFC 6347's 1 s.
+func TestFlightInterval(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		answered time.Duration // before the first check; 0: not told
+		want     time.Duration
+	}{
+		{"not told", 0, time.Second},
+		{"50 ms path", 60 * time.Millisecond, 90 * time.Millisecond},
+		{"loopback", time.Millisecond, minFlightInterval},
+		{"slow client", 3 * time.Second, maxFlightInterval},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Session{}
+			at := time.Unix(100, 0)
+			if tc.answered > 0 {
+				s.Answered(at.Add(-tc.answered))
+			}
+			s.checkAt.Store(at.UnixNano())
+			if got := s.flightInterval(); got != tc.want {
+				t.Fatalf("flight interval %v, want %v", got, tc.want)
+			}
+			if rtt, ok := s.SetupRTT(); ok != (tc.answered > 0) || rtt != tc.answered {
+				t.Fatalf("SetupRTT %v %v, want %v", rtt, ok, tc.answered)
+			}
+		})
+	}
+}

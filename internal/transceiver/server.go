@@ -294,6 +294,9 @@ func (s *Server) offer(ctx context.Context, req offerRequest) (id, answer string
 		return "", "", err
 	}
 	held = false // the session holds it now, until it connects or ends
+	// The answer leaves now: its first check's arrival bounds the round
+	// trip the DTLS handshake retransmits on (peer.Session.Answered).
+	sess.peer.Answered(time.Now())
 	s.metrics.signaling.Observe(time.Since(start).Seconds())
 	return sess.id, answer, nil
 }
