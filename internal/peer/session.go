@@ -72,9 +72,12 @@ const (
 	// MESSAGE-INTEGRITY and FINGERPRINT verified) arrived and was answered;
 	// the DTLS handshake starts now, before any nomination. Once.
 	StateChecked
+	// StateSCTPConnected: the SCTP association for data channels is up
+	// (SessionConfig.Data), after StateConnected. Once.
+	StateSCTPConnected
 )
 
-var stateNames = [...]string{"", "ice_connected", "disconnected", "failed", "dtls_connected", "dtls_failed", "connected", "closed", "checked"}
+var stateNames = [...]string{"", "ice_connected", "disconnected", "failed", "dtls_connected", "dtls_failed", "connected", "closed", "checked", "sctp_connected"}
 
 // String returns the state's name, e.g. "ice_connected".
 func (s State) String() string {
@@ -176,6 +179,9 @@ type Session struct {
 	iceUp    atomic.Bool                    // the first nomination came (StateICEConnected)
 	answered atomic.Int64                   // unix ns the answer left (Answered); 0: not told
 	checkAt  atomic.Int64                   // unix ns of the first authenticated check; 0: none yet
+	nomAt    atomic.Int64                   // unix ns of the first nomination; 0: none yet
+	dtlsAt   atomic.Int64                   // unix ns the DTLS handshake completed; 0: not yet
+	sctpUp   atomic.Bool                    // the SCTP association is up
 	keys     atomic.Pointer[srtpKeys]
 	media    atomic.Bool // SRTP or SRTCP from the client has authenticated
 	closing  atomic.Bool
@@ -401,7 +407,9 @@ func (s *Session) checked(addr netip.AddrPort, nominated bool, cred *credentials
 		s.cfg.OnCheck(addr, nominated)
 	}
 	if nominated && !s.iceUp.Load() {
-		firstNomination = !s.iceUp.Swap(true)
+		if firstNomination = !s.iceUp.Swap(true); firstNomination {
+			s.nomAt.Store(time.Now().UnixNano())
+		}
 	}
 	if s.started.Load() {
 		return false, firstNomination
@@ -513,6 +521,74 @@ func (s *Session) SetupRTT() (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(c - a), true
+}
+
+// SetupPhase is how far a session's setup has come (Session.SetupPhase):
+// where a setup that failed stopped.
+type SetupPhase uint8
+
+// Setup phases, in order.
+const (
+	// SetupNoCheck: no authenticated check has come (a firewall, a wrong
+	// address in the answer, a client that never applied it).
+	SetupNoCheck SetupPhase = iota
+	// SetupNoDTLS: authenticated checks came, and no DTLS from the client:
+	// its DTLS did not start, or was lost both ways.
+	SetupNoDTLS
+	// SetupDTLS: DTLS came from the client, and the handshake has not
+	// completed (a lossy path, a failed handshake).
+	SetupDTLS
+	// SetupConnected: the handshake completed and SRTP has keys; the SCTP
+	// association, if the session has one, is not up.
+	SetupConnected
+	// SetupSCTP: the SCTP association is up too.
+	SetupSCTP
+)
+
+var setupPhaseNames = [...]string{"no_check", "no_dtls", "dtls", "connected", "sctp"}
+
+// String returns the phase's name, e.g. "no_dtls".
+func (p SetupPhase) String() string {
+	if int(p) < len(setupPhaseNames) {
+		return setupPhaseNames[p]
+	}
+	return "unknown"
+}
+
+// SetupPhase returns how far the session's setup has come.
+func (s *Session) SetupPhase() SetupPhase {
+	switch {
+	case s.sctpUp.Load():
+		return SetupSCTP
+	case s.keys.Load() != nil:
+		return SetupConnected
+	case s.dtls.heard.Load():
+		return SetupDTLS
+	case s.checkAt.Load() != 0:
+		return SetupNoDTLS
+	}
+	return SetupNoCheck
+}
+
+// SetupTimes are when a session's setup milestones happened; a zero time
+// has not happened yet.
+type SetupTimes struct {
+	// Answered is what Session.Answered was given.
+	Answered time.Time
+	// Checked is the first authenticated check; Nominated the first
+	// nomination (USE-CANDIDATE); DTLS the handshake's completion.
+	Checked, Nominated, DTLS time.Time
+}
+
+// SetupTimes returns the session's setup milestones.
+func (s *Session) SetupTimes() SetupTimes {
+	at := func(ns int64) time.Time {
+		if ns == 0 {
+			return time.Time{}
+		}
+		return time.Unix(0, ns)
+	}
+	return SetupTimes{Answered: at(s.answered.Load()), Checked: at(s.checkAt.Load()), Nominated: at(s.nomAt.Load()), DTLS: at(s.dtlsAt.Load())}
 }
 
 // checkConsent reports the client's silence (the sweeper, peer.go).
@@ -627,6 +703,7 @@ func (s *Session) run() {
 		}
 		return
 	}
+	s.dtlsAt.Store(time.Now().UnixNano())
 	s.state(StateDTLSConnected)
 	if err := s.startSRTP(conn); err != nil {
 		if !s.closing.Load() {

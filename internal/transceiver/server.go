@@ -82,6 +82,7 @@ type Server struct {
 	cancel  context.CancelFunc
 
 	sockDrops atomic.Uint64 // the socket's kernel drops at the last scrape (metrics.go)
+	setupLog  setupLog      // rate-limits the setup-failure log lines (setup.go)
 
 	mu       sync.Mutex
 	sessions map[string]*session // guarded by mu
