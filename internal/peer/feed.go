@@ -57,11 +57,12 @@ type feed struct {
 	// datagrams written before that (the ClientHello, when the session is
 	// the DTLS client), firstKeys the handshake fragment each starts
 	// with, and resends, how many times they were sent again.
-	heard     atomic.Bool
-	fmu       sync.Mutex
-	first     [][]byte
-	firstKeys []uint64
-	resends   int
+	heard       atomic.Bool
+	resendDelay time.Duration // resendDelay, or SessionConfig.resendDelay; set once
+	fmu         sync.Mutex
+	first       [][]byte
+	firstKeys   []uint64
+	resends     int
 }
 
 // The first flight.
@@ -73,7 +74,7 @@ type feed struct {
 // the client has sent any DTLS, each later fresh check from the selected
 // address (Chromium nominates on its next check, tens of milliseconds
 // later; Pion's consent checks follow) sends the same datagrams again, byte
-// for byte: a client that had them drops the copy as a replay (RFC 6347
+// for byte, unless the client's DTLS comes within resendDelay: a client that had them drops the copy as a replay (RFC 6347
 // §4.1.2.6), and nothing the handshake library keeps changes. maxResends
 // bounds the copies, so a client, or whoever replays its checks from its
 // address, gets at most that many more datagrams of the session's first
@@ -119,9 +120,18 @@ func (f *feed) keepFirst(b []byte) {
 	f.firstKeys = append(f.firstKeys, k)
 }
 
-// resendFirst sends the first flight to addr again, if no DTLS has come
-// from the client and it has been sent again fewer than maxResends times.
-// The read loop, after answering a fresh check from the selected address.
+// resendFirst sends the first flight to addr again, resendDelay from now,
+// if no DTLS has come from the client by then and it has been sent again
+// fewer than maxResends times. The read loop, after answering a fresh
+// check from the selected address.
+//
+// The wait: a client that took the first flight answers it with its own
+// while it goes on checking, and its answer often comes right behind a
+// check (Firefox checks again as its first check succeeds, and its
+// ServerHello follows that check within microseconds); a copy sent at once
+// would be answered by the client with its flight again (a repeated
+// ClientHello asks for that), a datagram of about 700 bytes each way for
+// nothing.
 func (f *feed) resendFirst(addr netip.AddrPort) {
 	if f.heard.Load() {
 		return
@@ -134,8 +144,32 @@ func (f *feed) resendFirst(addr netip.AddrPort) {
 	f.resends++
 	again := f.first // never changed in place: keepFirst appends, forgetFirst drops
 	f.fmu.Unlock()
-	for _, b := range again {
-		_, _ = f.s.e.conn.WriteToAddrPort(b, addr)
+	send := func() {
+		if f.heard.Load() || f.isClosed() {
+			return
+		}
+		for _, b := range again {
+			_, _ = f.s.e.conn.WriteToAddrPort(b, addr)
+		}
+	}
+	if f.resendDelay <= 0 {
+		send()
+		return
+	}
+	time.AfterFunc(f.resendDelay, send)
+}
+
+// resendDelay is how long resendFirst waits for the client's DTLS before
+// it sends the first flight again: more than a client takes between two
+// datagrams it sends together, under a packet time.
+const resendDelay = 10 * time.Millisecond
+
+func (f *feed) isClosed() bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
 	}
 }
 

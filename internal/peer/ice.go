@@ -134,9 +134,10 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 	case fresh && addr == s.remote():
 		// A later fresh check from the selected address, while the
 		// client has sent no DTLS: its first flight (the ClientHello)
-		// may have been lost or dropped, so it goes again now, at most
-		// maxResends times (feed.resendFirst). A replayed check earns
-		// its Binding response only.
+		// may have been lost or dropped, so it goes again shortly,
+		// unless the client's DTLS comes first, at most maxResends
+		// times (feed.resendFirst). A replayed check earns its Binding
+		// response only.
 		s.dtls.resendFirst(addr)
 	}
 	if nominatedFirst {

@@ -150,6 +150,8 @@ type SessionConfig struct {
 	// flightInterval, if not 0, replaces the DTLS retransmission timeout
 	// the session computes (Session.flightInterval; tests).
 	flightInterval time.Duration
+	// resendDelay, if not 0, replaces resendDelay; negative: none (tests).
+	resendDelay time.Duration
 }
 
 // credentials are a session's current ICE credentials.
@@ -256,6 +258,10 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.dtls = newFeed(s)
+	s.dtls.resendDelay = resendDelay
+	if cfg.resendDelay != 0 {
+		s.dtls.resendDelay = cfg.resendDelay
+	}
 	s.cred.Store(&credentials{localUfrag: cfg.LocalUfrag, remoteUfrag: cfg.RemoteUfrag, integrity: stun.NewShortTermIntegrity(cfg.LocalPwd)})
 	if cfg.Data && len(cfg.RemoteSCTPInit) > 0 {
 		snap, err := sctp.GenerateOutOfBandToken(s.sctpOptions(nil)...)

@@ -96,6 +96,7 @@ func TestClientHelloOnFirstCheck(t *testing.T) {
 	liteSession(t, s, func(c *SessionConfig) {
 		c.Role = DTLSClient
 		c.flightInterval = time.Hour // no retransmission by the timer
+		c.resendDelay = -1
 		c.OnState = func(st State) { states <- st }
 	})
 	bad, c := newSock(t), newSock(t)
@@ -171,6 +172,7 @@ func TestOneClientHelloPerSession(t *testing.T) {
 		c.Role = DTLSClient
 		c.flightInterval = time.Hour
 		c.HandshakeTimeout = time.Hour
+		c.resendDelay = -1 // at once, so that earnings sees it
 	})
 	c, other := newSock(t), newSock(t)
 	first := check(t, user, pwd, false)
@@ -214,6 +216,7 @@ func TestOneClientHelloPerSession(t *testing.T) {
 		c.Role = DTLSClient
 		c.flightInterval = time.Hour
 		c.HandshakeTimeout = time.Hour
+		c.resendDelay = -1
 	})
 	c2 := newSock(t)
 	first = check(t, user, pwd, false)
@@ -227,6 +230,53 @@ func TestOneClientHelloPerSession(t *testing.T) {
 	_, earned := earnings(t, c2, s2.addr(), check(t, user, pwd, false), first)
 	if len(earned) != 0 {
 		t.Fatalf("a fresh check after the client's DTLS earned %d datagrams", len(earned))
+	}
+}
+
+// TestResendWaitsForDTLS: the first flight sent again on a check waits
+// resendDelay, and goes only if no DTLS from the client came meanwhile (a
+// client that had it answers right behind its check); without the
+// client's DTLS it goes. The wait is the test's, long enough that the
+// client's datagram sent right after the check is always inside it.
+func TestResendWaitsForDTLS(t *testing.T) {
+	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
+	const wait = 300 * time.Millisecond
+	for _, answered := range []bool{true, false} {
+		s := newServer(t)
+		liteSession(t, s, func(c *SessionConfig) {
+			c.Role = DTLSClient
+			c.flightInterval = time.Hour
+			c.HandshakeTimeout = time.Hour
+			c.resendDelay = wait
+		})
+		c := newSock(t)
+		checkFrom(t, c, s.addr(), check(t, user, pwd, false))
+		hello := waitClientHello(t, c)
+		if _, err := c.WriteToUDPAddrPort(check(t, user, pwd, false), s.addr()); err != nil {
+			t.Fatal(err)
+		}
+		if answered {
+			// The client's answer, right behind its check: a handshake
+			// record DTLS discards, as the client's own DTLS counts.
+			if _, err := c.WriteToUDPAddrPort([]byte{22, 254, 253, 0, 0, 0, 0, 0, 0, 0, 9, 0, 1, 0}, s.addr()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		copies := 0
+		buf := make([]byte, 1500)
+		_ = c.SetReadDeadline(time.Now().Add(wait + 500*time.Millisecond))
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				break
+			}
+			if bytes.Equal(buf[:n], hello) {
+				copies++
+			}
+		}
+		if want := map[bool]int{true: 0, false: 1}[answered]; copies != want {
+			t.Fatalf("client answered %v: %d copies of the ClientHello after the check, want %d", answered, copies, want)
+		}
 	}
 }
 
