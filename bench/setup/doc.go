@@ -138,13 +138,13 @@
 // loopback), driving itself (firefox.go). Firefox nominates on its first
 // check and drops DTLS that reaches it before its ICE layer is up, so
 // its model is Chromium's, with a dropped ClientHello left to the
-// transceiver's retransmission, 1.5 × (answer → first check) later.
+// transceiver's retransmission, 2.5 × (answer → first check) later.
 //
 // # Loss
 //
 // Options.Loss drops datagrams at random on the media proxy, each way;
 // Options.DropFlight drops each call's first DTLS datagram one way. The
-// transceiver retransmits its DTLS flights 1.5 × (answer → first check)
+// transceiver retransmits its DTLS flights 2.5 × (answer → first check)
 // after sending them (internal/peer, dtls.go), and sends its ClientHello
 // again on a later check from the client while the client has sent no
 // DTLS; Pion's client retransmits after 1 s, doubling.

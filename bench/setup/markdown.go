@@ -114,7 +114,7 @@ func Markdown(results []Result, opts Options) string {
 	for _, r := range results {
 		if r.FirstAudioBackendMS.Median > 0 {
 			s := r.FirstAudioBackendMS
-			spread = append(spread, fmt.Sprintf("%s/%s min %.1f, median %.1f, p90 %.1f", r.Path, r.DTLSRole, s.Min, s.Median, s.P90))
+			spread = append(spread, fmt.Sprintf("%s/%s min %.1f, median %.1f, p90 %.1f, max %.1f", r.Path, r.DTLSRole, s.Min, s.Median, s.P90, s.Max))
 		}
 	}
 	b.WriteString(strings.Join(spread, "; "))
@@ -137,7 +137,7 @@ func Markdown(results []Result, opts Options) string {
 		b.WriteString("| DTLS connected | +1 (role client), +2 (role server) | DTLS 1.2 full handshake, counted at the page. Role client: the transceiver's ClientHello leaves with the answer to Chromium's first check; Chromium keeps it and answers as the pair becomes writable (no HelloVerifyRequest), so its Finished comes 1 RTT after ICE. Role server: Chromium's ClientHello leaves as soon as the pair is writable and the transceiver answers at once: 2 RTT |\n")
 	case browser:
 		b.WriteString("| ICE connected | +1 | Firefox nominates on every check: its first check's answer connects its ICE |\n")
-		b.WriteString("| DTLS connected | +1 (role client), +2 (role server) | DTLS 1.2 full handshake, counted at the page. Role client: the transceiver's ClientHello leaves right after the answer to Firefox's first check; Firefox drops DTLS that reaches it before its ICE layer has taken that answer, and a dropped ClientHello waits for the transceiver's retransmission (1.5 × answer → first check). Role server: Firefox's ClientHello leaves once its ICE is up: 2 RTT |\n")
+		b.WriteString("| DTLS connected | +1 (role client), +2 (role server) | DTLS 1.2 full handshake, counted at the page. Role client: the transceiver's ClientHello leaves right after the answer to Firefox's first check; Firefox drops DTLS that reaches it before its ICE layer has taken that answer, and a dropped ClientHello waits for the transceiver's retransmission (2.5 × answer → first check). Role server: Firefox's ClientHello leaves once its ICE is up: 2 RTT |\n")
 	default:
 		b.WriteString("| ICE connected | +2 (TURN +3) | Pion uses regular nomination: a check makes the pair valid (1), a USE-CANDIDATE check nominates it (1); the ICE-lite server selects the pair 0.5 RTT after the nomination leaves. TURN: CreatePermission first (+1) |\n")
 		hvr := "the Pion client, DTLS server, sends HelloVerifyRequest (+1), then ServerHello…Done (+1)"

@@ -167,7 +167,7 @@ func (o Options) withDefaults() (Options, error) {
 
 // Stats summarizes one phase over the successful runs, in milliseconds.
 type Stats struct {
-	Median, P90, Min float64
+	Median, P90, Min, Max float64
 }
 
 // RTTs returns the median as a number of round trips of rtt.
@@ -192,7 +192,7 @@ func newStats(v []float64) Stats {
 	}
 	// Nearest rank.
 	p90 := s[int(math.Ceil(0.9*float64(len(s))))-1]
-	return Stats{Median: med, P90: p90, Min: s[0]}
+	return Stats{Median: med, P90: p90, Min: s[0], Max: s[len(s)-1]}
 }
 
 // Expected is the round-trip count the protocols allow for each phase,

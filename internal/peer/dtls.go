@@ -112,16 +112,20 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 // cannot know the path. The session can: the first authenticated check
 // comes a round trip and the client's processing after the answer left
 // (Session.Answered, Session.SetupRTT), so that time bounds the round trip
-// from above, before any DTLS. The handshake's first retransmission
-// timeout is 1.5 times it (the client's DTLS stack signs and answers in
-// well under its half), within [minFlightInterval, maxFlightInterval];
-// the handshake library doubles it after each timeout, until the flight
-// is answered (then it starts again from it for the next flight), and
-// HandshakeTimeout bounds the whole. With 50 ms of round trip a lost
-// flight then costs about 100 ms instead of 1 s, and under heavy loss the
-// retries come at 0.1, 0.2, 0.4, 0.8 s… instead of 1, 2, 4, 8 s: nine
-// within 30 s rather than five. libwebrtc does the same from its ICE
-// round-trip estimate (twice it, at least 50 ms).
+// from above, before any DTLS. The handshake's retransmission timeout is
+// 2.5 times it, within [minFlightInterval, maxFlightInterval]: the first
+// flight may wait two round trips for its answer, as a client whose DTLS
+// starts only once its own ICE is connected (Pion) keeps the ClientHello
+// through the round trip of its nomination (with 1.5 times, every Pion
+// call saw a spurious retransmission of the ClientHello, and its DTLS
+// server answered it with its flight again). The handshake library
+// doubles the timeout after each expiry until the flight is answered,
+// then starts again from it for the next flight, and HandshakeTimeout
+// bounds the whole. With 50 ms of round trip a lost flight then costs
+// about 140 ms instead of 1 s, and under heavy loss the retries come at
+// 0.14, 0.28, 0.56, 1.1 s… instead of 1, 2, 4, 8 s: eight within 30 s
+// rather than five. libwebrtc does the like from its ICE round-trip
+// estimate (twice it, at least 50 ms).
 
 // Bounds of the first retransmission timeout.
 const (
@@ -129,8 +133,8 @@ const (
 	maxFlightInterval = time.Second
 )
 
-// flightInterval is the DTLS handshake's first retransmission timeout:
-// 1.5 × SetupRTT within the bounds, or maxFlightInterval without it.
+// flightInterval is the DTLS handshake's retransmission timeout: 2.5 ×
+// SetupRTT within the bounds, or maxFlightInterval without it.
 func (s *Session) flightInterval() time.Duration {
 	if s.cfg.flightInterval > 0 {
 		return s.cfg.flightInterval
@@ -139,7 +143,7 @@ func (s *Session) flightInterval() time.Duration {
 	if !ok {
 		return maxFlightInterval
 	}
-	return min(max(rtt*3/2, minFlightInterval), maxFlightInterval)
+	return min(max(rtt*5/2, minFlightInterval), maxFlightInterval)
 }
 
 // fingerprintHashes are the a=fingerprint hash functions accepted, by
