@@ -65,10 +65,14 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 		dtls.WithInsecureSkipVerify(true),
 		dtls.WithVerifyPeerCertificate(s.verifyCertificate),
 		dtls.WithLoggerFactory(e.cfg.LoggerFactory),
+		// The library retransmits every interval; the feed's pacing
+		// decides which go (feed.go, "Retransmission pacing").
 		dtls.WithFlightInterval(s.flightInterval()),
+		dtls.WithDisableRetransmitBackoff(true),
 	}
 	var conn *dtls.Conn
 	var err error
+	s.dtls.rtx.start(s.flightInterval())
 	raddr := udpAddr(s.remote())
 	if s.cfg.Role == DTLSClient {
 		opts := make([]dtls.ClientOption, 0, len(shared))
@@ -118,14 +122,14 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 // starts only once its own ICE is connected (Pion) keeps the ClientHello
 // through the round trip of its nomination (with 1.5 times, every Pion
 // call saw a spurious retransmission of the ClientHello, and its DTLS
-// server answered it with its flight again). The handshake library
-// doubles the timeout after each expiry until the flight is answered,
-// then starts again from it for the next flight, and HandshakeTimeout
-// bounds the whole. With 50 ms of round trip a lost flight then costs
-// about 140 ms instead of 1 s, and under heavy loss the retries come at
-// 0.14, 0.28, 0.56, 1.1 s… instead of 1, 2, 4, 8 s: eight within 30 s
-// rather than five. libwebrtc does the like from its ICE round-trip
-// estimate (twice it, at least 50 ms).
+// server answered it with its flight again). A flight that is not answered
+// goes again after the timeout, then after twice it, and every twice it
+// after that, 16 times at most (feed.go, "Retransmission pacing"); the next
+// flight starts from the timeout again, and HandshakeTimeout bounds the
+// whole. With 50 ms of round trip a lost flight then costs about 140 ms
+// instead of 1 s, and under heavy loss the retries come at 0.14, 0.42,
+// 0.70, 0.98 s… instead of 1, 3, 7, 15 s. libwebrtc takes its timeout from
+// its ICE round-trip estimate too (twice it, at least 50 ms).
 
 // Bounds of the first retransmission timeout.
 const (

@@ -52,6 +52,8 @@ type feed struct {
 	// DTLS: waiting at the head of the queue would hold them up for good.
 	held [][]byte
 
+	rtx pacing // the handshake's retransmissions (pacing)
+
 	// The first flight (resendFirst). heard is set by the read loop once
 	// any DTLS from the client has come; fmu guards the rest: first, the
 	// datagrams written before that (the ClientHello, when the session is
@@ -64,6 +66,89 @@ type feed struct {
 	firstKeys   []uint64
 	resends     int
 }
+
+// Retransmission pacing.
+//
+// The handshake library retransmits a flight when its timer, set to the
+// session's retransmission timeout (flightInterval), expires, and, with
+// its backoff off, every timeout after that; pacing decides which of those
+// go. A burst of writes (those within a quarter of the timeout of its
+// first: the library's ticks come a timeout apart) after the client's DTLS
+// has come is a new flight and goes; a burst with no DTLS from the client
+// since the last one is a retransmission, which goes only once the gap
+// since the last one has passed: the timeout, then twice it, and twice it
+// again at most (maxRetransmitGap), never more than maxRetransmits times
+// per flight. RFC 6347 §4.2.4.1 doubles up to 60 s; a voice call that
+// loses a third of its datagrams then waits seconds for its setup, so the
+// gaps stop growing at twice the timeout (with 50 ms of round trip, a
+// flight goes again 0.14, 0.42, 0.70, 0.98… s after it first left) and the
+// count bounds what a client that went away is sent: 16 copies of a flight
+// of a few kilobytes.
+
+// maxRetransmits bounds the retransmissions of one flight (pacing).
+const maxRetransmits = 16
+
+// pacing holds back the handshake library's retransmissions beyond the
+// schedule above. Its zero value lets everything go (no timeout set).
+type pacing struct {
+	mu         sync.Mutex
+	timeout    time.Duration // the library's interval; 0: no pacing
+	heardSince bool          // DTLS came from the client since the last burst
+	bursts     int           // bursts written so far
+	burstAt    time.Time     // the current burst's first write
+	drop       bool          // the current burst is held back
+	n          int           // retransmissions of the current flight let go
+	gap        time.Duration // the gap before the next may go
+	last       time.Time     // when the last burst that went left
+}
+
+// start sets the library's retransmission interval, before the handshake.
+func (p *pacing) start(timeout time.Duration) {
+	p.mu.Lock()
+	p.timeout = timeout
+	p.mu.Unlock()
+}
+
+// heard notes DTLS from the client (the read loop, during the handshake).
+func (p *pacing) heard() {
+	p.mu.Lock()
+	p.heardSince = true
+	p.mu.Unlock()
+}
+
+// suppress reports whether a write at now is part of a retransmission
+// that is held back.
+func (p *pacing) suppress(now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.timeout <= 0 {
+		return false
+	}
+	if p.bursts > 0 && now.Sub(p.burstAt) <= p.timeout/4 {
+		return p.drop // the rest of the burst shares its fate
+	}
+	p.burstAt = now
+	p.bursts++
+	if p.bursts == 1 || p.heardSince {
+		// A new flight.
+		p.heardSince, p.drop, p.n, p.gap, p.last = false, false, 0, p.timeout, now
+		return false
+	}
+	// The library's timer: a retransmission. A tick comes every timeout;
+	// one that is a little early for the gap (timer slack) still counts.
+	if p.n == maxRetransmits || now.Sub(p.last) < p.gap-p.timeout/4 {
+		p.drop = true
+		return true
+	}
+	p.n++
+	p.last, p.drop = now, false
+	p.gap = min(2*p.gap, maxRetransmitGap(p.timeout))
+	return false
+}
+
+// maxRetransmitGap is the longest gap between two retransmissions of a
+// flight: twice the timeout.
+func maxRetransmitGap(timeout time.Duration) time.Duration { return 2 * timeout }
 
 // The first flight.
 //
@@ -210,6 +295,9 @@ func (f *feed) push(b []byte) bool {
 	if !f.heard.Load() {
 		f.heard.Store(true)
 	}
+	if !f.isReady() {
+		f.rtx.heard()
+	}
 	f.mu.Lock()
 	if f.qBytes+len(b) > dtlsQueueBytes {
 		f.mu.Unlock()
@@ -307,6 +395,9 @@ func (f *feed) WriteTo(p []byte, _ net.Addr) (int, error) {
 		return 0, errNoAddress
 	}
 	f.keepFirst(p)
+	if !f.isReady() && f.rtx.suppress(time.Now()) {
+		return len(p), nil // a retransmission the pacing holds back
+	}
 	return f.s.e.conn.WriteToAddrPort(p, a)
 }
 

@@ -3,6 +3,7 @@ package peer
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -456,5 +457,54 @@ func TestFlightInterval(t *testing.T) {
 				t.Fatalf("SetupRTT %v %v, want %v", rtt, ok, tc.answered)
 			}
 		})
+	}
+}
+
+// TestPacing: the handshake's retransmissions go after the timeout, then
+// every twice it, at most maxRetransmits times per flight; a burst's
+// writes share its fate; DTLS from the client makes the next burst a new
+// flight, which goes at once and starts the schedule again.
+func TestPacing(t *testing.T) {
+	const T = 100 * time.Millisecond
+	var p pacing
+	t0 := time.Unix(100, 0)
+	if p.suppress(t0) {
+		t.Fatal("a write before start was held back")
+	}
+	p = pacing{}
+	p.start(T)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	if p.suppress(at(0)) || p.suppress(at(time.Millisecond)) {
+		t.Fatal("the first flight was held back")
+	}
+	// The library's ticks, every T (a little late, as timers are).
+	var went []int
+	for k := 1; k <= 40; k++ {
+		now := at(time.Duration(k)*T + time.Millisecond)
+		if !p.suppress(now) {
+			went = append(went, k)
+			if p.suppress(now.Add(time.Millisecond)) {
+				t.Fatalf("tick %d: the burst's second datagram was held back, its first went", k)
+			}
+		} else if !p.suppress(now.Add(time.Millisecond)) {
+			t.Fatalf("tick %d: the burst's second datagram went, its first was held back", k)
+		}
+	}
+	want := []int{1}
+	for k := 3; len(want) < maxRetransmits; k += 2 {
+		want = append(want, k)
+	}
+	if fmt.Sprint(went) != fmt.Sprint(want) {
+		t.Fatalf("retransmissions at ticks %v, want %v", went, want)
+	}
+	// The client answers: the next burst is a new flight, and its first
+	// retransmission waits one timeout again.
+	p.heard()
+	base := at(41 * T)
+	if p.suppress(base) {
+		t.Fatal("a new flight after the client's DTLS was held back")
+	}
+	if p.suppress(base.Add(T)) {
+		t.Fatal("the new flight's first retransmission was held back")
 	}
 }
