@@ -50,10 +50,9 @@ func TestSetupLogLimit(t *testing.T) {
 // the answer's ICE credentials and candidate, and sends checks from a UDP
 // socket of its own.
 type rawClient struct {
-	sock                 *net.UDPConn
-	to                   netip.AddrPort
-	user, pwd            string
-	ufragRE, pwdRE, cand *regexp.Regexp
+	sock      *net.UDPConn
+	to        netip.AddrPort
+	user, pwd string
 }
 
 // offerRaw posts offer to url and returns a rawClient for its answer.
