@@ -79,10 +79,16 @@ type session struct {
 	setupTimer  *time.Timer // ends the session if it does not connect in time (watchSetup)
 	// Setup phases reached, each observed once.
 	iceUp, dtlsUp, audioUp atomic.Bool
-	wantSCTP               bool          // the offer has data channels: setup waits for the SCTP association (setup.go)
 	endOnce                sync.Once     // end (lifecycle.go)
 	ending                 atomic.Bool   // set when end starts: bridge errors after it are the teardown's
 	dropped                atomic.Uint64 // backend messages that could not be delivered to the client
+
+	// Set once (setup.go): wantSCTP, the offer has data channels, so the
+	// setup waits for their SCTP association; peerSet, closed once peer
+	// is set, which the peer session's callbacks read only after it
+	// (peerSession).
+	wantSCTP bool
+	peerSet  chan struct{}
 
 	// imu serializes ICE restarts (restart.go) and guards the ICE
 	// session's identity: its local ufrag (a routing token) and its
@@ -107,7 +113,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	}
 	id := newSessionID()
 	sctx, cancel := context.WithCancel(s.ctx)
-	sess := &session{id: id, owner: owner, ufrag: ufrag, iceGen: 1, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel}
+	sess := &session{id: id, owner: owner, ufrag: ufrag, iceGen: 1, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel, peerSet: make(chan struct{})}
 	sess.pendingKey = info.client
 	sess.pendingHeld.Store(true)
 	sess.ingress = s.cfg.advertise
@@ -189,6 +195,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	if sess.peer, err = s.peer.NewSession(pcfg); err != nil {
 		return fail(err)
 	}
+	close(sess.peerSet)
 	answer, err := sess.answer(o, ufrag, pwd)
 	if err != nil {
 		return fail(err)
@@ -395,8 +402,10 @@ func (sess *session) onPeerState(st peer.State) {
 	case peer.StateDisconnected:
 		sess.reportConnection(st)
 	case peer.StateChecked:
-		t := sess.peer.SetupTimes()
-		m.observeSetupPhase(phaseCheck, t.Answered, t.Checked)
+		if p := sess.peerSession(); p != nil {
+			t := p.SetupTimes()
+			m.observeSetupPhase(phaseCheck, t.Answered, t.Checked)
+		}
 	case peer.StateFailed:
 		if !sess.connected.Load() {
 			sess.setupFailed(phaseICE, failFailed)
@@ -405,8 +414,10 @@ func (sess *session) onPeerState(st peer.State) {
 	case peer.StateDTLSConnected:
 		if !sess.dtlsUp.Swap(true) {
 			m.setup.WithLabelValues(phaseDTLS).Observe(time.Since(sess.created).Seconds())
-			t := sess.peer.SetupTimes()
-			m.observeSetupPhase(phaseDTLS, t.Checked, t.DTLS)
+			if p := sess.peerSession(); p != nil {
+				t := p.SetupTimes()
+				m.observeSetupPhase(phaseDTLS, t.Checked, t.DTLS)
+			}
 		}
 	case peer.StateDTLSFailed:
 		if !sess.dtlsUp.Load() {

@@ -89,16 +89,31 @@ func (l *setupLog) allow(now time.Time) (ok bool, suppressed uint64) {
 	return true, n
 }
 
+// peerSession returns sess.peer once newSession has set it, else nil. The
+// peer session's callbacks run on its goroutines (the shared read loop, the
+// consent sweeper, the handshake's), which nothing orders after that
+// assignment but the client's answer, which the race detector cannot see:
+// the receive on the closed peerSet is the order.
+func (sess *session) peerSession() *peer.Session {
+	select {
+	case <-sess.peerSet:
+		return sess.peer
+	default:
+		return nil
+	}
+}
+
 // setupFailed counts a setup failure under phase and reason and logs it
 // (rate-limited) with where the setup stopped and its milestones.
 func (sess *session) setupFailed(phase, reason string) {
 	sess.srv.metrics.setupFailures.WithLabelValues(phase, reason).Inc()
 	now := time.Now()
 	ok, suppressed := sess.srv.setupLog.allow(now)
-	if !ok {
+	p := sess.peerSession()
+	if !ok || p == nil {
 		return
 	}
-	t := sess.peer.SetupTimes()
+	t := p.SetupTimes()
 	since := func(at time.Time) any {
 		if at.IsZero() {
 			return "never"
@@ -106,7 +121,7 @@ func (sess *session) setupFailed(phase, reason string) {
 		return at.Sub(sess.created).Round(time.Millisecond).String()
 	}
 	sess.log.Warn("session setup failed", "phase", phase, "reason", reason,
-		"stopped_at", sess.peer.SetupPhase().String(), "client", sess.peer.RemoteAddr().String(),
+		"stopped_at", p.SetupPhase().String(), "client", p.RemoteAddr().String(),
 		"age", now.Sub(sess.created).Round(time.Millisecond),
 		"answered_after", since(t.Answered), "first_check_after", since(t.Checked),
 		"nominated_after", since(t.Nominated), "dtls_after", since(t.DTLS),
