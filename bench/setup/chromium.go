@@ -26,6 +26,7 @@ import (
 const (
 	ClientPion     = "pion"
 	ClientChromium = "chromium"
+	ClientFirefox  = "firefox"
 )
 
 // errNoChromium: no Chromium binary on PATH.

@@ -56,10 +56,13 @@ func TestChromiumSmoke(t *testing.T) {
 
 // TestExpectedChromium pins the round-trip model for Chromium.
 func TestExpectedChromium(t *testing.T) {
-	if got, want := expectedChromium(PathDirect), (Expected{0, 1, 2, 4, 4.5, 5}); got != want {
-		t.Errorf("direct: %+v, want %+v", got, want)
+	if got, want := expectedChromium(PathDirect, RoleClient), (Expected{0, 1, 2, 3, 3.5, 4}); got != want {
+		t.Errorf("direct, role client: %+v, want %+v", got, want)
 	}
-	if got, want := expectedChromium(PathTURN), (Expected{2, 1, 2, 4, 4.5, 5}); got != want {
+	if got, want := expectedChromium(PathDirect, RoleServer), (Expected{0, 1, 2, 4, 4.5, 5}); got != want {
+		t.Errorf("direct, role server: %+v, want %+v", got, want)
+	}
+	if got, want := expectedChromium(PathTURN, RoleServer), (Expected{2, 1, 2, 4, 4.5, 5}); got != want {
 		t.Errorf("turn: %+v, want %+v", got, want)
 	}
 	if _, err := (Options{Client: "lynx"}).withDefaults(); !errors.Is(err, ErrOptions) {

@@ -52,19 +52,20 @@
 //	                        CreatePermission on the TURN server.
 //	DTLS connected    +2    DTLS 1.2 full handshake, counted at the client.
 //	                        Role "client": the transceiver sends ClientHello
-//	                        the moment the nomination arrives, so it reaches
-//	                        the client with the nomination's response; the
-//	                        Pion client, as DTLS server, answers with a
+//	                        right after answering the client's first
+//	                        authenticated check; Pion's DTLS starts only
+//	                        once its own ICE is connected (after the
+//	                        nomination), keeping the ClientHello until then,
+//	                        and as DTLS server answers with a
 //	                        HelloVerifyRequest (+1), then ServerHello…Done
-//	                        (+1 to get the client's Finished). Role "server":
-//	                        the client sends ClientHello once its ICE is
-//	                        connected; the transceiver skips the
+//	                        (+1 to get the client's Finished). Role
+//	                        "server": the client sends ClientHello once its
+//	                        ICE is connected; the transceiver skips the
 //	                        HelloVerifyRequest; 2 RTT to the server's
 //	                        Finished. Both roles: +2. With a client whose
 //	                        DTLS server sends no HelloVerifyRequest
 //	                        (Options.ClientSkipHelloVerify), role "client"
-//	                        takes +1: its ClientHello rode along with the
-//	                        nomination.
+//	                        takes +1: the ClientHello was waiting for it.
 //	first audio at    +0.5  the client sends its first RTP once connected;
 //	backend                 half a round trip to the transceiver, then the
 //	                        bridge (loopback).
@@ -121,11 +122,32 @@
 // tightest of five brackets, typically under 1 ms). Chromium on the
 // wire, unlike Pion: its ICE state is "connected" once the first check
 // succeeds, before it nominates (USE-CANDIDATE on the pair's next
-// scheduled check, 0–60 ms later); its DTLS starts on the writable pair
-// and its DTLS server sends no HelloVerifyRequest; through TURN it sends
-// CreatePermission and the first check back to back. So the model
-// (expectedChromium) is 1 + 1 + 2 + 0.5 = 4.5 RTT to the backend on every
-// path and role.
+// scheduled check, 0–60 ms later); it keeps up to four ClientHellos that
+// come before and answers them as the pair becomes writable; its DTLS
+// server sends no HelloVerifyRequest; through TURN it sends
+// CreatePermission and the first check back to back. The transceiver
+// starts DTLS on the first authenticated check, so with role "client"
+// (expectedChromium) its ClientHello is there when Chromium's pair becomes
+// writable: 1 + 1 + 1 + 0.5 = 3.5 RTT to the backend; role "server" takes
+// one more.
+//
+// # Headless Firefox ESR
+//
+// With Options.Client "firefox" the client is the same page in headless
+// Firefox ESR, in a network namespace of the run's (it calls no server on
+// loopback), driving itself (firefox.go). Firefox nominates on its first
+// check and drops DTLS that reaches it before its ICE layer is up, so
+// its model is Chromium's, with a dropped ClientHello left to the
+// transceiver's retransmission, 2.5 × (answer → first check) later.
+//
+// # Loss
+//
+// Options.Loss drops datagrams at random on the media proxy, each way;
+// Options.DropFlight drops each call's first DTLS datagram one way. The
+// transceiver retransmits its DTLS flights 2.5 × (answer → first check)
+// after sending them (internal/peer, dtls.go), and sends its ClientHello
+// again on a later check from the client while the client has sent no
+// DTLS; Pion's client retransmits after 1 s, doubling.
 //
 // # Reaching 3 RTT
 //
@@ -134,11 +156,10 @@
 // the client at 2 RTT at the earliest (answer 1, the client's first check
 // 0.5, the server's reply 0.5), and a full DTLS 1.2 handshake needs 1 more
 // RTT before the client may send, then 0.5 RTT for the audio: 3.5 RTT,
-// and only if the client nominates on its first check (aggressive
-// nomination) and the ICE-lite server starts DTLS (role "client") on that
-// check. Pion's client, with regular nomination and a HelloVerifyRequest,
-// gets 5.5; without the HelloVerifyRequest and with role "client", 4.5.
-// Below 3.5 needs the handshake to ride on the ICE checks (DTLS-in-STUN,
+// which the transceiver in role "client" now allows every client whose DTLS
+// server keeps a ClientHello that came early and sends no
+// HelloVerifyRequest (Chromium; Firefox when it does not drop it). Below
+// 3.5 needs the handshake to ride on the ICE checks (DTLS-in-STUN,
 // draft-hancke-webrtc-sped: ClientHello in the first check, the server's
-// flight in its response) or DTLS 1.3 (a 1-RTT handshake), on both ends.
+// flight in its response) with DTLS 1.3 (a 1-RTT handshake), on both ends.
 package setupbench

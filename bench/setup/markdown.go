@@ -3,6 +3,7 @@ package setupbench
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Markdown renders results as a section for docs/benchmarks.md: the
@@ -21,8 +22,13 @@ func Markdown(results []Result, opts Options) string {
 		runs = max(runs, r.Runs)
 	}
 	fmt.Fprintf(&b, "Setup latency from the POST of the offer, RTT %s (%s each way, userspace delay proxies on loopback), %d runs per row, medians.\n", rtt, rtt/2, runs)
+	if imp := impairment(opts); imp != "" {
+		fmt.Fprintf(&b, "Media path impaired: %s.\n", imp)
+	}
 	chromium := opts.Client == ClientChromium
-	if chromium {
+	browser := chromium || opts.Client == ClientFirefox
+	switch opts.Client {
+	case ClientChromium:
 		name := "Chromium"
 		for _, r := range results {
 			if strings.HasPrefix(r.Client, "Chromium") {
@@ -32,7 +38,17 @@ func Markdown(results []Result, opts Options) string {
 		}
 		fmt.Fprintf(&b, "Each cell is `ms (round trips; expected)`. Client: headless %s running the demo page (`internal/web`), one browser, a fresh tab per call; "+
 			"times taken in the page on its `performance.now()` clock (first echo: `getStats` polled every 5 ms; first audio at backend: the backend's clock mapped onto the page's).\n\n", name)
-	} else {
+	case ClientFirefox:
+		name := "Firefox"
+		for _, r := range results {
+			if strings.HasPrefix(r.Client, "Firefox") {
+				name = r.Client
+				break
+			}
+		}
+		fmt.Fprintf(&b, "Each cell is `ms (round trips; expected)`. Client: headless %s running the demo page (`internal/web`) in a network namespace of the run's, one browser, a fresh page per call; "+
+			"times taken in the page on its `performance.now()` clock (first echo: `getStats` polled every 5 ms; first audio at backend: the backend's wall clock against the page's `performance.timeOrigin`).\n\n", name)
+	default:
 		fmt.Fprintf(&b, "Each cell is `ms (round trips; expected)`. Client: Pion (`callclient`), ICE check tick %s", opts.ClientICETick)
 		if opts.ClientICETick >= pionCheckInterval {
 			b.WriteString(" (Pion's default)")
@@ -83,12 +99,22 @@ func Markdown(results []Result, opts Options) string {
 			cell(r.FirstAudioBackendMS, r.Expected.FirstAudioBackend), cell(r.FirstAudioClientMS, r.Expected.FirstAudioClient),
 			vs, dc, gather)
 	}
+	b.WriteString("\nFrom the answer's arrival, in round trips (median of each call's phase minus its answer): ")
+	var fromAnswer []string
+	for _, r := range results {
+		if r.FirstAudioBackendFromAnswerMS.Median > 0 {
+			fromAnswer = append(fromAnswer, fmt.Sprintf("%s/%s ICE %.2f, DTLS %.2f, backend %.2f, echo %.2f", r.Path, r.DTLSRole,
+				r.ICEFromAnswerMS.RTTs(rtt), r.DTLSFromAnswerMS.RTTs(rtt), r.FirstAudioBackendFromAnswerMS.RTTs(rtt), r.FirstAudioClientFromAnswerMS.RTTs(rtt)))
+		}
+	}
+	b.WriteString(strings.Join(fromAnswer, "; "))
+	b.WriteString(".\n")
 	b.WriteString("\nSpread of first audio at backend (ms): ")
 	var spread []string
 	for _, r := range results {
 		if r.FirstAudioBackendMS.Median > 0 {
 			s := r.FirstAudioBackendMS
-			spread = append(spread, fmt.Sprintf("%s/%s min %.1f, median %.1f, p90 %.1f", r.Path, r.DTLSRole, s.Min, s.Median, s.P90))
+			spread = append(spread, fmt.Sprintf("%s/%s min %.1f, median %.1f, p90 %.1f, max %.1f", r.Path, r.DTLSRole, s.Min, s.Median, s.P90, s.Max))
 		}
 	}
 	b.WriteString(strings.Join(spread, "; "))
@@ -105,10 +131,14 @@ func Markdown(results []Result, opts Options) string {
 	b.WriteString("\n\nExpected round trips, from the start of the POST (the package comment of `bench/setup` has the detail):\n\n")
 	b.WriteString("| Phase | RTT | Why |\n|---|---|---|\n")
 	b.WriteString("| Answer | 1 | POST → 201 with the complete answer (warm connection: the proxies do not delay the TCP handshake) |\n")
-	if chromium {
-		b.WriteString("| ICE connected | +1 | Chromium reports `connected` when its first check succeeds (the pair is writable); it nominates afterwards, with USE-CANDIDATE on its next scheduled check of that pair (0–60 ms later), and the ICE-lite server selects the pair 0.5 RTT after that. TURN: CreatePermission and the first check (a Send indication) leave back to back, no extra round trip |\n")
-		b.WriteString("| DTLS connected | +2 | DTLS 1.2 full handshake, counted at the page. Role client: the transceiver's ClientHello leaves when the nomination arrives and Chromium's DTLS server answers at once (no HelloVerifyRequest). Role server: Chromium's ClientHello leaves as soon as the pair is writable, before the nomination; the transceiver holds it and answers when the nomination selects the pair |\n")
-	} else {
+	switch {
+	case chromium:
+		b.WriteString("| ICE connected | +1 | Chromium reports `connected` when its first check succeeds (the pair is writable); it nominates afterwards, with USE-CANDIDATE on its next scheduled check of that pair (0–60 ms later), which nothing waits for. TURN: CreatePermission and the first check (a Send indication) leave back to back, no extra round trip |\n")
+		b.WriteString("| DTLS connected | +1 (role client), +2 (role server) | DTLS 1.2 full handshake, counted at the page. Role client: the transceiver's ClientHello leaves with the answer to Chromium's first check; Chromium keeps it and answers as the pair becomes writable (no HelloVerifyRequest), so its Finished comes 1 RTT after ICE. Role server: Chromium's ClientHello leaves as soon as the pair is writable and the transceiver answers at once: 2 RTT |\n")
+	case browser:
+		b.WriteString("| ICE connected | +1 | Firefox nominates on every check: its first check's answer connects its ICE |\n")
+		b.WriteString("| DTLS connected | +1 (role client), +2 (role server) | DTLS 1.2 full handshake, counted at the page. Role client: the transceiver's ClientHello leaves right after the answer to Firefox's first check; Firefox drops DTLS that reaches it before its ICE layer has taken that answer, and a dropped ClientHello waits for the transceiver's retransmission (2.5 × answer → first check). Role server: Firefox's ClientHello leaves once its ICE is up: 2 RTT |\n")
+	default:
 		b.WriteString("| ICE connected | +2 (TURN +3) | Pion uses regular nomination: a check makes the pair valid (1), a USE-CANDIDATE check nominates it (1); the ICE-lite server selects the pair 0.5 RTT after the nomination leaves. TURN: CreatePermission first (+1) |\n")
 		hvr := "the Pion client, DTLS server, sends HelloVerifyRequest (+1), then ServerHello…Done (+1)"
 		if opts.ClientSkipHelloVerify {
@@ -160,6 +190,24 @@ func Markdown(results []Result, opts Options) string {
 			r.DTLSRole, delta, delta/ms(rtt), total, total/ms(rtt))
 	}
 	return b.String()
+}
+
+// impairment describes Options.Loss and DropFlight, or "" without them.
+func impairment(opts Options) string {
+	var parts []string
+	if opts.Loss > 0 {
+		parts = append(parts, fmt.Sprintf("%s%% random loss each way", trimFloat(100*opts.Loss)))
+	}
+	if opts.Audio != 300*time.Millisecond && opts.Client == ClientPion {
+		parts = append(parts, fmt.Sprintf("the client sends %v of audio per call", opts.Audio))
+	}
+	switch opts.DropFlight {
+	case DropToClient:
+		parts = append(parts, "each call's first DTLS datagram toward the client dropped")
+	case DropToServer:
+		parts = append(parts, "each call's first DTLS datagram toward the server dropped")
+	}
+	return strings.Join(parts, ", ")
 }
 
 func trimFloat(f float64) string {

@@ -69,12 +69,37 @@ type Options struct {
 	ClientSkipHelloVerify bool
 	// CallTimeout bounds one call; default 15 s + 20 RTT.
 	CallTimeout time.Duration
-	// Client is "pion" (default: callclient in this process) or
+	// Client is "pion" (default: callclient in this process),
 	// "chromium" (headless Chromium running the demo page, internal/web;
-	// see chromium.go). ClientICETick and ClientSkipHelloVerify apply to
-	// Pion only.
+	// see chromium.go) or "firefox" (headless Firefox ESR running it, in a
+	// network namespace: firefox.go). ClientICETick and
+	// ClientSkipHelloVerify apply to Pion only.
 	Client string
+	// Loss is the probability (0–1) that the media proxy in front of the
+	// path drops a datagram, each way independently (signaling is not
+	// impaired). Default 0.
+	Loss float64
+	// Audio is how much audio the Pion client sends per call (the tone
+	// loops), from its DTLS connected; default 300 ms. Under loss make it
+	// longer than the transceiver's handshake can take to complete after
+	// the client's, or a call whose audio all came before the
+	// transceiver's keys (and past the few kept for them) counts as
+	// failed without first audio at the backend.
+	Audio time.Duration
+	// DropFlight drops one DTLS flight per call at the media proxy: the
+	// call's first DTLS datagram toward the client (DropToClient: the
+	// transceiver's ClientHello in role client, its ServerHello flight in
+	// role server) or toward the server (DropToServer: the client's
+	// first flight). Not on the turn path, where DTLS travels inside TURN
+	// framing. Default "": none.
+	DropFlight string
 }
+
+// Values of Options.DropFlight.
+const (
+	DropToClient = "to_client"
+	DropToServer = "to_server"
+)
 
 func (o Options) withDefaults() (Options, error) {
 	if o.RTT == 0 {
@@ -114,8 +139,22 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Client == "" {
 		o.Client = ClientPion
 	}
-	if o.Client != ClientPion && o.Client != ClientChromium {
-		return o, fmt.Errorf("%w: client %q is not pion or chromium", ErrOptions, o.Client)
+	if o.Client != ClientPion && o.Client != ClientChromium && o.Client != ClientFirefox {
+		return o, fmt.Errorf("%w: client %q is not pion, chromium or firefox", ErrOptions, o.Client)
+	}
+	if o.Audio == 0 {
+		o.Audio = 300 * time.Millisecond
+	}
+	if o.Audio < 0 {
+		return o, fmt.Errorf("%w: Audio %v is negative", ErrOptions, o.Audio)
+	}
+	if o.Loss < 0 || o.Loss >= 1 {
+		return o, fmt.Errorf("%w: Loss %v is not in [0, 1)", ErrOptions, o.Loss)
+	}
+	switch o.DropFlight {
+	case "", DropToClient, DropToServer:
+	default:
+		return o, fmt.Errorf("%w: DropFlight %q is not %s or %s", ErrOptions, o.DropFlight, DropToClient, DropToServer)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -128,7 +167,7 @@ func (o Options) withDefaults() (Options, error) {
 
 // Stats summarizes one phase over the successful runs, in milliseconds.
 type Stats struct {
-	Median, P90, Min float64
+	Median, P90, Min, Max float64
 }
 
 // RTTs returns the median as a number of round trips of rtt.
@@ -153,7 +192,7 @@ func newStats(v []float64) Stats {
 	}
 	// Nearest rank.
 	p90 := s[int(math.Ceil(0.9*float64(len(s))))-1]
-	return Stats{Median: med, P90: p90, Min: s[0]}
+	return Stats{Median: med, P90: p90, Min: s[0], Max: s[len(s)-1]}
 }
 
 // Expected is the round-trip count the protocols allow for each phase,
@@ -181,21 +220,36 @@ func expected(path, role string, clientHelloVerify bool) Expected {
 
 // expectedChromium is the model for headless Chromium (chromium.go), as
 // seen on the wire: ICE "connected" when its first check succeeds (the
-// pair is writable); the USE-CANDIDATE check follows on the pair's next
-// scheduled check; its DTLS starts on the writable pair and its DTLS
-// server sends no HelloVerifyRequest, so either role connects 2 RTT after
-// ICE. Through TURN it sends CreatePermission and the first check (in a
-// Send indication) back to back: no extra round trip.
-func expectedChromium(path string) Expected {
+// pair is writable), at 2 RTT; the USE-CANDIDATE check follows on the
+// pair's next scheduled check, which nothing waits for. Role client: the
+// transceiver's ClientHello leaves with the answer to that first check,
+// Chromium keeps it and answers it as the pair becomes writable (its DTLS
+// server sends no HelloVerifyRequest), so DTLS connects 1 RTT after ICE.
+// Role server: Chromium's ClientHello leaves on the writable pair, and the
+// full handshake takes 2 RTT after ICE. Through TURN it sends
+// CreatePermission and the first check (in a Send indication) back to
+// back: no extra round trip.
+func expectedChromium(path, role string) Expected {
 	e := Expected{Signaling: 1, ICE: 2}
 	if path == PathTURN {
 		e.Gathering = 2
 	}
 	e.DTLS = e.ICE + 2
+	if role == RoleClient {
+		e.DTLS = e.ICE + 1
+	}
 	e.FirstAudioBackend = e.DTLS + 0.5
 	e.FirstAudioClient = e.FirstAudioBackend + 0.5
 	return e
 }
+
+// expectedFirefox is the model for headless Firefox ESR (firefox.go):
+// every check carries USE-CANDIDATE, so its ICE connects on its first
+// check's answer, at 2 RTT; the rest is Chromium's model (its DTLS server
+// sends no HelloVerifyRequest). Firefox drops DTLS that reaches it before
+// its ICE layer has taken that answer: a ClientHello that is dropped is
+// sent again on the transceiver's retransmission timer.
+func expectedFirefox(path, role string) Expected { return expectedChromium(path, role) }
 
 // Result is one path and DTLS role, over Runs calls.
 type Result struct {
@@ -213,6 +267,9 @@ type Result struct {
 	DataChannelMS Stats
 	// GatheringMS is ICE gathering before the POST (TURN allocation).
 	GatheringMS Stats
+	// The same phases from the answer's arrival (each call's phase minus
+	// its SignalingMS), in ms.
+	ICEFromAnswerMS, DTLSFromAnswerMS, FirstAudioBackendFromAnswerMS, FirstAudioClientFromAnswerMS Stats
 	// RTTs is the median FirstAudioBackendMS in round trips.
 	RTTs float64
 	// Expected is the round-trip model for this path and role.
@@ -258,8 +315,11 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 	for _, p := range opts.Paths {
 		for _, role := range opts.DTLSRoles {
 			exp := expected(p, role, !opts.ClientSkipHelloVerify)
-			if opts.Client == ClientChromium {
-				exp = expectedChromium(p)
+			switch opts.Client {
+			case ClientChromium:
+				exp = expectedChromium(p, role)
+			case ClientFirefox:
+				exp = expectedFirefox(p, role)
 			}
 			results = append(results, Result{Path: p, DTLSRole: role, Client: opts.Client, Expected: exp})
 		}
@@ -280,6 +340,24 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 		env.defer_(b.close)
 		for i := range results {
 			results[i].Client = b.version
+		}
+	}
+	if opts.Client == ClientFirefox {
+		d, err := startFirefox(log)
+		if note := firefoxSkip(err); note != "" {
+			for i := range results {
+				results[i].Note = note
+			}
+			log.Warn("firefox cannot run here; every path skipped", "err", err)
+			return results, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		env.firefox, env.host = d, d.ns.HostIP
+		env.defer_(d.close)
+		for i := range results {
+			results[i].Client = d.version
 		}
 	}
 	for i := range results {
@@ -344,6 +422,10 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 		r.FirstAudioBackendMS = pick(func(s sample) float64 { return s.backend })
 		r.FirstAudioClientMS = pick(func(s sample) float64 { return s.client })
 		r.GatheringMS = pick(func(s sample) float64 { return s.gathering })
+		r.ICEFromAnswerMS = pick(func(s sample) float64 { return s.ice - s.signaling })
+		r.DTLSFromAnswerMS = pick(func(s sample) float64 { return s.dtls - s.signaling })
+		r.FirstAudioBackendFromAnswerMS = pick(func(s sample) float64 { return s.backend - s.signaling })
+		r.FirstAudioClientFromAnswerMS = pick(func(s sample) float64 { return s.client - s.signaling })
 		r.RTTs = r.FirstAudioBackendMS.RTTs(opts.RTT)
 	}
 	return results, nil
@@ -354,9 +436,13 @@ func (e *env) call(ctx context.Context, st *stack) (sample, error) {
 	if e.browser != nil {
 		return e.callChromium(ctx, st)
 	}
+	if e.firefox != nil {
+		return e.callFirefox(ctx, st)
+	}
 	rep, err := callclient.Run(ctx, callclient.Options{
 		URL:           st.url,
 		Audio:         e.audio,
+		Duration:      e.opts.Audio,
 		Timeout:       e.opts.CallTimeout,
 		Logger:        e.clientLog,
 		SettingEngine: e.clientEngine(),

@@ -68,10 +68,10 @@ func TestOptions(t *testing.T) {
 
 func TestStats(t *testing.T) {
 	s := newStats([]float64{5, 1, 4, 2, 3, 10, 6, 7, 8, 9})
-	if s.Median != 5.5 || s.P90 != 9 || s.Min != 1 {
+	if s.Median != 5.5 || s.P90 != 9 || s.Min != 1 || s.Max != 10 {
 		t.Errorf("%+v", s)
 	}
-	if s := newStats([]float64{3}); s != (Stats{3, 3, 3}) {
+	if s := newStats([]float64{3}); s != (Stats{3, 3, 3, 3}) {
 		t.Errorf("%+v", s)
 	}
 	if s.RTTs(0) != 0 || (Stats{Median: 100}).RTTs(50*time.Millisecond) != 2 {

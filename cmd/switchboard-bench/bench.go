@@ -129,11 +129,14 @@ func runBenchSetup(ctx context.Context, args []string, stdout, stderr io.Writer)
 	paths := fs.String("paths", "", "comma-separated paths: direct, relay, global, turn (default all)")
 	roles := fs.String("roles", "", "comma-separated transceiver DTLS roles: client, server (default both)")
 	skipHVR := fs.Bool("client-skip-hello-verify", false, "the client, as DTLS server, sends no HelloVerifyRequest (as browsers)")
-	client := fs.String("client", setupbench.ClientPion, "client: pion (callclient) or chromium (headless Chromium running the demo page)")
+	client := fs.String("client", setupbench.ClientPion, "client: pion (callclient), chromium (headless Chromium running the demo page) or firefox (headless Firefox ESR running it, in a network namespace: needs root)")
+	loss := fs.Float64("loss", 0, "probability (0-1) that the media proxy drops a datagram, each way")
+	dropFlight := fs.String("drop-flight", "", "drop each call's first DTLS datagram: to_client or to_server (not on the turn path)")
+	audio := fs.Duration("audio", 300*time.Millisecond, "audio the Pion client sends per call (longer under loss: see bench/setup Options.Audio)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	opts := setupbench.Options{RTT: *rtt, Runs: *runs, ClientSkipHelloVerify: *skipHVR, Client: *client,
+	opts := setupbench.Options{RTT: *rtt, Runs: *runs, ClientSkipHelloVerify: *skipHVR, Client: *client, Loss: *loss, DropFlight: *dropFlight, Audio: *audio,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	if *paths != "" {
 		opts.Paths = strings.Split(*paths, ",")

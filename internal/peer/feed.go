@@ -5,7 +5,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pion/transport/v5/deadline"
@@ -49,6 +51,218 @@ type feed struct {
 	// (a retransmitted Finished, when the first was lost) still reach
 	// DTLS: waiting at the head of the queue would hold them up for good.
 	held [][]byte
+
+	rtx pacing // the handshake's retransmissions (pacing)
+
+	// The first flight (resendFirst). heard is set by the read loop once
+	// any DTLS from the client has come; fmu guards the rest: first, the
+	// datagrams written before that (the ClientHello, when the session is
+	// the DTLS client), firstKeys the handshake fragment each starts
+	// with, and resends, how many times they were sent again.
+	heard       atomic.Bool
+	resendDelay time.Duration // resendDelay, or SessionConfig.resendDelay; set once
+	fmu         sync.Mutex
+	first       [][]byte
+	firstKeys   []uint64
+	resends     int
+}
+
+// Retransmission pacing.
+//
+// The handshake library retransmits a flight when its timer, set to the
+// session's retransmission timeout (flightInterval), expires, and, with
+// its backoff off, every timeout after that; pacing decides which of those
+// go. A burst of writes (those within a quarter of the timeout of its
+// first: the library's ticks come a timeout apart) after the client's DTLS
+// has come is a new flight and goes; a burst with no DTLS from the client
+// since the last one is a retransmission, which goes only once the gap
+// since the last one has passed: the timeout, then twice it, and twice it
+// again at most (maxRetransmitGap), never more than maxRetransmits times
+// per flight. RFC 6347 §4.2.4.1 doubles up to 60 s; a voice call that
+// loses a third of its datagrams then waits seconds for its setup, so the
+// gaps stop growing at twice the timeout (with 50 ms of round trip, a
+// flight goes again 0.14, 0.42, 0.70, 0.98… s after it first left) and the
+// count bounds what a client that went away is sent: 16 copies of a flight
+// of a few kilobytes.
+
+// maxRetransmits bounds the retransmissions of one flight (pacing).
+const maxRetransmits = 16
+
+// pacing holds back the handshake library's retransmissions beyond the
+// schedule above. Its zero value lets everything go (no timeout set).
+type pacing struct {
+	mu         sync.Mutex
+	timeout    time.Duration // the library's interval; 0: no pacing
+	heardSince bool          // DTLS came from the client since the last burst
+	bursts     int           // bursts written so far
+	burstAt    time.Time     // the current burst's first write
+	drop       bool          // the current burst is held back
+	n          int           // retransmissions of the current flight let go
+	gap        time.Duration // the gap before the next may go
+	last       time.Time     // when the last burst that went left
+}
+
+// start sets the library's retransmission interval, before the handshake.
+func (p *pacing) start(timeout time.Duration) {
+	p.mu.Lock()
+	p.timeout = timeout
+	p.mu.Unlock()
+}
+
+// heard notes DTLS from the client (the read loop, during the handshake).
+func (p *pacing) heard() {
+	p.mu.Lock()
+	p.heardSince = true
+	p.mu.Unlock()
+}
+
+// suppress reports whether a write at now is part of a retransmission
+// that is held back.
+func (p *pacing) suppress(now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.timeout <= 0 {
+		return false
+	}
+	if p.bursts > 0 && now.Sub(p.burstAt) <= p.timeout/4 {
+		return p.drop // the rest of the burst shares its fate
+	}
+	p.burstAt = now
+	p.bursts++
+	if p.bursts == 1 || p.heardSince {
+		// A new flight.
+		p.heardSince, p.drop, p.n, p.gap, p.last = false, false, 0, p.timeout, now
+		return false
+	}
+	// The library's timer: a retransmission. A tick comes every timeout;
+	// one that is a little early for the gap (timer slack) still counts.
+	if p.n == maxRetransmits || now.Sub(p.last) < p.gap-p.timeout/4 {
+		p.drop = true
+		return true
+	}
+	p.n++
+	p.last, p.drop = now, false
+	p.gap = min(2*p.gap, maxRetransmitGap(p.timeout))
+	return false
+}
+
+// maxRetransmitGap is the longest gap between two retransmissions of a
+// flight: twice the timeout.
+func maxRetransmitGap(timeout time.Duration) time.Duration { return 2 * timeout }
+
+// The first flight.
+//
+// The DTLS client's first flight, its ClientHello, leaves right after the
+// answer to the session's first authenticated check. A client that drops
+// DTLS arriving before its ICE layer has taken that answer (Firefox), or a
+// lost datagram, would leave it to the DTLS retransmission timer. So, until
+// the client has sent any DTLS, each later fresh check from the selected
+// address (Chromium nominates on its next check, tens of milliseconds
+// later; Pion's consent checks follow) sends the same datagrams again, byte
+// for byte, unless the client's DTLS comes within resendDelay: a client that had them drops the copy as a replay (RFC 6347
+// §4.1.2.6), and nothing the handshake library keeps changes. maxResends
+// bounds the copies, so a client, or whoever replays its checks from its
+// address, gets at most that many more datagrams of the session's first
+// flight; a replayed check (a recent transaction ID) earns none.
+
+// maxResends bounds the re-sends of the first flight.
+const maxResends = 3
+
+// maxFirst bounds the datagrams of the first flight kept: a ClientHello
+// with a post-quantum key share spans two at the usual MTU.
+const maxFirst = 4
+
+// firstKey names the handshake fragment a datagram starts with, if it is
+// a plaintext DTLS handshake record (RFC 6347 §4.1 and §4.2.2: content
+// type 22, epoch 0; the handshake header's type, message_seq and
+// fragment_offset follow the 13-byte record header), so that the handshake
+// library's own retransmissions of a fragment already kept are told apart.
+func firstKey(b []byte) (uint64, bool) {
+	if len(b) < 13+12 || b[0] != 22 || b[3] != 0 || b[4] != 0 {
+		return 0, false
+	}
+	h := b[13:]
+	typ, seq, off := uint64(h[0]), uint64(h[4])<<8|uint64(h[5]), uint64(h[6])<<16|uint64(h[7])<<8|uint64(h[8])
+	return typ<<48 | seq<<24 | off, true
+}
+
+// keepFirst keeps b as part of the first flight if no DTLS has come from
+// the client yet. The handshake's goroutine (WriteTo).
+func (f *feed) keepFirst(b []byte) {
+	if f.heard.Load() {
+		return
+	}
+	k, ok := firstKey(b)
+	if !ok {
+		return
+	}
+	f.fmu.Lock()
+	defer f.fmu.Unlock()
+	if len(f.first) == maxFirst || slices.Contains(f.firstKeys, k) {
+		return
+	}
+	f.first = append(f.first, bytes.Clone(b))
+	f.firstKeys = append(f.firstKeys, k)
+}
+
+// resendFirst sends the first flight to addr again, resendDelay from now,
+// if no DTLS has come from the client by then and it has been sent again
+// fewer than maxResends times. The read loop, after answering a fresh
+// check from the selected address.
+//
+// The wait: a client that took the first flight answers it with its own
+// while it goes on checking, and its answer often comes right behind a
+// check (Firefox checks again as its first check succeeds, and its
+// ServerHello follows that check within microseconds); a copy sent at once
+// would be answered by the client with its flight again (a repeated
+// ClientHello asks for that), a datagram of about 700 bytes each way for
+// nothing.
+func (f *feed) resendFirst(addr netip.AddrPort) {
+	if f.heard.Load() {
+		return
+	}
+	f.fmu.Lock()
+	if len(f.first) == 0 || f.resends == maxResends {
+		f.fmu.Unlock()
+		return
+	}
+	f.resends++
+	again := f.first // never changed in place: keepFirst appends, forgetFirst drops
+	f.fmu.Unlock()
+	send := func() {
+		if f.heard.Load() || f.isClosed() {
+			return
+		}
+		for _, b := range again {
+			_, _ = f.s.e.conn.WriteToAddrPort(b, addr)
+		}
+	}
+	if f.resendDelay <= 0 {
+		send()
+		return
+	}
+	time.AfterFunc(f.resendDelay, send)
+}
+
+// resendDelay is how long resendFirst waits for the client's DTLS before
+// it sends the first flight again: more than a client takes between two
+// datagrams it sends together, under a packet time.
+const resendDelay = 10 * time.Millisecond
+
+func (f *feed) isClosed() bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// forgetFirst lets the first flight go, once the handshake has ended.
+func (f *feed) forgetFirst() {
+	f.fmu.Lock()
+	f.first, f.firstKeys = nil, nil
+	f.fmu.Unlock()
 }
 
 // maxHeld bounds the application-data datagrams held for the end of the
@@ -64,8 +278,12 @@ func newFeed(s *Session) *feed {
 	return &feed{s: s, notify: make(chan struct{}, 1), done: make(chan struct{}), rdline: deadline.New(), ready: make(chan struct{})}
 }
 
-// handshaken releases application data held for the end of the handshake.
-func (f *feed) handshaken() { f.readyOnce.Do(func() { close(f.ready) }) }
+// handshaken releases application data held for the end of the handshake,
+// and the first flight.
+func (f *feed) handshaken() {
+	f.readyOnce.Do(func() { close(f.ready) })
+	f.forgetFirst()
+}
 
 // push queues a copy of b and reports whether it fit. Read loop only.
 func (f *feed) push(b []byte) bool {
@@ -73,6 +291,12 @@ func (f *feed) push(b []byte) bool {
 	case <-f.done:
 		return true // closed: nothing reads, nothing to count
 	default:
+	}
+	if !f.heard.Load() {
+		f.heard.Store(true)
+	}
+	if !f.isReady() {
+		f.rtx.heard()
 	}
 	f.mu.Lock()
 	if f.qBytes+len(b) > dtlsQueueBytes {
@@ -169,6 +393,10 @@ func (f *feed) WriteTo(p []byte, _ net.Addr) (int, error) {
 	a := f.s.remote()
 	if !a.IsValid() {
 		return 0, errNoAddress
+	}
+	f.keepFirst(p)
+	if !f.isReady() && f.rtx.suppress(time.Now()) {
+		return len(p), nil // a retransmission the pacing holds back
 	}
 	return f.s.e.conn.WriteToAddrPort(p, a)
 }

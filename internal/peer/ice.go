@@ -17,11 +17,14 @@ import (
 // (short-term credentials, RFC 8489 §9.1) and a FINGERPRINT (RFC 8445 §7.3).
 // The answer is a Binding success response with XOR-MAPPED-ADDRESS, signed
 // with the same pwd and fingerprinted. A valid check teaches the Endpoint
-// the client's address (later DTLS and SRTP from it go to the session);
-// the first one, or a nominating one (USE-CANDIDATE, the controlling
-// client's choice of pair, RFC 8445 §8.1.1), selects its address, the one
-// the session sends to, and the first nomination connects the session
-// (Session.checked). Once the client's media has begun, a check from
+// the client's address (later DTLS and SRTP from it go to the session,
+// nominated or not); the first one, or a nominating one (USE-CANDIDATE,
+// the controlling client's choice of pair, RFC 8445 §8.1.1), selects its
+// address, the one the session sends to. The first one starts the DTLS
+// handshake right after its answer (Session.checked), the first
+// nomination reports ICE connected. While the client has sent no DTLS, a
+// later fresh check from the selected address re-sends the session's first
+// DTLS flight (feed.resendFirst), a bounded number of times. Once the client's media has begun, a check from
 // another address only makes it a candidate for a short while
 // (candidateTTL), which the client's SRTP from it confirms: a replayed
 // check, however old, moves nothing by itself (session.go, "Path
@@ -101,10 +104,11 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 	// its address a candidate for candidateTTL. A fresh check is taken before it is
 	// answered, so that a client (or a test) that has the answer finds
 	// the session already moved.
-	start := false
+	start, nominatedFirst, fresh := false, false, false
 	if !s.replayed(m.TransactionID) {
+		fresh = true
 		e.learn(s, addr)
-		start = s.checked(addr, use, cred)
+		start, nominatedFirst = s.checked(addr, use, cred)
 	}
 
 	res := &rd.res
@@ -121,10 +125,23 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 	if err == nil {
 		_, _ = e.conn.WriteToAddrPort(res.Raw, addr)
 	}
-	if start {
-		// After the answer: the client's ICE connects on it, and
-		// DTLS that came before might be dropped.
-		s.connectICE()
+	switch {
+	case start:
+		// After the answer: the client's ICE is up once it has it, and
+		// a client that drops DTLS before (Firefox) takes the
+		// ClientHello that follows.
+		s.startHandshake()
+	case fresh && addr == s.remote():
+		// A later fresh check from the selected address, while the
+		// client has sent no DTLS: its first flight (the ClientHello)
+		// may have been lost or dropped, so it goes again shortly,
+		// unless the client's DTLS comes first, at most maxResends
+		// times (feed.resendFirst). A replayed check earns its Binding
+		// response only.
+		s.dtls.resendFirst(addr)
+	}
+	if nominatedFirst {
+		s.state(StateICEConnected)
 	}
 }
 

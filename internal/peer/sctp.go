@@ -55,6 +55,8 @@ func (s *Session) serveSCTP(conn net.Conn) {
 	}
 	s.assoc = assoc
 	s.mu.Unlock()
+	s.sctpUp.Store(true)
+	s.state(StateSCTPConnected)
 	for {
 		dc, err := datachannel.Accept(assoc, &datachannel.Config{LoggerFactory: s.e.cfg.LoggerFactory})
 		if err != nil {

@@ -68,9 +68,16 @@ const (
 	// StateClosed: the client closed the DTLS association (close_notify or
 	// a fatal alert). Final.
 	StateClosed
+	// StateChecked: the session's first authenticated check (USERNAME,
+	// MESSAGE-INTEGRITY and FINGERPRINT verified) arrived and was answered;
+	// the DTLS handshake starts now, before any nomination. Once.
+	StateChecked
+	// StateSCTPConnected: the SCTP association for data channels is up
+	// (SessionConfig.Data), after StateConnected. Once.
+	StateSCTPConnected
 )
 
-var stateNames = [...]string{"", "ice_connected", "disconnected", "failed", "dtls_connected", "dtls_failed", "connected", "closed"}
+var stateNames = [...]string{"", "ice_connected", "disconnected", "failed", "dtls_connected", "dtls_failed", "connected", "closed", "checked", "sctp_connected"}
 
 // String returns the state's name, e.g. "ice_connected".
 func (s State) String() string {
@@ -108,9 +115,9 @@ type SessionConfig struct {
 	// handshake and LocalSCTPInit gives the answer's. Nil: none.
 	RemoteSCTPInit []byte
 	// HandshakeTimeout bounds the DTLS handshake, from the first
-	// nomination; past it the session reports StateDTLSFailed. Default
-	// 30 s (about when RFC 6347 §4.2.4.1's retransmissions, doubling
-	// from 1 s, would have given up).
+	// authenticated check; past it the session reports StateDTLSFailed.
+	// Default 30 s (about when RFC 6347 §4.2.4.1's retransmissions,
+	// doubling from 1 s, would have given up).
 	HandshakeTimeout time.Duration
 	// DisconnectedTimeout and FailedTimeout bound the client's silence
 	// (RFC 7675); 0 disables either.
@@ -140,6 +147,11 @@ type SessionConfig struct {
 
 	// candidateTTL, if not 0, replaces candidateTTL (tests).
 	candidateTTL time.Duration
+	// flightInterval, if not 0, replaces the DTLS retransmission timeout
+	// the session computes (Session.flightInterval; tests).
+	flightInterval time.Duration
+	// resendDelay, if not 0, replaces resendDelay; negative: none (tests).
+	resendDelay time.Duration
 }
 
 // credentials are a session's current ICE credentials.
@@ -165,7 +177,13 @@ type Session struct {
 	cred     atomic.Pointer[credentials]
 	addr     atomic.Pointer[netip.AddrPort] // the selected client address; nil until the first check
 	lastSeen atomic.Int64                   // unix ns of the last authenticated datagram
-	iceUp    atomic.Bool                    // a valid check came; run started
+	started  atomic.Bool                    // the first authenticated check came; run started
+	iceUp    atomic.Bool                    // the first nomination came (StateICEConnected)
+	answered atomic.Int64                   // unix ns the answer left (Answered); 0: not told
+	checkAt  atomic.Int64                   // unix ns of the first authenticated check; 0: none yet
+	nomAt    atomic.Int64                   // unix ns of the first nomination; 0: none yet
+	dtlsAt   atomic.Int64                   // unix ns the DTLS handshake completed; 0: not yet
+	sctpUp   atomic.Bool                    // the SCTP association is up
 	keys     atomic.Pointer[srtpKeys]
 	media    atomic.Bool // SRTP or SRTCP from the client has authenticated
 	closing  atomic.Bool
@@ -240,6 +258,10 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.dtls = newFeed(s)
+	s.dtls.resendDelay = resendDelay
+	if cfg.resendDelay != 0 {
+		s.dtls.resendDelay = cfg.resendDelay
+	}
 	s.cred.Store(&credentials{localUfrag: cfg.LocalUfrag, remoteUfrag: cfg.RemoteUfrag, integrity: stun.NewShortTermIntegrity(cfg.LocalPwd)})
 	if cfg.Data && len(cfg.RemoteSCTPInit) > 0 {
 		snap, err := sctp.GenerateOutOfBandToken(s.sctpOptions(nil)...)
@@ -309,15 +331,20 @@ func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
 //
 // The selected address is where the session sends (RemoteAddr). The first
 // valid check selects its address, so that the session can answer and
-// send. What moves the media after that depends on whether the client's
-// media has begun (SRTP or SRTCP from it has authenticated):
+// send (its DTLS handshake starts there, checked). What moves the media
+// after that depends on whether the client's media has begun (SRTP or
+// SRTCP from it has authenticated) and the client has nominated:
 //
-//   - Before: a nominating check (USE-CANDIDATE, which the controlling
+//   - Before either: a nominating check (USE-CANDIDATE, which the controlling
 //     client sends on the pair it chose, RFC 8445 §8.1.1) moves the media
 //     at once, a lite agent's selected pair being the nominated one (RFC
 //     8445 §8.2), MoveNominated. There is no media to take yet: DTLS is
-//     still starting, or the client sends data channels only.
-//   - After: a fresh check from another address, nominating or not, only
+//     still starting, or the client sends data channels only. The first
+//     nomination moves the media even when the client's media began
+//     before it (DTLS done before the nomination, below ~48 ms of RTT with
+//     Chromium, which nominates on a later check): no nomination came
+//     before it to be replayed.
+//   - After both: a fresh check from another address, nominating or not, only
 //     makes that address a candidate for candidateTTL (a nominating one is
 //     counted, MoveDeferred); the media moves there with the first SRTP or
 //     SRTCP from it within that time that authenticates and passes the
@@ -349,19 +376,25 @@ func (s *Session) replayed(id [stun.TransactionIDSize]byte) bool {
 // An ICE restart (Restart) voids the old generation's candidates.
 
 // checked handles a valid, fresh check from addr of the credentials cred
-// (ice.go) and reports whether it is the first nomination, for which the
-// caller calls connectICE once it has answered. Read loop.
+// (ice.go). It reports whether this is the session's first authenticated
+// check, for which the caller starts the DTLS handshake once it has
+// answered (startHandshake), and whether it is the first nomination, for
+// which it reports StateICEConnected. Read loop.
 //
-// The first nomination connects ICE: the DTLS handshake starts then, as a
-// full agent's would on its selected pair.
-func (s *Session) checked(addr netip.AddrPort, nominated bool, cred *credentials) (first bool) {
+// The handshake starts on the first authenticated check, not on the
+// nomination: a lite agent has no pair to choose, the check has proved
+// the client holds the pwd and can be reached at addr, and a client that
+// nominates on a later check (regular nomination: Chromium and Pion, RFC
+// 8445 §8.1.1) would otherwise wait a check interval and a round trip more.
+// The nomination still decides where the session sends ("Path selection").
+func (s *Session) checked(addr netip.AddrPort, nominated bool, cred *credentials) (first, firstNomination bool) {
 	cur := s.remote()
 	switch {
 	case !cur.IsValid():
 		s.selectAddr(addr)
 		cur = addr
 	case cur == addr:
-	case !s.media.Load():
+	case !s.media.Load() || !s.iceUp.Load():
 		if nominated {
 			s.selectAddr(addr)
 			cur = addr
@@ -379,13 +412,21 @@ func (s *Session) checked(addr netip.AddrPort, nominated bool, cred *credentials
 	if s.cfg.OnCheck != nil {
 		s.cfg.OnCheck(addr, nominated)
 	}
-	if !nominated || s.iceUp.Load() {
-		return false
+	if nominated && !s.iceUp.Load() {
+		if firstNomination = !s.iceUp.Swap(true); firstNomination {
+			s.nomAt.Store(time.Now().UnixNano())
+		}
+	}
+	if s.started.Load() {
+		return false, firstNomination
 	}
 	s.mu.Lock()
-	start := !s.closing.Load() && !s.iceUp.Swap(true)
+	first = !s.closing.Load() && !s.started.Swap(true)
 	s.mu.Unlock()
-	return start
+	if first {
+		s.checkAt.Store(time.Now().UnixNano())
+	}
+	return first, firstNomination
 }
 
 // selectAddr makes a the selected address. (Its own function, so that
@@ -460,16 +501,105 @@ func (s *Session) authenticated(from netip.AddrPort) {
 	}
 }
 
-// connectICE reports ICE connected and starts the session's goroutine
-// (run), after the first nominating check. Read loop.
-func (s *Session) connectICE() {
-	s.state(StateICEConnected)
+// startHandshake reports StateChecked and starts the session's goroutine
+// (run), which starts the DTLS handshake, after the first authenticated
+// check has been answered. Read loop.
+func (s *Session) startHandshake() {
+	s.state(StateChecked)
 	go s.run()
+}
+
+// Answered records at as when the session's answer left (the signaling
+// response was written). The first authenticated check then comes a round
+// trip and the client's processing later, which bounds the path's round
+// trip from above before any DTLS: the handshake's first retransmission
+// timeout is taken from it (flightInterval). Call it once, before the
+// client can have the answer; a session not told retransmits after 1 s
+// (RFC 6347 §4.2.4.1).
+func (s *Session) Answered(at time.Time) { s.answered.Store(at.UnixNano()) }
+
+// SetupRTT returns the time from Answered to the first authenticated
+// check, the bound of the round trip the handshake retransmits on, and
+// whether both have happened.
+func (s *Session) SetupRTT() (time.Duration, bool) {
+	a, c := s.answered.Load(), s.checkAt.Load()
+	if a == 0 || c == 0 || c < a {
+		return 0, false
+	}
+	return time.Duration(c - a), true
+}
+
+// SetupPhase is how far a session's setup has come (Session.SetupPhase):
+// where a setup that failed stopped.
+type SetupPhase uint8
+
+// Setup phases, in order.
+const (
+	// SetupNoCheck: no authenticated check has come (a firewall, a wrong
+	// address in the answer, a client that never applied it).
+	SetupNoCheck SetupPhase = iota
+	// SetupNoDTLS: authenticated checks came, and no DTLS from the client:
+	// its DTLS did not start, or was lost both ways.
+	SetupNoDTLS
+	// SetupDTLS: DTLS came from the client, and the handshake has not
+	// completed (a lossy path, a failed handshake).
+	SetupDTLS
+	// SetupConnected: the handshake completed and SRTP has keys; the SCTP
+	// association, if the session has one, is not up.
+	SetupConnected
+	// SetupSCTP: the SCTP association is up too.
+	SetupSCTP
+)
+
+var setupPhaseNames = [...]string{"no_check", "no_dtls", "dtls", "connected", "sctp"}
+
+// String returns the phase's name, e.g. "no_dtls".
+func (p SetupPhase) String() string {
+	if int(p) < len(setupPhaseNames) {
+		return setupPhaseNames[p]
+	}
+	return "unknown"
+}
+
+// SetupPhase returns how far the session's setup has come.
+func (s *Session) SetupPhase() SetupPhase {
+	switch {
+	case s.sctpUp.Load():
+		return SetupSCTP
+	case s.keys.Load() != nil:
+		return SetupConnected
+	case s.dtls.heard.Load():
+		return SetupDTLS
+	case s.checkAt.Load() != 0:
+		return SetupNoDTLS
+	}
+	return SetupNoCheck
+}
+
+// SetupTimes are when a session's setup milestones happened; a zero time
+// has not happened yet.
+type SetupTimes struct {
+	// Answered is what Session.Answered was given.
+	Answered time.Time
+	// Checked is the first authenticated check; Nominated the first
+	// nomination (USE-CANDIDATE); DTLS the handshake's completion.
+	Checked, Nominated, DTLS time.Time
+}
+
+// SetupTimes returns the session's setup milestones.
+func (s *Session) SetupTimes() SetupTimes {
+	at := func(ns int64) time.Time {
+		if ns == 0 {
+			return time.Time{}
+		}
+		return time.Unix(0, ns)
+	}
+	return SetupTimes{Answered: at(s.answered.Load()), Checked: at(s.checkAt.Load()), Nominated: at(s.nomAt.Load()), DTLS: at(s.dtlsAt.Load())}
 }
 
 // checkConsent reports the client's silence (the sweeper, peer.go).
 func (s *Session) checkConsent(now time.Time) {
-	if !s.iceUp.Load() || s.failed || s.closing.Load() {
+	if !s.started.Load() || s.failed || s.closing.Load() {
 		return
 	}
 	silent := now.Sub(time.Unix(0, s.lastSeen.Load()))
@@ -535,7 +665,7 @@ func (s *Session) Close() error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
 		s.closing.Store(true)
-		assoc, conn, started := s.assoc, s.conn, s.iceUp.Load()
+		assoc, conn, started := s.assoc, s.conn, s.started.Load()
 		s.mu.Unlock()
 		s.cancel()
 		if assoc != nil {
@@ -566,7 +696,7 @@ func (s *Session) Close() error {
 // Done is closed when the session is closed (Close).
 func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
 
-// run drives the session after its first valid check: the DTLS handshake,
+// run drives the session after its first authenticated check: the DTLS handshake,
 // SRTP keys, then the SCTP association and its data channels until DTLS
 // ends.
 func (s *Session) run() {
@@ -579,6 +709,7 @@ func (s *Session) run() {
 		}
 		return
 	}
+	s.dtlsAt.Store(time.Now().UnixNano())
 	s.state(StateDTLSConnected)
 	if err := s.startSRTP(conn); err != nil {
 		if !s.closing.Load() {

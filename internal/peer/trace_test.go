@@ -193,8 +193,8 @@ func sessionNow(s *Session) string {
 	learned := slices.Clone(s.learned)
 	s.e.mu.RUnlock()
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "session now: ice up %v, dtls conn %v, handshake ended %v, keys %v, media %v, silent for %v, remote %v, learned %v, dtls queued %d\n",
-		s.iceUp.Load(), conn != nil, s.dtls.isReady(), s.keys.Load() != nil, s.media.Load(),
+	fmt.Fprintf(&sb, "session now: started %v, ice up %v, dtls conn %v, handshake ended %v, keys %v, media %v, silent for %v, remote %v, learned %v, dtls queued %d\n",
+		s.started.Load(), s.iceUp.Load(), conn != nil, s.dtls.isReady(), s.keys.Load() != nil, s.media.Load(),
 		time.Since(time.Unix(0, s.lastSeen.Load())).Round(time.Millisecond), s.remote(), learned, queued)
 	fmt.Fprintf(&sb, "endpoint drops:")
 	for r, n := range s.e.Drops() {

@@ -17,6 +17,9 @@ type metrics struct {
 	connect         prometheus.Histogram
 	// setup is the time from the offer to each setup phase.
 	setup *prometheus.HistogramVec
+	// setupPhase is each setup phase's time from the end of the previous
+	// one (setup.go).
+	setupPhase *prometheus.HistogramVec
 	// setupFailures counts sessions that failed a setup phase, by reason.
 	setupFailures *prometheus.CounterVec
 	// Call quality from the client's RTCP receiver reports (RFC 3550 §6.4.1)
@@ -70,6 +73,10 @@ const (
 // setupBuckets span 1 ms to ~4 s, in seconds.
 var setupBuckets = prometheus.ExponentialBuckets(0.001, 2, 13)
 
+// setupPhaseBuckets span 1 ms to ~16 s: a phase under loss waits for
+// retransmissions.
+var setupPhaseBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
+
 func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		sessionsStarted: prometheus.NewCounter(prometheus.CounterOpts{
@@ -93,8 +100,11 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		setup: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_setup_seconds", Help: "Time from offer received to each setup phase: ice, dtls, first_audio (at the backend).", Buckets: setupBuckets,
 		}, []string{"phase"}),
+		setupPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_setup_phase_seconds", Help: "Time of each setup phase from the end of the previous one: check (answer sent to the first authenticated check), dtls (to the DTLS handshake done), first_audio (to the first client audio at the backend).", Buckets: setupPhaseBuckets,
+		}, []string{"phase"}),
 		setupFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_setup_failures_total", Help: "Sessions that failed during setup, by phase (ice, dtls, connect) and reason (failed, timeout, no_check).",
+			Name: "switchboard_transceiver_setup_failures_total", Help: "Sessions whose setup failed, by where it stopped: ice no_check (no authenticated check), ice failed (checks stopped), dtls no_dtls (checks, no DTLS from the client), dtls timeout (handshake incomplete), dtls failed, sctp timeout (connected, data channels' SCTP not up; the session goes on).",
 		}, []string{"phase", "reason"}),
 		rtt: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_rtt_seconds", Help: "Round-trip time to clients, from RTCP receiver reports (LSR/DLSR, RFC 3550 6.4.1).",
@@ -165,7 +175,6 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for _, r := range []string{refusedPendingClient, refusedPendingTotal, refusedCapacity, refusedDraining} {
 		m.offersRefused.WithLabelValues(r)
 	}
-	m.setupFailures.WithLabelValues(phaseICE, "no_check")
 	for _, st := range []string{"disconnected", "connected"} {
 		m.clientConnection.WithLabelValues(st)
 	}
@@ -193,8 +202,11 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for _, ph := range []string{phaseICE, phaseDTLS, phaseFirstAudio} {
 		m.setup.WithLabelValues(ph)
 	}
-	for _, f := range [][2]string{{phaseICE, "failed"}, {phaseDTLS, "failed"}, {"connect", "timeout"}} {
+	for _, f := range setupFailureLabels {
 		m.setupFailures.WithLabelValues(f[0], f[1])
+	}
+	for _, ph := range []string{phaseCheck, phaseDTLS, phaseFirstAudio} {
+		m.setupPhase.WithLabelValues(ph)
 	}
 	for _, op := range []string{"dial", "send", "recv"} {
 		m.bridgeErrors.WithLabelValues(op)
@@ -228,7 +240,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		return float64(s.sockDrops.Load())
 	})
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
-		m.setup, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
+		m.setup, m.setupPhase, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
 		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped)
 	return m
 }

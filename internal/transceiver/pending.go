@@ -139,8 +139,7 @@ func (sess *session) watchChecks() {
 		if sess.peer.RemoteAddr().IsValid() || sess.ending.Load() {
 			return
 		}
-		sess.srv.metrics.setupFailures.WithLabelValues(phaseICE, "no_check").Inc()
-		sess.log.Info("no authenticated connectivity check in time", "timeout", sess.srv.cfg.CheckTimeout)
+		sess.setupFailed(phaseICE, failNoCheck) // logged, rate-limited: a firewall fails every call
 		sess.end(ReasonNoCheck)
 	})
 }

@@ -82,6 +82,7 @@ type Server struct {
 	cancel  context.CancelFunc
 
 	sockDrops atomic.Uint64 // the socket's kernel drops at the last scrape (metrics.go)
+	setupLog  setupLog      // rate-limits the setup-failure log lines (setup.go)
 
 	mu       sync.Mutex
 	sessions map[string]*session // guarded by mu
@@ -294,6 +295,9 @@ func (s *Server) offer(ctx context.Context, req offerRequest) (id, answer string
 		return "", "", err
 	}
 	held = false // the session holds it now, until it connects or ends
+	// The answer leaves now: its first check's arrival bounds the round
+	// trip the DTLS handshake retransmits on (peer.Session.Answered).
+	sess.peer.Answered(time.Now())
 	s.metrics.signaling.Observe(time.Since(start).Seconds())
 	return sess.id, answer, nil
 }

@@ -83,6 +83,13 @@ type session struct {
 	ending                 atomic.Bool   // set when end starts: bridge errors after it are the teardown's
 	dropped                atomic.Uint64 // backend messages that could not be delivered to the client
 
+	// Set once (setup.go): wantSCTP, the offer has data channels, so the
+	// setup waits for their SCTP association; peerSet, closed once peer
+	// is set, which the peer session's callbacks read only after it
+	// (peerSession).
+	wantSCTP bool
+	peerSet  chan struct{}
+
 	// imu serializes ICE restarts (restart.go) and guards the ICE
 	// session's identity: its local ufrag (a routing token) and its
 	// generation, which the ETag names.
@@ -106,7 +113,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	}
 	id := newSessionID()
 	sctx, cancel := context.WithCancel(s.ctx)
-	sess := &session{id: id, owner: owner, ufrag: ufrag, iceGen: 1, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel}
+	sess := &session{id: id, owner: owner, ufrag: ufrag, iceGen: 1, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel, peerSet: make(chan struct{})}
 	sess.pendingKey = info.client
 	sess.pendingHeld.Store(true)
 	sess.ingress = s.cfg.advertise
@@ -164,6 +171,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		sess.setup = "passive"
 	}
 	sess.offer, sess.lastOffer = o, offer
+	sess.wantSCTP = o.Data >= 0
 	sess.opusPT = o.Sections[o.Audio].OpusPT
 	sess.outSSRC, sess.cname = randomSSRC(), newSessionID()
 	sess.reports.SetCNAME(sess.cname) // RFC 3550 §6.1: SDES CNAME in each compound
@@ -187,6 +195,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	if sess.peer, err = s.peer.NewSession(pcfg); err != nil {
 		return fail(err)
 	}
+	close(sess.peerSet)
 	answer, err := sess.answer(o, ufrag, pwd)
 	if err != nil {
 		return fail(err)
@@ -339,7 +348,9 @@ func (sess *session) fromClient() {
 		}
 		sess.srv.probe.toBackend.leave(pkt.SSRC, pkt.SequenceNumber)
 		if !sess.audioUp.Swap(true) {
-			sess.srv.metrics.setup.WithLabelValues(phaseFirstAudio).Observe(time.Since(sess.created).Seconds())
+			now := time.Now()
+			sess.srv.metrics.setup.WithLabelValues(phaseFirstAudio).Observe(now.Sub(sess.created).Seconds())
+			sess.srv.metrics.observeSetupPhase(phaseFirstAudio, sess.peer.SetupTimes().DTLS, now)
 		}
 	}
 }
@@ -390,27 +401,40 @@ func (sess *session) onPeerState(st peer.State) {
 		}
 	case peer.StateDisconnected:
 		sess.reportConnection(st)
+	case peer.StateChecked:
+		if p := sess.peerSession(); p != nil {
+			t := p.SetupTimes()
+			m.observeSetupPhase(phaseCheck, t.Answered, t.Checked)
+		}
 	case peer.StateFailed:
 		if !sess.connected.Load() {
-			m.setupFailures.WithLabelValues(phaseICE, "failed").Inc()
+			sess.setupFailed(phaseICE, failFailed)
 		}
 		sess.end(bridge.ReasonICEFailed)
 	case peer.StateDTLSConnected:
 		if !sess.dtlsUp.Swap(true) {
 			m.setup.WithLabelValues(phaseDTLS).Observe(time.Since(sess.created).Seconds())
+			if p := sess.peerSession(); p != nil {
+				t := p.SetupTimes()
+				m.observeSetupPhase(phaseDTLS, t.Checked, t.DTLS)
+			}
 		}
 	case peer.StateDTLSFailed:
 		if !sess.dtlsUp.Load() {
-			m.setupFailures.WithLabelValues(phaseDTLS, "failed").Inc()
+			sess.setupFailed(phaseDTLS, failFailed)
 		}
 		sess.end(bridge.ReasonICEFailed)
 	case peer.StateConnected:
 		if !sess.connected.Swap(true) {
-			sess.setupTimer.Stop()
+			if !sess.wantSCTP {
+				sess.setupTimer.Stop()
+			}
 			m.connect.Observe(time.Since(sess.created).Seconds())
 		}
 		sess.leavePending()
 		sess.startPlayout()
+	case peer.StateSCTPConnected:
+		sess.setupTimer.Stop() // after StateConnected, on the same goroutine
 	case peer.StateClosed:
 		sess.end(bridge.ReasonClientHangup)
 	}
@@ -480,18 +504,12 @@ func (sess *session) notifyClient(reason string) {
 }
 
 // watchSetup ends the session if it does not connect within
-// Config.SetupTimeout. Like watchChecks, the timer holds no goroutine
-// while it waits; connecting or ending stops it, so that it does not keep
+// Config.SetupTimeout (setupTimedOut). Like watchChecks, the timer holds no
+// goroutine while it waits; connecting (and the SCTP association, when the
+// offer has data channels) or ending stops it, so that it does not keep
 // the session reachable for the rest of the timeout either.
 func (sess *session) watchSetup() {
-	sess.setupTimer = time.AfterFunc(sess.srv.cfg.SetupTimeout, func() {
-		if sess.connected.Load() || sess.ending.Load() {
-			return
-		}
-		sess.srv.metrics.setupFailures.WithLabelValues("connect", "timeout").Inc()
-		sess.log.Info("session did not connect in time", "timeout", sess.srv.cfg.SetupTimeout)
-		sess.end(ReasonSetupTimeout)
-	})
+	sess.setupTimer = time.AfterFunc(sess.srv.cfg.SetupTimeout, sess.setupTimedOut)
 }
 
 // teardown ends the session: the backend is told why, the client gets

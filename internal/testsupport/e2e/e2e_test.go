@@ -164,6 +164,9 @@ func TestCallThroughRelay(t *testing.T) {
 		`switchboard_transceiver_setup_seconds{phase="ice"}`,
 		`switchboard_transceiver_setup_seconds{phase="dtls"}`,
 		`switchboard_transceiver_setup_seconds{phase="first_audio"}`,
+		`switchboard_transceiver_setup_phase_seconds{phase="check"}`,
+		`switchboard_transceiver_setup_phase_seconds{phase="dtls"}`,
+		`switchboard_transceiver_setup_phase_seconds{phase="first_audio"}`,
 		`switchboard_transceiver_bridge_dial_seconds`,
 	} {
 		if counts[name] != 1 {

@@ -36,6 +36,13 @@ type Config struct {
 	// Reorder is the probability (0–1) that a datagram is held back by an
 	// extra Delay+1ms, so that later ones overtake it.
 	Reorder float64
+	// Drop, if set, is asked about each datagram of a UDP proxy before the
+	// random choices: the client's address, the datagram (not to be kept)
+	// and its direction (toTarget: from the client to the target). One it
+	// returns true for is dropped, counted in Stats.Dropped: a test's
+	// chosen loss, e.g. one call's first DTLS flight. It is called from
+	// the proxy's reading goroutines, one per direction and client.
+	Drop func(client netip.AddrPort, b []byte, toTarget bool) bool
 }
 
 // Stats counts what a proxy did, both directions together.
@@ -148,9 +155,14 @@ func newImpairer(cfg Config, seed uint64) *impairer {
 	return im
 }
 
-// submit schedules send (called with the datagram's copy) per the config.
-func (im *impairer) submit(b []byte, send func([]byte)) {
+// submit schedules send (called with the datagram's copy) per the config;
+// client and toTarget are for Config.Drop.
+func (im *impairer) submit(client netip.AddrPort, toTarget bool, b []byte, send func([]byte)) {
 	cfg := im.cfg.Load()
+	if cfg.Drop != nil && cfg.Drop(client, b, toTarget) {
+		im.dropped.Add(1)
+		return
+	}
 	im.mu.Lock()
 	lost := cfg.Loss > 0 && im.rng.Float64() < cfg.Loss
 	dup := cfg.Duplicate > 0 && im.rng.Float64() < cfg.Duplicate
@@ -265,7 +277,7 @@ func (p *UDP) readClients() {
 		if err != nil {
 			continue
 		}
-		p.im.submit(buf[:n], func(b []byte) { _, _ = up.WriteToUDPAddrPort(b, p.target) })
+		p.im.submit(client, true, buf[:n], func(b []byte) { _, _ = up.WriteToUDPAddrPort(b, p.target) })
 	}
 }
 
@@ -300,7 +312,7 @@ func (p *UDP) readUpstream(client netip.AddrPort, up *net.UDPConn) {
 		if from != p.target {
 			continue
 		}
-		p.im.submit(buf[:n], func(b []byte) { _, _ = p.conn.WriteToUDPAddrPort(b, client) })
+		p.im.submit(client, false, buf[:n], func(b []byte) { _, _ = p.conn.WriteToUDPAddrPort(b, client) })
 	}
 }
 

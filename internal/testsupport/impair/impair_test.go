@@ -1,11 +1,14 @@
 package impair
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -111,6 +114,50 @@ func TestUDPLossAndDuplicate(t *testing.T) {
 				t.Fatalf("got %d replies, want %d (stats %+v)", got, tt.wantReply, p.Stats())
 			}
 		})
+	}
+}
+
+// TestUDPDrop: Config.Drop sees each datagram with its client and
+// direction, and a datagram it picks is dropped and counted.
+func TestUDPDrop(t *testing.T) {
+	target, _ := echoServer(t)
+	var mu sync.Mutex
+	var seen []string
+	cfg := Config{Drop: func(client netip.AddrPort, b []byte, toTarget bool) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, fmt.Sprintf("%v %s %v", client, b, toTarget))
+		return !toTarget && string(b) == "b" // the echo of "b"
+	}}
+	p, err := NewUDP("127.0.0.1:0", target, cfg, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c := client(t, p.Addr())
+	var got []string
+	buf := make([]byte, 64)
+	for _, m := range []string{"a", "b", "c"} {
+		if _, err := c.Write([]byte(m)); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if n, err := c.Read(buf); err == nil {
+			got = append(got, string(buf[:n]))
+		}
+	}
+	if strings.Join(got, "") != "ac" {
+		t.Fatalf("echoes %q, want a and c", got)
+	}
+	if st := p.Stats(); st.Dropped != 1 {
+		t.Fatalf("dropped %d, want 1", st.Dropped)
+	}
+	me := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{me.String() + " a true", me.String() + " a false", me.String() + " b true", me.String() + " b false", me.String() + " c true", me.String() + " c false"}
+	if strings.Join(seen, "; ") != strings.Join(want, "; ") {
+		t.Fatalf("Drop saw %q, want %q", seen, want)
 	}
 }
 
