@@ -12,6 +12,8 @@ type collector struct {
 	restored                     *prometheus.Desc
 	// Flow cache (nil without one).
 	cacheUp, cacheHeld, cacheLookups, cacheWrites *prometheus.Desc
+	// ICE-TCP (nil without it).
+	tcpConns, tcpAccepted, tcpClosed, tcpFrames, tcpBytes *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*collector)(nil)
@@ -48,6 +50,18 @@ func newCollector(r *Relay) *collector {
 		c.cacheWrites = prometheus.NewDesc("switchboard_relay_flow_cache_writes_total",
 			"Confirmed flows written to the flow cache, by result (ok, error, skipped: cache backing off or write queue full; the next refresh pass writes them).", []string{"result"}, nil)
 	}
+	if r.cfg.TCPAddr != "" {
+		c.tcpConns = prometheus.NewDesc("switchboard_relay_tcp_connections",
+			"Open ICE-TCP client connections, by state (awaiting_first_frame, established: the first frame, a Binding request with a valid token, was admitted).", []string{"state"}, nil)
+		c.tcpAccepted = prometheus.NewDesc("switchboard_relay_tcp_accepted_total",
+			"ICE-TCP connections accepted, refused ones included.", nil, nil)
+		c.tcpClosed = prometheus.NewDesc("switchboard_relay_tcp_closed_total",
+			"ICE-TCP connections closed or refused, by reason (docs/relay.md, \"ICE-TCP\").", []string{"reason"}, nil)
+		c.tcpFrames = prometheus.NewDesc("switchboard_relay_tcp_frames_total",
+			"RFC 4571 frames forwarded for ICE-TCP clients, by direction (to_transceiver, to_client: written to the connection).", []string{"direction"}, nil)
+		c.tcpBytes = prometheus.NewDesc("switchboard_relay_tcp_bytes_total",
+			"Packet bytes of the frames forwarded for ICE-TCP clients (framing and hop header excluded), by direction.", []string{"direction"}, nil)
+	}
 	return c
 }
 
@@ -60,6 +74,11 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 			ch <- d
 		}
 		c.r.fc.batches.Describe(ch)
+	}
+	if c.tcpConns != nil {
+		for _, d := range []*prometheus.Desc{c.tcpConns, c.tcpAccepted, c.tcpClosed, c.tcpFrames, c.tcpBytes} {
+			ch <- d
+		}
 	}
 }
 
@@ -80,6 +99,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.relearned, prometheus.CounterValue, float64(s.FlowsRelearned))
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(s.FlowsExpiredPending), "pending")
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(s.FlowsExpiredConfirmed), "confirmed")
+	if c.tcpConns != nil {
+		t := s.TCP
+		ch <- prometheus.MustNewConstMetric(c.tcpConns, prometheus.GaugeValue, float64(t.Open-t.Established), "awaiting_first_frame")
+		ch <- prometheus.MustNewConstMetric(c.tcpConns, prometheus.GaugeValue, float64(t.Established), "established")
+		ch <- prometheus.MustNewConstMetric(c.tcpAccepted, prometheus.CounterValue, float64(t.Accepted))
+		for reason := range NumTCPCloseReasons {
+			ch <- prometheus.MustNewConstMetric(c.tcpClosed, prometheus.CounterValue, float64(t.Closed[reason]), reason.String())
+		}
+		ch <- prometheus.MustNewConstMetric(c.tcpFrames, prometheus.CounterValue, float64(t.ToTransceiverFrames), directionNames[toTransceiver])
+		ch <- prometheus.MustNewConstMetric(c.tcpFrames, prometheus.CounterValue, float64(t.ToClientFrames), directionNames[toClient])
+		ch <- prometheus.MustNewConstMetric(c.tcpBytes, prometheus.CounterValue, float64(t.ToTransceiverBytes), directionNames[toTransceiver])
+		ch <- prometheus.MustNewConstMetric(c.tcpBytes, prometheus.CounterValue, float64(t.ToClientBytes), directionNames[toClient])
+	}
 	if c.r.fc == nil {
 		return
 	}
