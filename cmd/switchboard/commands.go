@@ -39,11 +39,15 @@ func runDemo(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, Logger: log, Pprof: cfg.Log.Pprof, Agent: cfg.Mode, Ptime: cfg.Ptime})
+	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, NoTCP: !cfg.TCP, Logger: log, Pprof: cfg.Log.Pprof, Agent: cfg.Mode, Ptime: cfg.Ptime})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "\n  Switchboard demo: open %s in a browser and click Call.\n  Relay UDP %s. Ctrl-C to stop.\n\n", d.URL(), d.RelayAddr())
+	relayLine := fmt.Sprintf("Relay UDP %s", d.RelayAddr())
+	if a := d.RelayTCPAddr(); a.IsValid() {
+		relayLine += fmt.Sprintf(", ICE-TCP %s", a)
+	}
+	fmt.Fprintf(os.Stderr, "\n  Switchboard demo: open %s in a browser and click Call.\n  %s. Ctrl-C to stop.\n\n", d.URL(), relayLine)
 	werr := d.Wait(ctx)
 	if cerr := d.Close(); werr == nil {
 		werr = cerr
@@ -147,7 +151,7 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 			return err
 		}
 	}
-	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "members", members.Len())
+	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "tcp", r.TCPAddr().String(), "members", members.Len())
 	return serveOps(ctx, ops, reg, cfg.Log.Pprof, r.Ready, log)
 }
 

@@ -47,7 +47,12 @@ type Config struct {
 	// /metrics. Default "127.0.0.1:8080".
 	HTTPAddr string
 	// RelayAddr is the relay's public UDP address. Default "127.0.0.1:3478".
+	// The relay's ICE-TCP listener takes the same address (TCP), and the
+	// answers offer it as a passive TCP candidate, unless NoTCP.
 	RelayAddr string
+	// NoTCP turns the relay's ICE-TCP listener and the answers' TCP
+	// candidate off.
+	NoTCP bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Agent is the reference agent serving the bridge: agent.ModeParrot
@@ -118,17 +123,27 @@ func Start(cfg Config) (*Demo, error) {
 		return nil, fmt.Errorf("demo: the page's address (-http): %w", err)
 	}
 	members := &membership.Table{}
-	rly, err := relay.New(relay.Config{PublicAddr: cfg.RelayAddr, InternalAddr: "127.0.0.1:0", Cluster: 1, Relearn: true}, keys, members, reg, log.With("component", "relay"))
+	rcfg := relay.Config{PublicAddr: cfg.RelayAddr, InternalAddr: "127.0.0.1:0", Cluster: 1, Relearn: true}
+	if !cfg.NoTCP {
+		rcfg.TCPAddr = cfg.RelayAddr
+	}
+	rly, err := relay.New(rcfg, keys, members, reg, log.With("component", "relay"))
 	if err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("demo: the relay's address (-relay): %w", err)
 	}
 	internal := rly.InternalAddr()
 	trx, err := transceiver.New(transceiver.Config{
-		ID:          TransceiverID,
-		Cluster:     1,
-		ListenAddr:  "127.0.0.1:0",
-		Advertise:   rly.PublicAddr().String(),
+		ID:         TransceiverID,
+		Cluster:    1,
+		ListenAddr: "127.0.0.1:0",
+		Advertise:  rly.PublicAddr().String(),
+		AdvertiseTCP: func() string {
+			if a := rly.TCPAddr(); a.IsValid() {
+				return a.String()
+			}
+			return ""
+		}(),
 		AllowRelays: []string{netip.PrefixFrom(internal.Addr(), internal.Addr().BitLen()).String()},
 		BackendURL:  "ws://" + ln.Addr().String() + "/v1/bridge",
 		Ptime:       cfg.Ptime,
@@ -179,6 +194,9 @@ func (d *Demo) URL() string { return d.url }
 
 // RelayAddr returns the relay's public UDP address.
 func (d *Demo) RelayAddr() netip.AddrPort { return d.relay.PublicAddr() }
+
+// RelayTCPAddr returns the relay's ICE-TCP address; invalid with NoTCP.
+func (d *Demo) RelayTCPAddr() netip.AddrPort { return d.relay.TCPAddr() }
 
 // Relay returns the relay, for tests and stats.
 func (d *Demo) Relay() *relay.Relay { return d.relay }
