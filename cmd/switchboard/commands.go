@@ -278,6 +278,7 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&opts.Timeout, "timeout", 0, "bound on the whole call (0 = audio length + 15s)")
 	fs.StringVar(&opts.AuthToken, "token", "", "bearer token for signaling")
 	fs.BoolVar(&opts.IPv4Only, "ipv4", false, "gather IPv4 candidates only")
+	fs.StringVar(&opts.Network, "network", "udp", "candidates to gather: udp, tcp (ICE-TCP only, as from a network that drops UDP) or any")
 	fs.DurationVar(&opts.ICERestartAfter, "ice-restart-after", 0, "restart ICE once (PATCH, RFC 9725) this long after connecting; 0 = never")
 	headerFlag(fs, &opts.Header, `extra "Name: value" header on the POST and the DELETE (repeatable), e.g. a region header a CDN would set`)
 	positional, err := parseInterspersed(fs, args)
