@@ -413,6 +413,7 @@ func (sess *session) onPeerState(st peer.State) {
 		if !sess.connected.Swap(true) {
 			sess.setupTimer.Stop()
 			m.connect.Observe(time.Since(sess.created).Seconds())
+			sess.srv.byTrans.connected(sess)
 		}
 		sess.leavePending()
 		sess.startPlayout()
@@ -521,5 +522,6 @@ func (sess *session) teardown(reason string) {
 	sess.iceDone = true
 	sess.imu.Unlock()
 	s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
+	s.byTrans.endedOn(sess)
 	sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
 }
