@@ -1,0 +1,110 @@
+package e2e
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/switchboard-rtc/switchboard/internal/callclient"
+)
+
+// gatherByLabel returns the values of metric name by its label values
+// (joined with ","), from reg.
+func gatherByLabel(t *testing.T, s *stack, name string) map[string]float64 {
+	t.Helper()
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetValue())
+			}
+			out[strings.Join(labels, ",")] = value(m)
+		}
+	}
+	return out
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Histogram != nil:
+		return float64(m.GetHistogram().GetSampleCount())
+	}
+	return 0
+}
+
+// TestCallOverTCP: a Pion client that gathers only TCP candidates (as on
+// a network that drops UDP) calls through the relay's ICE-TCP port: audio
+// both ways and a data-channel echo, every packet through the relay's TCP
+// side; the same client with UDP too selects UDP. The transceiver counts
+// each session under the transport it used.
+func TestCallOverTCP(t *testing.T) {
+	s := startStackTCP(t, 21, slog.New(slog.DiscardHandler), nil, true)
+	for _, tc := range []struct {
+		network, want string
+	}{{"tcp", "tcp"}, {"any", "udp"}} {
+		t.Run(tc.network, func(t *testing.T) {
+			before := s.relay.Stats()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			r, err := callclient.Run(ctx, callclient.Options{
+				URL: s.signaling.URL + "/v1/calls", AudioPath: speech, Duration: 2 * time.Second, IPv4Only: true, Network: tc.network,
+			})
+			if err != nil {
+				t.Fatalf("call: %v\n%s", err, r)
+			}
+			after := s.relay.Stats()
+			t.Logf("network %s: transport %s, setup %+v, sent %d, received %d, max gap %.0f ms; relay TCP: %d connections accepted, frames %d in, %d out",
+				tc.network, r.Transport, r.Setup, r.PacketsSent, r.PacketsReceived, r.MaxGapMS,
+				after.TCP.Accepted-before.TCP.Accepted, after.TCP.ToTransceiverFrames-before.TCP.ToTransceiverFrames, after.TCP.ToClientFrames-before.TCP.ToClientFrames)
+			if r.Transport != tc.want || !r.AudioEchoed || !r.DataChannelEchoed {
+				t.Fatalf("transport %q (want %s), audio echoed %v, data channel echoed %v\n%s", r.Transport, tc.want, r.AudioEchoed, r.DataChannelEchoed, r)
+			}
+			if tc.want == "tcp" {
+				if in, out := after.TCP.ToTransceiverFrames-before.TCP.ToTransceiverFrames, after.TCP.ToClientFrames-before.TCP.ToClientFrames; in < uint64(r.PacketsSent) || out < uint64(r.PacketsReceived) {
+					t.Fatalf("relay TCP frames %d in, %d out; the client sent %d and received %d", in, out, r.PacketsSent, r.PacketsReceived)
+				}
+				if after.ToClientPackets != before.ToClientPackets {
+					t.Fatalf("%d UDP datagrams to clients during a TCP-only call", after.ToClientPackets-before.ToClientPackets)
+				}
+			}
+			// The connections close with the call, and their flows with them.
+			deadline := time.Now().Add(10 * time.Second)
+			for s.relay.Stats().TCP.Open != 0 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if st := s.relay.Stats(); st.TCP.Open != 0 {
+				t.Fatalf("%d TCP connections open after the call", st.TCP.Open)
+			}
+		})
+	}
+	// A session is counted at the end of its teardown.
+	deadline := time.Now().Add(10 * time.Second)
+	ended := gatherByLabel(t, s, "switchboard_transceiver_sessions_ended_by_transport_total")
+	for ended["tcp"]+ended["udp"] < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		ended = gatherByLabel(t, s, "switchboard_transceiver_sessions_ended_by_transport_total")
+	}
+	connect := gatherByLabel(t, s, "switchboard_transceiver_connect_by_transport_seconds")
+	if ended["tcp"] != 1 || ended["udp"] != 1 || connect["tcp"] != 1 || connect["udp"] != 1 {
+		t.Fatalf("sessions ended by transport %v, connected %v; want one of each", ended, connect)
+	}
+	if dg := gatherByLabel(t, s, "switchboard_transceiver_hop_datagrams_total"); dg["from_client,tcp"] < 90 || dg["to_client,tcp"] < 90 {
+		t.Fatalf("hop datagrams by transport %v", dg)
+	}
+}
