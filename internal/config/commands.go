@@ -138,7 +138,7 @@ func (c *Relay) Flags() *flag.FlagSet {
 	fs.IntVar(&r.MaxFlows, "max-flows", relay.DefaultMaxFlows, "flow table capacity; new flows beyond it are dropped and counted")
 	fs.IntVar(&r.MaxPendingPerIP, "max-pending-per-ip", relay.DefaultMaxPendingPerIP, "pending (unanswered) flows one source IP (IPv6: /64) may hold; beyond it its new flows are dropped and counted")
 	fs.IntVar(&r.NewFlowsPerIP, "new-flows-per-ip", relay.DefaultNewFlowsPerIP, "flows per second one source IP (IPv6: /64) may create beyond its burst; a client over it is delayed (given a turn up to 1 s ahead), beyond that refused, both counted")
-	fs.IntVar(&r.NewFlowBurstPerIP, "new-flow-burst-per-ip", 0, "flows one source IP (IPv6: /64) may create at once before -new-flows-per-ip paces it (0 = -new-flows-per-ip)")
+	fs.IntVar(&r.NewFlowBurstPerIP, "new-flow-burst-per-ip", relay.DefaultNewFlowBurstPerIP, "flows one source IP (IPv6: /64) may create at once before -new-flows-per-ip paces it: as many as a transceiver admits sessions not yet connected per client address (-max-pending-per-client) (0 = -new-flows-per-ip)")
 	fs.IntVar(&r.NewFlowsPerSecond, "new-flows-per-second", relay.DefaultNewFlowsPerSecond, "flows all sources together may create per second; beyond it new flows are dropped and counted")
 	fs.BoolVar(&r.Relearn, "relearn", true, "rebuild a lost flow (relay restart) from a transceiver's datagram for the client, trusting members to name only their clients")
 	fs.BoolVar(&r.Ingress, "ingress", false, "run as a Global Relay: route tokens by cluster; -members then lists cluster id=cluster relay public ip:port")

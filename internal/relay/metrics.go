@@ -10,6 +10,7 @@ type collector struct {
 	socketDrops                  *prometheus.Desc
 	created, expired, relearned  *prometheus.Desc
 	restored                     *prometheus.Desc
+	held, heldTotal              *prometheus.Desc
 	// Flow cache (nil without one).
 	cacheUp, cacheHeld, cacheLookups, cacheWrites *prometheus.Desc
 	// ICE-TCP (nil without it).
@@ -37,6 +38,10 @@ func newCollector(r *Relay) *collector {
 			"Flows removed by the sweeper, by the state they were in.", []string{"state"}, nil),
 		relearned: prometheus.NewDesc("switchboard_relay_flows_relearned_total",
 			"Flows rebuilt from a transceiver's traffic for a client the relay did not know (after a restart).", nil, nil),
+		held: prometheus.NewDesc("switchboard_relay_held_requests",
+			"First Binding requests (valid token) a per-source cap delayed, held now for a retry (UDP: the waiting room; TCP: on their connection).", nil, nil),
+		heldTotal: prometheus.NewDesc("switchboard_relay_held_requests_total",
+			"First Binding requests a per-source cap delayed, by result: held (a client's retransmission replacing its held request counts again), admitted (forwarded once the cap let it through), expired (dropped after 2 s, counted under its cap's drop reason too), full (not held, no room: dropped under its cap's reason).", []string{"result"}, nil),
 	}
 	if r.fc != nil {
 		c.restored = prometheus.NewDesc("switchboard_relay_flows_restored_total",
@@ -66,7 +71,7 @@ func newCollector(r *Relay) *collector {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.drops, c.socketDrops, c.packets, c.bytes, c.flows, c.created, c.expired, c.relearned} {
+	for _, d := range []*prometheus.Desc{c.drops, c.socketDrops, c.packets, c.bytes, c.flows, c.created, c.expired, c.relearned, c.held, c.heldTotal} {
 		ch <- d
 	}
 	if c.r.fc != nil {
@@ -99,6 +104,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.relearned, prometheus.CounterValue, float64(s.FlowsRelearned))
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(s.FlowsExpiredPending), "pending")
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(s.FlowsExpiredConfirmed), "confirmed")
+	ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(s.Waiting))
+	for i, v := range [numWaitResults]uint64{s.Held, s.Admitted, s.Expired, s.NotHeld} {
+		ch <- prometheus.MustNewConstMetric(c.heldTotal, prometheus.CounterValue, float64(v), waitResultNames[i])
+	}
 	if c.tcpConns != nil {
 		t := s.TCP
 		ch <- prometheus.MustNewConstMetric(c.tcpConns, prometheus.GaugeValue, float64(t.Open-t.Established), "awaiting_first_frame")

@@ -117,7 +117,7 @@ type Config struct {
 	NewFlowsPerIP int `yaml:"new_flows_per_ip"`
 	// NewFlowBurstPerIP is how many flows one source IP may create at once,
 	// before NewFlowsPerIP paces it (a token bucket's depth). Default
-	// NewFlowsPerIP.
+	// DefaultNewFlowBurstPerIP, or NewFlowsPerIP when that is set.
 	NewFlowBurstPerIP int `yaml:"new_flow_burst_per_ip"`
 	// NewFlowsPerSecond caps the flows all sources together create per
 	// second (new_flow_rate_limit). Default DefaultNewFlowsPerSecond.
@@ -221,6 +221,7 @@ func (c *Config) Validate() error {
 	case c.MaxFlows == 0:
 		c.MaxFlows = DefaultMaxFlows
 	}
+	rateSet := c.NewFlowsPerIP != 0
 	for _, l := range []struct {
 		name string
 		v    *int
@@ -241,8 +242,10 @@ func (c *Config) Validate() error {
 	switch {
 	case c.NewFlowBurstPerIP < 0 || c.NewFlowBurstPerIP > maxLimit:
 		errs = append(errs, fmt.Errorf("relay: NewFlowBurstPerIP is %d; use 0 for NewFlowsPerIP, or 1 to %d", c.NewFlowBurstPerIP, maxLimit))
-	case c.NewFlowBurstPerIP == 0:
+	case c.NewFlowBurstPerIP == 0 && rateSet:
 		c.NewFlowBurstPerIP = c.NewFlowsPerIP
+	case c.NewFlowBurstPerIP == 0:
+		c.NewFlowBurstPerIP = DefaultNewFlowBurstPerIP
 	}
 	if c.TCPAddr != "" {
 		if _, _, err := net.SplitHostPort(c.TCPAddr); err != nil {
@@ -330,6 +333,7 @@ type Relay struct {
 	flows      *flowTable
 	fc         *flowCache // nil without Config.FlowStore
 	tcp        *tcpServer // nil without Config.TCPAddr
+	wait       *waitRoom  // first packets a cap delays (wait.go)
 	cancel     context.CancelFunc
 	done       <-chan struct{} // closed by Close, before the sockets
 	wg         sync.WaitGroup
@@ -365,6 +369,7 @@ func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *s
 		flows:   newFlowTable(cfg.MaxFlows),
 	}
 	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowBurstPerIP, cfg.NewFlowsPerSecond)
+	r.wait = newWaitRoom(r)
 	if cfg.FlowStore != nil {
 		p := defaultCacheParams
 		if cfg.cacheParams != nil {
@@ -439,8 +444,10 @@ func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometh
 			go r.internalLoop(w)
 		}
 	}
-	r.wg.Add(1)
+	r.wg.Add(2)
 	go r.sweepLoop(ctx)
+	r.wait.sock = r.workers[0].internal
+	go r.wait.loop(ctx)
 	if r.tcp != nil {
 		r.wg.Add(1)
 		go r.tcp.acceptLoop()
@@ -569,6 +576,9 @@ func (r *Relay) fromClient(client, via netip.AddrPort, buf []byte, off int, now 
 		if to, drop = r.admit(client, via, pkt, now, t); drop != dropNone {
 			return to, nil, drop
 		}
+		if !to.IsValid() {
+			return to, nil, dropNone // held until a cap lets it through (wait.go)
+		}
 	case kind == stunpeek.KindSTUN:
 		to = r.restart(client, via, pkt, to, now, t)
 		fallthrough
@@ -584,7 +594,9 @@ func (r *Relay) fromClient(client, via netip.AddrPort, buf []byte, off int, now 
 
 // admit is the first-packet path for STUN from a client without a flow:
 // peek the Binding request's USERNAME, open the token in its server ufrag,
-// check cluster and membership, and create a pending flow.
+// check cluster and membership, and create a pending flow. A request a
+// per-source cap turns away for the moment is held instead (wait.go): then
+// the destination is invalid and the drop none.
 func (r *Relay) admit(from, via netip.AddrPort, pkt []byte, now time.Time, t int64) (netip.AddrPort, DropReason) {
 	user, res := stunpeek.PeekBindingRequest(pkt)
 	switch res {
@@ -607,6 +619,9 @@ func (r *Relay) admit(from, via netip.AddrPort, pkt []byte, now time.Time, t int
 		return netip.AddrPort{}, drop
 	}
 	if drop := r.flows.upsertVia(from, dst, via, tr, ufrag, t); drop != dropNone {
+		if holdable(drop) && r.wait.hold(from, via, dst, tr, ufrag, pkt, drop, t) {
+			return netip.AddrPort{}, dropNone // held: delayed, not refused (wait.go)
+		}
 		return netip.AddrPort{}, drop
 	}
 	return dst, dropNone
@@ -787,6 +802,14 @@ type Stats struct {
 	// TCP is zero without ICE-TCP (Config.TCPAddr). Frames it dropped are
 	// in Drops too.
 	TCP TCPStats
+	// Waiting are the first packets a per-source cap delayed (wait.go):
+	// held now, and counted by what became of them. Those it forwarded
+	// are in ToTransceiverPackets, those it dropped in Drops.
+	Waiting  int
+	Held     uint64 // requests held (a client's retransmission replacing its held one counts again)
+	Admitted uint64 // held requests forwarded once a cap let them through
+	Expired  uint64 // held requests dropped after waitHold (2 s)
+	NotHeld  uint64 // requests the waiting room had no room for (dropped)
 }
 
 // TCPStats are the ICE-TCP side's counters (tcp.go).
@@ -867,6 +890,12 @@ func (r *Relay) Stats() Stats {
 			WritesFailed:  fc.writes[writeError].Load(),
 			WritesSkipped: fc.writes[writeSkipped].Load(),
 		}
+	}
+	if w := r.wait; w != nil {
+		cs = append(cs, &w.c)
+		s.Waiting = int(w.held.Load())
+		s.Held, s.Admitted = w.results[waitHeld].Load(), w.results[waitAdmitted].Load()
+		s.Expired, s.NotHeld = w.results[waitExpired].Load(), w.results[waitFull].Load()
 	}
 	if t := r.tcp; t != nil {
 		s.TCP = TCPStats{

@@ -36,11 +36,13 @@ import (
 //     carries a valid token (the UDP first-packet path, admit); anything
 //     else closes the connection (first_frame_invalid, with the drop
 //     reason counted as for UDP), and so does no first frame within
-//     Config.TCPFirstFrameTimeout (first_frame_timeout). A first frame
-//     over its source's rate (source_rate_delayed) waits for its turn on
-//     the connection's own goroutine, at most maxFlowDelay: over TCP a
-//     client sends a check once (RFC 8489 §6.2.2, no retransmissions on a
-//     reliable transport), so a delay must be a wait, not a drop.
+//     Config.TCPFirstFrameTimeout (first_frame_timeout). A first frame a
+//     per-source cap turns away for the moment (over its source's rate,
+//     or at its pending cap) waits on the connection's own goroutine, up
+//     to waitHold, as a UDP client's request waits in the waiting room
+//     (wait.go): over TCP a client sends a check once (RFC 8489 §6.2.2,
+//     no retransmissions on a reliable transport), so a delay must be a
+//     wait, not a drop.
 //   - A frame longer than hop.MaxPayload, the path's one datagram limit,
 //     closes the connection (frame_too_big; too_big is counted too). An
 //     empty frame is dropped (unknown_first_byte), as an empty datagram is.
@@ -366,9 +368,10 @@ func (c *tcpConn) readLoop() TCPCloseReason {
 
 // first admits the connection's first frame, buf[hop.MaxHeaderLen:]: it
 // must be a Binding request whose token makes (or rides) the client's
-// flow, and is then forwarded. A frame over its source's rate waits for its
-// turn (limits.go), at most maxFlowDelay from the connection's start plus
-// a little, and is tried again.
+// flow, and is then forwarded. A frame a per-source cap turns away for
+// the moment waits on this goroutine, trying again every waitRetry for up
+// to waitHold (over TCP a client sends a check once, RFC 8489 §6.2.2), and
+// is counted with the UDP requests the waiting room holds (wait.go).
 func (c *tcpConn) first(buf []byte, start time.Time) DropReason {
 	r := c.s.r
 	pkt := buf[hop.MaxHeaderLen:]
@@ -386,18 +389,29 @@ func (c *tcpConn) first(buf []byte, start time.Time) DropReason {
 	case res != stunpeek.OK:
 		return DropSTUNMalformed
 	}
-	for delayed := false; ; delayed = true {
+	var held time.Time
+	for {
 		now := time.Now()
 		to, out, drop := r.fromClient(c.client, netip.AddrPort{}, buf, hop.MaxHeaderLen, now)
-		if drop == DropSourceRateDelayed && now.Sub(start) < maxFlowDelay+turnWaitSlack {
-			if !delayed {
-				c.s.drops[drop].Add(1) // once per frame, not per poll
+		if holdable(drop) && (held.IsZero() || now.Sub(held) < waitHold) {
+			if held.IsZero() {
+				held = now
+				r.wait.heldTCP(1)
 			}
 			select {
-			case <-time.After(turnPoll):
+			case <-time.After(waitRetry):
 				continue
 			case <-c.done:
-				return DropSourceRateDelayed
+				r.wait.heldTCP(-1)
+				return drop
+			}
+		}
+		if !held.IsZero() {
+			r.wait.heldTCP(-1)
+			if drop == dropNone {
+				r.wait.results[waitAdmitted].Add(1)
+			} else {
+				r.wait.results[waitExpired].Add(1)
 			}
 		}
 		if drop != dropNone {
@@ -406,14 +420,6 @@ func (c *tcpConn) first(buf []byte, start time.Time) DropReason {
 		return c.forward(out, to, len(pkt))
 	}
 }
-
-// How a delayed first frame waits for its turn: it asks again every
-// turnPoll (a token open and a table lookup, microseconds), until the turn
-// comes or turnWaitSlack past the longest delay a turn is given.
-const (
-	turnPoll      = 10 * time.Millisecond
-	turnWaitSlack = 500 * time.Millisecond
-)
 
 // forward sends hop datagram out (header and a packet of n bytes) to the
 // transceiver or cluster relay to.
@@ -539,8 +545,11 @@ func (c *tcpConn) writeLoop() {
 			}
 			if err != nil {
 				reason := TCPWriteError
-				if errors.Is(err, os.ErrDeadlineExceeded) {
+				switch {
+				case errors.Is(err, os.ErrDeadlineExceeded):
 					reason = TCPWriteTimeout
+				case isReset(err) || errors.Is(err, syscall.EPIPE):
+					reason = TCPClientClosed // it hung up while we wrote
 				}
 				// The reader, woken by the closed socket, closes the
 				// connection with this reason (serve).

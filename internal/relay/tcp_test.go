@@ -325,8 +325,9 @@ func TestTCPDelayedFirstFrame(t *testing.T) {
 		t.Fatalf("second check reached the transceiver for %v after %v; want it delayed about 200 ms", client, waited)
 	}
 	s := e.r.Stats()
-	if s.Drops[DropSourceRateDelayed] != 1 || s.Drops[DropSourceRateLimit] != 0 || s.TCP.Open != 2 {
-		t.Fatalf("drops delayed %d, limit %d; open %d", s.Drops[DropSourceRateDelayed], s.Drops[DropSourceRateLimit], s.TCP.Open)
+	if s.Held != 1 || s.Admitted != 1 || s.Waiting != 0 || s.Drops[DropSourceRateDelayed]+s.Drops[DropSourceRateLimit] != 0 || s.TCP.Open != 2 {
+		t.Fatalf("held %d, admitted %d, waiting %d; drops delayed %d, limit %d; open %d", s.Held, s.Admitted, s.Waiting,
+			s.Drops[DropSourceRateDelayed], s.Drops[DropSourceRateLimit], s.TCP.Open)
 	}
 }
 
