@@ -76,6 +76,11 @@ type Demo struct {
 	// Set once.
 	relay   *relay.Relay
 	trx     *transceiver.Server
+	// What the relay was made with, for a test's restart (fault_test.go).
+	keys    *token.Keyring
+	members *membership.Table
+	rcfg    relay.Config
+	log     *slog.Logger
 	srv     *http.Server
 	url     string
 	serveCh chan error
@@ -180,6 +185,10 @@ func Start(cfg Config) (*Demo, error) {
 	d := &Demo{
 		relay:   rly,
 		trx:     trx,
+		keys:    keys,
+		members: members,
+		rcfg:    rcfg,
+		log:     log,
 		srv:     &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
 		url:     "http://" + ln.Addr().String(),
 		serveCh: make(chan error, 1),

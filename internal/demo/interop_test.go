@@ -53,6 +53,10 @@ type interopResult struct {
 	// Transport is the selected candidate pair's local protocol, "udp" or
 	// "tcp" (webrtc-stats), empty if the browser did not say.
 	Transport string `json:"transport"`
+	// MaxGapMs and ConnectionState are reported after a hold=MS call: the
+	// longest time no audio packet came, and the state at its end.
+	MaxGapMs        float64 `json:"maxGapMs"`
+	ConnectionState string  `json:"connectionState"`
 }
 
 // startInteropPage serves the interop page on an origin of its own (so the
