@@ -108,3 +108,45 @@ func TestCallOverTCP(t *testing.T) {
 		t.Fatalf("hop datagrams by transport %v", dg)
 	}
 }
+
+// TestDrainTCP: a draining transceiver keeps a call over ICE-TCP as it
+// keeps a UDP one (the drain does not look at transports): media goes on
+// through the relay's TCP side until the bound, then the session ends
+// cleanly and the client's TCP connection closes.
+func TestDrainTCP(t *testing.T) {
+	s := startStackTCP(t, 25, slog.New(slog.DiscardHandler), nil, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	done := make(chan callResult, 1)
+	go func() {
+		r, err := callclient.Run(ctx, callclient.Options{URL: s.signaling.URL + "/v1/calls", AudioPath: speech, Duration: 20 * time.Second, IPv4Only: true, Network: "tcp"})
+		done <- callResult{r, err}
+	}()
+	deadline := time.Now().Add(15 * time.Second)
+	for s.relay.Stats().TCP.ToClientFrames < 50 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	dctx, dcancel := context.WithCancel(context.Background())
+	drained := make(chan int, 1)
+	go func() { drained <- s.trx.Drain(dctx) }()
+	before := s.relay.Stats().TCP
+	time.Sleep(time.Second)
+	during := s.relay.Stats().TCP
+	if s.trx.Sessions() != 1 || during.ToClientFrames-before.ToClientFrames < 30 || during.ToTransceiverFrames-before.ToTransceiverFrames < 30 {
+		t.Fatalf("while draining: %d sessions, TCP frames %d out and %d in over 1 s", s.trx.Sessions(),
+			during.ToClientFrames-before.ToClientFrames, during.ToTransceiverFrames-before.ToTransceiverFrames)
+	}
+	dcancel()
+	if n := <-drained; n != 1 {
+		t.Fatalf("drain ended %d sessions, want 1", n)
+	}
+	res := <-done
+	t.Logf("drained; client: %v, transport %s, sent %d, received %d", res.err, res.r.Transport, res.r.PacketsSent, res.r.PacketsReceived)
+	deadline = time.Now().Add(10 * time.Second)
+	for s.relay.Stats().TCP.Open != 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := s.relay.Stats().TCP; st.Open != 0 {
+		t.Fatalf("%d TCP connections open after the drain ended the session", st.Open)
+	}
+}
