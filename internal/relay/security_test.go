@@ -69,6 +69,9 @@ func (s *fuzzState) reset(tb testing.TB) {
 	f := s.f
 	for _, a := range []netip.AddrPort{c1, c2, c3, c4, c6, ingress, t7, t8, outside, s.named} {
 		f.r.flows.remove(a)
+		if a.IsValid() {
+			f.r.flows.remove(hop.TCPAddr(a)) // the same address as a TCP client (DATA_TCP from the Global Relay)
+		}
 	}
 	if st := f.r.Stats(); st.Flows != 0 || st.PendingFlows != 0 {
 		tb.Fatalf("flows left after removing every address the input could name: %+v", st)

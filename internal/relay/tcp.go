@@ -566,8 +566,8 @@ func (c *tcpConn) writeLoop() {
 
 // close ends the connection once, for reason: it closes the socket (with
 // a reset unless the client closed first, so that no TIME_WAIT is left
-// for a connection the relay ended), waits for the writer, removes the
-// connection and its flow, and returns the queued buffers.
+// for a connection the relay ended), waits for the writer, removes its
+// flow and then the connection, and returns the queued buffers.
 func (c *tcpConn) close(reason TCPCloseReason) {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
@@ -584,6 +584,10 @@ func (c *tcpConn) close(reason TCPCloseReason) {
 			c.s.established.Add(-1)
 		}
 		s := c.s
+		// The flow first, while the connection still holds its address:
+		// a new connection from the same address is refused (duplicate)
+		// until then, so its flow is never the one removed here.
+		s.r.flows.remove(c.client)
 		s.mu.Lock()
 		if s.conns[c.client] == c {
 			delete(s.conns, c.client)
@@ -593,7 +597,6 @@ func (c *tcpConn) close(reason TCPCloseReason) {
 		}
 		s.mu.Unlock()
 		s.open.Add(-1)
-		s.r.flows.remove(c.client)
 		c.mu.Lock()
 		for c.n > 0 {
 			s.bufs.Put(c.q[c.head])
