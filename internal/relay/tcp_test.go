@@ -496,3 +496,40 @@ func TestTCPThroughGlobalRelay(t *testing.T) {
 		t.Fatalf("cluster relay: flows %d, TCP %+v (its TCP side is off)", s.Flows, s.TCP)
 	}
 }
+
+// TestTCPICERestart: an ICE restart over a TCP connection follows the UDP
+// rules (restart.go): a check with a token for another transceiver goes
+// there as the flow's candidate, media stays until that transceiver
+// answers, then the flow is its.
+func TestTCPICERestart(t *testing.T) {
+	tr8 := udp(t)
+	e := newEnv(t, Config{TCPAddr: "127.0.0.1:0"}, map[uint32]netip.AddrPort{8: addrOf(tr8)})
+	c := dialTCP(t, e.r, netip.Addr{})
+	ca := tcpAddrOf(c)
+	writeFrame(t, c, e.binding(t, 7))
+	recvHop(t, e.tr)
+	send(t, e.tr, append(hop.AppendHeader(nil, hop.TypeDataTCP, ca), 0x01, 0x01, 0, 0), e.r.InternalAddr())
+	if _, err := readFrame(c, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	rtp := []byte{0x80, 111, 0, 1}
+	writeFrame(t, c, e.binding(t, 8)) // the restart's check, for transceiver 8
+	if typ, client, _, _ := recvHop(t, tr8); typ != hop.TypeDataTCP || client != ca {
+		t.Fatalf("restart check reached 8 as %v for %v", typ, client)
+	}
+	writeFrame(t, c, rtp) // media stays on 7 until 8 answers
+	if _, _, p, _ := recvHop(t, e.tr); !bytes.Equal(p, rtp) {
+		t.Fatalf("media before the answer went elsewhere: %x", p)
+	}
+	send(t, tr8, append(hop.AppendHeader(nil, hop.TypeDataTCP, ca), 0x01, 0x01, 0, 0), e.r.InternalAddr())
+	if _, err := readFrame(c, 5*time.Second); err != nil {
+		t.Fatalf("8's answer: %v", err)
+	}
+	writeFrame(t, c, rtp)
+	if _, _, p, _ := recvHop(t, tr8); !bytes.Equal(p, rtp) {
+		t.Fatalf("media after 8 answered: %x", p)
+	}
+	// 7's late datagrams no longer reach the client.
+	send(t, e.tr, append(hop.AppendHeader(nil, hop.TypeDataTCP, ca), rtp...), e.r.InternalAddr())
+	eventually(t, "7's datagram refused", func() bool { return e.r.Stats().Drops[DropInternalFlowMismatch] == 1 })
+}
