@@ -533,3 +533,58 @@ func TestTCPICERestart(t *testing.T) {
 	send(t, e.tr, append(hop.AppendHeader(nil, hop.TypeDataTCP, ca), rtp...), e.r.InternalAddr())
 	eventually(t, "7's datagram refused", func() bool { return e.r.Stats().Drops[DropInternalFlowMismatch] == 1 })
 }
+
+// TestTCPPathsAllocateNothing: a TCP client's frame on its flow (the
+// reader's per-frame decision) and a transceiver's packet for it (the
+// internal loop's decision and the copy into the connection's queue)
+// allocate nothing once warm, as the UDP paths do.
+func TestTCPPathsAllocateNothing(t *testing.T) {
+	f := newFixture(t, Config{})
+	client := hop.TCPAddr(c1)
+	buf := make([]byte, hop.MaxHeaderLen+1500)
+	load := func(pkt []byte) []byte { return buf[:hop.MaxHeaderLen+copy(buf[hop.MaxHeaderLen:], pkt)] }
+	if _, _, drop := f.r.fromClient(client, netip.AddrPort{}, load(f.good(7)), hop.MaxHeaderLen, f.now); drop != dropNone {
+		t.Fatal(drop)
+	}
+	// A connection with no socket: its queue is what the internal loop fills.
+	s := &tcpServer{r: f.r, conns: map[netip.AddrPort]*tcpConn{}}
+	s.bufs.New = func() any { b := make([]byte, 2+hop.MaxPayload); return &b }
+	c := &tcpConn{s: s, client: client, wake: make(chan struct{}, 1)}
+	s.conns[client] = c
+	f.r.tcp = s
+	rtp := append([]byte{0x80, 111}, make([]byte, 158)...)
+	reply := append(hop.AppendHeader(nil, hop.TypeDataTCP, c1), rtp...)
+	drain := func() {
+		c.mu.Lock()
+		for c.n > 0 {
+			s.bufs.Put(c.q[c.head])
+			c.q[c.head] = nil
+			c.head = (c.head + 1) % len(c.q)
+			c.n--
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.wake:
+		default:
+		}
+	}
+	for range 10 { // warm the pool
+		f.r.handleInternal(t7, reply, f.now)
+		drain()
+	}
+	if n := testing.AllocsPerRun(1000, func() {
+		if _, _, drop := f.r.fromClient(client, netip.AddrPort{}, load(rtp), hop.MaxHeaderLen, f.now); drop != dropNone {
+			t.Fatal(drop)
+		}
+	}); n != 0 {
+		t.Errorf("TCP frame on its flow: %v allocations, want 0", n)
+	}
+	if n := testing.AllocsPerRun(1000, func() {
+		if _, out, drop := f.r.handleInternal(t7, reply, f.now); drop != dropNone || out != nil {
+			t.Fatal(drop)
+		}
+		drain()
+	}); n != 0 {
+		t.Errorf("transceiver packet for a TCP client: %v allocations, want 0", n)
+	}
+}
