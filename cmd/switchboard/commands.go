@@ -13,7 +13,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -24,6 +23,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/config"
 	"github.com/switchboard-rtc/switchboard/internal/demo"
 	"github.com/switchboard-rtc/switchboard/internal/flowstore"
+	"github.com/switchboard-rtc/switchboard/internal/httpapi"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
@@ -87,34 +87,43 @@ func newRegistry() *prometheus.Registry {
 // collector.
 var heapLiveMetric = regexp.MustCompile(`^/gc/heap/live:bytes$`)
 
-// serveHTTP serves h on addr until ctx ends, then shuts down gracefully.
-func serveHTTP(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
+// serveHTTP serves h on addr within lim until ctx ends, then shuts down
+// gracefully (httpapi.Server.Run). reg, if not nil, gets the server's
+// connection metrics.
+func serveHTTP(ctx context.Context, addr string, h http.Handler, lim httpapi.Limits, reg prometheus.Registerer, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	return serveListener(ctx, ln, h, log)
+	return serveListener(ctx, ln, h, lim, reg, log)
 }
 
 // serveListener is serveHTTP on a listener the caller bound already (so
 // that a busy port fails the command before it logs that it runs). It
 // closes ln.
-func serveListener(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	log.Info("http listening", "addr", ln.Addr().String())
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+func serveListener(ctx context.Context, ln net.Listener, h http.Handler, lim httpapi.Limits, reg prometheus.Registerer, log *slog.Logger) error {
+	srv, err := httpapi.NewServer(ln, h, lim, reg, log)
+	if err != nil {
+		_ = ln.Close()
 		return err
 	}
-	return nil
+	log.Info("http listening", "addr", ln.Addr().String(), "max_conns", srv.MaxConns())
+	return srv.Run(ctx)
+}
+
+// signalingLimits are the connection caps of a server that clients call
+// (a transceiver's or director's signaling): httpapi's defaults, and
+// httpapi.DefaultMaxConnsPerSource per client address except from
+// loopback (a sidecar proxy) and the trusted proxies (prefixes, valid:
+// the component's config checked them).
+func signalingLimits(trusted []string) httpapi.Limits {
+	lim := httpapi.Limits{Name: "signaling", PerSource: httpapi.DefaultMaxConnsPerSource, Exempt: httpapi.Loopback()}
+	for _, p := range trusted {
+		if pfx, err := netip.ParsePrefix(strings.TrimSpace(p)); err == nil {
+			lim.Exempt = append(lim.Exempt, pfx.Masked())
+		}
+	}
+	return lim
 }
 
 func runRelay(ctx context.Context, args []string, _ io.Writer) error {
@@ -173,7 +182,7 @@ func serveOps(ctx context.Context, ln net.Listener, reg *prometheus.Registry, pp
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
-	return serveListener(ctx, ln, mux, log)
+	return serveListener(ctx, ln, mux, httpapi.Limits{Name: "ops"}, reg, log)
 }
 
 func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
@@ -229,7 +238,7 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	httpCtx, stopHTTP := context.WithCancel(context.Background())
 	defer stopHTTP()
 	httpErr := make(chan error, 1)
-	go func() { httpErr <- serveListener(httpCtx, ln, mux, log) }()
+	go func() { httpErr <- serveListener(httpCtx, ln, mux, signalingLimits(cfg.Trx.TrustedProxies), reg, log) }()
 	select {
 	case err := <-httpErr:
 		return err
@@ -261,9 +270,11 @@ func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	mux.Handle("/v1/bridge", backend)
 	mux.HandleFunc("/live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	if cfg.Log.Pprof {
-		handlePprof(mux)
+		httpapi.HandlePprof(mux)
 	}
-	return serveHTTP(ctx, cfg.Listen, mux, log)
+	// Transceivers hold one bridge connection per v1 session, or a few v2
+	// ones: no cap but the descriptors'.
+	return serveHTTP(ctx, cfg.Listen, mux, httpapi.Limits{Name: "bridge", MaxConns: -1}, nil, log)
 }
 
 func runCall(ctx context.Context, args []string, stdout io.Writer) error {

@@ -25,13 +25,14 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/switchboard-rtc/switchboard/internal/httpapi"
 )
 
 var commands = []struct {
@@ -126,16 +127,6 @@ func durationString(_ []string, a slog.Attr) slog.Attr {
 func handleOps(mux *http.ServeMux, reg *prometheus.Registry, pprofOn bool) {
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	if pprofOn {
-		handlePprof(mux)
+		httpapi.HandlePprof(mux)
 	}
-}
-
-// handlePprof mounts Go's profiles (net/http/pprof) at /debug/pprof/ on
-// mux.
-func handlePprof(mux *http.ServeMux) {
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 }

@@ -23,7 +23,16 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/redistest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(cleanupAfter{m}) }
+
+// cleanupAfter runs the tests, then removes what they left for each
+// other (the binary testBinary built).
+type cleanupAfter struct{ m *testing.M }
+
+func (c cleanupAfter) Run() int {
+	defer removeBuilt()
+	return c.m.Run()
+}
 
 // freeUDP returns a loopback UDP address that was free a moment ago.
 func freeUDP(t *testing.T) string {

@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"net/netip"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
+	"github.com/switchboard-rtc/switchboard/internal/httpapi"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
@@ -43,8 +43,8 @@ const (
 
 // Config configures the demo. Zero values take the defaults.
 type Config struct {
-	// HTTPAddr serves the page, signaling, the agent's bridge and
-	// /metrics. Default "127.0.0.1:8080".
+	// HTTPAddr serves the page, signaling and /metrics. Default
+	// "127.0.0.1:8080". The agent's bridge has a loopback port of its own.
 	HTTPAddr string
 	// RelayAddr is the relay's public UDP address. Default "127.0.0.1:3478".
 	// The relay's ICE-TCP listener takes the same address (TCP), and the
@@ -59,7 +59,8 @@ type Config struct {
 	// (the default: a conversation) or agent.ModeEcho. The page is told
 	// which (web.Page), as it pings on the data channel only with the echo.
 	Agent string
-	// Backend, if set, serves the bridge at /v1/bridge instead of Agent
+	// Backend, if set, serves the bridge (at /v1/bridge on its loopback
+	// port) instead of Agent
 	// (tests plug in their own backends).
 	Backend http.Handler
 	// Pprof serves Go's profiles (net/http/pprof) at /debug/pprof/ on
@@ -74,14 +75,15 @@ type Config struct {
 // Demo is a running demo.
 type Demo struct {
 	// Set once.
-	relay   *relay.Relay
-	trx     *transceiver.Server
+	relay *relay.Relay
+	trx   *transceiver.Server
 	// What the relay was made with, for a test's restart (fault_test.go).
 	keys    *token.Keyring
 	members *membership.Table
 	rcfg    relay.Config
 	log     *slog.Logger
-	srv     *http.Server
+	srv     *httpapi.Server // the page, signaling, /metrics
+	bridge  *httpapi.Server // the agent's bridge, on loopback
 	url     string
 	serveCh chan error
 }
@@ -127,6 +129,22 @@ func Start(cfg Config) (*Demo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("demo: the page's address (-http): %w", err)
 	}
+	// The bridge on a port of its own, as a separate agent would be: a
+	// flood of the page's port does not take the transceiver's way to its
+	// backend, and the page's per-source cap does not count the bridge.
+	bln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("demo: the agent's bridge: %w", err)
+	}
+	bmux := http.NewServeMux()
+	bmux.Handle("/v1/bridge", backend)
+	bridgeSrv, err := httpapi.NewServer(bln, bmux, httpapi.Limits{Name: "bridge", MaxConns: -1}, reg, log)
+	if err != nil {
+		_ = ln.Close()
+		_ = bln.Close()
+		return nil, err
+	}
 	members := &membership.Table{}
 	rcfg := relay.Config{PublicAddr: cfg.RelayAddr, InternalAddr: "127.0.0.1:0", Cluster: 1, Relearn: true}
 	if !cfg.NoTCP {
@@ -135,33 +153,35 @@ func Start(cfg Config) (*Demo, error) {
 	rly, err := relay.New(rcfg, keys, members, reg, log.With("component", "relay"))
 	if err != nil {
 		_ = ln.Close()
+		_ = bln.Close()
 		return nil, fmt.Errorf("demo: the relay's address (-relay): %w", err)
 	}
 	internal := rly.InternalAddr()
+	var advertiseTCP string
+	if a := rly.TCPAddr(); a.IsValid() {
+		advertiseTCP = a.String()
+	}
 	trx, err := transceiver.New(transceiver.Config{
-		ID:         TransceiverID,
-		Cluster:    1,
-		ListenAddr: "127.0.0.1:0",
-		Advertise:  rly.PublicAddr().String(),
-		AdvertiseTCP: func() string {
-			if a := rly.TCPAddr(); a.IsValid() {
-				return a.String()
-			}
-			return ""
-		}(),
-		AllowRelays: []string{netip.PrefixFrom(internal.Addr(), internal.Addr().BitLen()).String()},
-		BackendURL:  "ws://" + ln.Addr().String() + "/v1/bridge",
-		Ptime:       cfg.Ptime,
+		ID:           TransceiverID,
+		Cluster:      1,
+		ListenAddr:   "127.0.0.1:0",
+		Advertise:    rly.PublicAddr().String(),
+		AdvertiseTCP: advertiseTCP,
+		AllowRelays:  []string{netip.PrefixFrom(internal.Addr(), internal.Addr().BitLen()).String()},
+		BackendURL:   "ws://" + bln.Addr().String() + "/v1/bridge",
+		Ptime:        cfg.Ptime,
 	}, keys, reg, log.With("component", "transceiver"))
 	if err != nil {
 		_ = rly.Close()
 		_ = ln.Close()
+		_ = bln.Close()
 		return nil, err
 	}
 	if err := members.Set(map[uint32]netip.AddrPort{TransceiverID: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
 		_ = trx.Close()
 		_ = rly.Close()
 		_ = ln.Close()
+		_ = bln.Close()
 		return nil, err
 	}
 
@@ -171,15 +191,21 @@ func Start(cfg Config) (*Demo, error) {
 	mux.Handle("/live", signaling)
 	mux.Handle("/ready", signaling)
 
-	mux.Handle("/v1/bridge", backend)
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", web.NewHandler(page))
 	if cfg.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		httpapi.HandlePprof(mux)
+	}
+	// Clients on loopback share one source: only the server's cap holds
+	// for them; from other addresses (-http on a LAN address), each has
+	// the signaling's per-source cap.
+	srv, err := httpapi.NewServer(ln, mux, httpapi.Limits{Name: "signaling", PerSource: httpapi.DefaultMaxConnsPerSource, Exempt: httpapi.Loopback()}, reg, log)
+	if err != nil {
+		_ = trx.Close()
+		_ = rly.Close()
+		_ = ln.Close()
+		_ = bln.Close()
+		return nil, err
 	}
 
 	d := &Demo{
@@ -189,11 +215,13 @@ func Start(cfg Config) (*Demo, error) {
 		members: members,
 		rcfg:    rcfg,
 		log:     log,
-		srv:     &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
+		srv:     srv,
+		bridge:  bridgeSrv,
 		url:     "http://" + ln.Addr().String(),
-		serveCh: make(chan error, 1),
+		serveCh: make(chan error, 2),
 	}
-	go func() { d.serveCh <- d.srv.Serve(ln) }()
+	go func() { d.serveCh <- d.bridge.Serve() }()
+	go func() { d.serveCh <- d.srv.Serve() }()
 	log.Info("switchboard demo running", "web", d.url, "relay", rly.PublicAddr().String(), "transceiver_hop", trx.HopAddr().String())
 	return d, nil
 }
@@ -229,6 +257,10 @@ func (d *Demo) Close() error {
 	defer cancel()
 	err := d.trx.Close()
 	if serr := d.srv.Shutdown(ctx); serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	// After the transceiver: its sessions ended their bridges.
+	if serr := d.bridge.Shutdown(ctx); serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}
 	if rerr := d.relay.Close(); rerr != nil && err == nil {

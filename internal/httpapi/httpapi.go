@@ -1,5 +1,7 @@
-// Package httpapi holds what every Switchboard signaling endpoint shares:
-// CORS and the JSON error body.
+// Package httpapi holds what Switchboard's HTTP servers share: the bounds
+// every server applies to its connections (Server: timeouts, the header
+// cap, connection caps; docs/security.md, "HTTP servers"), and for the
+// signaling endpoints CORS and the JSON error body.
 package httpapi
 
 import (

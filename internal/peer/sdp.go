@@ -49,7 +49,7 @@ type Offer struct {
 	Sections         []Section     // every m-section, in offer order
 	Audio            int           // index in Sections of the audio section served (-1: none; ParseOffer refuses that)
 	Data             int           // index in Sections of the application (SCTP) section, -1 when none
-	Bundle           []string      // the mids of the first BUNDLE group, if any
+	Bundle           []string      // the mids of the BUNDLE group served, if any (bundleGroup)
 	SCTPInit         []byte        // a=sctp-init (SCTP SNAP, a Pion extension) payload when offered; nil otherwise
 }
 
@@ -120,7 +120,9 @@ var fingerprintLen = map[string]int{
 //     a voice session that must not connect has nothing to do.
 //
 // The audio section served is the first bundled one that qualifies; when
-// the offer has a BUNDLE group it must be in it. The data section served
+// the offer has a BUNDLE group it must be in it. Of several BUNDLE groups
+// (several transports) the answer serves one, the audio's, and refuses an
+// offer that puts the data channel in another (bundleGroup). The data section served
 // is the first bundled application section with the UDP/DTLS/SCTP or
 // TCP/DTLS/SCTP profile and the webrtc-datachannel format (RFC 8841 §4),
 // and only when the offer has a BUNDLE group: without one, each section
@@ -141,7 +143,11 @@ func ParseOffer(offer string) (*Offer, error) {
 	if n := len(sd.MediaDescriptions); n > maxSections {
 		return nil, fmt.Errorf("the offer has %d m-sections; at most %d are answered", n, maxSections)
 	}
-	o := &Offer{Audio: -1, Data: -1, Bundle: bundleGroup(&sd)}
+	bundle, err := bundleGroup(&sd)
+	if err != nil {
+		return nil, err
+	}
+	o := &Offer{Audio: -1, Data: -1, Bundle: bundle}
 	grouped := o.Bundle != nil
 	inGroup := make(map[string]bool, len(o.Bundle))
 	for _, mid := range o.Bundle {
@@ -309,19 +315,67 @@ func chooseData(sd *sdp.SessionDescription, o *Offer, bundled []int) error {
 	return nil
 }
 
-// bundleGroup returns the mids of the session's first a=group:BUNDLE
-// (RFC 8843 §7), nil when it has none.
-func bundleGroup(sd *sdp.SessionDescription) []string {
+// bundleGroup returns the mids of the offer's a=group:BUNDLE (RFC 8843
+// §7) that the answer serves, nil when it has none. Several groups are
+// several transports: the answer serves one (one ICE and DTLS session),
+// the one with the first audio section in it (else the first data
+// section), and its other sections are answered rejected, as unbundled
+// ones are. An offer whose audio and data channel are in different groups
+// is refused: its data channel would be rejected.
+func bundleGroup(sd *sdp.SessionDescription) ([]string, error) {
+	var groups [][]string
 	for _, a := range sd.Attributes {
 		if a.Key != sdp.AttrKeyGroup {
 			continue
 		}
 		f := strings.Fields(a.Value)
 		if len(f) > 1 && f[0] == "BUNDLE" {
-			return f[1:]
+			groups = append(groups, f[1:])
 		}
 	}
-	return nil
+	switch len(groups) {
+	case 0:
+		return nil, nil
+	case 1:
+		return groups[0], nil
+	}
+	kind := make(map[string]string, len(sd.MediaDescriptions)) // mid → media of a section the offerer did not reject
+	for _, m := range sd.MediaDescriptions {
+		if _, bundleOnly := m.Attribute("bundle-only"); m.MediaName.Port.Value == 0 && !bundleOnly {
+			continue
+		}
+		if mid := strings.TrimSpace(attrValue(m.Attributes, sdp.AttrKeyMID)); mid != "" && kind[mid] == "" {
+			kind[mid] = m.MediaName.Media
+		}
+	}
+	// The group and mid of the first audio and of the first data section.
+	type place struct {
+		group int
+		mid   string
+	}
+	firstOf := func(media string) (place, bool) {
+		for g, mids := range groups {
+			for _, mid := range mids {
+				if kind[mid] == media {
+					return place{g, mid}, true
+				}
+			}
+		}
+		return place{}, false
+	}
+	a, hasAudio := firstOf("audio")
+	d, hasData := firstOf("application")
+	switch {
+	case hasAudio && hasData && a.group != d.group:
+		return nil, fmt.Errorf("the offer has %d BUNDLE groups, the audio (mid %q) in a=group:BUNDLE %s and the data channel (mid %q) in a=group:BUNDLE %s; "+
+			"the answer serves one transport (one ICE and DTLS session), so the data channel would be rejected: put both in one a=group:BUNDLE (RFC 8843)",
+			len(groups), a.mid, strings.Join(groups[a.group], " "), d.mid, strings.Join(groups[d.group], " "))
+	case hasAudio:
+		return groups[a.group], nil
+	case hasData:
+		return groups[d.group], nil
+	}
+	return groups[0], nil
 }
 
 // opusPayloadType returns the first payload type of m's format list that
@@ -454,6 +508,16 @@ func fingerprints(sd *sdp.SessionDescription, m *sdp.MediaDescription) ([]Finger
 	return fps, nil
 }
 
+// allHex reports whether s is all hex digits.
+func allHex(s string) bool {
+	for i := range len(s) {
+		if !isHex(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
 // parseFingerprint parses one a=fingerprint value: "<hash-func> XX:XX:…".
 func parseFingerprint(v string) (Fingerprint, error) {
 	f := strings.Fields(v)
@@ -467,7 +531,19 @@ func parseFingerprint(v string) (Fingerprint, error) {
 	}
 	parts := strings.Split(f[1], ":")
 	if len(parts) != n {
-		return Fingerprint{}, fmt.Errorf("%s digest has %d bytes, want %d", f[0], len(parts), n)
+		if len(parts) == 1 && len(f[1]) > 2 && allHex(f[1]) {
+			if len(f[1]) == 2*n {
+				pairs := make([]string, n)
+				for i := range pairs {
+					pairs[i] = f[1][2*i : 2*i+2]
+				}
+				return Fingerprint{}, fmt.Errorf("the %s digest is written without colons: write its %d bytes as hex pairs separated by colons (RFC 8122 §5): %s %s",
+					f[0], n, f[0], strings.ToUpper(strings.Join(pairs, ":")))
+			}
+			return Fingerprint{}, fmt.Errorf("the %s digest is written without colons, and its %d hex digits are not the %d of %d bytes: write the certificate's %s digest as %d hex pairs separated by colons (RFC 8122 §5)",
+				f[0], len(f[1]), 2*n, n, f[0], n)
+		}
+		return Fingerprint{}, fmt.Errorf("%s digest has %d colon-separated bytes, want %d (RFC 8122 §5)", f[0], len(parts), n)
 	}
 	digest := make([]byte, n)
 	for i, b := range parts {

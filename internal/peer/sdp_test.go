@@ -518,7 +518,14 @@ func TestParseOfferErrors(t *testing.T) {
 		{"short pwd", strings.ReplaceAll(baseOffer, "ice-pwd:r2VxZ0vVNa6lAk1Y2vXkq9Te", "ice-pwd:r2VxZ0vVNa6lAk1Y2vXkq"), "a=ice-pwd is 21 characters"},
 		{"no fingerprint", strings.ReplaceAll(baseOffer, fp, ""), "no a=fingerprint"},
 		{"fingerprint hash", strings.Replace(baseOffer, "a=fingerprint:sha-256", "a=fingerprint:sha-3", 1), `hash function "sha-3"`},
-		{"fingerprint length", strings.Replace(baseOffer, "E8:F9\r\n", "E8\r\n", 1), "digest has 31 bytes, want 32"},
+		{"fingerprint length", strings.Replace(baseOffer, "E8:F9\r\n", "E8\r\n", 1), "digest has 31 colon-separated bytes, want 32"},
+		{"fingerprint without colons", strings.Replace(baseOffer, "sha-256 0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9:0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9",
+			"sha-256 0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9", 1),
+			"the sha-256 digest is written without colons: write its 32 bytes as hex pairs separated by colons (RFC 8122 §5): sha-256 0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9:0A:1B"},
+		{"fingerprint without colons, short", strings.Replace(baseOffer, "sha-256 0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9:0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9",
+			"sha-256 0a1b2c3d4e5f60718293a4b5c6d7e8f9", 1), "written without colons, and its 32 hex digits are not the 64 of 32 bytes"},
+		{"audio and data in two BUNDLE groups", strings.Replace(baseOffer, "a=group:BUNDLE 0 1\r\n", "a=group:BUNDLE 0\r\na=group:BUNDLE 1\r\n", 1),
+			`the offer has 2 BUNDLE groups, the audio (mid "0") in a=group:BUNDLE 0 and the data channel (mid "1") in a=group:BUNDLE 1`},
 		{"fingerprint hex", strings.Replace(baseOffer, "E8:F9\r\n", "E8:G9\r\n", 1), `"G9" is not a hex byte`},
 		{"fingerprint shape", strings.Replace(baseOffer, "a=fingerprint:sha-256 ", "a=fingerprint:sha-256", 1), "want \"<hash function>"},
 		{"two roles", strings.Replace(baseOffer, "a=setup:actpass\r\na=mid:1", "a=setup:active\r\na=mid:1", 1), "one DTLS association needs one role"},
@@ -1078,12 +1085,20 @@ func TestParseOfferShapes(t *testing.T) {
 	}
 	bundleOnly := strings.Replace(strings.Replace(baseOffer, "BUNDLE 0 1", "BUNDLE 1 0", 1),
 		"m=audio 9 UDP/TLS/RTP/SAVPF 111 63 9 0 8 13 110 126\r\n", "m=audio 0 UDP/TLS/RTP/SAVPF 111 63 9 0 8 13 110 126\r\na=bundle-only\r\n", 1)
+	// Two BUNDLE groups, two transports: the audio's is served, the
+	// other's section answered rejected.
+	twoGroups := strings.Replace(baseOffer, "a=group:BUNDLE 0 1\r\n", "a=group:BUNDLE 0 1\r\na=group:BUNDLE 2\r\n", 1) +
+		"m=video 9 UDP/TLS/RTP/SAVPF 96\r\nc=IN IP4 0.0.0.0\r\na=ice-ufrag:Vv8w\r\na=ice-pwd:r2VxZ0vVNa6lAk1Y2vXkq9Te\r\n" +
+		"a=fingerprint:sha-256 0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9:0A:1B:2C:3D:4E:5F:60:71:82:93:A4:B5:C6:D7:E8:F9\r\n" +
+		"a=setup:actpass\r\na=mid:2\r\na=sendrecv\r\na=rtcp-mux\r\na=rtpmap:96 VP8/90000\r\n"
 	cases := []struct {
 		name, offer string
 		data        int
 		want        []string
 		lines       []string // in the answer
 	}{
+		{"video in a second BUNDLE group", twoGroups, 1, []string{"audio sendrecv", "application", "video rejected"},
+			[]string{"a=group:BUNDLE 0 1\r\n", "m=video 0 UDP/TLS/RTP/SAVPF 0\r\n"}},
 		{"legacy SCTP", legacy, -1, []string{"audio sendrecv", "application rejected"},
 			[]string{"m=application 0 DTLS/SCTP 5000\r\n", "a=group:BUNDLE 0\r\n"}},
 		{"no BUNDLE", noBundle, -1, []string{"audio sendrecv", "application rejected"},

@@ -113,30 +113,44 @@ func TestRunStartsAtOnce(t *testing.T) {
 }
 
 // TestRunKeepsPhaseWithinGrace: audio that comes within the run's grace
-// is not a new run: it waits for the run's next turn, on the tick grid (its timestamp
-// following the time that passed, the marker bit on), and stays on the
-// run's phase; after the grace, the next run starts at once on its own.
+// is not a new run: it waits for the run's next turn, on the tick grid;
+// when it comes within JitterAllowance of its time (a backend streaming in
+// real time, at the phase the run's first packet set), its timestamps
+// go on from the run's, no marker; later, they follow the time that
+// passed, marker bit set, on the tick grid from there. After the grace,
+// the next run starts at once on its own phase.
 func TestRunKeepsPhaseWithinGrace(t *testing.T) {
 	h := newPhaseHarness(t, Tick, QueueConfig{})
 	h.push("a0", 960)
 	h.push("a1", 960)
 	h.wake(h.mid(50))
-	h.ticks(3) // a0, a1, then a tick of nothing
+	h.ticks(3) // a0, a1, then a tick of nothing: b0's time was in it
 	h.push("b0", 960)
 	h.push("b1", 960)
 	h.wake(h.mid(10)) // a running queue: nothing starts
 	if len(h.sink.pkts) != 2 {
 		t.Fatalf("%d packets: audio within the grace started on the wake-up", len(h.sink.pkts))
 	}
-	h.ticks(3)
+	h.ticks(1)
 	if len(h.sink.pkts) != 4 {
-		t.Fatalf("%d packets, want 4", len(h.sink.pkts))
+		t.Fatalf("%d packets, want 4: b0 late, b1 due", len(h.sink.pkts))
 	}
-	a0, b0 := h.sink.pkts[0], h.sink.pkts[2]
-	if b0.at%h.w.c.samples != 0 || !b0.marker || b0.ts != a0.ts+uint32(b0.at-a0.at) {
-		t.Fatalf("b0 %+v after a0 %+v: want it on the tick grid, marker, timestamp by the time that passed", b0, a0)
+	a1, b0, b1 := h.sink.pkts[1], h.sink.pkts[2], h.sink.pkts[3]
+	if b0.at%h.w.c.samples != 0 || b0.marker || b0.ts != a1.ts+960 || b1.at != b0.at || b1.marker || b1.ts != b0.ts+960 {
+		t.Fatalf("b0 %+v, b1 %+v after a1 %+v: want them at the next turn, no marker, timestamps on from a1's", b0, b1, a1)
 	}
-	h.checkPhase(h.sink.pkts[2:])
+	h.ticks(3) // b1's audio ends in the first; then two turns without audio
+	h.push("c0", 960)
+	h.push("c1", 960)
+	h.ticks(3)
+	if len(h.sink.pkts) != 6 {
+		t.Fatalf("%d packets, want 6", len(h.sink.pkts))
+	}
+	c0 := h.sink.pkts[4]
+	if c0.at%h.w.c.samples != 0 || !c0.marker || c0.ts != b1.ts+960+uint32(c0.at-(b1.at+960+50)) {
+		t.Fatalf("c0 %+v after b1 %+v: want it on the tick grid, marker, timestamp by the time that passed", c0, b1)
+	}
+	h.checkPhase(h.sink.pkts[4:])
 	if ev := eventTypes(h.q.Events(nil)); !reflect.DeepEqual(ev, []EventType{EventStarted}) {
 		t.Fatalf("events %v, want one run", ev)
 	}
@@ -145,16 +159,16 @@ func TestRunKeepsPhaseWithinGrace(t *testing.T) {
 	if ev := eventTypes(h.q.Events(nil)); !reflect.DeepEqual(ev, []EventType{EventStopped}) {
 		t.Fatalf("events %v, want the run stopped", ev)
 	}
-	h.push("c0", 960)
-	h.push("c1", 960)
+	h.push("d0", 960)
+	h.push("d1", 960)
 	at := h.mid(203)
 	h.wake(at)
-	last, c0 := h.sink.pkts[3], h.sink.pkts[4]
-	if c0.at != at || !c0.marker || c0.seq != last.seq+1 || c0.ts != last.ts+960+uint32(at-(last.at+960)) {
-		t.Fatalf("next run's first packet %+v after %+v: want at %d, marker, seq +1, timestamp by the time since the last audio ended", c0, last, at)
+	last, d0 := h.sink.pkts[5], h.sink.pkts[6]
+	if d0.at != at || !d0.marker || d0.seq != last.seq+1 || d0.ts != last.ts+960+uint32(at-(last.at+960)) {
+		t.Fatalf("next run's first packet %+v after %+v: want at %d, marker, seq +1, timestamp by the time since the last audio ended", d0, last, at)
 	}
 	h.ticks(2)
-	h.checkPhase(h.sink.pkts[4:])
+	h.checkPhase(h.sink.pkts[6:])
 }
 
 // TestClearStopsAtOnce: after Clear no packet of the cleared audio is
@@ -337,8 +351,8 @@ func TestWorkersShareQueues(t *testing.T) {
 // marker), and comes back at the first turn at or after its audio's end:
 // the turn after the one that sends that packet, which leaves up to a
 // tick before the end (TestMarkNotBeforeItsAudioEnds); a run that runs
-// dry calls OnUnderrun one tick after its last packet's turn, and what it
-// pushes leaves in that turn.
+// dry calls OnUnderrun at its second turn after its audio ended (more than
+// JitterAllowance later), and what it pushes leaves in that turn.
 func TestMarkOffTheGrid(t *testing.T) {
 	var h *phaseHarness
 	var underruns []int64
@@ -369,12 +383,18 @@ func TestMarkOffTheGrid(t *testing.T) {
 	if ev := h.q.Events(nil); !reflect.DeepEqual(ev, []Event{{Type: EventMark, Name: "m"}}) {
 		t.Fatalf("events at the turn after a2's %+v, want the mark", ev)
 	}
-	h.ticks(1) // a2's turn + 2 ticks: the underrun
+	h.ticks(1) // a2's turn + 2 ticks: the first turn after its audio ended, within JitterAllowance
+	if len(underruns) != 0 {
+		t.Fatalf("OnUnderrun at %v: within JitterAllowance of the audio's end", underruns)
+	}
+	h.ticks(1) // the underrun
 	a2 := h.sink.pkts[2]
-	if len(underruns) != 1 || underruns[0] != a2.at+2*960 || len(h.sink.pkts) != 4 {
-		t.Fatalf("OnUnderrun at %v, %d packets; want once at %d (a tick after a2's turn), the tail sent then", underruns, len(h.sink.pkts), a2.at+2*960)
+	if len(underruns) != 1 || underruns[0] != a2.at+3*960 || len(h.sink.pkts) != 4 {
+		t.Fatalf("OnUnderrun at %v, %d packets; want once at %d (two turns after a2's audio ended), the tail sent then", underruns, len(h.sink.pkts), a2.at+3*960)
 	}
 	// a0 left at its timeline position: the timestamps' offset.
+	// a0 left at its timeline position: the timestamps' offset. The tail
+	// comes more than JitterAllowance after its time: a talkspurt.
 	a0 := h.sink.pkts[0]
 	if tail := h.sink.pkts[3]; tail.at != underruns[0] || !tail.marker || tail.ts-a0.ts != uint32(tail.at-a0.at) {
 		t.Fatalf("tail %+v after a2 %+v: want it sent at the underrun's turn, marker, timestamp at that turn's time", tail, a2)
@@ -490,5 +510,57 @@ func TestClearReturnsSentMarks(t *testing.T) {
 	h.ticks(3)
 	if ev := h.q.Events(nil); len(ev) != 0 {
 		t.Fatalf("events after the clear %+v, want none", ev)
+	}
+}
+
+// TestRealTimeStreamOneTalkspurt: a backend that streams 20 ms frames in
+// real time, each coming up to 14 ms after its time (its scheduling, its
+// link), is played as one talkspurt: the first packet at once with the
+// marker bit, every later one at the first turn after it came, with no
+// marker and its timestamp 960 on, whatever the phase of the reply's start
+// against the tick grid, with the 20 ms and the 10 ms tick (issue 28: the
+// second packet fell off the grid: marker bit, timestamp 14–20 ms late).
+func TestRealTimeStreamOneTalkspurt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, tick := range []time.Duration{Tick, TickShort} {
+		for _, off := range []int64{0, 1, 100, 240, 479, 700, 959} {
+			t.Run(fmt.Sprintf("%v/%d", tick, off), func(t *testing.T) {
+				h := newPhaseHarness(t, tick, QueueConfig{})
+				period := h.w.c.samples
+				const frames, jitter = 150, 14 * 48
+				start := h.mid(off % period)
+				arrive := make([]int64, frames)
+				for k := range arrive {
+					arrive[k] = start + int64(k)*960
+					if k > 0 {
+						arrive[k] = max(arrive[k]+rng.Int64N(jitter+1), arrive[k-1])
+					}
+				}
+				h.push("0", 960)
+				h.wake(start)
+				for k := 1; k < frames; k++ {
+					for (h.n+1)*period <= arrive[k] {
+						h.ticks(1)
+					}
+					h.push(fmt.Sprint(k), 960)
+				}
+				h.ticks(int(3 * 960 / period))
+				pkts := h.sink.pkts
+				if len(pkts) != frames || !pkts[0].marker || pkts[0].at != start {
+					t.Fatalf("%d packets of %d, the first %+v: want it at %d with the marker", len(pkts), frames, pkts[0], start)
+				}
+				for k, p := range pkts[1:] {
+					k++
+					prev := pkts[k-1]
+					turn := (arrive[k]/period + 1) * period // the first turn after it came
+					if p.marker || p.ts != prev.ts+960 || p.seq != prev.seq+1 || p.data != fmt.Sprint(k) || p.at != turn {
+						t.Fatalf("packet %d %+v after %+v, came at %d: want it at %d, no marker, timestamp +960, seq +1", k, p, prev, arrive[k], turn)
+					}
+				}
+				if ev := eventTypes(h.q.Events(nil)); !reflect.DeepEqual(ev, []EventType{EventStarted}) {
+					t.Fatalf("events %v, want one run started", ev)
+				}
+			})
+		}
 	}
 }

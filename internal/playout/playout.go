@@ -31,17 +31,23 @@
 // packet's position is that moment (not a tick's), and it is sent then.
 // At each turn, the packets that start before the queue's next turn are
 // due, so packets of 10, 20 or 60 ms all leave at their real-time pace,
-// and every later packet of the run leaves at the tick at or before its
-// own position, up to one tick early, never after: a receiver that times
-// the run from its first packet (WebRTC's NetEq) never sees a later
-// packet late, however the run's phase falls against the clock's (see
-// Clock for the quarter-tick slots measured instead). When nothing was
-// due for a while within a run (the queue ran dry), the position jumps to
-// the queue's current turn and the RTP timestamp jumps with it. Sequence
+// and every later packet of the run that is queued in time leaves at the
+// tick at or before its own position, up to one tick early, never after:
+// a receiver that times the run from its first packet (WebRTC's NetEq)
+// never sees it late, however the run's phase falls against the clock's
+// (see Clock for the quarter-tick slots measured instead). A packet that
+// comes after its position (a backend streaming in real time delivers
+// each frame at about its time, after the tick before it) leaves at the
+// queue's first turn after it comes, and goes on from the run's timeline
+// (timestamp and position) if it is at most JitterAllowance late, counted
+// in the turns that found it missing. When the queue ran dry for longer
+// within a run, the position jumps to the queue's current turn and the
+// RTP timestamp jumps with it. Sequence
 // numbers stay continuous (+1 per packet, across replies and clears),
 // timestamps follow real time (RFC 3550 §5.1), and the first packet of
-// each run, and the first after a gap within a run, has the marker bit
-// set (RFC 3551 §4.1: the first packet of a talkspurt).
+// each run, and the first after a gap within a run (longer than
+// JitterAllowance, or before a new response), has the marker bit set (RFC
+// 3551 §4.1: the first packet of a talkspurt).
 //
 // # Catch-up
 //

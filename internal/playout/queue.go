@@ -46,9 +46,11 @@ type QueueConfig struct {
 	RunGrace time.Duration
 	// OnUnderrun, if set, is called on the clock's worker goroutine, with
 	// no lock held, when the queue has run empty during a run and stayed
-	// empty for one tick (whatever RunGrace): the owner may push the last,
-	// partial frame of a reply now (padded), and it is sent in the same
-	// turn. Called at most once per underrun.
+	// empty past its audio's end for longer than JitterAllowance (the
+	// second turn after it, at the 20 ms tick; whatever RunGrace), so not
+	// between the frames of a backend streaming in real time: the owner
+	// may push the last, partial frame of a reply now (padded), and it is
+	// sent in the same turn. Called at most once per underrun.
 	OnUnderrun func()
 	// ClearTail, if set, is one 20 ms packet of silence (Opus) that a
 	// Clear which cuts a run sends ClearTailTicks times, one every 20 ms
@@ -130,7 +132,10 @@ type Queue struct {
 	respID    string // the latest response tag
 	sentResp  string // respID when the run's last packet was sent
 	underrun  bool   // OnUnderrun was called for the current underrun
-	events    []Event
+	// late counts the turns, at or after the next packet's position,
+	// that found the running queue without it: how late it comes.
+	late   int64
+	events []Event
 	// marks are the marks whose audio has all been sent but has not yet
 	// played out on the timeline (a run's packets leave up to a tick
 	// early), in order, each with the position where its audio ends.
@@ -446,7 +451,7 @@ func (q *Queue) compact() {
 // It reports whether the queue stays on its worker.
 func (q *Queue) tick(now, first, at int64, w *worker) (keep bool) {
 	events := q.take(now, first, at, w)
-	if len(w.batch) == 0 && q.onUnderrun != nil && q.wantsTail(now) {
+	if len(w.batch) == 0 && q.onUnderrun != nil && q.wantsTail() {
 		q.onUnderrun()
 		events = q.take(now, first, at, w) || events
 	}
@@ -480,11 +485,13 @@ func (q *Queue) stop() {
 }
 
 // wantsTail reports, and records, that the run has run dry and stayed dry
-// for a tick: the owner's OnUnderrun is due.
-func (q *Queue) wantsTail(now int64) bool {
+// past its audio's end for longer than JitterAllowance (the audio that
+// came next would start a talkspurt after a gap): the owner's OnUnderrun
+// is due.
+func (q *Queue) wantsTail() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !q.running || q.head != len(q.items) || q.underrun || now <= q.tl {
+	if !q.running || q.head != len(q.items) || q.underrun || q.late*q.period <= jitterSamples {
 		return false
 	}
 	q.underrun = true
@@ -544,11 +551,18 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 			extra += int64(it.dur) // due only for the catch-up
 		}
 		marker := false
-		if q.tl < first { // nothing was sent for a while: follow real time
+		// Due at an earlier turn that found the queue without it: a
+		// gap, unless the run goes on and it is the same response, at
+		// most JitterAllowance late (a backend streaming in real time:
+		// the run's first packet left at once, so the later ones come
+		// at its phase, off the grid, with the backend's jitter).
+		newResponse := q.running && q.respID != q.sentResp
+		if q.tl < first && (!q.running || newResponse || q.late*q.period > jitterSamples) {
+			// Follow real time.
 			q.ts += uint32(at - q.tl)
 			q.tl = at
 			marker = true // a talkspurt after a gap, RFC 3551 §4.1
-			if q.running && q.respID != q.sentResp {
+			if newResponse {
 				// A new response after a gap: the run of the one
 				// before it has ended.
 				q.stop()
@@ -570,7 +584,11 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 		q.sentResp = q.respID
 		q.queued -= int64(it.dur)
 		q.underrun = false
+		q.late = 0
 		q.head++
+	}
+	if q.running && len(w.batch) == 0 && q.tl <= now {
+		q.late++ // its next packet is due and not there
 	}
 	if extra > 0 {
 		q.tl -= extra
@@ -613,6 +631,22 @@ func (q *Queue) playedMarks(now int64) {
 		q.marks = q.marks[:k]
 	}
 }
+
+// JitterAllowance is how late, at most, the next packet of a run may come
+// and still continue the run's timestamps, without the marker bit: a
+// backend streaming in real time (a streaming TTS, an echo) delivers each
+// frame at about its time, with the jitter of its scheduling and its
+// link, while the run's first packet left at once, at the phase of its
+// arrival, off the tick grid. It is counted in the queue's turns that
+// found the packet due and missing (at least one tick, two at the 10 ms
+// tick), so a frame may come up to between one and two ticks after its
+// time, whatever the run's phase. Later than that, the audio is a
+// talkspurt after a gap (its timestamp follows the time that passed,
+// marker bit set), as is a new response's audio after any wait.
+const JitterAllowance = 20 * time.Millisecond
+
+// jitterSamples is JitterAllowance at 48 kHz.
+const jitterSamples = int64(JitterAllowance / time.Millisecond * 48)
 
 // CatchUpTarget is the backlog (48 kHz samples, 60 ms) a queue keeps
 // while its backend streams at about real time: above it, playout catches

@@ -276,6 +276,10 @@ func TestPacketDurations(t *testing.T) {
 // jumps by the time that passed (the receiver sees the gap as time), the
 // marker bit starts the new talkspurt, played_ms counts the audio sent,
 // not the gap, and OnUnderrun came once, after one empty tick.
+// TestGapWithinGrace: audio that comes while its queue is empty within
+// the run's grace continues the run (no new EventStarted); its timestamps
+// go on when it is at most JitterAllowance late, and otherwise follow the
+// time that passed, with the marker bit.
 func TestGapWithinGrace(t *testing.T) {
 	for _, gap := range []int{1, 3, graceTicks} { // empty ticks between a's end and b
 		t.Run(fmt.Sprintf("%d ticks", gap), func(t *testing.T) {
@@ -290,8 +294,15 @@ func TestGapWithinGrace(t *testing.T) {
 				t.Fatalf("%d packets", len(h.rec.pkts))
 			}
 			a, b := h.rec.pkts[0], h.rec.pkts[1]
-			if !b.marker || b.seq != a.seq+1 || b.at != a.at+int64(gap)+1 || b.ts != a.ts+uint32(960*(gap+1)) {
-				t.Fatalf("late packet %+v after %+v: want marker, seq+1, %d ticks later, timestamp +%d", b, a, gap+1, 960*(gap+1))
+			// b was due a tick after a: one empty turn at or after its
+			// time is within JitterAllowance (timestamps go on), more is
+			// a talkspurt after a gap.
+			wantTS, wantMarker := a.ts+960, false
+			if int64(gap)*960 > jitterSamples {
+				wantTS, wantMarker = a.ts+uint32(960*(gap+1)), true
+			}
+			if b.marker != wantMarker || b.seq != a.seq+1 || b.at != a.at+int64(gap)+1 || b.ts != wantTS {
+				t.Fatalf("late packet %+v after %+v: want marker %v, seq+1, %d ticks later, timestamp %d", b, a, wantMarker, gap+1, wantTS)
 			}
 			want := []Event{{Type: EventStarted}, {Type: EventStopped, PlayedMs: 40}}
 			if ev := h.events(); !reflect.DeepEqual(ev, want) {
@@ -346,7 +357,7 @@ func TestNewResponseAfterGap(t *testing.T) {
 	}
 	tag("r1")
 	h.push("a", 960)
-	h.run(3) // a gap of two ticks
+	h.run(4) // a gap of three ticks
 	tag("r1")
 	h.push("b", 960) // the same response: same run
 	tag("r2")

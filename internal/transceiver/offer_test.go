@@ -72,6 +72,15 @@ func TestOfferRefused(t *testing.T) {
 			return fp.ReplaceAllString(o, "a=fingerprint:whirlpool "+strings.Repeat("AB:", 63)+"AB\r")
 		}, "whirlpool"},
 		{"no fingerprint", func(o string) string { return fp.ReplaceAllString(o, "a=x-no-fingerprint\r") }, "no a=fingerprint"},
+		{"fingerprint without colons", func(o string) string {
+			return fp.ReplaceAllStringFunc(o, func(l string) string {
+				hash, digest, _ := strings.Cut(l, " ")
+				return hash + " " + strings.ReplaceAll(digest, ":", "")
+			})
+		}, "written without colons"},
+		{"audio and data channel in two BUNDLE groups", func(o string) string {
+			return regexp.MustCompile(`(?m)^a=group:BUNDLE (\S+) (\S+)\r?$`).ReplaceAllString(o, "a=group:BUNDLE $1\r\na=group:BUNDLE $2\r")
+		}, "2 BUNDLE groups"},
 		{"two ICE credentials in one BUNDLE group", func(o string) string {
 			n := 0
 			return ufrag.ReplaceAllStringFunc(o, func(l string) string {
