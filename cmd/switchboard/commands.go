@@ -161,7 +161,27 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 		}
 	}
 	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "tcp", r.TCPAddr().String(), "members", members.Len())
-	return serveOps(ctx, ops, reg, cfg.Log.Pprof, r.Ready, log)
+	if !r.TCPAddr().IsValid() {
+		return serveOps(ctx, ops, reg, cfg.Log.Pprof, r.Ready, log)
+	}
+	// With ICE-TCP, drain on SIGTERM: keep serving (and failing /ready)
+	// while the open connections' calls go on, up to -drain-timeout.
+	opsCtx, stopOps := context.WithCancel(context.Background())
+	defer stopOps()
+	opsErr := make(chan error, 1)
+	go func() { opsErr <- serveOps(opsCtx, ops, reg, cfg.Log.Pprof, r.Ready, log) }()
+	select {
+	case err := <-opsErr:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("draining", "tcp_connections", r.Stats().TCP.Open, "timeout", cfg.Drain)
+	dctx, cancel := context.WithTimeout(context.Background(), cfg.Drain)
+	left := r.Drain(dctx)
+	cancel()
+	log.Info("drained", "tcp_connections_left", left)
+	stopOps()
+	return <-opsErr
 }
 
 // serveOps serves /metrics, /live and /ready on ln until ctx ends, or

@@ -111,13 +111,14 @@ func (m *Membership) RegisterFlags(fs *flag.FlagSet) {
 
 // Relay configures `switchboard relay`.
 type Relay struct {
-	Relay     relay.Config `yaml:",inline"`
-	FlowCache string       `yaml:"flow_cache"`
-	Members   string       `yaml:"members"`
-	Source    Membership   `yaml:",inline"`
-	Metrics   string       `yaml:"metrics"`
-	Keys      Keys         `yaml:",inline"`
-	Log       Log          `yaml:",inline"`
+	Relay     relay.Config  `yaml:",inline"`
+	Drain     time.Duration `yaml:"drain_timeout"`
+	FlowCache string        `yaml:"flow_cache"`
+	Members   string        `yaml:"members"`
+	Source    Membership    `yaml:",inline"`
+	Metrics   string        `yaml:"metrics"`
+	Keys      Keys          `yaml:",inline"`
+	Log       Log           `yaml:",inline"`
 }
 
 // Flags returns the relay's flag set, bound to c.
@@ -131,6 +132,7 @@ func (c *Relay) Flags() *flag.FlagSet {
 	fs.IntVar(&r.MaxTCPConnsPerIP, "max-tcp-conns-per-ip", relay.DefaultMaxTCPConnsPerIP, "open ICE-TCP connections of one source IP (IPv6: /64); beyond it new ones are reset and counted")
 	fs.DurationVar(&r.TCPFirstFrameTimeout, "tcp-first-frame-timeout", relay.DefaultTCPFirstFrameTimeout, "close an ICE-TCP connection whose first frame (a Binding request with a valid token) has not come this long after it opened")
 	fs.DurationVar(&r.TCPIdleTimeout, "tcp-idle-timeout", 0, "close an ICE-TCP connection that sent nothing this long (0 = -idle-timeout)")
+	fs.DurationVar(&c.Drain, "drain-timeout", relay.DefaultDrainTimeout, "on SIGTERM with -tcp, how long open ICE-TCP connections may go on (new ones are refused and /ready fails meanwhile); UDP needs no drain")
 	clusterVar(fs, &r.Cluster)
 	fs.IntVar(&r.Workers, "workers", 0, "public-socket read loops sharing the port with SO_REUSEPORT (0 = one per CPU)")
 	fs.DurationVar(&r.PendingTimeout, "pending-timeout", relay.DefaultPendingTimeout, "lifetime of a flow the transceiver has not answered yet")

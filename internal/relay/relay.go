@@ -341,6 +341,8 @@ type Relay struct {
 	// failed is the error of the first read loop that stopped for good
 	// (loops.go); nil while every loop runs.
 	failed atomic.Pointer[error]
+	// draining is set by Drain (tcp.go): Ready fails.
+	draining atomic.Bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -471,10 +473,14 @@ func canonical(ap netip.AddrPort) netip.AddrPort {
 // Ready returns nil while every read loop runs, and otherwise the error
 // that stopped the first one to stop for good (a socket whose reads kept
 // failing): a relay that is not ready should be taken out of its load
-// balancer and restarted. The relay command serves it as /ready.
+// balancer and restarted. While it drains (Drain) it returns ErrDraining.
+// The relay command serves it as /ready.
 func (r *Relay) Ready() error {
 	if err := r.failed.Load(); err != nil {
 		return *err
+	}
+	if r.draining.Load() {
+		return ErrDraining
 	}
 	return nil
 }

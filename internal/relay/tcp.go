@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -73,6 +74,9 @@ const (
 	// DefaultTCPFirstFrameTimeout bounds the wait for a connection's first
 	// frame: a client sends its first check as soon as it has connected.
 	DefaultTCPFirstFrameTimeout = 5 * time.Second
+	// DefaultDrainTimeout is how long `switchboard relay` lets open ICE-TCP
+	// connections go on after SIGTERM (Drain).
+	DefaultDrainTimeout = 30 * time.Second
 	// DefaultMaxTCPConns caps the open TCP connections of one relay.
 	DefaultMaxTCPConns = 20_000
 	// DefaultMaxTCPConnsPerIP caps the open TCP connections of one source
@@ -624,10 +628,49 @@ func (s *tcpServer) deliver(client netip.AddrPort, p []byte) DropReason {
 	return c.enqueue(p)
 }
 
+// ErrDraining is Relay.Ready's error while the relay drains (Drain).
+var ErrDraining = errors.New("relay: draining: taking no new ICE-TCP connections")
+
+// Drain stops taking ICE-TCP connections (the listener closes; Ready
+// fails with ErrDraining, so the relay leaves its load balancer) and waits
+// until every open connection has ended (its call hung up, or its client
+// moved) or ctx is done, and returns how many are still open. Everything
+// else goes on meanwhile: the open connections' frames both ways, and UDP
+// (a UDP client holds nothing here: once the load balancer sends it
+// elsewhere, its next packets rebuild its flow on another relay). A relay
+// restart would close the connections, and clients that do not reconnect
+// an ICE-TCP connection (Firefox, Pion) would lose their calls; drained,
+// they keep them for as long as ctx allows. Without Config.TCPAddr it
+// returns 0 at once. Close ends what is left.
+func (r *Relay) Drain(ctx context.Context) int {
+	s := r.tcp
+	if s == nil {
+		return 0
+	}
+	r.draining.Store(true)
+	_ = s.ln.Close()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		n := int(s.open.Load())
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return n
+		case <-t.C:
+		}
+	}
+}
+
 // shutdown closes the listener and every connection and waits for their
 // goroutines. Relay.Close calls it.
 func (s *tcpServer) shutdown() error {
 	err := s.ln.Close()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil // Drain closed it
+	}
 	s.mu.Lock()
 	s.closed = true
 	conns := make([]*tcpConn, 0, len(s.conns))

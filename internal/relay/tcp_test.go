@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -586,5 +587,58 @@ func TestTCPPathsAllocateNothing(t *testing.T) {
 		drain()
 	}); n != 0 {
 		t.Errorf("transceiver packet for a TCP client: %v allocations, want 0", n)
+	}
+}
+
+// TestTCPDrain: a draining relay takes no new ICE-TCP connection and is
+// not ready, while its open connections go on both ways; Drain returns
+// when the last one ends, or when its context does.
+func TestTCPDrain(t *testing.T) {
+	e := newEnv(t, Config{TCPAddr: "127.0.0.1:0"}, nil)
+	c := dialTCP(t, e.r, netip.Addr{})
+	ca := tcpAddrOf(c)
+	writeFrame(t, c, e.binding(t, 7))
+	recvHop(t, e.tr)
+	ctx, cancel := context.WithCancel(context.Background())
+	drained := make(chan int, 1)
+	go func() { drained <- e.r.Drain(ctx) }()
+	eventually(t, "not ready", func() bool { return errors.Is(e.r.Ready(), ErrDraining) })
+	if nc, err := net.DialTCP("tcp", nil, net.TCPAddrFromAddrPort(e.r.TCPAddr())); err == nil {
+		nc.Close()
+		t.Fatal("a draining relay accepted a new connection")
+	}
+	rtp := []byte{0x80, 111, 0, 1}
+	writeFrame(t, c, rtp)
+	if _, _, p, _ := recvHop(t, e.tr); !bytes.Equal(p, rtp) {
+		t.Fatalf("frame during the drain: %x", p)
+	}
+	send(t, e.tr, append(hop.AppendHeader(nil, hop.TypeDataTCP, ca), rtp...), e.r.InternalAddr())
+	if got, err := readFrame(c, 5*time.Second); err != nil || !bytes.Equal(got, rtp) {
+		t.Fatalf("reply during the drain: %x %v", got, err)
+	}
+	select {
+	case n := <-drained:
+		t.Fatalf("Drain returned %d with a connection open", n)
+	case <-time.After(100 * time.Millisecond):
+	}
+	c.Close()
+	select {
+	case n := <-drained:
+		if n != 0 {
+			t.Fatalf("Drain returned %d after the last connection ended", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Drain did not return after the last connection ended")
+	}
+	cancel()
+
+	// A drain whose context ends first reports what is left open.
+	e2 := newEnv(t, Config{TCPAddr: "127.0.0.1:0"}, nil)
+	dialTCP(t, e2.r, netip.Addr{})
+	eventually(t, "open", func() bool { return e2.r.Stats().TCP.Open == 1 })
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel2()
+	if n := e2.r.Drain(ctx2); n != 1 {
+		t.Fatalf("Drain at its deadline returned %d, want 1", n)
 	}
 }
