@@ -2,14 +2,24 @@ package e2e
 
 import (
 	"context"
+	"crypto/rand"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
+	"github.com/switchboard-rtc/switchboard/internal/membership"
+	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/token"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 )
 
 // gatherByLabel returns the values of metric name by its label values
@@ -148,5 +158,66 @@ func TestDrainTCP(t *testing.T) {
 	}
 	if st := s.relay.Stats().TCP; st.Open != 0 {
 		t.Fatalf("%d TCP connections open after the drain ended the session", st.Open)
+	}
+}
+
+// TestCallOverTCPThroughGlobalRelay: a Pion client with TCP candidates
+// only, in a region whose ingress is a Global Relay, calls over the Global
+// Relay's ICE-TCP port: the answer names that ingress's TCP address (its
+// IP, -advertise-tcp's port), the Global Relay carries each frame to the
+// cluster relay as DATA_TCP, and the cluster relay, which has no TCP
+// listener of its own, to the transceiver and back.
+func TestCallOverTCPThroughGlobalRelay(t *testing.T) {
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	keys, _ := token.NewKeyring(token.Key{ID: 3, Secret: secret})
+	log := slog.New(slog.DiscardHandler)
+	backend := httptest.NewServer(agent.NewEcho(log))
+	t.Cleanup(backend.Close)
+	gtab, members := &membership.Table{}, &membership.Table{}
+	global, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", TCPAddr: "127.0.0.1:0", Ingress: true, Workers: 1}, keys, gtab, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = global.Close() })
+	cluster, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: 5, Workers: 1,
+		TrustedIngress: []string{"127.0.0.0/8"}}, keys, members, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cluster.Close() })
+	if err := gtab.Set(map[uint32]netip.AddrPort{5: cluster.PublicAddr()}); err != nil {
+		t.Fatal(err)
+	}
+	trx, err := transceiver.New(transceiver.Config{
+		ID: 1, Cluster: 5, ListenAddr: "127.0.0.1:0",
+		Advertise:       cluster.PublicAddr().String(),
+		AdvertiseTCP:    netip.AddrPortFrom(cluster.PublicAddr().Addr(), global.TCPAddr().Port()).String(),
+		IngressByRegion: map[string]string{"A": global.PublicAddr().String()},
+		AllowRelays:     []string{"127.0.0.0/8"},
+		BackendURL:      "ws" + strings.TrimPrefix(backend.URL, "http") + "/v1/bridge",
+	}, keys, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = trx.Close() })
+	if err := members.Set(map[uint32]netip.AddrPort{1: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
+		t.Fatal(err)
+	}
+	sig := httptest.NewServer(trx.Handler())
+	t.Cleanup(sig.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := callclient.Run(ctx, callclient.Options{URL: sig.URL + "/v1/calls", AudioPath: speech, Duration: 2 * time.Second,
+		IPv4Only: true, Network: "tcp", Header: http.Header{transceiver.RegionHeader: {"A"}}})
+	if err != nil || r.Transport != "tcp" || !r.AudioEchoed || !r.DataChannelEchoed {
+		t.Fatalf("call: %v, transport %q\n%s", err, r.Transport, r)
+	}
+	gs, cs := global.Stats(), cluster.Stats()
+	t.Logf("Global Relay: TCP frames %d in, %d out; cluster relay: %d hop datagrams in, %d out; client sent %d, received %d",
+		gs.TCP.ToTransceiverFrames, gs.TCP.ToClientFrames, cs.ToTransceiverPackets, cs.ToClientPackets, r.PacketsSent, r.PacketsReceived)
+	if gs.TCP.ToTransceiverFrames < uint64(r.PacketsSent) || gs.TCP.ToClientFrames < uint64(r.PacketsReceived) ||
+		cs.ToTransceiverPackets < uint64(r.PacketsSent) || cs.ToClientPackets < uint64(r.PacketsReceived) {
+		t.Fatal("the media did not go Global Relay (TCP) → cluster relay → transceiver and back")
 	}
 }
