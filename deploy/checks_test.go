@@ -424,8 +424,22 @@ func checkRelay(t *testing.T, r *rendered, v map[string]any) {
 	if svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal {
 		t.Errorf("relay Service externalTrafficPolicy = %q, want Local", svc.Spec.ExternalTrafficPolicy)
 	}
-	if len(svc.Spec.Ports) != 1 {
-		t.Fatalf("relay Service exposes %d ports, want exactly one", len(svc.Spec.Ports))
+	tcpOn := fmt.Sprint(val(t, v, "relay.tcp.enabled")) == "true"
+	if want := 1 + map[bool]int{true: 1}[tcpOn]; len(svc.Spec.Ports) != want {
+		t.Fatalf("relay Service exposes %d ports, want %d (UDP, and TCP when relay.tcp.enabled)", len(svc.Spec.Ports), want)
+	}
+	if tcpOn {
+		// ICE-TCP: the Service's TCP port, the container port and -tcp are one port.
+		tp := svc.Spec.Ports[1]
+		if tp.Protocol != corev1.ProtocolTCP || int(tp.Port) != valInt(t, v, "relay.service.tcpPort") {
+			t.Errorf("relay Service TCP port = %d/%s, want %d/TCP", tp.Port, tp.Protocol, valInt(t, v, "relay.service.tcpPort"))
+		}
+		cp := containerPort(t, c, tp.TargetPort.StrVal)
+		if got := portOf(t, env["SWITCHBOARD_TCP"].Value); got != cp.ContainerPort || cp.Protocol != corev1.ProtocolTCP || int(got) != valInt(t, v, "relay.ports.tcp") {
+			t.Errorf("relay -tcp port %d, container port %d/%s, value %d", got, cp.ContainerPort, cp.Protocol, valInt(t, v, "relay.ports.tcp"))
+		}
+	} else if e := env["SWITCHBOARD_TCP"]; e.Name != "" {
+		t.Errorf("relay.tcp.enabled false, but SWITCHBOARD_TCP = %q", e.Value)
 	}
 	sp := svc.Spec.Ports[0]
 	if sp.Protocol != corev1.ProtocolUDP || int(sp.Port) != valInt(t, v, "relay.service.port") {
@@ -577,6 +591,15 @@ func checkTransceiver(t *testing.T, r *rendered, v map[string]any) {
 	}
 	if adv.Addr() != netip.MustParseAddr(fmt.Sprint(val(t, v, "publicIP"))) || int32(adv.Port()) != svc.Spec.Ports[0].Port {
 		t.Errorf("advertise %s, want publicIP %v and relay Service port %d", adv, val(t, v, "publicIP"), svc.Spec.Ports[0].Port)
+	}
+	// And its ICE-TCP port, when relays take TCP.
+	if fmt.Sprint(val(t, v, "relay.tcp.enabled")) == "true" {
+		tadv, err := netip.ParseAddrPort(env["SWITCHBOARD_ADVERTISE_TCP"].Value)
+		if err != nil || tadv.Addr() != adv.Addr() || len(svc.Spec.Ports) < 2 || int32(tadv.Port()) != svc.Spec.Ports[1].Port {
+			t.Errorf("advertise-tcp %q, want publicIP at the relay Service's TCP port", env["SWITCHBOARD_ADVERTISE_TCP"].Value)
+		}
+	} else if e := env["SWITCHBOARD_ADVERTISE_TCP"]; e.Name != "" {
+		t.Errorf("relay.tcp.enabled false, but SWITCHBOARD_ADVERTISE_TCP = %q", e.Value)
 	}
 	http := containerPort(t, c, "http")
 	if got := portOf(t, env["SWITCHBOARD_HTTP"].Value); got != http.ContainerPort || int(got) != valInt(t, v, "transceiver.ports.http") {

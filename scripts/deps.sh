@@ -6,11 +6,12 @@
 #   scripts/deps.sh test    build + chromium (browser tests) + coturn (relay bench) + espeak-ng
 #                           and sox (speech files) + Firefox ESR and GStreamer webrtcbin with
 #                           libnice (interop tests, docs/interop.md) + python3-websockets (runs
-#                           the Python backend of docs/bridge.md)
+#                           the Python backend of docs/bridge.md) + nftables (the ICE-TCP browser
+#                           tests drop a namespace's UDP)
 set -euo pipefail
 want=(gcc pkg-config libopus-dev libopusfile-dev libspeexdsp-dev libwebrtc-audio-processing-dev)
 if [[ "${1:-build}" == test ]]; then
-  want+=(chromium coturn iproute2 redis-server espeak-ng sox firefox-esr python3-websockets
+  want+=(chromium coturn iproute2 nftables redis-server espeak-ng sox firefox-esr python3-websockets
          gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
          gstreamer1.0-nice python3-gi python3-gst-1.0 gir1.2-gst-plugins-base-1.0 gir1.2-gst-plugins-bad-1.0)
 fi

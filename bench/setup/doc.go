@@ -15,7 +15,20 @@
 //
 //	direct  client ─UDP proxy─ transceiver (Direct mode, no relay)
 //	relay   client ─UDP proxy─ relay ─internal hop─ transceiver
+//	global  client ─UDP proxy─ Global Relay ─hop─ relay ─internal hop─ transceiver
+//	tcp     client ─TCP proxy─ relay's ICE-TCP port ─internal hop─ transceiver
 //	turn    client ─UDP proxy─ coturn (relay candidate) ─ transceiver (Direct)
+//
+// For "tcp" the client gathers ICE-TCP candidates only (as on a network
+// that drops UDP) and connects to the answer's passive TCP candidate, the
+// TCP proxy. The proxy accepts locally, so, as for signaling, the TCP
+// handshake (SYN, SYN-ACK) is not delayed: on a real path it adds 1 RTT
+// before the first check, which the model below leaves out as it does
+// for signaling's connection. The relay carries each RFC 4571 frame over
+// the internal hop as for UDP (docs/relay.md, "ICE-TCP"). Chromium selects
+// UDP where UDP works, so with Options.Client "chromium" the path is
+// skipped; internal/demo TestBrowsersOverTCP runs the browsers where UDP
+// is dropped.
 //
 // For "turn" the client has the TURN server in its ICE servers and the
 // "relay" iceTransportPolicy, so every packet goes through coturn; coturn

@@ -20,6 +20,7 @@ const (
 	PathRelay  = "relay"
 	PathTURN   = "turn"
 	PathGlobal = "global" // Global Relay, then the cluster relay
+	PathTCP    = "tcp"    // the relay's ICE-TCP port (RFC 6544): a client whose network drops UDP
 )
 
 // DTLS roles of the transceiver (transceiver.Config.DTLSRole).
@@ -49,7 +50,7 @@ type Options struct {
 	// one warm-up call). Default 10.
 	Runs int
 	// Paths to measure, in order; default "direct", "relay", "global",
-	// "turn".
+	// "tcp", "turn".
 	Paths []string
 	// Logger receives progress at info, per-call detail at debug and
 	// failures at warn; nil discards. The stacks' own logs go to it at
@@ -115,11 +116,11 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("%w: Runs %d is negative", ErrOptions, o.Runs)
 	}
 	if len(o.Paths) == 0 {
-		o.Paths = []string{PathDirect, PathRelay, PathGlobal, PathTURN}
+		o.Paths = []string{PathDirect, PathRelay, PathGlobal, PathTCP, PathTURN}
 	}
 	for _, p := range o.Paths {
-		if !slices.Contains([]string{PathDirect, PathRelay, PathTURN, PathGlobal}, p) {
-			return o, fmt.Errorf("%w: path %q is not one of direct, relay, turn, global", ErrOptions, p)
+		if !slices.Contains([]string{PathDirect, PathRelay, PathTURN, PathGlobal, PathTCP}, p) {
+			return o, fmt.Errorf("%w: path %q is not one of direct, relay, global, tcp, turn", ErrOptions, p)
 		}
 	}
 	if len(o.DTLSRoles) == 0 {
@@ -445,7 +446,7 @@ func (e *env) call(ctx context.Context, st *stack) (sample, error) {
 		Duration:      e.opts.Audio,
 		Timeout:       e.opts.CallTimeout,
 		Logger:        e.clientLog,
-		SettingEngine: e.clientEngine(),
+		SettingEngine: e.clientEngine(st.tcp),
 		ICEServers:    st.iceServers,
 		RelayOnly:     st.relayOnly,
 	})

@@ -14,12 +14,13 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestSmoke runs direct and relay once each per DTLS role with a small
-// RTT and checks that the phases are sane. It asserts no performance
-// beyond the physical lower bound of two round trips.
+// TestSmoke runs direct, relay, Global Relay and ICE-TCP once each per
+// DTLS role with a small RTT and checks that the phases are sane. It
+// asserts no performance beyond the physical lower bound of two round
+// trips.
 func TestSmoke(t *testing.T) {
 	const rtt = 10 * time.Millisecond
-	opts := Options{RTT: rtt, Runs: 1, Paths: []string{PathDirect, PathRelay, PathGlobal}}
+	opts := Options{RTT: rtt, Runs: 1, Paths: []string{PathDirect, PathRelay, PathGlobal, PathTCP}}
 	if testing.Verbose() {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
@@ -29,8 +30,8 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 6 {
-		t.Fatalf("%d results, want 6 (3 paths × 2 roles)", len(res))
+	if len(res) != 8 {
+		t.Fatalf("%d results, want 8 (4 paths × 2 roles)", len(res))
 	}
 	for _, r := range res {
 		if r.Runs != 1 || r.Failures != 0 {
@@ -43,7 +44,7 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	md := Markdown(res, opts)
-	for _, want := range []string{"| direct | client |", "| relay | server |", "| global | client |", "≤ 3 RTT", "Relay over direct"} {
+	for _, want := range []string{"| direct | client |", "| relay | server |", "| global | client |", "| tcp | client |", "≤ 3 RTT", "Relay over direct"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("Markdown lacks %q:\n%s", want, md)
 		}
@@ -56,7 +57,7 @@ func TestOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.RTT != 50*time.Millisecond || o.Runs != 10 || len(o.Paths) != 4 || len(o.DTLSRoles) != 2 || o.ClientICETick != DefaultClientICETick {
+	if o.RTT != 50*time.Millisecond || o.Runs != 10 || len(o.Paths) != 5 || len(o.DTLSRoles) != 2 || o.ClientICETick != DefaultClientICETick {
 		t.Errorf("defaults %+v", o)
 	}
 	for _, bad := range []Options{{Paths: []string{"ipoac"}}, {DTLSRoles: []string{"both"}}, {RTT: -1}, {Runs: -1}} {

@@ -98,6 +98,7 @@ type stack struct {
 	page       string // the demo page, same origin as url (no CORS preflight)
 	iceServers []webrtc.ICEServer
 	relayOnly  bool
+	tcp        bool // the client gathers ICE-TCP candidates only (PathTCP)
 }
 
 // newStack builds a path. It returns a nil stack and a note when the path
@@ -147,6 +148,15 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 	case PathRelay:
 		st, err := e.behindRelay(cfg, id, delay, false)
 		return st, "", err
+
+	case PathTCP:
+		if e.browser != nil {
+			// Chromium here has UDP, which it prefers: its TCP calls are
+			// measured where UDP is dropped (internal/demo TestBrowsersOverTCP).
+			return nil, "skipped for chromium: it selects UDP where UDP works; see internal/demo TestBrowsersOverTCP", nil
+		}
+		st, err := e.behindRelayTCP(cfg, id, delay)
+		return st, "client gathers TCP only; the proxy does not delay the TCP handshake (see the package comment)", err
 
 	case PathTURN:
 		if e.firefox != nil {
@@ -241,6 +251,42 @@ func (e *env) behindRelay(cfg transceiver.Config, id uint32, delay impair.Config
 	return &stack{url: url, page: page}, err
 }
 
+// behindRelayTCP builds a relay with its ICE-TCP listener on and
+// transceiver cfg (id) behind it; the client reaches the relay's TCP port
+// through a delaying TCP proxy, which the answer's passive TCP candidate
+// names (its UDP candidate names a UDP proxy the client does not use).
+func (e *env) behindRelayTCP(cfg transceiver.Config, id uint32, delay impair.Config) (*stack, error) {
+	members := &membership.Table{}
+	rly, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", TCPAddr: "127.0.0.1:0", Cluster: cluster, Workers: 1}, e.keys, members, nil, e.log)
+	if err != nil {
+		return nil, err
+	}
+	e.defer_(func() { _ = rly.Close() })
+	px, err := impair.NewUDP("127.0.0.1:0", rly.PublicAddr(), delay, 1)
+	if err != nil {
+		return nil, err
+	}
+	e.defer_(func() { _ = px.Close() })
+	tpx, err := impair.NewTCP("127.0.0.1:0", rly.TCPAddr().String(), delay.Delay)
+	if err != nil {
+		return nil, err
+	}
+	e.defer_(func() { _ = tpx.Close() })
+	cfg.ListenAddr = "127.0.0.1:0"
+	cfg.Advertise = px.Addr().String()
+	cfg.AdvertiseTCP = tpx.Addr()
+	cfg.AllowRelays = []string{netip.PrefixFrom(rly.InternalAddr().Addr(), 32).String()}
+	trx, err := e.newTransceiver(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := members.Set(map[uint32]netip.AddrPort{id: trx.HopAddr().(*net.UDPAddr).AddrPort()}); err != nil {
+		return nil, err
+	}
+	url, page, err := e.signaling(trx)
+	return &stack{url: url, page: page, tcp: true}, err
+}
+
 func (e *env) newTransceiver(cfg transceiver.Config) (*transceiver.Server, error) {
 	trx, err := transceiver.New(cfg, e.keys, nil, e.log)
 	if err != nil {
@@ -275,13 +321,16 @@ func (e *env) signaling(trx *transceiver.Server) (offer, page string, err error)
 }
 
 // clientEngine is the client's SettingEngine: loopback host candidates
-// only (one pair, through the proxy), no mDNS, SCTP SNAP offered, and the
-// check tick of the package comment.
-func (e *env) clientEngine() *webrtc.SettingEngine {
+// only (one pair, through the proxy), UDP or, with tcp, ICE-TCP only, no
+// mDNS, SCTP SNAP offered, and the check tick of the package comment.
+func (e *env) clientEngine(tcp bool) *webrtc.SettingEngine {
 	se := &webrtc.SettingEngine{}
 	se.SetIncludeLoopbackCandidate(true)
 	se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
 	se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
+	if tcp {
+		se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeTCP4})
+	}
 	se.SetIPFilter(func(ip net.IP) bool { return ip.IsLoopback() })
 	se.EnableSctpSnap(true)
 	if tick := e.opts.ClientICETick; tick < pionCheckInterval {

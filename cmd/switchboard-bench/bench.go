@@ -120,13 +120,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 // runBenchSetup is `switchboard-bench setup`: call setup time, POST to first
-// audio at the backend, over direct, relay, Global Relay and TURN paths
+// audio at the backend, over direct, relay, Global Relay, ICE-TCP and TURN paths
 // with an added round-trip time (bench/setup).
 func runBenchSetup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("setup", stderr)
 	rtt := fs.Duration("rtt", 50*time.Millisecond, "round-trip time added between client and server (half each way)")
 	runs := fs.Int("runs", 10, "calls per path and DTLS role (median)")
-	paths := fs.String("paths", "", "comma-separated paths: direct, relay, global, turn (default all)")
+	paths := fs.String("paths", "", "comma-separated paths: direct, relay, global, tcp (ICE-TCP through the relay), turn (default all)")
 	roles := fs.String("roles", "", "comma-separated transceiver DTLS roles: client, server (default both)")
 	skipHVR := fs.Bool("client-skip-hello-verify", false, "the client, as DTLS server, sends no HelloVerifyRequest (as browsers)")
 	client := fs.String("client", setupbench.ClientPion, "client: pion (callclient), chromium (headless Chromium running the demo page) or firefox (headless Firefox ESR running it, in a network namespace: needs root)")

@@ -27,7 +27,7 @@ import (
 // measures.
 var benchmarks = []struct{ name, about string }{
 	{"relay", "the relay against a raw UDP loop, a naive Go proxy and coturn (-quick: about a minute)"},
-	{"setup", "call setup time over direct, relay, Global Relay and TURN paths"},
+	{"setup", "call setup time over direct, relay, Global Relay, ICE-TCP and TURN paths"},
 	{"transceiver", "CPU, memory, goroutines and delay inside per session, N sessions as real processes"},
 	{"voice", "turn-taking in headless Chromium: speech end to reply, barge-in to silence (edge vs backend)"},
 }

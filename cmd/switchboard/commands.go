@@ -39,11 +39,15 @@ func runDemo(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, Logger: log, Pprof: cfg.Log.Pprof, Agent: cfg.Mode, Ptime: cfg.Ptime})
+	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, NoTCP: !cfg.TCP, Logger: log, Pprof: cfg.Log.Pprof, Agent: cfg.Mode, Ptime: cfg.Ptime})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "\n  Switchboard demo: open %s in a browser and click Call.\n  Relay UDP %s. Ctrl-C to stop.\n\n", d.URL(), d.RelayAddr())
+	relayLine := fmt.Sprintf("Relay UDP %s", d.RelayAddr())
+	if a := d.RelayTCPAddr(); a.IsValid() {
+		relayLine += fmt.Sprintf(", ICE-TCP %s", a)
+	}
+	fmt.Fprintf(os.Stderr, "\n  Switchboard demo: open %s in a browser and click Call.\n  %s. Ctrl-C to stop.\n\n", d.URL(), relayLine)
 	werr := d.Wait(ctx)
 	if cerr := d.Close(); werr == nil {
 		werr = cerr
@@ -156,8 +160,28 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 			return err
 		}
 	}
-	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "members", members.Len())
-	return serveOps(ctx, ops, reg, cfg.Log.Pprof, r.Ready, log)
+	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "tcp", r.TCPAddr().String(), "members", members.Len())
+	if !r.TCPAddr().IsValid() {
+		return serveOps(ctx, ops, reg, cfg.Log.Pprof, r.Ready, log)
+	}
+	// With ICE-TCP, drain on SIGTERM: keep serving (and failing /ready)
+	// while the open connections' calls go on, up to -drain-timeout.
+	opsCtx, stopOps := context.WithCancel(context.Background())
+	defer stopOps()
+	opsErr := make(chan error, 1)
+	go func() { opsErr <- serveOps(opsCtx, ops, reg, cfg.Log.Pprof, r.Ready, log) }()
+	select {
+	case err := <-opsErr:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("draining", "tcp_connections", r.Stats().TCP.Open, "timeout", cfg.Drain)
+	dctx, cancel := context.WithTimeout(context.Background(), cfg.Drain)
+	left := r.Drain(dctx)
+	cancel()
+	log.Info("drained", "tcp_connections_left", left)
+	stopOps()
+	return <-opsErr
 }
 
 // serveOps serves /metrics, /live and /ready on ln until ctx ends, or
@@ -285,6 +309,7 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&opts.Timeout, "timeout", 0, "bound on the whole call (0 = audio length + 15s)")
 	fs.StringVar(&opts.AuthToken, "token", "", "bearer token for signaling")
 	fs.BoolVar(&opts.IPv4Only, "ipv4", false, "gather IPv4 candidates only")
+	fs.StringVar(&opts.Network, "network", "udp", "candidates to gather: udp, tcp (ICE-TCP only, as from a network that drops UDP) or any")
 	fs.DurationVar(&opts.ICERestartAfter, "ice-restart-after", 0, "restart ICE once (PATCH, RFC 9725) this long after connecting; 0 = never")
 	headerFlag(fs, &opts.Header, `extra "Name: value" header on the POST and the DELETE (repeatable), e.g. a region header a CDN would set`)
 	positional, err := parseInterspersed(fs, args)

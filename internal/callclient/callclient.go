@@ -105,9 +105,15 @@ type Options struct {
 	// candidates, disables mDNS, and gathers on udp4 and udp6 (udp4 only
 	// with IPv4Only).
 	SettingEngine *webrtc.SettingEngine
-	// IPv4Only restricts the default SettingEngine to udp4. Ignored when
-	// SettingEngine is set.
+	// IPv4Only restricts the default SettingEngine to udp4 (tcp4 with
+	// Network "tcp"). Ignored when SettingEngine is set.
 	IPv4Only bool
+	// Network is what the default SettingEngine gathers on: "udp" (the
+	// default, also ""), "tcp" (ICE-TCP only, RFC 6544: the client's
+	// active TCP candidates connect to the answer's passive one, as from
+	// a network that drops UDP) or "any" (both; ICE picks). Ignored when
+	// SettingEngine is set.
+	Network string
 	// AuthToken, if set, is sent as "Authorization: Bearer <AuthToken>" on
 	// the POST, the PATCH of an ICE restart and the DELETE: a client token
 	// (internal/auth) or an API key.
@@ -173,6 +179,9 @@ type Report struct {
 	// MaxGapMS is the longest time between two consecutive received audio
 	// packets, in milliseconds: 20 on a clean path, the outage otherwise.
 	MaxGapMS float64 `json:"max_gap_ms"`
+	// Transport is the transport of the last selected candidate pair,
+	// "udp" or "tcp" (ICE-TCP); empty if none was selected.
+	Transport string `json:"transport,omitempty"`
 	// ICERestart reports the ICE restart of Options.ICERestartAfter; nil
 	// when none was asked for.
 	ICERestart *RestartReport `json:"ice_restart,omitempty"`
@@ -247,6 +256,7 @@ type call struct {
 	readers sync.WaitGroup // OnTrack read loops
 
 	mu          sync.Mutex // guards the following
+	transport   string     // the selected pair's local protocol, "udp" or "tcp"
 	setup       SetupTimes
 	sent        [][]byte
 	received    [][]byte
@@ -408,6 +418,24 @@ func (c *call) restartICE(ctx context.Context, stop <-chan struct{}, httpc *http
 	c.patched = true
 }
 
+// networkTypes returns the network types Options.Network names.
+func networkTypes(network string, v4only bool) []webrtc.NetworkType {
+	var types []webrtc.NetworkType
+	if network != "tcp" {
+		types = append(types, webrtc.NetworkTypeUDP4)
+		if !v4only {
+			types = append(types, webrtc.NetworkTypeUDP6)
+		}
+	}
+	if network == "tcp" || network == "any" {
+		types = append(types, webrtc.NetworkTypeTCP4)
+		if !v4only {
+			types = append(types, webrtc.NetworkTypeTCP6)
+		}
+	}
+	return types
+}
+
 // msSince returns the milliseconds since t.
 func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
 
@@ -426,11 +454,7 @@ func (c *call) newPeerConnection() (*webrtc.PeerConnection, *webrtc.TrackLocalSt
 		se = &webrtc.SettingEngine{}
 		se.SetIncludeLoopbackCandidate(true)
 		se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
-		if c.opts.IPv4Only {
-			se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
-		} else {
-			se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4, webrtc.NetworkTypeUDP6})
-		}
+		se.SetNetworkTypes(networkTypes(c.opts.Network, c.opts.IPv4Only))
 	}
 	api := webrtc.NewAPI(webrtc.WithMediaEngine(&me), webrtc.WithSettingEngine(*se))
 	conf := webrtc.Configuration{ICEServers: c.opts.ICEServers}
@@ -446,6 +470,14 @@ func (c *call) newPeerConnection() (*webrtc.PeerConnection, *webrtc.TrackLocalSt
 		return nil, nil, err
 	}
 
+	pc.SCTP().Transport().ICETransport().OnSelectedCandidatePairChange(func(p *webrtc.ICECandidatePair) {
+		if p == nil || p.Local == nil {
+			return
+		}
+		c.mu.Lock()
+		c.transport = p.Local.Protocol.String()
+		c.mu.Unlock()
+	})
 	pc.OnICEConnectionStateChange(func(s webrtc.ICEConnectionState) {
 		c.log.Debug("ICE connection state", "state", s.String())
 		if s == webrtc.ICEConnectionStateConnected {
@@ -761,6 +793,7 @@ func (c *call) report() Report {
 		SessionURL:        c.sessionURL,
 		GatheringMS:       c.gatheringMS,
 		MaxGapMS:          float64(c.maxGap.Microseconds()) / 1000,
+		Transport:         c.transport,
 		ICERestart:        c.restart,
 		Started:           c.start,
 		SentPayloads:      c.sent,

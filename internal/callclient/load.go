@@ -104,8 +104,12 @@ type LoadOptions struct {
 	// SettingEngine, if set, is used for every session (tests bind it to
 	// loopback; a chaos test gives it its own transport.Net). If nil,
 	// Load includes loopback candidates, disables mDNS and gathers on
-	// udp4 only: one candidate per session keeps the offer small.
+	// udp4 only (Network): one candidate per session keeps the offer small.
 	SettingEngine *webrtc.SettingEngine
+	// Network is what the default SettingEngine gathers on, as
+	// Options.Network, IPv4 only: "udp" (also ""), "tcp" (ICE-TCP only)
+	// or "any".
+	Network string
 	// Vanish, if positive, makes every session a client that loses its
 	// network instead of one that streams audio: once ICE connects, it
 	// waits a uniform random 0 to Vanish, then closes its UDP sockets with
@@ -284,7 +288,7 @@ func NewLoad(opts LoadOptions) (*Load, error) {
 		l.frames = frames
 	}
 	var err error
-	if l.api, err = newLoadAPI(opts.SettingEngine, nil); err != nil {
+	if l.api, err = newLoadAPI(opts.SettingEngine, nil, opts.Network); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -294,7 +298,7 @@ func NewLoad(opts LoadOptions) (*Load, error) {
 // (so that the server sees receiver reports with LSR/DLSR, as from a
 // browser), no NACK, TWCC or other interceptors. With n set, the sessions
 // open their sockets on n.
-func newLoadAPI(se *webrtc.SettingEngine, n transport.Net) (*webrtc.API, error) {
+func newLoadAPI(se *webrtc.SettingEngine, n transport.Net, network string) (*webrtc.API, error) {
 	var me webrtc.MediaEngine
 	codec := webrtc.RTPCodecParameters{
 		RTPCodecCapability: webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2, SDPFmtpLine: opusFmtp},
@@ -311,7 +315,7 @@ func newLoadAPI(se *webrtc.SettingEngine, n transport.Net) (*webrtc.API, error) 
 		se = &webrtc.SettingEngine{}
 		se.SetIncludeLoopbackCandidate(true)
 		se.SetICEMulticastDNSMode(ice.MulticastDNSModeDisabled)
-		se.SetNetworkTypes([]webrtc.NetworkType{webrtc.NetworkTypeUDP4})
+		se.SetNetworkTypes(networkTypes(network, true))
 	}
 	if n != nil {
 		own := *se
@@ -515,7 +519,7 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 		}
 		vn = &vanishNet{Net: std}
 		defer vn.vanish()
-		if api, err = newLoadAPI(l.opts.SettingEngine, vn); err != nil {
+		if api, err = newLoadAPI(l.opts.SettingEngine, vn, l.opts.Network); err != nil {
 			return fail(FailClient, err)
 		}
 	}

@@ -58,6 +58,7 @@ func done(fs *flag.FlagSet, fileOnly ...FileOnly) *flag.FlagSet {
 type Demo struct {
 	HTTP  string `yaml:"http"`
 	Relay string `yaml:"relay"`
+	TCP   bool   `yaml:"tcp"`
 	Mode  string `yaml:"mode"`
 	Ptime int    `yaml:"ptime"`
 	Log   Log    `yaml:",inline"`
@@ -68,7 +69,8 @@ func (c *Demo) Flags() *flag.FlagSet {
 	fs := newFlagSet("demo")
 	fs.StringVar(&c.Mode, "mode", agent.ModeParrot, "agent: parrot (a conversation: it answers with what you said, and stops when you talk over it) or echo")
 	fs.StringVar(&c.HTTP, "http", demo.DefaultHTTPAddr, "address of the web page, signaling API and /metrics")
-	fs.StringVar(&c.Relay, "relay", demo.DefaultRelayAddr, "relay public UDP address (advertised in answers)")
+	fs.StringVar(&c.Relay, "relay", demo.DefaultRelayAddr, "relay public UDP address (advertised in answers); the relay's ICE-TCP listener takes the same address, TCP")
+	fs.BoolVar(&c.TCP, "tcp", true, "listen for ICE-TCP clients on the -relay address (TCP) and offer it in answers as a passive TCP candidate, for networks that drop UDP")
 	fs.IntVar(&c.Ptime, "ptime", demo.DefaultPtime, "ms of audio per RTP packet to and from the browser: 20 or 10 (as the transceiver's -ptime)")
 	c.Log.RegisterFlags(fs, "text", "the -http address")
 	describe(fs, "demo [flags]",
@@ -109,13 +111,14 @@ func (m *Membership) RegisterFlags(fs *flag.FlagSet) {
 
 // Relay configures `switchboard relay`.
 type Relay struct {
-	Relay     relay.Config `yaml:",inline"`
-	FlowCache string       `yaml:"flow_cache"`
-	Members   string       `yaml:"members"`
-	Source    Membership   `yaml:",inline"`
-	Metrics   string       `yaml:"metrics"`
-	Keys      Keys         `yaml:",inline"`
-	Log       Log          `yaml:",inline"`
+	Relay     relay.Config  `yaml:",inline"`
+	Drain     time.Duration `yaml:"drain_timeout"`
+	FlowCache string        `yaml:"flow_cache"`
+	Members   string        `yaml:"members"`
+	Source    Membership    `yaml:",inline"`
+	Metrics   string        `yaml:"metrics"`
+	Keys      Keys          `yaml:",inline"`
+	Log       Log           `yaml:",inline"`
 }
 
 // Flags returns the relay's flag set, bound to c.
@@ -124,6 +127,12 @@ func (c *Relay) Flags() *flag.FlagSet {
 	r := &c.Relay
 	fs.StringVar(&r.PublicAddr, "public", relay.DefaultPublicAddr, "public UDP address clients send to (the VIP:port)")
 	fs.StringVar(&r.InternalAddr, "internal", relay.DefaultInternalAddr, "UDP address of the internal hop to and from transceivers")
+	fs.StringVar(&r.TCPAddr, "tcp", "", "TCP address of ICE-TCP clients (RFC 6544), e.g. 0.0.0.0:443, for networks that drop UDP; the transceivers' -advertise-tcp is how clients reach it (empty: no TCP)")
+	fs.IntVar(&r.MaxTCPConns, "max-tcp-conns", relay.DefaultMaxTCPConns, "open ICE-TCP connections in all; beyond it new ones are reset and counted")
+	fs.IntVar(&r.MaxTCPConnsPerIP, "max-tcp-conns-per-ip", relay.DefaultMaxTCPConnsPerIP, "open ICE-TCP connections of one source IP (IPv6: /64); beyond it new ones are reset and counted")
+	fs.DurationVar(&r.TCPFirstFrameTimeout, "tcp-first-frame-timeout", relay.DefaultTCPFirstFrameTimeout, "close an ICE-TCP connection whose first frame (a Binding request with a valid token) has not come this long after it opened")
+	fs.DurationVar(&r.TCPIdleTimeout, "tcp-idle-timeout", 0, "close an ICE-TCP connection that sent nothing this long (0 = -idle-timeout)")
+	fs.DurationVar(&c.Drain, "drain-timeout", relay.DefaultDrainTimeout, "on SIGTERM with -tcp, how long open ICE-TCP connections may go on (new ones are refused and /ready fails meanwhile); UDP needs no drain")
 	clusterVar(fs, &r.Cluster)
 	fs.IntVar(&r.Workers, "workers", 0, "public-socket read loops sharing the port with SO_REUSEPORT (0 = one per CPU)")
 	fs.DurationVar(&r.PendingTimeout, "pending-timeout", relay.DefaultPendingTimeout, "lifetime of a flow the transceiver has not answered yet")
@@ -131,7 +140,7 @@ func (c *Relay) Flags() *flag.FlagSet {
 	fs.IntVar(&r.MaxFlows, "max-flows", relay.DefaultMaxFlows, "flow table capacity; new flows beyond it are dropped and counted")
 	fs.IntVar(&r.MaxPendingPerIP, "max-pending-per-ip", relay.DefaultMaxPendingPerIP, "pending (unanswered) flows one source IP (IPv6: /64) may hold; beyond it its new flows are dropped and counted")
 	fs.IntVar(&r.NewFlowsPerIP, "new-flows-per-ip", relay.DefaultNewFlowsPerIP, "flows per second one source IP (IPv6: /64) may create beyond its burst; a client over it is delayed (given a turn up to 1 s ahead), beyond that refused, both counted")
-	fs.IntVar(&r.NewFlowBurstPerIP, "new-flow-burst-per-ip", 0, "flows one source IP (IPv6: /64) may create at once before -new-flows-per-ip paces it (0 = -new-flows-per-ip)")
+	fs.IntVar(&r.NewFlowBurstPerIP, "new-flow-burst-per-ip", relay.DefaultNewFlowBurstPerIP, "flows one source IP (IPv6: /64) may create at once before -new-flows-per-ip paces it: as many as a transceiver admits sessions not yet connected per client address (-max-pending-per-client) (0 = -new-flows-per-ip)")
 	fs.IntVar(&r.NewFlowsPerSecond, "new-flows-per-second", relay.DefaultNewFlowsPerSecond, "flows all sources together may create per second; beyond it new flows are dropped and counted")
 	fs.BoolVar(&r.Relearn, "relearn", true, "rebuild a lost flow (relay restart) from a transceiver's datagram for the client, trusting members to name only their clients")
 	fs.BoolVar(&r.Ingress, "ingress", false, "run as a Global Relay: route tokens by cluster; -members then lists cluster id=cluster relay public ip:port")
@@ -187,6 +196,7 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 	clusterVar(fs, &t.Cluster)
 	fs.StringVar(&t.ListenAddr, "listen", transceiver.DefaultListenAddr, "UDP address of the internal-hop socket relays send to")
 	fs.StringVar(&t.Advertise, "advertise", "", "relay public ip:port put in answers as the one candidate (required unless -direct)")
+	fs.StringVar(&t.AdvertiseTCP, "advertise-tcp", "", "relay VIP's ICE-TCP ip:port (the relays' -tcp as clients reach it, e.g. 203.0.113.10:443), put in answers as a passive TCP candidate below the UDP one; a region's ingress gets its own IP at this port (empty: UDP only)")
 	fs.StringVar(&c.Allow, "allow-relays", "", "comma-separated CIDR prefixes relays may send from (default: loopback and private ranges)")
 	fs.StringVar(&t.BackendURL, "backend", transceiver.DefaultBackendURL, "backend bridge WebSocket URL")
 	fs.DurationVar(&t.SetupTimeout, "setup-timeout", transceiver.DefaultSetupTimeout, "end sessions not connected this long after the offer")

@@ -47,7 +47,12 @@ type Config struct {
 	// "127.0.0.1:8080". The agent's bridge has a loopback port of its own.
 	HTTPAddr string
 	// RelayAddr is the relay's public UDP address. Default "127.0.0.1:3478".
+	// The relay's ICE-TCP listener takes the same address (TCP), and the
+	// answers offer it as a passive TCP candidate, unless NoTCP.
 	RelayAddr string
+	// NoTCP turns the relay's ICE-TCP listener and the answers' TCP
+	// candidate off.
+	NoTCP bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Agent is the reference agent serving the bridge: agent.ModeParrot
@@ -70,8 +75,13 @@ type Config struct {
 // Demo is a running demo.
 type Demo struct {
 	// Set once.
-	relay   *relay.Relay
-	trx     *transceiver.Server
+	relay *relay.Relay
+	trx   *transceiver.Server
+	// What the relay was made with, for a test's restart (fault_test.go).
+	keys    *token.Keyring
+	members *membership.Table
+	rcfg    relay.Config
+	log     *slog.Logger
 	srv     *httpapi.Server // the page, signaling, /metrics
 	bridge  *httpapi.Server // the agent's bridge, on loopback
 	url     string
@@ -136,21 +146,30 @@ func Start(cfg Config) (*Demo, error) {
 		return nil, err
 	}
 	members := &membership.Table{}
-	rly, err := relay.New(relay.Config{PublicAddr: cfg.RelayAddr, InternalAddr: "127.0.0.1:0", Cluster: 1, Relearn: true}, keys, members, reg, log.With("component", "relay"))
+	rcfg := relay.Config{PublicAddr: cfg.RelayAddr, InternalAddr: "127.0.0.1:0", Cluster: 1, Relearn: true}
+	if !cfg.NoTCP {
+		rcfg.TCPAddr = cfg.RelayAddr
+	}
+	rly, err := relay.New(rcfg, keys, members, reg, log.With("component", "relay"))
 	if err != nil {
 		_ = ln.Close()
 		_ = bln.Close()
 		return nil, fmt.Errorf("demo: the relay's address (-relay): %w", err)
 	}
 	internal := rly.InternalAddr()
+	var advertiseTCP string
+	if a := rly.TCPAddr(); a.IsValid() {
+		advertiseTCP = a.String()
+	}
 	trx, err := transceiver.New(transceiver.Config{
-		ID:          TransceiverID,
-		Cluster:     1,
-		ListenAddr:  "127.0.0.1:0",
-		Advertise:   rly.PublicAddr().String(),
-		AllowRelays: []string{netip.PrefixFrom(internal.Addr(), internal.Addr().BitLen()).String()},
-		BackendURL:  "ws://" + bln.Addr().String() + "/v1/bridge",
-		Ptime:       cfg.Ptime,
+		ID:           TransceiverID,
+		Cluster:      1,
+		ListenAddr:   "127.0.0.1:0",
+		Advertise:    rly.PublicAddr().String(),
+		AdvertiseTCP: advertiseTCP,
+		AllowRelays:  []string{netip.PrefixFrom(internal.Addr(), internal.Addr().BitLen()).String()},
+		BackendURL:   "ws://" + bln.Addr().String() + "/v1/bridge",
+		Ptime:        cfg.Ptime,
 	}, keys, reg, log.With("component", "transceiver"))
 	if err != nil {
 		_ = rly.Close()
@@ -192,6 +211,10 @@ func Start(cfg Config) (*Demo, error) {
 	d := &Demo{
 		relay:   rly,
 		trx:     trx,
+		keys:    keys,
+		members: members,
+		rcfg:    rcfg,
+		log:     log,
 		srv:     srv,
 		bridge:  bridgeSrv,
 		url:     "http://" + ln.Addr().String(),
@@ -208,6 +231,9 @@ func (d *Demo) URL() string { return d.url }
 
 // RelayAddr returns the relay's public UDP address.
 func (d *Demo) RelayAddr() netip.AddrPort { return d.relay.PublicAddr() }
+
+// RelayTCPAddr returns the relay's ICE-TCP address; invalid with NoTCP.
+func (d *Demo) RelayTCPAddr() netip.AddrPort { return d.relay.TCPAddr() }
 
 // Relay returns the relay, for tests and stats.
 func (d *Demo) Relay() *relay.Relay { return d.relay }

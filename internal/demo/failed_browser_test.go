@@ -21,8 +21,8 @@ import (
 )
 
 // TestBrowserCallFailed: when the peer connection fails (here: the answer
-// names a UDP port that reads everything and answers nothing, so ICE never
-// connects), the page ends the call itself: state "failed" with its error,
+// names a UDP port that reads everything and answers nothing, and no
+// ICE-TCP candidate, so ICE never connects), the page ends the call itself: state "failed" with its error,
 // Hang up disabled, and Call starts a new call. It used to stay "failed"
 // with its dead peer connection, Call doing nothing and Hang up disabled.
 func TestBrowserCallFailed(t *testing.T) {
@@ -31,7 +31,7 @@ func TestBrowserCallFailed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := startTestDemo(t, Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Agent: agent.ModeEcho}, slog.LevelDebug, nil)
+	d := startTestDemo(t, Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", NoTCP: true, Agent: agent.ModeEcho}, slog.LevelDebug, nil)
 
 	// A bound socket nobody reads: checks sent to it get no answer and no
 	// ICMP error, as with a relay that vanished.

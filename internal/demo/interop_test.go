@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,6 +50,13 @@ type interopResult struct {
 	PeakLevel       float64  `json:"peakLevel"`
 	// TotalAudioEnergy is inbound-rtp's (W3C webrtc-stats), where reported.
 	TotalAudioEnergy float64 `json:"totalAudioEnergy"`
+	// Transport is the selected candidate pair's local protocol, "udp" or
+	// "tcp" (webrtc-stats), empty if the browser did not say.
+	Transport string `json:"transport"`
+	// MaxGapMs and ConnectionState are reported after a hold=MS call: the
+	// longest time no audio packet came, and the state at its end.
+	MaxGapMs        float64 `json:"maxGapMs"`
+	ConnectionState string  `json:"connectionState"`
 }
 
 // startInteropPage serves the interop page on an origin of its own (so the
@@ -123,17 +131,17 @@ func waitInterop(t *testing.T, d *Demo, results <-chan interopResult, timeout ti
 				drops[relay.DropReason(i).String()] = n
 			}
 		}
-		t.Fatalf("call failed: %s\nrelay: flows %d, to transceiver %d, to client %d, drops %v; transceiver hop %+v",
-			r.Error, rs.Flows, rs.ToTransceiverPackets, rs.ToClientPackets, drops, d.Transceiver().HopStats())
+		t.Fatalf("call failed: %s\nrelay: flows %d, to transceiver %d, to client %d, drops %v, TCP %+v; transceiver hop %+v",
+			r.Error, rs.Flows, rs.ToTransceiverPackets, rs.ToClientPackets, drops, rs.TCP, d.Transceiver().HopStats())
 	}
 	if !r.DCEcho || r.PacketsReceived <= 50 || (r.PeakLevel <= 0.01 && r.TotalAudioEnergy <= 0) {
 		t.Fatalf("data-channel echo %v, %d audio packets back, peak level %.3f, total audio energy %.4f; want an echo, > 50 packets and sound",
 			r.DCEcho, r.PacketsReceived, r.PeakLevel, r.TotalAudioEnergy)
 	}
 	rs := d.Relay().Stats()
-	if rs.ToTransceiverPackets <= 50 || rs.ToClientPackets <= 50 {
-		t.Errorf("relay forwarded %d packets to the transceiver and %d to the client, want > 50 each",
-			rs.ToTransceiverPackets, rs.ToClientPackets)
+	// UDP datagrams and ICE-TCP frames alike.
+	if in, out := rs.ToTransceiverPackets+rs.TCP.ToTransceiverFrames, rs.ToClientPackets+rs.TCP.ToClientFrames; in <= 50 || out <= 50 {
+		t.Errorf("relay forwarded %d packets to the transceiver and %d to the client, want > 50 each", in, out)
 	}
 	if hs := d.Transceiver().HopStats(); hs.DroppedNotHop != 0 {
 		t.Errorf("transceiver dropped %d datagrams without a hop header (something bypassed the relay)", hs.DroppedNotHop)
@@ -212,6 +220,9 @@ func firefoxPath(t *testing.T) string {
 	return ""
 }
 
+// netnsCount numbers the namespaces clientNetns makes.
+var netnsCount atomic.Int32
+
 // clientNetns creates a network namespace for a client, joined to this one
 // by a veth pair, and returns its name and the two ends' addresses: the
 // host end (where the demo listens) and the client's. It is removed when
@@ -236,10 +247,10 @@ func clientNetns(t *testing.T) (ns, hostIP, clientIP string) {
 		}
 		t.Skip(why)
 	}
-	n := os.Getpid() % 200
-	ns = fmt.Sprintf("sbinterop%d", os.Getpid())
-	host, peer := fmt.Sprintf("sbih%d", os.Getpid()), fmt.Sprintf("sbic%d", os.Getpid())
-	hostIP, clientIP = fmt.Sprintf("10.214.%d.1", n), fmt.Sprintf("10.214.%d.2", n)
+	n, k := os.Getpid()%200, netnsCount.Add(1)%64 // a test may make several, one /30 each
+	ns = fmt.Sprintf("sbinterop%d-%d", os.Getpid(), k)
+	host, peer := fmt.Sprintf("sbih%d-%d", os.Getpid(), k), fmt.Sprintf("sbic%d-%d", os.Getpid(), k)
+	hostIP, clientIP = fmt.Sprintf("10.214.%d.%d", n, 4*k+1), fmt.Sprintf("10.214.%d.%d", n, 4*k+2)
 	ip := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {

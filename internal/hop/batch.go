@@ -94,8 +94,11 @@ func (c *Conn) queue(b []byte, client, relay netip.AddrPort) bool {
 	}
 	i := c.out.Queued()
 	buf := c.obufs[i]
-	h := PutHeader(buf, TypeData, client)
+	h := PutHeader(buf, TypeFor(client), client)
 	n := h + copy(buf[h:], b)
+	if IsTCP(client) {
+		c.sentTCP.Add(1)
+	}
 	c.ohdr[i], c.oend[i] = h, n
 	return c.out.Queue(buf[:n], relay, len(b))
 }

@@ -35,6 +35,10 @@ type ConnStats struct {
 	Received uint64
 	// Sent counts client datagrams sent back through a relay.
 	Sent uint64
+	// ReceivedTCP and SentTCP are the part of Received and Sent that are
+	// TCP clients' packets (TypeDataTCP). Sent counts a batched RTP packet
+	// when its batch is sent, SentTCP when it is queued.
+	ReceivedTCP, SentTCP uint64
 	// DroppedNotHop counts datagrams without a valid hop header: a client
 	// (or anyone else) sending to the transceiver directly, or garbage.
 	DroppedNotHop uint64
@@ -84,6 +88,11 @@ type ConnConfig struct {
 // its client's real address. Writes to a client go, with a header naming
 // it, to the relay that delivered that client's last datagram.
 //
+// A TCP client's packets (TypeDataTCP) are reported under the client's
+// TCP form of address (TCPAddr), and a write to that form goes out as
+// TypeDataTCP: the endpoint keys a TCP path apart from a UDP one of the
+// same ip:port, and answers on the transport a packet came in on.
+//
 // Conn reports each datagram under the address it came from, never under
 // another address of the same client: when a client's NAT gives it a new
 // port mid-call, its datagrams from there are a new address's, and whether
@@ -107,6 +116,7 @@ type Conn struct {
 	wg        sync.WaitGroup
 
 	received, sent, droppedNotHop, droppedUntrusted, droppedNoRoute, droppedTooBig, droppedSendFailed atomic.Uint64
+	receivedTCP, sentTCP                                                                              atomic.Uint64 // of received, sent: TCP clients'
 
 	mu sync.RWMutex
 	// routes maps a client's wire address to the relay that last delivered
@@ -182,7 +192,7 @@ func (c *Conn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
 			c.droppedUntrusted.Add(1)
 			continue
 		}
-		_, client, payload, err := ParseHeader(b[:n])
+		typ, client, payload, err := ParseHeader(b[:n])
 		if err != nil {
 			c.droppedNotHop.Add(1)
 			continue
@@ -190,6 +200,10 @@ func (c *Conn) ReadFromAddrPort(b []byte) (int, netip.AddrPort, error) {
 		if len(payload) > MaxPayload {
 			c.droppedTooBig.Add(1)
 			continue
+		}
+		if typ == TypeDataTCP {
+			client = TCPAddr(client)
+			c.receivedTCP.Add(1)
 		}
 		c.learn(client, netip.AddrPortFrom(from.Addr().Unmap(), from.Port()))
 		c.received.Add(1)
@@ -226,7 +240,9 @@ func (c *Conn) WriteToAddrPort(b []byte, client netip.AddrPort) (int, error) {
 		c.droppedTooBig.Add(1)
 		return 0, ErrTooBig
 	}
-	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
+	if !IsTCP(client) {
+		client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
+	}
 	c.mu.RLock()
 	r := c.routes[client]
 	c.mu.RUnlock()
@@ -241,12 +257,15 @@ func (c *Conn) WriteToAddrPort(b []byte, client netip.AddrPort) (int, error) {
 	bp := c.bufs.Get().(*[]byte)
 	defer c.bufs.Put(bp)
 	buf := *bp
-	n := PutHeader(buf, TypeData, client)
+	n := PutHeader(buf, TypeFor(client), client)
 	n += copy(buf[n:], b)
 	if _, err := c.sock.WriteToUDPAddrPort(buf[:n], relay); err != nil {
 		return 0, err
 	}
 	c.sent.Add(1)
+	if IsTCP(client) {
+		c.sentTCP.Add(1)
+	}
 	if c.onSent != nil {
 		c.onSent(b)
 	}
@@ -305,6 +324,8 @@ func (c *Conn) Stats() ConnStats {
 	return ConnStats{
 		Received:          c.received.Load(),
 		Sent:              c.sent.Load(),
+		ReceivedTCP:       c.receivedTCP.Load(),
+		SentTCP:           c.sentTCP.Load(),
 		DroppedNotHop:     c.droppedNotHop.Load(),
 		DroppedUntrusted:  c.droppedUntrusted.Load(),
 		DroppedNoRoute:    c.droppedNoRoute.Load(),

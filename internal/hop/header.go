@@ -9,14 +9,18 @@
 //
 //	byte 0     magic 0xF5 (outside every RFC 7983 demux range, so a hop
 //	           datagram can never be mistaken for STUN, DTLS, RTP or RTCP)
-//	byte 1     version (high nibble, 1) | type (low nibble)
+//	byte 1     version (high nibble, 1) | type (low nibble): 1 DATA, a
+//	           UDP client's datagram; 2 DATA_TCP, one RFC 4571 frame of an
+//	           ICE-TCP client's connection (RFC 6544), length removed
 //	byte 2     address family: 4 or 6
 //	byte 3     reserved, sent as 0 and ignored
 //	bytes 4-5  client UDP port, big endian
 //	bytes 6-   client IP address, 4 or 16 bytes
 //
 // so the header is 10 bytes for IPv4 clients and 22 for IPv6 clients. The
-// payload that follows is the client's datagram, byte for byte.
+// payload that follows is the client's datagram (or TCP frame), byte for
+// byte. A client is named by transport and address: a UDP and a TCP client
+// with the same ip:port are two clients (transport.go).
 package hop
 
 import (
@@ -42,9 +46,16 @@ const (
 type Type uint8
 
 const (
-	// TypeData carries one client datagram (STUN, DTLS, RTP or RTCP), in
-	// either direction.
+	// TypeData carries one datagram (STUN, DTLS, RTP or RTCP) of a client
+	// on UDP, in either direction.
 	TypeData Type = 1
+	// TypeDataTCP carries one packet (STUN, DTLS, RTP or RTCP) of a client
+	// on ICE-TCP (RFC 6544): the payload of one RFC 4571 frame of the
+	// client's TCP connection to a relay, without its 2-byte length, in
+	// either direction. The address is the client's TCP address. A relay
+	// or transceiver older than this type drops it (ErrType), never
+	// mistakes it for a UDP client's.
+	TypeDataTCP Type = 2
 )
 
 // Errors returned by ParseHeader, unwrapped so callers can count them
@@ -113,7 +124,7 @@ func ParseHeader(b []byte) (t Type, client netip.AddrPort, payload []byte, err e
 		return 0, netip.AddrPort{}, nil, ErrVersion
 	}
 	t = Type(b[1] & 0x0f)
-	if t != TypeData {
+	if t != TypeData && t != TypeDataTCP {
 		return 0, netip.AddrPort{}, nil, ErrType
 	}
 	port := uint16(b[4])<<8 | uint16(b[5])

@@ -58,6 +58,8 @@ func TestParseHeaderRejects(t *testing.T) {
 		{"magic", mut(0, 0x00), ErrMagic},
 		{"version", mut(1, 0x21), ErrVersion},
 		{"type", mut(1, 0x1f), ErrType},
+		{"type 0", mut(1, 0x10), ErrType},
+		{"type 3", mut(1, 0x13), ErrType},
 		{"family", mut(2, 5), ErrFamily},
 		{"short v6", mut(2, 6), ErrShort},
 		{"port zero", mut(5, 0), ErrAddress},
@@ -88,6 +90,7 @@ func FuzzParseHeader(f *testing.F) {
 	f.Add(AppendHeader(nil, TypeData, netip.MustParseAddrPort("192.0.2.1:9")))
 	f.Add(AppendHeader([]byte{}, TypeData, netip.MustParseAddrPort("[2001:db8::1]:3478")))
 	f.Add([]byte{Magic, 0x11, 6, 0, 0, 1})
+	f.Add(append(AppendHeader(nil, TypeDataTCP, netip.MustParseAddrPort("192.0.2.1:9")), 0x00, 0x01))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		typ, client, payload, err := ParseHeader(b)

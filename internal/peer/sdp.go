@@ -572,17 +572,21 @@ func unhex(c byte) byte {
 
 // AnswerParams is the answerer's side of the answer.
 type AnswerParams struct {
-	ICEUfrag, ICEPwd  string
-	Fingerprint       Fingerprint    // of our DTLS certificate (sha-256)
-	Setup             string         // "active" (we are the DTLS client) or "passive" (server)
-	Candidate         netip.AddrPort // the one host candidate advertised (the ingress)
-	AudioSSRC         uint32         // the SSRC of the audio we send
-	CNAME             string         // RTCP CNAME (RFC 7022)
-	StreamID, TrackID string         // a=msid (RFC 8830)
-	SCTPPort          int            // ours, 5000
-	MaxMessageSize    int            // ours
-	Ptime             int            // ms; 0: no a=ptime line (branch ptime may set 10)
-	SCTPInit          []byte         // our a=sctp-init payload when answering SNAP; nil: none
+	ICEUfrag, ICEPwd string
+	Fingerprint      Fingerprint    // of our DTLS certificate (sha-256)
+	Setup            string         // "active" (we are the DTLS client) or "passive" (server)
+	Candidate        netip.AddrPort // the one host candidate advertised (the ingress)
+	// TCPCandidate, if valid, is the ingress's ICE-TCP address (RFC
+	// 6544): the answer adds a passive TCP host candidate there, at a lower
+	// priority than the UDP one, for clients whose network drops UDP.
+	TCPCandidate      netip.AddrPort
+	AudioSSRC         uint32 // the SSRC of the audio we send
+	CNAME             string // RTCP CNAME (RFC 7022)
+	StreamID, TrackID string // a=msid (RFC 8830)
+	SCTPPort          int    // ours, 5000
+	MaxMessageSize    int    // ours
+	Ptime             int    // ms; 0: no a=ptime line (branch ptime may set 10)
+	SCTPInit          []byte // our a=sctp-init payload when answering SNAP; nil: none
 }
 
 // opusFmtp is the a=fmtp of the answer's Opus (RFC 7587 §6.1), the
@@ -722,8 +726,11 @@ func Answer(o *Offer, p AnswerParams) (string, error) {
 			}
 		}
 		if !tagged {
-			m.WithValueAttribute(sdp.AttrKeyCandidate, candidate(p.Candidate)).
-				WithPropertyAttribute(sdp.AttrKeyEndOfCandidates)
+			m.WithValueAttribute(sdp.AttrKeyCandidate, candidate(p.Candidate))
+			if p.TCPCandidate.IsValid() {
+				m.WithValueAttribute(sdp.AttrKeyCandidate, tcpCandidate(p.TCPCandidate))
+			}
+			m.WithPropertyAttribute(sdp.AttrKeyEndOfCandidates)
 			tagged = true
 		}
 		sd.MediaDescriptions = append(sd.MediaDescriptions, m)
@@ -754,6 +761,9 @@ func (p *AnswerParams) check(o *Offer) error {
 	}
 	if !p.Candidate.IsValid() || p.Candidate.Port() == 0 || p.Candidate.Addr().Zone() != "" || p.Candidate.Addr().IsUnspecified() {
 		return fmt.Errorf("candidate %v: want an address and a port, without a zone", p.Candidate)
+	}
+	if c := p.TCPCandidate; c.IsValid() && (c.Port() == 0 || c.Addr().Zone() != "" || c.Addr().IsUnspecified()) {
+		return fmt.Errorf("TCP candidate %v: want an address and a port, without a zone", c)
 	}
 	for _, id := range []string{p.StreamID, p.TrackID} {
 		if !isMsidID(id) {
@@ -841,6 +851,25 @@ func rejected(s *Section, setup string) *sdp.MediaDescription {
 // §5.1.2.1): type preference 126 (host), local preference 65535 (the only
 // address), component 1.
 const hostPriority = 126<<24 | 65535<<8 | (256 - 1)
+
+// tcpHostPriority is the ICE priority of the passive TCP host candidate
+// (RFC 6544 §4.2): type preference 126 (host), local preference 2^13 ×
+// 4 (direction preference of a passive host candidate) + 8191 (other
+// preference: the only address), component 1. Below hostPriority, so
+// that a client whose UDP works keeps it: its own TCP candidates are
+// lower still (browsers give TCP a lower type preference), and a pair's
+// priority follows the lower of its two (RFC 8445 §6.1.2.3).
+const tcpHostPriority = 126<<24 | (4<<13+8191)<<8 | (256 - 1)
+
+// tcpCandidate returns the a=candidate value of the passive TCP host
+// candidate at ap (RFC 6544 §4.5: the listening port, tcptype passive).
+func tcpCandidate(ap netip.AddrPort) string {
+	addr := ap.Addr().Unmap()
+	h := fnv.New32a()
+	h.Write([]byte("tcp host "))
+	h.Write([]byte(addr.String()))
+	return fmt.Sprintf("%d 1 tcp %d %s %d typ host tcptype passive", h.Sum32(), tcpHostPriority, addr, ap.Port())
+}
 
 // candidate returns the a=candidate value of the one host candidate at
 // ap (RFC 8839 §5.1), component 1 (RTP and RTCP share it, rtcp-mux). Its

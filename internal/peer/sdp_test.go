@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/pion/ice/v4"
 	"github.com/pion/sdp/v3"
 	"github.com/pion/webrtc/v4"
 	"go.uber.org/goleak"
@@ -380,7 +381,11 @@ func checkAnswer(t *testing.T, o *Offer, p AnswerParams, answer string, want []s
 		for _, a := range m.Attributes {
 			if a.Key == "candidate" {
 				candidates++
-				if want := candidate(p.Candidate); a.Value != want || len(group) != 1 {
+				want := candidate(p.Candidate)
+				if candidates == 2 {
+					want = tcpCandidate(p.TCPCandidate)
+				}
+				if a.Value != want || len(group) != 1 {
 					t.Errorf("m-section %d a=candidate:%s; want %s in the first served section only", i, a.Value, want)
 				}
 			}
@@ -446,8 +451,8 @@ func checkAnswer(t *testing.T, o *Offer, p AnswerParams, answer string, want []s
 	if !slices.Equal(got, want) {
 		t.Errorf("answer sections %q, want %q\n%s", got, want, answer)
 	}
-	if candidates != 1 {
-		t.Errorf("%d candidates, want 1", candidates)
+	if wantN := 1 + btoi(p.TCPCandidate.IsValid()); candidates != wantN {
+		t.Errorf("%d candidates, want %d", candidates, wantN)
 	}
 	g, _ := sd.Attribute("group")
 	if o.Bundle != nil && g != "BUNDLE "+strings.Join(group, " ") {
@@ -1220,4 +1225,55 @@ func TestAnswerDirection(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestAnswerTCPCandidate: with a TCP ingress, the answer adds a passive
+// TCP host candidate (RFC 6544) after the UDP one, at a lower priority,
+// before a=end-of-candidates; Pion's ICE reads both.
+func TestAnswerTCPCandidate(t *testing.T) {
+	o, err := ParseOffer(baseOffer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := testParams()
+	p.Candidate = netip.MustParseAddrPort("192.0.2.7:3478")
+	p.TCPCandidate = netip.MustParseAddrPort("192.0.2.7:443")
+	answer, err := Answer(o, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := regexp.MustCompile(`a=candidate:([^\r]*)\r\n`).FindAllStringSubmatch(answer, -1)
+	if len(lines) != 2 || !strings.Contains(answer, lines[1][0]+"a=end-of-candidates\r\n") {
+		t.Fatalf("candidate lines %q, want UDP then TCP then a=end-of-candidates\n%s", lines, answer)
+	}
+	if want := " 1 tcp 2124414975 192.0.2.7 443 typ host tcptype passive"; !strings.HasSuffix(lines[1][1], want) {
+		t.Errorf("TCP candidate %q, want <foundation>%s", lines[1][1], want)
+	}
+	udp, err := ice.UnmarshalCandidate(lines[0][1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp, err := ice.UnmarshalCandidate(lines[1][1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tcp.NetworkType() != ice.NetworkTypeTCP4 || tcp.TCPType() != ice.TCPTypePassive || tcp.Port() != 443 || tcp.Type() != ice.CandidateTypeHost {
+		t.Errorf("Pion reads the TCP candidate as %s", tcp)
+	}
+	if tcp.Priority() >= udp.Priority() || tcp.Foundation() == udp.Foundation() {
+		t.Errorf("TCP priority %d, foundation %s; UDP %d, %s: want TCP lower, foundations apart", tcp.Priority(), tcp.Foundation(), udp.Priority(), udp.Foundation())
+	}
+	checkAnswer(t, o, p, answer, []string{"audio sendrecv", "application"}, true)
+
+	p.TCPCandidate = netip.MustParseAddrPort("0.0.0.0:443")
+	if _, err := Answer(o, p); err == nil || !strings.Contains(err.Error(), "TCP candidate") {
+		t.Errorf("unspecified TCP candidate: %v", err)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

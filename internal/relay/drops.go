@@ -115,6 +115,16 @@ const (
 	// bytes), from a client or from a transceiver: the path's one limit.
 	DropTooBig
 
+	// ICE-TCP (tcp.go).
+
+	// DropTCPQueueFull: a packet for a TCP client found its connection's
+	// send queue full; the oldest audio frame (or, with none, the oldest
+	// frame) was dropped for it.
+	DropTCPQueueFull
+	// DropTCPNoConnection: a transceiver's packet for a TCP client whose
+	// connection is gone (or, without Config.TCPAddr, was never here).
+	DropTCPNoConnection
+
 	// NumDropReasons is one more than the largest DropReason; Stats.Drops has this length.
 	NumDropReasons
 )
@@ -155,6 +165,8 @@ var dropNames = [NumDropReasons]string{
 	DropReadError:             "read_error",
 	DropWriteError:            "write_error",
 	DropTooBig:                "too_big",
+	DropTCPQueueFull:          "tcp_queue_full",
+	DropTCPNoConnection:       "tcp_no_connection",
 }
 
 // String returns the reason's metric label.

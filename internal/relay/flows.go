@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 )
 
@@ -55,26 +56,40 @@ const (
 	stateTomb  = 2
 )
 
-// addrKey is a canonical address as three words: the 16-byte address (IPv4
-// as IPv4-mapped) and the port, with bit 18 set for IPv4 so that an IPv4
-// address and its IPv4-mapped IPv6 form never collide (the relay unmaps
-// every address at the edge, so the latter never occurs). Zones are ignored.
+// addrKey is a canonical client address as three words: the 16-byte
+// address (IPv4 as IPv4-mapped) and the port, with bit 18 set for IPv4 so
+// that an IPv4 address and its IPv4-mapped IPv6 form never collide (the
+// relay unmaps every address at the edge, so the latter never occurs), and
+// bit 19 set for a TCP client (hop.TCPAddr's form, keyed by its plain
+// address and the bit): a TCP and a UDP client of one ip:port have two
+// flows, and the per-source caps (limits.go), which hash the address
+// words and the IPv4 bit only, count them as one source. Other zones are
+// ignored.
 type addrKey [3]uint64
 
 const (
 	keyIs4      = 1 << 18
+	keyTCP      = 1 << 19
 	keyStateSft = 16
 	keyPortMask = 0xffff
 )
 
 func keyOf(a netip.AddrPort) addrKey {
-	b := a.Addr().As16()
-	k := addrKey{binary.BigEndian.Uint64(b[0:8]), binary.BigEndian.Uint64(b[8:16]), uint64(a.Port())}
-	if a.Addr().Is4() {
+	ip := a.Addr()
+	var tcp uint64
+	if !ip.Is4() && hop.IsTCP(a) {
+		ip, tcp = ip.WithZone("").Unmap(), keyTCP
+	}
+	b := ip.As16()
+	k := addrKey{binary.BigEndian.Uint64(b[0:8]), binary.BigEndian.Uint64(b[8:16]), uint64(a.Port()) | tcp}
+	if ip.Is4() {
 		k[2] |= keyIs4
 	}
 	return k
 }
+
+// isTCP reports whether k is a TCP client's key.
+func (k addrKey) isTCP() bool { return k[2]&keyTCP != 0 }
 
 func (k addrKey) addrPort() netip.AddrPort {
 	var b [16]byte
@@ -86,7 +101,11 @@ func (k addrKey) addrPort() netip.AddrPort {
 	} else {
 		a = netip.AddrFrom16(b)
 	}
-	return netip.AddrPortFrom(a, uint16(k[2]&keyPortMask))
+	ap := netip.AddrPortFrom(a, uint16(k[2]&keyPortMask))
+	if k.isTCP() {
+		return hop.TCPAddr(ap)
+	}
+	return ap
 }
 
 // slot is the hot part of one table entry: exactly one cache line.
@@ -390,8 +409,8 @@ func (t *flowTable) confirm(k addrKey, h uint64, dst addrKey) {
 	w.Store(dst[2] | dstConfirmed)
 	t.pending.Add(-1)
 	t.lim.release(&k)
-	if t.onConfirm != nil {
-		t.onConfirm(k)
+	if t.onConfirm != nil && !k.isTCP() {
+		t.onConfirm(k) // a TCP flow dies with its connection: nothing to cache
 	}
 }
 
@@ -482,6 +501,9 @@ func (t *flowTable) eachConfirmed(since int64, fn func(client netip.AddrPort, f 
 				continue
 			}
 			k[2] &^= 3 << keyStateSft
+			if k.isTCP() {
+				continue // a TCP flow lives as long as its connection: never cached
+			}
 			if !fn(k.addrPort(), &f) {
 				return
 			}

@@ -46,9 +46,11 @@ func (r *Relay) handleFromIngress(from netip.AddrPort, pkt []byte, now time.Time
 	if !r.ingressTrusted(from) {
 		return to, nil, DropIngressUntrusted
 	}
-	_, client, payload, err := hop.ParseHeader(pkt)
+	typ, client, payload, err := hop.ParseHeader(pkt)
 	if err != nil || len(payload) == 0 {
 		return to, nil, DropIngressBadHeader
 	}
-	return r.fromClient(client, from, pkt, len(pkt)-len(payload), now)
+	// A TCP client of the Global Relay (DATA_TCP) is a TCP client here
+	// too: its own flow, and replies of the same type.
+	return r.fromClient(hop.ClientOf(typ, client), from, pkt, len(pkt)-len(payload), now)
 }

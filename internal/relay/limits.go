@@ -65,6 +65,13 @@ const (
 	DefaultMaxPendingPerIP = 16
 	// DefaultNewFlowsPerIP is the default Config.NewFlowsPerIP (per second).
 	DefaultNewFlowsPerIP = 20
+	// DefaultNewFlowBurstPerIP is the default Config.NewFlowBurstPerIP: as
+	// many flows at once as a transceiver admits sessions not yet
+	// connected from one client address (its MaxPendingPerClient, 64), so
+	// that the relay never turns away, for want of burst, a start that
+	// signaling admitted (fifty clients of one office starting together,
+	// docs/security.md "Caps").
+	DefaultNewFlowBurstPerIP = 64
 	// DefaultNewFlowsPerSecond is the default Config.NewFlowsPerSecond.
 	DefaultNewFlowsPerSecond = 20_000
 	// maxLimit bounds the per-source limits: they are 20-bit fields.

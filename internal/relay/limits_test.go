@@ -301,7 +301,7 @@ func TestConfigValidateLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.MaxPendingPerIP != DefaultMaxPendingPerIP || c.NewFlowsPerIP != DefaultNewFlowsPerIP || c.NewFlowsPerSecond != DefaultNewFlowsPerSecond ||
-		c.NewFlowBurstPerIP != DefaultNewFlowsPerIP {
+		c.NewFlowBurstPerIP != DefaultNewFlowBurstPerIP {
 		t.Fatalf("defaults not filled: %+v", c)
 	}
 	c = base()
@@ -332,18 +332,20 @@ func TestConfigValidateLimits(t *testing.T) {
 func ExampleConfig_limits() {
 	c := Config{PublicAddr: "0.0.0.0:3478", InternalAddr: "0.0.0.0:3479"}
 	_ = c.Validate()
-	fmt.Println(c.MaxPendingPerIP, c.NewFlowsPerIP, c.NewFlowsPerSecond)
-	// Output: 16 20 20000
+	fmt.Println(c.MaxPendingPerIP, c.NewFlowsPerIP, c.NewFlowBurstPerIP, c.NewFlowsPerSecond)
+	// Output: 16 20 64 20000
 }
 
 // TestLimitDelaysRetryingClients: fifty clients behind one IP start within
 // one second, each retransmitting its first check every 200 ms and giving
 // up after eight (1.4 s, about a Pion client's patience). With the default
-// caps every one of them gets its flow before giving up: a client over its
-// source's rate is given a turn, which its retransmission then takes; it is
-// delayed, never refused.
+// rate and the burst it had before DefaultNewFlowBurstPerIP (20), every
+// one of them gets its flow before giving up, without the waiting room
+// (wait.go; handler tests have none): a client over its source's rate is
+// given a turn, which its retransmission then takes; it is delayed, never
+// refused.
 func TestLimitDelaysRetryingClients(t *testing.T) {
-	f := newFixture(t, Config{})
+	f := newFixture(t, Config{NewFlowBurstPerIP: DefaultNewFlowsPerIP})
 	const clients, retries = 50, 8
 	const every = 200 * time.Millisecond
 	start := f.now

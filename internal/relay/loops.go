@@ -198,6 +198,9 @@ func (r *Relay) internalLoop(w *worker) {
 			w.c.drops[drop].Add(1)
 			continue
 		}
+		if out == nil {
+			continue // taken by a TCP client's connection (tcp.go)
+		}
 		if _, err := w.public.WriteToUDPAddrPort(out, to); err != nil {
 			w.c.drops[DropWriteError].Add(1)
 			continue
@@ -251,7 +254,7 @@ func (r *Relay) forwardBatches(w *worker, socket string, in, out *udpio.Batch, s
 				continue
 			}
 			if pkt == nil {
-				continue // held for the flow cache
+				continue // held for the flow cache, or taken by a TCP connection
 			}
 			counted := len(pkt)
 			if dir == toTransceiver {

@@ -10,8 +10,11 @@ type collector struct {
 	socketDrops                  *prometheus.Desc
 	created, expired, relearned  *prometheus.Desc
 	restored                     *prometheus.Desc
+	held, heldTotal              *prometheus.Desc
 	// Flow cache (nil without one).
 	cacheUp, cacheHeld, cacheLookups, cacheWrites *prometheus.Desc
+	// ICE-TCP (nil without it).
+	tcpConns, tcpAccepted, tcpClosed, tcpFrames, tcpBytes *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*collector)(nil)
@@ -35,6 +38,10 @@ func newCollector(r *Relay) *collector {
 			"Flows removed by the sweeper, by the state they were in.", []string{"state"}, nil),
 		relearned: prometheus.NewDesc("switchboard_relay_flows_relearned_total",
 			"Flows rebuilt from a transceiver's traffic for a client the relay did not know (after a restart).", nil, nil),
+		held: prometheus.NewDesc("switchboard_relay_held_requests",
+			"First Binding requests (valid token) a per-source cap delayed, held now for a retry (UDP: the waiting room; TCP: on their connection).", nil, nil),
+		heldTotal: prometheus.NewDesc("switchboard_relay_held_requests_total",
+			"First Binding requests a per-source cap delayed, by result: held (a client's retransmission replacing its held request counts again), admitted (forwarded once the cap let it through), expired (dropped after 2 s, counted under its cap's drop reason too), full (not held, no room: dropped under its cap's reason).", []string{"result"}, nil),
 	}
 	if r.fc != nil {
 		c.restored = prometheus.NewDesc("switchboard_relay_flows_restored_total",
@@ -48,11 +55,23 @@ func newCollector(r *Relay) *collector {
 		c.cacheWrites = prometheus.NewDesc("switchboard_relay_flow_cache_writes_total",
 			"Confirmed flows written to the flow cache, by result (ok, error, skipped: cache backing off or write queue full; the next refresh pass writes them).", []string{"result"}, nil)
 	}
+	if r.cfg.TCPAddr != "" {
+		c.tcpConns = prometheus.NewDesc("switchboard_relay_tcp_connections",
+			"Open ICE-TCP client connections, by state (awaiting_first_frame, established: the first frame, a Binding request with a valid token, was admitted).", []string{"state"}, nil)
+		c.tcpAccepted = prometheus.NewDesc("switchboard_relay_tcp_accepted_total",
+			"ICE-TCP connections accepted, refused ones included.", nil, nil)
+		c.tcpClosed = prometheus.NewDesc("switchboard_relay_tcp_closed_total",
+			"ICE-TCP connections closed or refused, by reason (docs/relay.md, \"ICE-TCP\").", []string{"reason"}, nil)
+		c.tcpFrames = prometheus.NewDesc("switchboard_relay_tcp_frames_total",
+			"RFC 4571 frames forwarded for ICE-TCP clients, by direction (to_transceiver, to_client: written to the connection).", []string{"direction"}, nil)
+		c.tcpBytes = prometheus.NewDesc("switchboard_relay_tcp_bytes_total",
+			"Packet bytes of the frames forwarded for ICE-TCP clients (framing and hop header excluded), by direction.", []string{"direction"}, nil)
+	}
 	return c
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.drops, c.socketDrops, c.packets, c.bytes, c.flows, c.created, c.expired, c.relearned} {
+	for _, d := range []*prometheus.Desc{c.drops, c.socketDrops, c.packets, c.bytes, c.flows, c.created, c.expired, c.relearned, c.held, c.heldTotal} {
 		ch <- d
 	}
 	if c.r.fc != nil {
@@ -60,6 +79,11 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 			ch <- d
 		}
 		c.r.fc.batches.Describe(ch)
+	}
+	if c.tcpConns != nil {
+		for _, d := range []*prometheus.Desc{c.tcpConns, c.tcpAccepted, c.tcpClosed, c.tcpFrames, c.tcpBytes} {
+			ch <- d
+		}
 	}
 }
 
@@ -80,6 +104,23 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.relearned, prometheus.CounterValue, float64(s.FlowsRelearned))
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(s.FlowsExpiredPending), "pending")
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(s.FlowsExpiredConfirmed), "confirmed")
+	ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(s.Waiting))
+	for i, v := range [numWaitResults]uint64{s.Held, s.Admitted, s.Expired, s.NotHeld} {
+		ch <- prometheus.MustNewConstMetric(c.heldTotal, prometheus.CounterValue, float64(v), waitResultNames[i])
+	}
+	if c.tcpConns != nil {
+		t := s.TCP
+		ch <- prometheus.MustNewConstMetric(c.tcpConns, prometheus.GaugeValue, float64(t.Open-t.Established), "awaiting_first_frame")
+		ch <- prometheus.MustNewConstMetric(c.tcpConns, prometheus.GaugeValue, float64(t.Established), "established")
+		ch <- prometheus.MustNewConstMetric(c.tcpAccepted, prometheus.CounterValue, float64(t.Accepted))
+		for reason := range NumTCPCloseReasons {
+			ch <- prometheus.MustNewConstMetric(c.tcpClosed, prometheus.CounterValue, float64(t.Closed[reason]), reason.String())
+		}
+		ch <- prometheus.MustNewConstMetric(c.tcpFrames, prometheus.CounterValue, float64(t.ToTransceiverFrames), directionNames[toTransceiver])
+		ch <- prometheus.MustNewConstMetric(c.tcpFrames, prometheus.CounterValue, float64(t.ToClientFrames), directionNames[toClient])
+		ch <- prometheus.MustNewConstMetric(c.tcpBytes, prometheus.CounterValue, float64(t.ToTransceiverBytes), directionNames[toTransceiver])
+		ch <- prometheus.MustNewConstMetric(c.tcpBytes, prometheus.CounterValue, float64(t.ToClientBytes), directionNames[toClient])
+	}
 	if c.r.fc == nil {
 		return
 	}

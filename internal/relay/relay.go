@@ -117,7 +117,7 @@ type Config struct {
 	NewFlowsPerIP int `yaml:"new_flows_per_ip"`
 	// NewFlowBurstPerIP is how many flows one source IP may create at once,
 	// before NewFlowsPerIP paces it (a token bucket's depth). Default
-	// NewFlowsPerIP.
+	// DefaultNewFlowBurstPerIP, or NewFlowsPerIP when that is set.
 	NewFlowBurstPerIP int `yaml:"new_flow_burst_per_ip"`
 	// NewFlowsPerSecond caps the flows all sources together create per
 	// second (new_flow_rate_limit). Default DefaultNewFlowsPerSecond.
@@ -149,6 +149,23 @@ type Config struct {
 	// send to any address. Off in the zero Config; the relay command turns
 	// it on by default.
 	Relearn bool `yaml:"relearn"`
+	// TCPAddr, if set, is the TCP listen address of ICE-TCP (RFC 6544)
+	// clients, e.g. "0.0.0.0:443" (tcp.go, docs/relay.md "ICE-TCP"): the
+	// relay reads RFC 4571 frames from each connection and forwards their
+	// packets like UDP datagrams. Empty: no TCP.
+	TCPAddr string `yaml:"tcp_addr"`
+	// MaxTCPConns caps the open TCP connections. Default DefaultMaxTCPConns.
+	MaxTCPConns int `yaml:"max_tcp_conns"`
+	// MaxTCPConnsPerIP caps the open TCP connections of one source IP
+	// (IPv6: one /64). Default DefaultMaxTCPConnsPerIP.
+	MaxTCPConnsPerIP int `yaml:"max_tcp_conns_per_ip"`
+	// TCPFirstFrameTimeout closes a TCP connection whose first frame has
+	// not come this long after it was accepted. Default
+	// DefaultTCPFirstFrameTimeout.
+	TCPFirstFrameTimeout time.Duration `yaml:"tcp_first_frame_timeout"`
+	// TCPIdleTimeout closes a TCP connection that sent nothing for this
+	// long. Default IdleTimeout.
+	TCPIdleTimeout time.Duration `yaml:"tcp_idle_timeout"`
 	// FlowStore, if set, turns the flow cache on (flowcache.go,
 	// docs/relay.md "Flow cache"): it is the store shared by the cluster's
 	// relays (internal/flowstore is the Redis one); confirmed flows are
@@ -204,6 +221,7 @@ func (c *Config) Validate() error {
 	case c.MaxFlows == 0:
 		c.MaxFlows = DefaultMaxFlows
 	}
+	rateSet := c.NewFlowsPerIP != 0
 	for _, l := range []struct {
 		name string
 		v    *int
@@ -224,8 +242,39 @@ func (c *Config) Validate() error {
 	switch {
 	case c.NewFlowBurstPerIP < 0 || c.NewFlowBurstPerIP > maxLimit:
 		errs = append(errs, fmt.Errorf("relay: NewFlowBurstPerIP is %d; use 0 for NewFlowsPerIP, or 1 to %d", c.NewFlowBurstPerIP, maxLimit))
-	case c.NewFlowBurstPerIP == 0:
+	case c.NewFlowBurstPerIP == 0 && rateSet:
 		c.NewFlowBurstPerIP = c.NewFlowsPerIP
+	case c.NewFlowBurstPerIP == 0:
+		c.NewFlowBurstPerIP = DefaultNewFlowBurstPerIP
+	}
+	if c.TCPAddr != "" {
+		if _, _, err := net.SplitHostPort(c.TCPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("relay: TCPAddr %q is not host:port such as \"0.0.0.0:443\": %w", c.TCPAddr, err))
+		}
+	}
+	for _, l := range []struct {
+		name string
+		v    *int
+		def  int
+	}{{"MaxTCPConns", &c.MaxTCPConns, DefaultMaxTCPConns}, {"MaxTCPConnsPerIP", &c.MaxTCPConnsPerIP, DefaultMaxTCPConnsPerIP}} {
+		switch {
+		case *l.v < 0:
+			errs = append(errs, fmt.Errorf("relay: %s is %d; use 0 for the default %d or a positive cap", l.name, *l.v, l.def))
+		case *l.v == 0:
+			*l.v = l.def
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{{"TCPFirstFrameTimeout", &c.TCPFirstFrameTimeout, DefaultTCPFirstFrameTimeout}, {"TCPIdleTimeout", &c.TCPIdleTimeout, c.IdleTimeout}} {
+		switch {
+		case *d.v < 0:
+			errs = append(errs, fmt.Errorf("relay: %s is %v; use 0 for the default %v or a positive duration", d.name, *d.v, d.def))
+		case *d.v == 0:
+			*d.v = d.def
+		}
 	}
 	switch {
 	case c.Batch < 0 || c.Batch > maxBatch:
@@ -283,6 +332,8 @@ type Relay struct {
 	workers    []*worker
 	flows      *flowTable
 	fc         *flowCache // nil without Config.FlowStore
+	tcp        *tcpServer // nil without Config.TCPAddr
+	wait       *waitRoom  // first packets a cap delays (wait.go)
 	cancel     context.CancelFunc
 	done       <-chan struct{} // closed by Close, before the sockets
 	wg         sync.WaitGroup
@@ -290,6 +341,8 @@ type Relay struct {
 	// failed is the error of the first read loop that stopped for good
 	// (loops.go); nil while every loop runs.
 	failed atomic.Pointer[error]
+	// draining is set by Drain (tcp.go): Ready fails.
+	draining atomic.Bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -318,6 +371,7 @@ func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *s
 		flows:   newFlowTable(cfg.MaxFlows),
 	}
 	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowBurstPerIP, cfg.NewFlowsPerSecond)
+	r.wait = newWaitRoom(r)
 	if cfg.FlowStore != nil {
 		p := defaultCacheParams
 		if cfg.cacheParams != nil {
@@ -362,10 +416,20 @@ func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometh
 			return nil, err
 		}
 	}
+	if cfg.TCPAddr != "" {
+		if r.tcp, err = newTCPServer(r, cfg.TCPAddr); err != nil {
+			closeAll(pub)
+			closeAll(internal)
+			return nil, fmt.Errorf("relay: TCP listener: %w", err)
+		}
+	}
 	if reg != nil {
 		if err := reg.Register(r.collector); err != nil {
 			closeAll(pub)
 			closeAll(internal)
+			if r.tcp != nil {
+				_ = r.tcp.ln.Close()
+			}
 			return nil, fmt.Errorf("relay: register metrics: %w", err)
 		}
 		r.reg = reg
@@ -382,15 +446,21 @@ func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometh
 			go r.internalLoop(w)
 		}
 	}
-	r.wg.Add(1)
+	r.wg.Add(2)
 	go r.sweepLoop(ctx)
+	r.wait.sock = r.workers[0].internal
+	go r.wait.loop(ctx)
+	if r.tcp != nil {
+		r.wg.Add(1)
+		go r.tcp.acceptLoop()
+	}
 	if r.fc != nil {
 		r.fc.sock = r.workers[0].internal
 		r.wg.Add(2)
 		go r.fc.resolveLoop(ctx)
 		go r.fc.writeLoop(ctx)
 	}
-	r.log.Info("relay: listening", "public", r.publicAddr, "internal", r.intAddr,
+	r.log.Info("relay: listening", "public", r.publicAddr, "internal", r.intAddr, "tcp", r.TCPAddr(),
 		"cluster", cfg.Cluster, "workers", cfg.Workers, "batch", cfg.Batch,
 		"flow_cache", r.fc != nil)
 	return r, nil
@@ -403,10 +473,14 @@ func canonical(ap netip.AddrPort) netip.AddrPort {
 // Ready returns nil while every read loop runs, and otherwise the error
 // that stopped the first one to stop for good (a socket whose reads kept
 // failing): a relay that is not ready should be taken out of its load
-// balancer and restarted. The relay command serves it as /ready.
+// balancer and restarted. While it drains (Drain) it returns ErrDraining.
+// The relay command serves it as /ready.
 func (r *Relay) Ready() error {
 	if err := r.failed.Load(); err != nil {
 		return *err
+	}
+	if r.draining.Load() {
+		return ErrDraining
 	}
 	return nil
 }
@@ -423,6 +497,14 @@ func (r *Relay) PublicAddr() netip.AddrPort { return r.publicAddr }
 // InternalAddr returns the bound internal-hop address.
 func (r *Relay) InternalAddr() netip.AddrPort { return r.intAddr }
 
+// TCPAddr returns the bound ICE-TCP address; invalid without Config.TCPAddr.
+func (r *Relay) TCPAddr() netip.AddrPort {
+	if r.tcp == nil {
+		return netip.AddrPort{}
+	}
+	return r.tcp.addr
+}
+
 // Close stops the loops, closes the sockets, unregisters the metrics and
 // waits for every goroutine. It is idempotent.
 func (r *Relay) Close() error {
@@ -431,6 +513,10 @@ func (r *Relay) Close() error {
 			r.cancel()
 		}
 		var errs []error
+		if r.tcp != nil {
+			// Before the UDP sockets, which TCP connections send from.
+			errs = append(errs, r.tcp.shutdown())
+		}
 		for _, w := range r.workers {
 			errs = append(errs, w.public.Close(), w.internal.Close())
 		}
@@ -476,7 +562,9 @@ func (r *Relay) fromClient(client, via netip.AddrPort, buf []byte, off int, now 
 	to, hit := r.flows.touch(client, t)
 	switch {
 	case !hit && kind != stunpeek.KindSTUN:
-		if r.fc == nil {
+		if r.fc == nil || hop.IsTCP(client) {
+			// A TCP client's flow lives as long as its connection,
+			// which begins with a check: there is nothing to look up.
 			return to, nil, DropNotSTUNOnMiss
 		}
 		// Hold it and ask the flow cache (flowcache.go).
@@ -494,6 +582,9 @@ func (r *Relay) fromClient(client, via netip.AddrPort, buf []byte, off int, now 
 		if to, drop = r.admit(client, via, pkt, now, t); drop != dropNone {
 			return to, nil, drop
 		}
+		if !to.IsValid() {
+			return to, nil, dropNone // held until a cap lets it through (wait.go)
+		}
 	case kind == stunpeek.KindSTUN:
 		to = r.restart(client, via, pkt, to, now, t)
 		fallthrough
@@ -503,13 +594,15 @@ func (r *Relay) fromClient(client, via netip.AddrPort, buf []byte, off int, now 
 		}
 	}
 	start := off - hop.HeaderLen(client.Addr())
-	hop.PutHeader(buf[start:], hop.TypeData, client)
+	hop.PutHeader(buf[start:], hop.TypeFor(client), client)
 	return to, buf[start:], dropNone
 }
 
 // admit is the first-packet path for STUN from a client without a flow:
 // peek the Binding request's USERNAME, open the token in its server ufrag,
-// check cluster and membership, and create a pending flow.
+// check cluster and membership, and create a pending flow. A request a
+// per-source cap turns away for the moment is held instead (wait.go): then
+// the destination is invalid and the drop none.
 func (r *Relay) admit(from, via netip.AddrPort, pkt []byte, now time.Time, t int64) (netip.AddrPort, DropReason) {
 	user, res := stunpeek.PeekBindingRequest(pkt)
 	switch res {
@@ -532,6 +625,9 @@ func (r *Relay) admit(from, via netip.AddrPort, pkt []byte, now time.Time, t int
 		return netip.AddrPort{}, drop
 	}
 	if drop := r.flows.upsertVia(from, dst, via, tr, ufrag, t); drop != dropNone {
+		if holdable(drop) && r.wait.hold(from, via, dst, tr, ufrag, pkt, drop, t) {
+			return netip.AddrPort{}, dropNone // held: delayed, not refused (wait.go)
+		}
 		return netip.AddrPort{}, drop
 	}
 	return dst, dropNone
@@ -618,7 +714,7 @@ func (r *Relay) handleInternal(from netip.AddrPort, b []byte, now time.Time) (to
 	if !r.members.Contains(from) {
 		return to, nil, DropInternalUnknownPeer
 	}
-	_, client, payload, err := hop.ParseHeader(b)
+	typ, client, payload, err := hop.ParseHeader(b)
 	if err != nil {
 		return to, nil, DropInternalBadHeader
 	}
@@ -628,9 +724,12 @@ func (r *Relay) handleInternal(from netip.AddrPort, b []byte, now time.Time) (to
 	if len(payload) > hop.MaxPayload {
 		return to, nil, DropTooBig
 	}
+	client = hop.ClientOf(typ, client)
 	t := r.mono(now)
 	via, drop := r.flows.reply(client, from, t)
-	if drop == DropInternalNoFlow && r.cfg.Relearn {
+	// A TCP client is never relearned: its flow went with its
+	// connection, and a new connection begins with a check.
+	if drop == DropInternalNoFlow && r.cfg.Relearn && typ == hop.TypeData {
 		// The flow records from's real id (Contains above said it has one).
 		id, _ := r.members.ID(from)
 		if drop = r.flows.relearn(client, from, id, t); drop == dropNone {
@@ -644,6 +743,11 @@ func (r *Relay) handleInternal(from netip.AddrPort, b []byte, now time.Time) (to
 		// The client is behind a Global Relay: send it the datagram as
 		// it came, header naming the client and all.
 		return via, b, dropNone
+	}
+	if typ == hop.TypeDataTCP {
+		// Taken: copied into the client's connection queue, whose writer
+		// sends it (tcp.go); a full queue drops its oldest audio.
+		return netip.AddrPort{}, nil, r.tcp.deliver(client, payload)
 	}
 	return client, payload, dropNone
 }
@@ -701,6 +805,33 @@ type Stats struct {
 
 	// FlowCache is zero without the flow cache (Config.FlowStore).
 	FlowCache FlowCacheStats
+	// TCP is zero without ICE-TCP (Config.TCPAddr). Frames it dropped are
+	// in Drops too.
+	TCP TCPStats
+	// Waiting are the first packets a per-source cap delayed (wait.go):
+	// held now, and counted by what became of them. Those it forwarded
+	// are in ToTransceiverPackets, those it dropped in Drops.
+	Waiting  int
+	Held     uint64 // requests held (a client's retransmission replacing its held one counts again)
+	Admitted uint64 // held requests forwarded once a cap let them through
+	Expired  uint64 // held requests dropped after waitHold (2 s)
+	NotHeld  uint64 // requests the waiting room had no room for (dropped)
+}
+
+// TCPStats are the ICE-TCP side's counters (tcp.go).
+type TCPStats struct {
+	// Open is the number of open connections, Established those whose
+	// first frame was admitted.
+	Open, Established int
+	// Accepted counts connections accepted (refused ones included).
+	Accepted uint64
+	// Closed counts connections closed or refused, by reason.
+	Closed [NumTCPCloseReasons]uint64
+	// Frames forwarded and their packets' bytes (framing and hop header
+	// excluded): client → transceiver, and transceiver → client as
+	// written to the connections.
+	ToTransceiverFrames, ToTransceiverBytes uint64
+	ToClientFrames, ToClientBytes           uint64
 }
 
 // FlowCacheStats are the flow cache's counters (flowcache.go). Held
@@ -764,6 +895,29 @@ func (r *Relay) Stats() Stats {
 			WritesOK:      fc.writes[writeOK].Load(),
 			WritesFailed:  fc.writes[writeError].Load(),
 			WritesSkipped: fc.writes[writeSkipped].Load(),
+		}
+	}
+	if w := r.wait; w != nil {
+		cs = append(cs, &w.c)
+		s.Waiting = int(w.held.Load())
+		s.Held, s.Admitted = w.results[waitHeld].Load(), w.results[waitAdmitted].Load()
+		s.Expired, s.NotHeld = w.results[waitExpired].Load(), w.results[waitFull].Load()
+	}
+	if t := r.tcp; t != nil {
+		s.TCP = TCPStats{
+			Open:                int(t.open.Load()),
+			Established:         int(t.established.Load()),
+			Accepted:            t.accepted.Load(),
+			ToTransceiverFrames: t.frames[toTransceiver].Load(),
+			ToTransceiverBytes:  t.bytes[toTransceiver].Load(),
+			ToClientFrames:      t.frames[toClient].Load(),
+			ToClientBytes:       t.bytes[toClient].Load(),
+		}
+		for i := range s.TCP.Closed {
+			s.TCP.Closed[i] = t.closes[i].Load()
+		}
+		for i := range s.Drops {
+			s.Drops[i] += t.drops[i].Load()
 		}
 	}
 	for _, c := range cs {

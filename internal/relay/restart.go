@@ -167,7 +167,7 @@ func (t *flowTable) promote(k addrKey, h uint64, from addrKey, now int64) (via a
 		t.lim.release(&k)
 	}
 	t.created.Add(1)
-	if t.onConfirm != nil {
+	if t.onConfirm != nil && !k.isTCP() {
 		t.onConfirm(k)
 	}
 	return via, true

@@ -69,6 +69,9 @@ func (s *fuzzState) reset(tb testing.TB) {
 	f := s.f
 	for _, a := range []netip.AddrPort{c1, c2, c3, c4, c6, ingress, t7, t8, outside, s.named} {
 		f.r.flows.remove(a)
+		if a.IsValid() {
+			f.r.flows.remove(hop.TCPAddr(a)) // the same address as a TCP client (DATA_TCP from the Global Relay)
+		}
 	}
 	if st := f.r.Stats(); st.Flows != 0 || st.PendingFlows != 0 {
 		tb.Fatalf("flows left after removing every address the input could name: %+v", st)
@@ -114,6 +117,8 @@ func FuzzHandlers(f *testing.F) {
 		append(hop.AppendHeader(nil, hop.TypeData, c1), 0x80, 1),
 		append(hop.AppendHeader(nil, hop.TypeData, c3), 0x01, 0x01, 0, 0),
 		append(hop.AppendHeader(nil, hop.TypeData, netip.MustParseAddrPort("[2001:db8::2]:50001")), 0x80),
+		append(hop.AppendHeader(nil, hop.TypeDataTCP, c4), s.bind7...),
+		append(hop.AppendHeader(nil, hop.TypeDataTCP, c1), 0x80, 1),
 	} {
 		for sel := range 10 {
 			f.Add(uint8(sel), pkt)
@@ -129,8 +134,9 @@ func FuzzHandlers(f *testing.F) {
 			from := s.publicFrom[int(sel>>1)%len(s.publicFrom)]
 			client, framed := from, false
 			inner := pkt
-			if _, named, payload, err := hop.ParseHeader(pkt); err == nil && from == ingress && len(pkt) > 0 && pkt[0] == hop.Magic {
-				client, framed, inner = named, true, payload
+			if typ, named, payload, err := hop.ParseHeader(pkt); err == nil && from == ingress && len(pkt) > 0 && pkt[0] == hop.Magic {
+				// A Global Relay's DATA_TCP names a TCP client: its own flow.
+				client, framed, inner = hop.ClientOf(typ, named), true, payload
 				s.named = named
 			}
 			before, had := r.flows.touch(client, 0)
@@ -164,8 +170,8 @@ func FuzzHandlers(f *testing.F) {
 				t.Fatalf("media sent to %v, the flow goes to %v", to, before)
 			}
 			_ = framed
-			_, named, payload, err := hop.ParseHeader(out)
-			if err != nil || named != client || !bytes.Equal(payload, inner) {
+			typ, named, payload, err := hop.ParseHeader(out)
+			if err != nil || hop.ClientOf(typ, named) != client || !bytes.Equal(payload, inner) {
 				t.Fatalf("forwarded %x for %v (%v), want the datagram unchanged for %v", payload, named, err, client)
 			}
 			return
@@ -182,16 +188,17 @@ func FuzzHandlers(f *testing.F) {
 		if !r.members.Contains(from) {
 			t.Fatalf("forwarded for non-member %v", from)
 		}
-		_, client, payload, err := hop.ParseHeader(pkt)
+		typ, plain, payload, err := hop.ParseHeader(pkt)
 		if err != nil {
 			t.Fatalf("forwarded a datagram whose header does not parse: %v", err)
 		}
+		client := hop.ClientOf(typ, plain)
 		dst, ok := r.flows.touch(client, 0)
 		if !ok || dst != from {
 			t.Fatalf("sent to %v, whose flow is (%v, %v), for member %v", client, dst, ok, from)
 		}
 		switch {
-		case to == client:
+		case to == plain && typ == hop.TypeData:
 			if !bytes.Equal(out, payload) {
 				t.Fatal("payload changed")
 			}

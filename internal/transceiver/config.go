@@ -74,6 +74,13 @@ type Config struct {
 	// Advertise is the ingress put in every answer as the one candidate: the
 	// relay VIP:port clients send to. Required.
 	Advertise string `yaml:"advertise"`
+	// AdvertiseTCP, if set, is the relay VIP's ICE-TCP ip:port (the relay's
+	// TCPAddr as clients reach it, 443 in production): every answer then
+	// carries a passive TCP host candidate there besides the UDP one, at a
+	// lower priority, for clients whose network drops UDP (RFC 6544). For a
+	// region's ingress (IngressByRegion) the TCP candidate is that
+	// ingress's IP at this port. Empty: UDP only.
+	AdvertiseTCP string `yaml:"advertise_tcp"`
 	// AllowRelays lists CIDR prefixes that internal-hop datagrams may come
 	// from. Empty means DefaultAllowRelays: loopback and private ranges,
 	// never the internet, since a hop datagram names a client and so
@@ -172,9 +179,11 @@ type Config struct {
 	Ptime int `yaml:"ptime"`
 
 	advertise netip.AddrPort
-	allow     []netip.Prefix
-	trusted   []netip.Prefix
-	ingress   map[string]netip.AddrPort
+	// advertiseTCP is AdvertiseTCP parsed; invalid: none.
+	advertiseTCP netip.AddrPort
+	allow        []netip.Prefix
+	trusted      []netip.Prefix
+	ingress      map[string]netip.AddrPort
 }
 
 // CheckPtime says what to fix in a Config.Ptime, in ms: 0 (DefaultPtime),
@@ -209,6 +218,14 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("transceiver: advertise %q must be a concrete ip:port such as 203.0.113.10:3478", c.Advertise)
 		}
 		c.advertise = ap
+	}
+	c.advertiseTCP = netip.AddrPort{}
+	if c.AdvertiseTCP != "" {
+		ap, err := netip.ParseAddrPort(c.AdvertiseTCP)
+		if err != nil || ap.Port() == 0 || ap.Addr().IsUnspecified() || ap.Addr().Zone() != "" {
+			return fmt.Errorf("transceiver: advertise_tcp %q must be a concrete ip:port such as 203.0.113.10:443 (the relay VIP's ICE-TCP address), or empty for UDP only", c.AdvertiseTCP)
+		}
+		c.advertiseTCP = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
 	c.allow = c.allow[:0]
 	allow := c.AllowRelays

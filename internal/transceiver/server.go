@@ -71,6 +71,7 @@ type Server struct {
 	udp     *probeConn   // what peer reads and writes: conn, or sock when Direct
 	peer    *peer.Endpoint
 	metrics *metrics
+	byTrans *transportMetrics     // metrics by transport (transport.go)
 	probe   *delayProbe           // samples the media delay inside (delay.go)
 	certs   certs                 // the DTLS certificate sessions share (cert.go)
 	pion    *pionLogs             // Pion's log lines, through log (pionlog.go)
@@ -136,6 +137,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 	s.reports = rtcpreport.NewGenerator(cfg.ReportInterval)
 	s.pion = newPionLogs(s.log)
 	s.metrics = newMetrics(s, reg)
+	s.byTrans = newTransportMetrics(s, reg)
 	s.bridges = newBridgePool(cfg.BackendURL, reg)
 	s.probe = newDelayProbe(s.metrics.mediaDelay)
 	if cfg.Direct {

@@ -42,19 +42,22 @@ type session struct {
 	owner   string // id of the client token that created the session; "" when signaling is open
 	srv     *Server
 	ingress netip.AddrPort // the address the answer advertises
-	log     *slog.Logger
-	peer    *peer.Session // ICE-lite, DTLS-SRTP and SCTP (internal/peer)
-	offer   *peer.Offer   // the offer answered; guarded by imu after an ICE restart
-	cert    *certificate  // the DTLS certificate presented
-	setup   string        // the answer's a=setup: "active" or "passive"
-	outSSRC uint32        // the SSRC of the audio sent to the client
-	cname   string        // its RTCP CNAME
-	opusPT  uint8         // the Opus payload type, the offer's
-	sent    rtcpreport.LocalStream
-	be      *bridge.Conn
-	media   *media                  // codecs and paced playout (media.go)
-	reports *rtcpreport.Interceptor // the session's RTCP reports (reports.go)
-	turns   turns                   // turn detection (turns.go)
+	// ingressTCP is the ICE-TCP address the answer advertises (RFC 6544);
+	// invalid: none.
+	ingressTCP netip.AddrPort
+	log        *slog.Logger
+	peer       *peer.Session // ICE-lite, DTLS-SRTP and SCTP (internal/peer)
+	offer      *peer.Offer   // the offer answered; guarded by imu after an ICE restart
+	cert       *certificate  // the DTLS certificate presented
+	setup      string        // the answer's a=setup: "active" or "passive"
+	outSSRC    uint32        // the SSRC of the audio sent to the client
+	cname      string        // its RTCP CNAME
+	opusPT     uint8         // the Opus payload type, the offer's
+	sent       rtcpreport.LocalStream
+	be         *bridge.Conn
+	media      *media                  // codecs and paced playout (media.go)
+	reports    *rtcpreport.Interceptor // the session's RTCP reports (reports.go)
+	turns      turns                   // turn detection (turns.go)
 	// turnMu orders a barge-in's input.speech_started before the
 	// playout events its clear causes (turns.go, media.go).
 	turnMu  sync.Mutex
@@ -120,6 +123,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	if a, ok := s.cfg.ingress[meta[MetaRegion]]; ok {
 		sess.ingress = a
 	}
+	sess.ingressTCP = s.cfg.tcpIngress(sess.ingress)
 
 	// The backend dial and the WebRTC answer are independent: overlap them.
 	type dialResult struct {
@@ -256,6 +260,7 @@ func (sess *session) answer(o *peer.Offer, ufrag, pwd string) (string, error) {
 		Fingerprint:    sess.cert.fp,
 		Setup:          sess.setup,
 		Candidate:      sess.ingress,
+		TCPCandidate:   sess.ingressTCP,
 		AudioSSRC:      sess.outSSRC,
 		CNAME:          sess.cname,
 		StreamID:       answerStreamID,
@@ -430,6 +435,7 @@ func (sess *session) onPeerState(st peer.State) {
 				sess.setupTimer.Stop()
 			}
 			m.connect.Observe(time.Since(sess.created).Seconds())
+			sess.srv.byTrans.connected(sess)
 		}
 		sess.leavePending()
 		sess.startPlayout()
@@ -534,5 +540,6 @@ func (sess *session) teardown(reason string) {
 	sess.iceDone = true
 	sess.imu.Unlock()
 	s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
+	s.byTrans.endedOn(sess)
 	sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
 }

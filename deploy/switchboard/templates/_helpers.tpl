@@ -53,6 +53,16 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
+{{/* The VIP's ICE-TCP ip:port in answers (-advertise-tcp): publicIP at the relay Service's TCP port. */}}
+{{- define "switchboard.advertiseTCP" -}}
+{{- $ip := .Values.publicIP -}}
+{{- if contains ":" $ip -}}
+{{- printf "[%s]:%d" $ip (int .Values.relay.service.tcpPort) -}}
+{{- else -}}
+{{- printf "%s:%d" $ip (int .Values.relay.service.tcpPort) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "switchboard.backendURL" -}}
 {{- if .Values.transceiver.backendURL -}}
 {{- .Values.transceiver.backendURL -}}

@@ -239,6 +239,8 @@ var lossCounters = []string{
 	`switchboard_relay_drops_total{reason="internal_flow_mismatch"}`,
 	`switchboard_relay_drops_total{reason="read_error"}`,
 	`switchboard_relay_drops_total{reason="write_error"}`,
+	`switchboard_relay_drops_total{reason="tcp_queue_full"}`,
+	`switchboard_relay_drops_total{reason="tcp_no_connection"}`,
 }
 
 // dropFamilies are the datagram drop counters lossCounters picks from;

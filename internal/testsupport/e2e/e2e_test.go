@@ -56,6 +56,13 @@ func startStackWithLog(t *testing.T, trxID uint32, log *slog.Logger) *stack {
 // (a proxy in front of the relay).
 func startStackFront(t *testing.T, trxID uint32, log *slog.Logger, front func(netip.AddrPort) netip.AddrPort) *stack {
 	t.Helper()
+	return startStackTCP(t, trxID, log, front, false)
+}
+
+// startStackTCP is startStackFront with, if tcp, the relay's ICE-TCP
+// listener on and the answers' passive TCP candidate naming it.
+func startStackTCP(t *testing.T, trxID uint32, log *slog.Logger, front func(netip.AddrPort) netip.AddrPort, tcp bool) *stack {
+	t.Helper()
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
 	keys, err := token.NewKeyring(token.Key{ID: 1, Secret: secret})
@@ -67,23 +74,32 @@ func startStackFront(t *testing.T, trxID uint32, log *slog.Logger, front func(ne
 
 	members := &membership.Table{}
 	reg := prometheus.NewRegistry()
-	rly, err := relay.New(relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: 4, Workers: 2}, keys, members, nil, log)
+	rcfg := relay.Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: 4, Workers: 2}
+	if tcp {
+		rcfg.TCPAddr = "127.0.0.1:0"
+	}
+	rly, err := relay.New(rcfg, keys, members, nil, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rly.Close() })
+	var advertiseTCP string
+	if tcp {
+		advertiseTCP = rly.TCPAddr().String()
+	}
 	internal := rly.InternalAddr().Addr()
 	advertise := rly.PublicAddr()
 	if front != nil {
 		advertise = front(advertise)
 	}
 	trx, err := transceiver.New(transceiver.Config{
-		ID:          trxID,
-		Cluster:     4,
-		ListenAddr:  "127.0.0.1:0",
-		Advertise:   advertise.String(),
-		AllowRelays: []string{netip.PrefixFrom(internal, 32).String()},
-		BackendURL:  "ws" + strings.TrimPrefix(backend.URL, "http") + "/v1/bridge",
+		ID:           trxID,
+		Cluster:      4,
+		ListenAddr:   "127.0.0.1:0",
+		Advertise:    advertise.String(),
+		AdvertiseTCP: advertiseTCP,
+		AllowRelays:  []string{netip.PrefixFrom(internal, 32).String()},
+		BackendURL:   "ws" + strings.TrimPrefix(backend.URL, "http") + "/v1/bridge",
 	}, keys, reg, log)
 	if err != nil {
 		t.Fatal(err)
