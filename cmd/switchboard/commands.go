@@ -29,6 +29,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+	"github.com/switchboard-rtc/switchboard/internal/web"
 )
 
 func runDemo(ctx context.Context, args []string, _ io.Writer) error {
@@ -259,7 +260,14 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	mux := http.NewServeMux()
 	handleOps(mux, reg, cfg.Log.Pprof)
-	mux.Handle("/", t.Handler())
+	api := t.Handler()
+	mux.Handle("/v1/", api)
+	mux.Handle("/live", api)
+	mux.Handle("/ready", api)
+	// The demo page at "/", so that a browser can call a transceiver run
+	// on its own. It holds nothing secret; its calls need what any
+	// client's need (a client token when auth is on, which it says).
+	mux.Handle("/", web.NewHandler(web.Page{Auth: cfg.Trx.Auth.Enabled()}))
 	// Keep serving while draining, so that /ready fails and offers get 503.
 	httpCtx, stopHTTP := context.WithCancel(context.Background())
 	defer stopHTTP()
