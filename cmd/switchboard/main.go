@@ -105,6 +105,9 @@ func errorLine(name string, err error) string {
 	for strings.HasPrefix(msg, name+": ") {
 		msg = strings.TrimPrefix(msg, name+": ")
 	}
+	if name == "call" || name == "load" {
+		msg = strings.TrimPrefix(msg, "callclient: ") // their package, which the user does not know
+	}
 	return msg
 }
 

@@ -45,6 +45,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/pion/ice/v4"
@@ -650,6 +651,9 @@ func (c *call) post(ctx context.Context, httpc *http.Client, target *url.URL, of
 	req.Header.Set("Accept", "application/sdp")
 	c.authorize(req)
 	resp, err := httpc.Do(req)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return "", nil, "", fmt.Errorf("%w: POST: %w (nothing listens at %s: is the transceiver, or the demo, running there?)", ErrSignaling, err, target.Host)
+	}
 	if err != nil {
 		return "", nil, "", fmt.Errorf("%w: POST: %w", ErrSignaling, err)
 	}
