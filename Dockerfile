@@ -43,6 +43,9 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
 # (65532), no shell.
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/switchboard /usr/local/bin/switchboard
+# 3.5 s of speech for `switchboard call` in the cluster (the smoke test of
+# docs/operations.md: call URL -audio /usr/share/switchboard/speech.wav).
+COPY --from=build /src/testdata/speech.wav /usr/share/switchboard/speech.wav
 USER 65532:65532
 # 3478/udp relay VIP, 3479/udp relay internal hop, 4000/udp transceiver hop,
 # 8080 signaling, 8081 agent, 8443 director, 9090 relay metrics.
