@@ -369,15 +369,17 @@ func echoError(r callclient.Report) error {
 		// decoded and encoded them again for a PCM echo.
 		return fmt.Errorf("connected, and %d of %d packets came back, but re-encoded: a PCM echo (switchboard agent -mode echo -format pcm16/…) "+
 			"sends the audio back through the transceiver's encoder; give -echo=false for it", r.PacketsReceived, r.PacketsSent)
+	case r.PacketsReceived == 0:
+		missing = append(missing, fmt.Sprintf("audio: none of %d packets back", r.PacketsSent))
 	default:
-		missing = append(missing, fmt.Sprintf("the audio (%d of %d packets came back)", r.PacketsReceived, r.PacketsSent))
+		missing = append(missing, fmt.Sprintf("audio: %d packets back for %d sent, %d of them not ones sent", r.PacketsReceived, r.PacketsSent, r.PayloadMismatches))
 	}
 	if !r.DataChannelEchoed {
-		missing = append(missing, "the data-channel ping")
+		missing = append(missing, "data-channel ping: no echo")
 	}
 	if missing == nil {
 		return nil
 	}
-	return fmt.Errorf("connected, but %s did not come back: is the backend an echo (switchboard demo -mode echo, switchboard agent -mode echo)? "+
-		"The parrot and real agents answer instead of echoing: give -echo=false for them", strings.Join(missing, " and "))
+	return fmt.Errorf("connected, but the echo did not come back (%s): is the backend an echo (switchboard demo -mode echo, switchboard agent -mode echo)? "+
+		"The parrot and real agents answer instead of echoing: give -echo=false for them", strings.Join(missing, "; "))
 }

@@ -31,7 +31,7 @@ func TestCallChecksTheEcho(t *testing.T) {
 		fail       string // "" for success
 	}{
 		{agent.ModeEcho, "true", ""},
-		{agent.ModeParrot, "true", "did not come back: is the backend an echo"},
+		{agent.ModeParrot, "true", "connected, but the echo did not come back (audio: "},
 		{agent.ModeParrot, "false", ""},
 	} {
 		t.Run(tt.mode+" -echo="+tt.echo, func(t *testing.T) {

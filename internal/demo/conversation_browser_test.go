@@ -123,7 +123,7 @@ func TestBrowserConversation(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("conversation view: %q", view)
-	if len(view) < 3 || !strings.HasPrefix(view[0], "You0:") || !strings.Contains(view[0], "spoke ") ||
+	if len(view) < 3 || !strings.HasPrefix(view[0], "You0:") || !strings.Contains(view[0], "spoke: a turn of ") ||
 		!strings.HasPrefix(view[1], "Agent0:") || !strings.Contains(view[1], "ms after you stopped (with the half second of silence that ends your turn)") ||
 		!strings.Contains(view[2], "over the agent: it went quiet ") {
 		t.Errorf("conversation view %q: want your turn, the agent's answer with its delay, and your turn over it", view)
