@@ -384,7 +384,8 @@ func (c *call) run(ctx context.Context) error {
 	case <-c.failed:
 		return fmt.Errorf("%w: peer connection state %s; %s", ErrConnect, pc.ConnectionState(), connectHint(answer))
 	case <-ctx.Done():
-		return fmt.Errorf("%w: waiting for connection: %w; %s", ErrConnect, ctx.Err(), connectHint(answer))
+		return fmt.Errorf("%w: not connected %v after the offer (%w); %s", ErrConnect,
+			time.Since(c.start).Round(100*time.Millisecond), ctx.Err(), connectHint(answer))
 	}
 	c.log.Debug("connected", "session", session.String())
 
