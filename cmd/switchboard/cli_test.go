@@ -142,6 +142,7 @@ func TestCommandLine(t *testing.T) {
 			{[]string{"call", "-audoi", "x.wav", "http://127.0.0.1:1/v1/calls"}, "switchboard call: no flag -audoi (did you mean -audio?); run 'switchboard call -h' for the flags"},
 			{[]string{"load", "-duration", "30", "http://127.0.0.1:1/v1/calls"}, `switchboard load: -duration "30": not a duration: write a number with a unit, such as 30s`},
 			{[]string{"call", "http://127.0.0.1:1/v1/calls"}, "switchboard call: need a signaling URL and -audio FILE.wav"},
+			{[]string{"load"}, "switchboard load: want one signaling URL (several: comma separated), got 0 arguments"},
 		} {
 			r := runBinary(t, bin, tt.args...)
 			if r.code != 1 || !strings.Contains(r.stderr, tt.want) {

@@ -75,8 +75,7 @@ Flags:`)
 		return err
 	}
 	if len(positional) != 1 {
-		fs.Usage()
-		return fmt.Errorf("want one signaling URL (several: comma separated), got %d arguments", len(positional))
+		return fmt.Errorf("want one signaling URL (several: comma separated), got %d arguments, e.g. switchboard load http://127.0.0.1:8080/v1/calls -sessions 10; run 'switchboard load -h' for the flags", len(positional))
 	}
 	opts.URLs = strings.Split(positional[0], ",")
 	opts.NoEcho = !*echo
