@@ -35,6 +35,8 @@ func TestDockerfile(t *testing.T) {
 		"nolibopusfile",
 		`ENTRYPOINT ["switchboard"]`,
 		"USER 65532:65532",
+		// The in-cluster smoke test of docs/operations.md calls with it.
+		"COPY --from=build /src/testdata/speech.wav /usr/share/switchboard/speech.wav",
 	} {
 		if !strings.Contains(df, want) {
 			t.Errorf("Dockerfile lacks %q", want)
@@ -65,6 +67,26 @@ func TestDockerfile(t *testing.T) {
 	ign, err := os.ReadFile(filepath.Join("..", ".dockerignore"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(string(ign), "\n!testdata/speech.wav\n") {
+		t.Error(".dockerignore leaves testdata/speech.wav out, which the image carries for the smoke test")
+	}
+	ops, err := os.ReadFile(filepath.Join("..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(ops), "-audio /usr/share/switchboard/speech.wav") {
+		t.Error("docs/operations.md's smoke test does not call with the image's WAV file")
+	}
+	notesFound := false
+	for name, notes := range r.files {
+		notesFound = notesFound || strings.HasSuffix(name, "NOTES.txt")
+		if strings.HasSuffix(name, "NOTES.txt") && !strings.Contains(notes, "call http://sb-switchboard-transceiver:8080/v1/calls -audio /usr/share/switchboard/speech.wav") {
+			t.Errorf("NOTES.txt's smoke test does not call with the image's WAV file:\n%s", notes)
+		}
+	}
+	if !notesFound {
+		t.Error("the chart rendered no NOTES.txt")
 	}
 	for _, line := range strings.Split(string(ign), "\n") {
 		// The build needs the module files and every non-test Go package.

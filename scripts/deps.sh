@@ -2,14 +2,15 @@
 # Installs the Debian packages Switchboard needs, only those missing.
 #   scripts/deps.sh build   libopus for the Opus codec (transceiver PCM formats, `switchboard call`),
 #                           libwebrtc-audio-processing for WebRTC's VAD (internal/vad),
-#                           libspeexdsp for call's resampler (WAV files at 22,050 or 44,100 Hz)
+#                           libspeexdsp for call's resampler (WAV files at 22,050 or 44,100 Hz),
+#                           curl and jq (README: minting a client token)
 #   scripts/deps.sh test    build + chromium (browser tests) + coturn (relay bench) + espeak-ng
 #                           and sox (speech files) + Firefox ESR and GStreamer webrtcbin with
 #                           libnice (interop tests, docs/interop.md) + python3-websockets (runs
 #                           the Python backend of docs/bridge.md) + nftables (the ICE-TCP browser
 #                           tests drop a namespace's UDP)
 set -euo pipefail
-want=(gcc pkg-config libopus-dev libopusfile-dev libspeexdsp-dev libwebrtc-audio-processing-dev)
+want=(gcc pkg-config libopus-dev libopusfile-dev libspeexdsp-dev libwebrtc-audio-processing-dev curl jq)
 if [[ "${1:-build}" == test ]]; then
   want+=(chromium coturn iproute2 nftables redis-server espeak-ng sox firefox-esr python3-websockets
          gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad

@@ -71,6 +71,9 @@ func TestCommandLine(t *testing.T) {
 			{[]string{"relay", "-h"}, 0, "", "-public"},
 			{nil, 2, "", "Usage: switchboard <command>"},
 			{[]string{"nosuch"}, 2, "", `unknown command "nosuch"`},
+			{[]string{"version"}, 0, "switchboard ", ""},
+			{[]string{"-version"}, 0, "switchboard ", ""},
+			{[]string{"--version"}, 0, "switchboard ", ""},
 		} {
 			r := runBinary(t, bin, tt.args...)
 			if r.code != tt.code ||
@@ -99,11 +102,14 @@ func TestCommandLine(t *testing.T) {
 			want, running string
 		}{
 			{[]string{"transceiver", "-id", "1", "-listen", "127.0.0.1:0", "-advertise", "127.0.0.1:3478", "-http", busyTCP},
-				busyTCP, "transceiver running"},
+				"switchboard transceiver: -http: listen tcp " + busyTCP, "transceiver running"},
+			{[]string{"transceiver", "-id", "1", "-listen", busyUDP, "-advertise", "127.0.0.1:3478", "-http", "127.0.0.1:0"},
+				"switchboard transceiver: -listen: listen " + busyUDP, "transceiver running"},
 			{[]string{"relay", "-public", "127.0.0.1:0", "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-metrics", busyTCP},
-				busyTCP, "relay running"},
+				"switchboard relay: -metrics: listen tcp " + busyTCP, "relay running"},
 			{[]string{"relay", "-public", busyUDP, "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-workers", "2", "-metrics", ""},
-				busyUDP + " is in use by another process", "relay running"},
+				"switchboard relay: -public: public socket: udpio: " + busyUDP + " is in use by another process", "relay running"},
+			{[]string{"agent", "-listen", busyTCP}, "switchboard agent: -listen: listen tcp " + busyTCP, "http listening"},
 			{[]string{"demo", "-http", busyTCP, "-relay", "127.0.0.1:0"},
 				"the page's address (-http): listen tcp " + busyTCP, "demo running"},
 			{[]string{"demo", "-http", "127.0.0.1:0", "-relay", busyUDP},
@@ -119,7 +125,9 @@ func TestCommandLine(t *testing.T) {
 		}
 	})
 
-	// A setting a newcomer gets wrong is named by the flag that fixes it.
+	// A setting a newcomer gets wrong is named by the flag that fixes it,
+	// in one line (not the flag package's error and then the whole usage)
+	// with one "switchboard <command>: " in front.
 	t.Run("setting errors", func(t *testing.T) {
 		for _, tt := range []struct {
 			args []string
@@ -128,10 +136,23 @@ func TestCommandLine(t *testing.T) {
 			{[]string{"director", "-listen", "127.0.0.1:0"}, "give it with -config"},
 			{[]string{"relay", "-public", "127.0.0.1:0", "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-metrics", "", "-token-key", "abc"},
 				"-token-key: secret is 2 bytes"},
+			{[]string{"transceiver", "-id", "1", "-advertise", "127.0.0.1:3478", "-backend", "http://127.0.0.1:8081"}, "switchboard transceiver: backend_url"},
+			{[]string{"relay", "-idle-timeout", "60"}, `switchboard relay: -idle-timeout "60": not a duration: write a number with a unit, such as 60s`},
+			{[]string{"relay", "-membrs", "1=127.0.0.1:4000"}, "switchboard relay: no flag -membrs (did you mean -members?); run 'switchboard relay -h' for the flags"},
+			{[]string{"call", "-audoi", "x.wav", "http://127.0.0.1:1/v1/calls"}, "switchboard call: no flag -audoi (did you mean -audio?); run 'switchboard call -h' for the flags"},
+			{[]string{"load", "-duration", "30", "http://127.0.0.1:1/v1/calls"}, `switchboard load: -duration "30": not a duration: write a number with a unit, such as 30s`},
+			{[]string{"call", "http://127.0.0.1:1/v1/calls"}, "switchboard call: need a signaling URL and -audio FILE.wav"},
+			{[]string{"load"}, "switchboard load: want one signaling URL (several: comma separated), got 0 arguments"},
 		} {
 			r := runBinary(t, bin, tt.args...)
 			if r.code != 1 || !strings.Contains(r.stderr, tt.want) {
 				t.Errorf("%q: exit %d, stderr:\n%s\nwant exit 1 and %q", tt.args, r.code, r.stderr, tt.want)
+			}
+			if n := strings.Count(strings.TrimSpace(r.stderr), "\n"); n > 0 {
+				t.Errorf("%q: %d lines on stderr, want the error alone:\n%s", tt.args, n+1, r.stderr)
+			}
+			if cmd := tt.args[0]; strings.Contains(r.stderr, cmd+": "+cmd+": ") {
+				t.Errorf("%q: doubled prefix in %q", tt.args, r.stderr)
 			}
 		}
 	})

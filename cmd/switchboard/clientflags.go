@@ -5,6 +5,8 @@ import (
 	"flag"
 	"net/http"
 	"strings"
+
+	"github.com/switchboard-rtc/switchboard/internal/config"
 )
 
 // headerFlag defines the repeatable -header flag of the client commands
@@ -25,13 +27,14 @@ func headerFlag(fs *flag.FlagSet, h *http.Header, usage string) {
 	})
 }
 
-// parseInterspersed parses args with fs and returns the positional
-// arguments wherever they stand among the flags (the flag package stops
-// at the first non-flag argument; this parses on after each one).
+// parseInterspersed parses args with fs (config.ParseFlags: a bad flag is
+// one line and a pointer to -h) and returns the positional arguments
+// wherever they stand among the flags (the flag package stops at the
+// first non-flag argument; this parses on after each one).
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var positional []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := config.ParseFlags(fs, args); err != nil {
 			return nil, err
 		}
 		if fs.NArg() == 0 {

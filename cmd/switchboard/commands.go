@@ -13,6 +13,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -28,6 +29,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+	"github.com/switchboard-rtc/switchboard/internal/web"
 )
 
 func runDemo(ctx context.Context, args []string, _ io.Writer) error {
@@ -87,15 +89,52 @@ func newRegistry() *prometheus.Registry {
 // collector.
 var heapLiveMetric = regexp.MustCompile(`^/gc/heap/live:bytes$`)
 
-// serveHTTP serves h on addr within lim until ctx ends, then shuts down
-// gracefully (httpapi.Server.Run). reg, if not nil, gets the server's
-// connection metrics.
-func serveHTTP(ctx context.Context, addr string, h http.Handler, lim httpapi.Limits, reg prometheus.Registerer, log *slog.Logger) error {
-	ln, err := net.Listen("tcp", addr)
+// serveHTTP serves h on addr, the value of flag (listenTCP), within lim
+// until ctx ends, then shuts down gracefully (httpapi.Server.Run). reg, if
+// not nil, gets the server's connection metrics.
+func serveHTTP(ctx context.Context, flag, addr string, h http.Handler, lim httpapi.Limits, reg prometheus.Registerer, log *slog.Logger) error {
+	ln, err := listenTCP(flag, addr)
 	if err != nil {
 		return err
 	}
 	return serveListener(ctx, ln, h, lim, reg, log)
+}
+
+// socketFlag names the flag of a socket the error err of a server's
+// constructor is about: pairs are the start of the constructor's message
+// for a socket and its flag ("relay: public socket", "-public"). Other
+// errors come back as they are.
+func socketFlag(err error, pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if msg := err.Error(); strings.HasPrefix(msg, pairs[i]) {
+			pkg, _, _ := strings.Cut(pairs[i], ": ")
+			return &reworded{pairs[i+1] + ": " + strings.TrimPrefix(msg, pkg+": "), err}
+		}
+	}
+	return err
+}
+
+// reworded is an error with a message of its own that still unwraps to
+// the error it words.
+type reworded struct {
+	msg string
+	err error
+}
+
+func (e *reworded) Error() string { return e.msg }
+func (e *reworded) Unwrap() error { return e.err }
+
+// listenTCP listens on addr, the value of flag ("-http"); its error names
+// the flag, and for an address in use, what to do.
+func listenTCP(flag, addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		return nil, fmt.Errorf("%s: %w (another process has it: stop that one, or give %s another address)", flag, err, flag)
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	return ln, nil
 }
 
 // serveListener is serveHTTP on a listener the caller bound already (so
@@ -151,12 +190,12 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	r, err := relay.New(cfg.Relay, keys, members, reg, log)
 	if err != nil {
-		return err
+		return socketFlag(err, "relay: public socket", "-public", "relay: internal socket", "-internal")
 	}
 	defer r.Close()
 	var ops net.Listener
 	if cfg.Metrics != "" {
-		if ops, err = net.Listen("tcp", cfg.Metrics); err != nil {
+		if ops, err = listenTCP("-metrics", cfg.Metrics); err != nil {
 			return err
 		}
 	}
@@ -222,10 +261,10 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	t, err := transceiver.New(cfg.Trx, keys, reg, log)
 	if err != nil {
-		return err
+		return socketFlag(err, "transceiver: listen", "-listen")
 	}
 	defer t.Close()
-	ln, err := net.Listen("tcp", cfg.HTTP)
+	ln, err := listenTCP("-http", cfg.HTTP)
 	if err != nil {
 		return err
 	}
@@ -253,7 +292,14 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	mux := http.NewServeMux()
 	handleOps(mux, reg, cfg.Log.Pprof)
-	mux.Handle("/", t.Handler())
+	api := t.Handler()
+	mux.Handle("/v1/", api)
+	mux.Handle("/live", api)
+	mux.Handle("/ready", api)
+	// The demo page at "/", so that a browser can call a transceiver run
+	// on its own. It holds nothing secret; its calls need what any
+	// client's need (a client token when auth is on, which it says).
+	mux.Handle("/", web.NewHandler(web.Page{Auth: cfg.Trx.Auth.Enabled()}))
 	// Keep serving while draining, so that /ready fails and offers get 503.
 	httpCtx, stopHTTP := context.WithCancel(context.Background())
 	defer stopHTTP()
@@ -294,14 +340,23 @@ func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	// Transceivers hold one bridge connection per v1 session, or a few v2
 	// ones: no cap but the descriptors'.
-	return serveHTTP(ctx, cfg.Listen, mux, httpapi.Limits{Name: "bridge", MaxConns: -1}, nil, log)
+	return serveHTTP(ctx, "-listen", cfg.Listen, mux, httpapi.Limits{Name: "bridge", MaxConns: -1}, nil, log)
 }
 
 func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	var opts callclient.Options
 	fs := flag.NewFlagSet("call", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: switchboard call URL -audio FILE.wav [flags]\n\nRuns one session against the signaling URL (e.g. http://127.0.0.1:8080/v1/calls),\nsends the file as Opus, and prints a JSON report. The report checks an echo:\ncall an echo backend (switchboard demo -mode echo, switchboard agent -mode echo);\nagainst the parrot, audio_echoed and data_channel_echoed are false.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), `Usage: switchboard call URL -audio FILE.wav [flags]
+
+Runs one session against the signaling URL (e.g. http://127.0.0.1:8080/v1/calls),
+sends the file as Opus, and prints a JSON report. It checks an echo: call an
+echo backend (switchboard demo -mode echo, switchboard agent -mode echo), and
+it exits 1 unless the audio and the data-channel ping came back. Against the
+parrot or a real agent, which answer instead of echoing, give -echo=false: it
+then exits 0 once the session connected and streamed.
+
+Flags:`)
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&opts.AudioPath, "audio", "", "16-bit PCM WAV file to send (required)")
@@ -312,6 +367,7 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&opts.Network, "network", "udp", "candidates to gather: udp, tcp (ICE-TCP only, as from a network that drops UDP) or any")
 	fs.DurationVar(&opts.ICERestartAfter, "ice-restart-after", 0, "restart ICE once (PATCH, RFC 9725) this long after connecting; 0 = never")
 	headerFlag(fs, &opts.Header, `extra "Name: value" header on the POST and the DELETE (repeatable), e.g. a region header a CDN would set`)
+	echo := fs.Bool("echo", true, "the backend echoes (switchboard agent -mode echo): fail unless the audio and the data-channel ping came back; false for the parrot or a real agent")
 	positional, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -324,13 +380,41 @@ func runCall(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("one signaling URL, got %d arguments: %q", len(positional), positional)
 	}
 	if opts.URL == "" || opts.AudioPath == "" {
-		fs.Usage()
-		return errors.New("need a signaling URL and -audio FILE.wav")
+		return errors.New("need a signaling URL and -audio FILE.wav, e.g. switchboard call http://127.0.0.1:8080/v1/calls -audio testdata/speech.wav; run 'switchboard call -h' for the flags")
 	}
 	report, err := callclient.Run(ctx, opts)
 	if errors.Is(err, callclient.ErrOptions) {
 		return err // a usage error (say, no such WAV file): no call, no report
 	}
 	fmt.Fprintln(stdout, report.String())
-	return err
+	if err != nil || !*echo {
+		return err
+	}
+	return echoError(report)
+}
+
+// echoError is the error of a call that connected but whose echo did not
+// come back (switchboard call with -echo, the default), or nil.
+func echoError(r callclient.Report) error {
+	var missing []string
+	switch {
+	case r.AudioEchoed:
+	case r.PacketsReceived*10 >= r.PacketsSent*9 && r.PayloadMismatches > 0:
+		// As many packets as sent, other payloads: the transceiver
+		// decoded and encoded them again for a PCM echo.
+		return fmt.Errorf("connected, and %d of %d packets came back, but re-encoded: a PCM echo (switchboard agent -mode echo -format pcm16/…) "+
+			"sends the audio back through the transceiver's encoder; give -echo=false for it", r.PacketsReceived, r.PacketsSent)
+	case r.PacketsReceived == 0:
+		missing = append(missing, fmt.Sprintf("audio: none of %d packets back", r.PacketsSent))
+	default:
+		missing = append(missing, fmt.Sprintf("audio: %d packets back for %d sent, %d of them not ones sent", r.PacketsReceived, r.PacketsSent, r.PayloadMismatches))
+	}
+	if !r.DataChannelEchoed {
+		missing = append(missing, "data-channel ping: no echo")
+	}
+	if missing == nil {
+		return nil
+	}
+	return fmt.Errorf("connected, but the echo did not come back (%s): is the backend an echo (switchboard demo -mode echo, switchboard agent -mode echo)? "+
+		"The parrot and real agents answer instead of echoing: give -echo=false for them", strings.Join(missing, "; "))
 }

@@ -30,5 +30,5 @@ func runDirector(ctx context.Context, args []string, _ io.Writer) error {
 	mux := http.NewServeMux()
 	handleOps(mux, reg, cfg.Log.Pprof)
 	mux.Handle("/", d.Handler())
-	return serveHTTP(ctx, cfg.Listen, mux, signalingLimits(cfg.Director.TrustedProxies), reg, log)
+	return serveHTTP(ctx, "-listen", cfg.Listen, mux, signalingLimits(cfg.Director.TrustedProxies), reg, log)
 }

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -73,8 +76,7 @@ Flags:`)
 		return err
 	}
 	if len(positional) != 1 {
-		fs.Usage()
-		return fmt.Errorf("want one signaling URL (several: comma separated), got %d arguments", len(positional))
+		return fmt.Errorf("want one signaling URL (several: comma separated), got %d arguments, e.g. switchboard load http://127.0.0.1:8080/v1/calls -sessions 10; run 'switchboard load -h' for the flags", len(positional))
 	}
 	opts.URLs = strings.Split(positional[0], ",")
 	opts.NoEcho = !*echo
@@ -124,6 +126,7 @@ Flags:`)
 	encMu.Lock()
 	defer encMu.Unlock()
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
 	if err := enc.Encode(sum); err != nil {
 		return err
 	}
@@ -131,9 +134,33 @@ Flags:`)
 		fmt.Fprintf(os.Stderr, "switchboard load: %d of %d connected sessions received no audio (no_audio; left out of max_gap_ms)\n", sum.NoAudio, sum.Connected)
 	}
 	if n := sum.Sessions - sum.OK; n > 0 {
-		return fmt.Errorf("%d of %d sessions failed: %v", n, sum.Sessions, sum.Failures)
+		return fmt.Errorf("%d of %d sessions failed: %s", n, sum.Sessions, failureLines(sum))
 	}
 	return nil
+}
+
+// failureLines words a summary's failures for the command's error: each
+// reason with its count, most first, then each one's first error:
+//
+//	connect_timeout 8, signaling 2
+//	  connect_timeout, first: not connected after 30s; usually …
+//	  signaling, first: callclient: signaling failed: POST: 503 …
+func failureLines(sum callclient.LoadSummary) string {
+	reasons := slices.SortedFunc(maps.Keys(sum.Failures), func(a, b string) int {
+		return cmp.Or(cmp.Compare(sum.Failures[b], sum.Failures[a]), cmp.Compare(a, b))
+	})
+	counts := make([]string, len(reasons))
+	for i, r := range reasons {
+		counts[i] = fmt.Sprintf("%s %d", r, sum.Failures[r])
+	}
+	var b strings.Builder
+	b.WriteString(strings.Join(counts, ", "))
+	for _, r := range reasons {
+		if e := sum.Errors[r]; e != "" {
+			fmt.Fprintf(&b, "\n  %s, first: %s", r, e)
+		}
+	}
+	return b.String()
 }
 
 // connectedEvent is the line -connected-json prints as a session connects.

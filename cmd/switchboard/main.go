@@ -8,6 +8,7 @@
 //	switchboard director      the signaling front door: region → cluster
 //	switchboard call URL      a Pion client that runs one session and prints JSON
 //	switchboard load URL      many concurrent sessions: setup, failures, loss, gaps as JSON
+//	switchboard version       the version, commit and Go version it was built with
 //
 // Run `switchboard <command> -h` for each one's flags. Every flag of the
 // servers (not of the clients call and load) can also be set in a YAML
@@ -27,6 +28,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,6 +48,7 @@ var commands = []struct {
 	{"director", "run the signaling director (routes offers to a region's cluster)", runDirector},
 	{"call", "run one call against a signaling URL and print a JSON report", runCall},
 	{"load", "run many concurrent calls against a signaling URL and print a JSON summary", runLoad},
+	{"version", "print the version, the commit it was built from and the Go version", runVersion},
 }
 
 func usage(w io.Writer) {
@@ -64,6 +67,8 @@ func main() {
 		os.Exit(2)
 	}
 	switch args[0] {
+	case "-version", "--version":
+		args[0] = "version"
 	case "-h", "-help", "--help", "help":
 		if len(args) == 1 || args[0] != "help" {
 			usage(os.Stdout)
@@ -82,7 +87,7 @@ func main() {
 			os.Exit(0)
 		}
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "switchboard %s: %v\n", c.name, err)
+			fmt.Fprintf(os.Stderr, "switchboard %s: %s\n", c.name, errorLine(c.name, err))
 			os.Exit(1)
 		}
 		return
@@ -90,6 +95,21 @@ func main() {
 	fmt.Fprintf(os.Stderr, "switchboard: unknown command %q\n\n", args[0])
 	usage(os.Stderr)
 	os.Exit(2)
+}
+
+// errorLine is err as the command's failure line prints it after
+// "switchboard <name>: ": without the "<name>: " that the command's own
+// package puts in front of its errors ("transceiver: backend_url …"), so
+// that no prefix is doubled.
+func errorLine(name string, err error) string {
+	msg := err.Error()
+	for strings.HasPrefix(msg, name+": ") {
+		msg = strings.TrimPrefix(msg, name+": ")
+	}
+	if name == "call" || name == "load" {
+		msg = strings.TrimPrefix(msg, "callclient: ") // their package, which the user does not know
+	}
+	return msg
 }
 
 // newLogger returns a JSON or text slog logger at the given level that

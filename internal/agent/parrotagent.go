@@ -91,8 +91,10 @@ type parrotAgent struct {
 // not played, as a voice agent starts its reply with speech), tagged
 // with output.response "resp_sb_N". When the user talks over a reply the
 // edge cuts it (turn detection with interrupt_response), or the agent
-// sends output.clear (interrupt_response false, or OwnVAD). Events from
-// the client are dropped.
+// sends output.clear (interrupt_response false, or OwnVAD). An event from
+// the client gets an "error" event back (code unsupported_event, as
+// OpenAI's Realtime API answers events it does not handle), the first 16
+// of a session; the parrot does nothing else with it.
 //
 // It returns an error naming the field of cfg to fix. Sessions end as
 // NewEcho's do.
@@ -163,9 +165,10 @@ type parrotSession struct {
 	detBase    int64 // input ms of the detector's first frame
 	silence    []byte
 
-	seq     uint16
-	ts      uint32
-	replies int
+	seq      uint16
+	ts       uint32
+	replies  int
+	refusals int // error events sent for client events (refuseEvent)
 }
 
 func (a *parrotAgent) newSession(sc *bridge.ServerConn) (*parrotSession, error) {
@@ -231,11 +234,46 @@ func (s *parrotSession) run() (string, error) {
 					return "", err
 				}
 			}
+		case m.Event != nil:
+			if err := s.refuseEvent(ctx, m.Event); err != nil {
+				return "", err
+			}
 		case m.End != nil:
 			_ = s.sc.End(ctx, m.End.Reason)
 			return m.End.Reason, nil
 		}
 	}
+}
+
+// maxRefusals bounds the error events a parrot session sends for client
+// events (refuseEvent), so that a client cannot make it send without end.
+const maxRefusals = 16
+
+// refuseEvent answers a client's data-channel event, which the parrot
+// does not act on, the way OpenAI's Realtime API answers a client event it
+// does not handle: an "error" event naming it, so that a client (the demo
+// page's Ping) learns that nothing will echo, instead of waiting. Text
+// that is not a JSON object with a "type" gets no answer; neither does
+// any event after the first maxRefusals.
+func (s *parrotSession) refuseEvent(ctx context.Context, event []byte) error {
+	var ev struct {
+		Type    string `json:"type"`
+		EventID string `json:"event_id"`
+	}
+	if json.Unmarshal(event, &ev) != nil || ev.Type == "" || s.refusals >= maxRefusals {
+		return nil
+	}
+	s.refusals++
+	b, err := json.Marshal(map[string]any{"type": "error", "error": map[string]any{
+		"type":     "invalid_request_error",
+		"code":     "unsupported_event",
+		"message":  fmt.Sprintf("the parrot agent does not act on client events (got %q): it answers your speech; switchboard agent -mode echo echoes data-channel messages", ev.Type),
+		"event_id": ev.EventID,
+	}})
+	if err != nil {
+		return err
+	}
+	return s.sc.SendEvent(ctx, b)
 }
 
 // ownVAD feeds the agent's own detector with frame f (silence for time

@@ -208,3 +208,59 @@ func TestQuietLead(t *testing.T) {
 		})
 	}
 }
+
+// TestParrotRefusesClientEvents: the parrot answers a client's event with
+// an "error" event that names it (as OpenAI's Realtime API answers events
+// it does not handle), so that a client learns at once that nothing will
+// echo; text that is no event gets nothing, and a session sends at most
+// maxRefusals such errors.
+func TestParrotRefusesClientEvents(t *testing.T) {
+	h, err := NewParrotAgent(ParrotAgentConfig{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := bridge.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/bridge", bridge.SessionStart{SessionID: "p2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, ev := range []string{`not json`, `{"id":"x"}`, `{"type":"ping","event_id":"evt_1","id":"abc"}`} {
+		if err := c.SendEvent(ctx, []byte(ev)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range maxRefusals + 4 {
+		if err := c.SendEvent(ctx, []byte(`{"type":"ping"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Read until half a second passes without a message.
+	var errs []map[string]any
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		m, err := c.Recv(rctx)
+		rcancel()
+		if err != nil {
+			break
+		}
+		if m.Event != nil {
+			var e map[string]any
+			if err := json.Unmarshal(m.Event, &e); err != nil {
+				t.Fatalf("event %q is not JSON", m.Event)
+			}
+			errs = append(errs, e)
+		}
+	}
+	if len(errs) != maxRefusals {
+		t.Fatalf("%d error events, want %d: %v", len(errs), maxRefusals, errs)
+	}
+	e, _ := errs[0]["error"].(map[string]any)
+	if errs[0]["type"] != "error" || e["code"] != "unsupported_event" || e["event_id"] != "evt_1" ||
+		!strings.Contains(e["message"].(string), `"ping"`) || !strings.Contains(e["message"].(string), "-mode echo") {
+		t.Errorf("first error event %v", errs[0])
+	}
+}

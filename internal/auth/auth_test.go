@@ -209,7 +209,12 @@ func TestMintHandler(t *testing.T) {
 	for _, c := range []struct {
 		bearer string
 		want   int
-	}{{"", http.StatusUnauthorized}, {"wrong", http.StatusUnauthorized}, {apiKey, http.StatusCreated}} {
+		says   string // in the 401's message: a missing key and a wrong one are told apart
+	}{
+		{"", http.StatusUnauthorized, "needs an API key: Authorization: Bearer <api key>"},
+		{"wrong", http.StatusUnauthorized, "is not an API key of this server"},
+		{apiKey, http.StatusCreated, ""},
+	} {
 		r := httptest.NewRequest(http.MethodPost, MintPath, nil)
 		if c.bearer != "" {
 			r.Header.Set("Authorization", "Bearer "+c.bearer)
@@ -222,6 +227,9 @@ func TestMintHandler(t *testing.T) {
 		if c.want == http.StatusUnauthorized {
 			if !strings.HasPrefix(w.Header().Get("WWW-Authenticate"), "Bearer ") {
 				t.Fatalf("401 without a Bearer challenge: %q", w.Header().Get("WWW-Authenticate"))
+			}
+			if !strings.Contains(w.Body.String(), c.says) {
+				t.Errorf("bearer %q: 401 body %s, want it to say %q", c.bearer, w.Body, c.says)
 			}
 			continue
 		}

@@ -33,10 +33,12 @@ func (a *Authority) MintHandler() http.Handler {
 		if tok := Bearer(r); !a.IsAPIKey(tok) {
 			if tok == "" {
 				Challenge(w, ErrMissing)
+				httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "minting a client token needs an API key: Authorization: Bearer <api key>")
 			} else {
 				Challenge(w, ErrInvalid)
+				httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized",
+					"the bearer token is not an API key of this server: send one of the keys it was started with (-auth-api-keys, SWITCHBOARD_AUTH_API_KEYS)")
 			}
-			httpapi.WriteError(w, http.StatusUnauthorized, "unauthorized", "minting a client token needs an API key: Authorization: Bearer <api key>")
 			return
 		}
 		tok, err := a.Mint(time.Now())

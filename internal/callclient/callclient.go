@@ -40,10 +40,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/pion/ice/v4"
@@ -67,6 +69,28 @@ var (
 	ErrSignaling = errors.New("callclient: signaling failed")
 	ErrConnect   = errors.New("callclient: connection failed")
 )
+
+// connectHint returns what usually keeps a session from connecting once
+// signaling succeeded, for the errors of Run and Load: the answer came,
+// and the relay it advertises (answer's candidates) never let ICE through.
+// A relay that drops the checks logs why ("relay: dropping datagrams").
+func connectHint(answer string) string {
+	var addrs []string
+	for line := range strings.Lines(answer) {
+		// a=candidate:<foundation> <component> <transport> <priority> <address> <port> typ …
+		f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "a=candidate:"))
+		if strings.HasPrefix(line, "a=candidate:") && len(f) >= 6 {
+			addrs = append(addrs, net.JoinHostPort(f[4], f[5])+"/"+strings.ToLower(f[2]))
+		}
+	}
+	where := "the address the answer advertises"
+	if len(addrs) > 0 {
+		where += " (" + strings.Join(addrs, ", ") + ")"
+	}
+	return "usually the relay drops the checks: the relays' and transceivers' -token-key differ, " +
+		"or the relay's -members lacks the transceiver's -id (the relay's log says which: \"relay: dropping datagrams\"); " +
+		"or nothing answers at " + where + ": no relay there, a firewall, or a transceiver -advertise this client cannot reach"
+}
 
 // Bounds of the phases that follow streaming.
 const (
@@ -208,13 +232,16 @@ type RestartReport struct {
 	Error string `json:"error,omitempty"`
 }
 
-// String returns the report as indented JSON.
+// String returns the report as indented JSON, without HTML escapes.
 func (r Report) String() string {
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // errors quote SDP and addresses: "<", ">" and "&" as they are
+	if err := enc.Encode(r); err != nil {
 		return fmt.Sprintf("report: %v", err)
 	}
-	return string(b)
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // Run performs one session as described in the package comment. It always
@@ -365,9 +392,10 @@ func (c *call) run(ctx context.Context) error {
 	select {
 	case <-c.connected:
 	case <-c.failed:
-		return fmt.Errorf("%w: peer connection state %s", ErrConnect, pc.ConnectionState())
+		return fmt.Errorf("%w: peer connection state %s; %s", ErrConnect, pc.ConnectionState(), connectHint(answer))
 	case <-ctx.Done():
-		return fmt.Errorf("%w: waiting for connection: %w", ErrConnect, ctx.Err())
+		return fmt.Errorf("%w: not connected %v after the offer (%w); %s", ErrConnect,
+			time.Since(c.start).Round(100*time.Millisecond), ctx.Err(), connectHint(answer))
 	}
 	c.log.Debug("connected", "session", session.String())
 
@@ -656,6 +684,9 @@ func (c *call) post(ctx context.Context, httpc *http.Client, target *url.URL, of
 	req.Header.Set("Accept", "application/sdp")
 	c.authorize(req)
 	resp, err := httpc.Do(req)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return "", nil, "", fmt.Errorf("%w: POST: %w (nothing listens at %s: is the transceiver, or the demo, running there?)", ErrSignaling, err, target.Host)
+	}
 	if err != nil {
 		return "", nil, "", fmt.Errorf("%w: POST: %w", ErrSignaling, err)
 	}

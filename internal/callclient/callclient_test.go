@@ -417,3 +417,13 @@ func TestRunUserSpeechRates(t *testing.T) {
 		}
 	}
 }
+
+// TestReportJSONKeepsBrackets: the report prints errors and addresses as
+// they are; encoding/json's default turned "<" and ">" into \u003c and
+// \u003e.
+func TestReportJSONKeepsBrackets(t *testing.T) {
+	s := Report{Error: `POST: 400 Bad Request: <no a=fingerprint> & more`}.String()
+	if !strings.Contains(s, `"error": "POST: 400 Bad Request: <no a=fingerprint> & more"`) || strings.HasSuffix(s, "\n") {
+		t.Errorf("report:\n%s", s)
+	}
+}

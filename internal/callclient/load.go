@@ -644,10 +644,10 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 	case <-connected:
 	case <-failed:
 		l.hangup(session)
-		return fail(FailConnect, errors.New("peer connection failed before connecting"))
+		return fail(FailConnect, fmt.Errorf("peer connection failed before connecting; %s", connectHint(remoteSDP(pc))))
 	case <-cctx.Done():
 		l.hangup(session)
-		return fail(FailConnectTimeout, fmt.Errorf("not connected after %v", l.opts.ConnectTimeout))
+		return fail(FailConnectTimeout, fmt.Errorf("not connected after %v; %s", l.opts.ConnectTimeout, connectHint(remoteSDP(pc))))
 	}
 	l.connected.Add(1)
 	l.live.Add(1)
@@ -917,6 +917,14 @@ func (l *Load) hangup(session string) {
 	_ = l.signaling().delete(context.Background(), l.opts.HTTPClient, u)
 }
 
+// remoteSDP returns pc's remote description, or "" before one is set.
+func remoteSDP(pc *webrtc.PeerConnection) string {
+	if d := pc.RemoteDescription(); d != nil {
+		return d.SDP
+	}
+	return ""
+}
+
 // signaling returns a call carrying only what post and delete use: the
 // headers.
 func (l *Load) signaling() *call {
@@ -931,9 +939,13 @@ func Summarize(opts LoadOptions, results []SessionResult, elapsed time.Duration)
 		RampMS: float64(opts.Ramp.Microseconds()) / 1000, ElapsedS: elapsed.Seconds(), Failures: map[string]int{},
 	}
 	var setup, gapsMS []float64
+	firstError := map[string]SessionResult{}
 	for _, r := range results {
 		if r.Failure != "" {
 			sum.Failures[r.Failure]++
+			if first, ok := firstError[r.Failure]; !ok || r.I < first.I {
+				firstError[r.Failure] = r
+			}
 		} else {
 			sum.OK++
 		}
@@ -953,6 +965,12 @@ func Summarize(opts LoadOptions, results []SessionResult, elapsed time.Duration)
 		case r.Sent > 0:
 			gapsMS = append(gapsMS, r.MaxGapMS)
 		}
+	}
+	for reason, r := range firstError {
+		if sum.Errors == nil {
+			sum.Errors = map[string]string{}
+		}
+		sum.Errors[reason] = r.Error
 	}
 	sum.SetupMS = distribution(setup)
 	sum.MaxGapMS = distribution(gapsMS)
@@ -974,10 +992,13 @@ type LoadSummary struct {
 	// Vanished counts sessions that vanished (LoadOptions.Vanish).
 	Vanished int `json:"vanished,omitempty"`
 	// Failures counts sessions by failure reason (the Fail* constants).
-	Failures  map[string]int `json:"failures"`
-	DurationS float64        `json:"duration_s"` // audio per session, seconds
-	RampMS    float64        `json:"ramp_ms"`
-	ElapsedS  float64        `json:"elapsed_s"` // the whole run
+	Failures map[string]int `json:"failures"`
+	// Errors holds, for each failure reason, the error of the first
+	// session (in start order) that failed for it; absent without failures.
+	Errors    map[string]string `json:"errors,omitempty"`
+	DurationS float64           `json:"duration_s"` // audio per session, seconds
+	RampMS    float64           `json:"ramp_ms"`
+	ElapsedS  float64           `json:"elapsed_s"` // the whole run
 	// SetupMS is the time from the POST to the peer connection's
 	// "connected" state, over connected sessions. With LoadOptions.Vanish
 	// that is the sessions whose DTLS handshake finished before they

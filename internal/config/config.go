@@ -19,6 +19,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -74,11 +75,11 @@ func Parse(fs *flag.FlagSet, args []string, dst any) error {
 	if fs.Lookup("config") == nil {
 		AddFileFlag(fs)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := ParseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q; run with -h for usage", fs.Arg(0))
+		return fmt.Errorf("unexpected argument %q; run 'switchboard %s -h' for the flags", fs.Arg(0), fs.Name())
 	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
@@ -113,7 +114,7 @@ func Parse(fs *flag.FlagSet, args []string, dst any) error {
 		}
 		if v, ok := os.LookupEnv(env); ok {
 			if serr := fs.Set(f.Name, v); serr != nil {
-				err = fmt.Errorf("%s=%q: %w", env, v, serr)
+				err = fmt.Errorf("%s=%q: %w", env, v, valueError(f, v, serr))
 			}
 		}
 	})
@@ -122,7 +123,122 @@ func Parse(fs *flag.FlagSet, args []string, dst any) error {
 	}
 	// Parse again so that flags given on the command line win over the
 	// file and the environment.
-	return fs.Parse(args)
+	return ParseFlags(fs, args)
+}
+
+// ParseFlags is fs.Parse(args) for a command of the switchboard binary
+// (fs named after it), with errors a newcomer can act on: a bad flag or
+// value is one line that says what to fix and points to -h, in place of
+// the flag package's error followed by the whole usage; a bad duration
+// says how to write one (60s); an unknown flag names the nearest one.
+// -h and -help print the usage to stderr and return flag.ErrHelp.
+func ParseFlags(fs *flag.FlagSet, args []string) error {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage()
+		return err
+	}
+	return fmt.Errorf("%w; run 'switchboard %s -h' for the flags", flagError(fs, err), fs.Name())
+}
+
+// Errors of the flag package, as Parse words them (Go 1.21 on).
+var (
+	flagUndefined = regexp.MustCompile(`^flag provided but not defined: -+(.+)$`)
+	flagBadValue  = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-+([^:]+): (.*)$`)
+)
+
+// flagError rewrites the flag package's error err of fs: an unknown flag
+// with the nearest defined one, a bad value with valueError's wording.
+func flagError(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	if m := flagUndefined.FindStringSubmatch(msg); m != nil {
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		if near := nearest(m[1], names); near != "" {
+			return fmt.Errorf("no flag -%s (did you mean -%s?)", m[1], near)
+		}
+		return fmt.Errorf("no flag -%s", m[1])
+	}
+	if m := flagBadValue.FindStringSubmatch(msg); m != nil {
+		if f := fs.Lookup(m[2]); f != nil {
+			return fmt.Errorf("-%s %q: %w", f.Name, m[1], valueError(f, m[1], errors.New(m[3])))
+		}
+	}
+	return err
+}
+
+// valueError words the error err of setting flag f to v: for a duration
+// flag, how to write one; for a number, that it wants one; otherwise err.
+func valueError(f *flag.Flag, v string, err error) error {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return err
+	}
+	switch g.Get().(type) {
+	case time.Duration:
+		return durationError(v)
+	case int, int64, uint, uint64:
+		return fmt.Errorf("want a whole number, such as %s", f.DefValue)
+	case float64:
+		return fmt.Errorf("want a number, such as %s", f.DefValue)
+	case bool:
+		return errors.New("want true or false")
+	}
+	return err
+}
+
+// durationError says that v is not a duration and how to write one.
+func durationError(v string) error {
+	hint := "60s"
+	if _, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+		hint = strings.TrimSpace(v) + "s" // a bare number: seconds were most likely meant
+	}
+	return fmt.Errorf("not a duration: write a number with a unit, such as %s (units: ms, s, m, h)", hint)
+}
+
+// nearest returns the name of names closest to name: one that contains
+// it or is contained in it, or else within a third of its length in
+// edits (at least 2); "" if none is.
+func nearest(name string, names []string) string {
+	best, bestD := "", max(2, len(name)/3)+1
+	for _, n := range names {
+		if n == name {
+			continue
+		}
+		if strings.Contains(n, name) || strings.Contains(name, n) {
+			return n
+		}
+		if d := editDistance(name, n); d < bestD {
+			best, bestD = n, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance of a and b, in bytes.
+func editDistance(a, b string) int {
+	prev, cur := make([]int, len(b)+1), make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // List is a list setting of the YAML file: a YAML sequence of strings,
@@ -200,7 +316,11 @@ func decodeFile(b []byte, dst any) error {
 			}
 			return le
 		}
-		return fileError(err, dst)
+		var te *yaml.TypeError
+		if !errors.As(err, &te) {
+			return syntaxError(b, err)
+		}
+		return fileError(te, b, dst)
 	}
 	assign(v, twin.Elem())
 	return nil
@@ -362,34 +482,243 @@ func yamlKeys(t reflect.Type, keys []string) []string {
 	return keys
 }
 
-// unknownField is how yaml.v3 reports a key that dst has no field for.
-var unknownField = regexp.MustCompile(`^(line \d+: )field (\S+) not found in type .+$`)
+// Errors of yaml.v3 (v3.0.1) that fileError and syntaxError reword.
+var (
+	// unknownField: a key that dst has no field for.
+	unknownField = regexp.MustCompile(`^line (\d+): field (\S+) not found in type .+$`)
+	// badType: a value that does not decode into its field's type.
+	badType = regexp.MustCompile("^line (\\d+): cannot unmarshal !!(\\w+) (?:`(.*)` )?into (\\S+)$")
+	// syntaxLine: a syntax error, with the line yaml.v3 gives, if any.
+	syntaxLine = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
+)
 
-// fileError rewrites yaml.v3's "field x not found in type struct {…}"
-// lines of err as unknown key "x", with a known key of dst that x is part
-// of, if there is one.
-func fileError(err error, dst any) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return err
-	}
-	known := yamlKeys(reflect.TypeOf(dst), nil)
+// fileError rewrites yaml.v3's type errors te of the file b, decoded into
+// dst: an unknown key with the nearest key of its mapping ("did you mean
+// backend_url?"); a value of the wrong type with its key and what it
+// wants (a duration "such as 30s").
+func fileError(te *yaml.TypeError, b []byte, dst any) error {
+	var doc yaml.Node
+	_ = yaml.Unmarshal(b, &doc) // it parsed, or there would be no TypeError
 	msgs := make([]string, len(te.Errors))
 	for i, m := range te.Errors {
-		sub := unknownField.FindStringSubmatch(m)
-		if sub == nil {
-			msgs[i] = m
-			continue
-		}
-		msgs[i] = fmt.Sprintf("%sunknown key %q", sub[1], sub[2])
-		for _, k := range known {
-			if strings.Contains(k, sub[2]) || strings.Contains(sub[2], k) {
-				msgs[i] += fmt.Sprintf(" (did you mean %s?)", k)
-				break
+		msgs[i] = m
+		if sub := unknownField.FindStringSubmatch(m); sub != nil {
+			line, _ := strconv.Atoi(sub[1])
+			msgs[i] = fmt.Sprintf("line %d: unknown key %q", line, sub[2])
+			known := keysBeside(&doc, reflect.TypeOf(dst), line, sub[2])
+			if near := nearest(sub[2], known); near != "" {
+				msgs[i] += fmt.Sprintf(" (did you mean %s?)", near)
+			}
+		} else if sub := badType.FindStringSubmatch(m); sub != nil {
+			line, _ := strconv.Atoi(sub[1])
+			got, value, into := sub[2], sub[3], sub[4]
+			key := keyOnLine(&doc, line, "")
+			if key == "" {
+				key = "a setting"
+			}
+			switch {
+			case into == "time.Duration":
+				msgs[i] = fmt.Sprintf("line %d: %s: %q is %s", line, key, value, durationError(value))
+			case value == "":
+				msgs[i] = fmt.Sprintf("line %d: %s: got a %s, want %s", line, key, yamlKind(got), goKind(into))
+			default:
+				msgs[i] = fmt.Sprintf("line %d: %s: %q is not %s", line, key, value, goKind(into))
 			}
 		}
 	}
 	return errors.New(strings.Join(msgs, "; "))
+}
+
+// yamlKind names a YAML tag ("seq") for a person.
+func yamlKind(tag string) string {
+	switch tag {
+	case "seq":
+		return "list"
+	case "map":
+		return "mapping"
+	}
+	return tag
+}
+
+// goKind names a Go type of a setting for a person.
+func goKind(t string) string {
+	switch {
+	case t == "string":
+		return "a string"
+	case t == "bool":
+		return "true or false"
+	case strings.HasPrefix(t, "int") || strings.HasPrefix(t, "uint"):
+		return "a whole number"
+	case strings.HasPrefix(t, "float"):
+		return "a number"
+	case strings.HasPrefix(t, "[]"):
+		return "a list"
+	case strings.HasPrefix(t, "map["):
+		return "a mapping"
+	}
+	return "a " + t
+}
+
+// keyOnLine returns the dotted path (below path) of the last mapping key
+// in n on line, or whose value starts on line, or "".
+func keyOnLine(n *yaml.Node, line int, path string) string {
+	found := ""
+	switch n.Kind {
+	case yaml.DocumentNode, yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := path
+			if n.Kind == yaml.SequenceNode {
+				if p = fmt.Sprintf("%s[%d]", path, i); c.Line == line && c.Kind != yaml.ScalarNode {
+					found = p
+				}
+			}
+			if k := keyOnLine(c, line, p); k != "" {
+				found = k
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := joinKey(path, n.Content[i].Value)
+			if n.Content[i].Line == line || n.Content[i+1].Line == line {
+				found = key // the key's line, or the line where its list or mapping starts
+			}
+			if k := keyOnLine(n.Content[i+1], line, key); k != "" {
+				found = k
+			}
+		}
+	}
+	return found
+}
+
+// keysBeside returns the YAML keys that the mapping holding key name on
+// line may have: those of the struct type (within t, dst's type) that the
+// mapping decodes into; the top-level keys if it is not found.
+func keysBeside(doc *yaml.Node, t reflect.Type, line int, name string) []string {
+	var walk func(n *yaml.Node, t reflect.Type) []string
+	walk = func(n *yaml.Node, t reflect.Type) []string {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				if k := walk(c, t); k != nil {
+					return k
+				}
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k, v := n.Content[i], n.Content[i+1]
+				if k.Line == line && k.Value == name {
+					return yamlKeys(t, nil)
+				}
+				if ft, ok := fieldType(t, k.Value); ok {
+					if keys := walk(v, ft); keys != nil {
+						return keys
+					}
+				}
+			}
+		}
+		return nil
+	}
+	if keys := walk(doc, t); keys != nil {
+		return keys
+	}
+	return yamlKeys(t, nil)
+}
+
+// fieldType returns the type of the field of struct type t (inline
+// fields' included) whose YAML key is key; of the elements, for a map or
+// a slice.
+func fieldType(t reflect.Type, key string) (reflect.Type, bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() == reflect.Map || t.Kind() == reflect.Slice {
+		return t.Elem(), true
+	}
+	if t.Kind() != reflect.Struct {
+		return nil, false
+	}
+	for f := range t.Fields() {
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		switch {
+		case name == "-" || !f.IsExported():
+		case strings.Contains(opts, "inline"):
+			if ft, ok := fieldType(f.Type, key); ok {
+				return ft, true
+			}
+		case name == key || (name == "" && strings.ToLower(f.Name) == key):
+			return f.Type, true
+		}
+	}
+	return nil, false
+}
+
+// syntaxError rewrites a YAML syntax error err of the file b so that it
+// names the line to fix: yaml.v3 counts the lines of its parser's errors
+// ("did not find expected …") from 0 and those of its scanner from 1, and
+// names the line where a quoted value, list or mapping began, not where
+// the file went wrong. A tab in the indentation (YAML indents with
+// spaces) and a quote never closed are named by their own line.
+func syntaxError(b []byte, err error) error {
+	sub := syntaxLine.FindStringSubmatch(err.Error())
+	if sub == nil {
+		return err
+	}
+	line, _ := strconv.Atoi(sub[1])
+	problem := sub[2]
+	lines := strings.Split(string(b), "\n")
+	for i, l := range lines {
+		indent := l[:len(l)-len(strings.TrimLeft(l, " \t"))]
+		if strings.Contains(indent, "\t") && strings.TrimSpace(l) != "" {
+			return fmt.Errorf("line %d: a tab in the indentation: YAML indents with spaces only", i+1)
+		}
+	}
+	if strings.HasPrefix(problem, "did not find expected") || strings.HasPrefix(problem, "found duplicate %") ||
+		strings.HasPrefix(problem, "found incompatible") || strings.HasPrefix(problem, "found undefined tag") {
+		line++ // the parser's errors count from 0; no line at all is the first
+	}
+	if problem == "found unexpected end of stream" {
+		for i, l := range lines {
+			if q := openQuote(l); q != 0 {
+				return fmt.Errorf("line %d: the %c that opens a value is never closed", i+1, q)
+			}
+		}
+	}
+	if line == 0 {
+		return fmt.Errorf("yaml: %s", problem)
+	}
+	return fmt.Errorf("line %d: %s", line, problem)
+}
+
+// openQuote returns the quote character (' or ") that opens the value of
+// a "key: value" or "- value" line and is not closed on it, or 0.
+func openQuote(l string) byte {
+	v := strings.TrimSpace(l)
+	if strings.HasPrefix(v, "#") {
+		return 0
+	}
+	if strings.HasPrefix(v, "- ") {
+		v = strings.TrimSpace(v[2:])
+	} else if _, after, ok := strings.Cut(v, ": "); ok {
+		v = strings.TrimSpace(after)
+	}
+	if v == "" || (v[0] != '"' && v[0] != '\'') {
+		return 0
+	}
+	q := v[0]
+	for i := 1; i < len(v); i++ {
+		switch {
+		case q == '"' && v[i] == '\\':
+			i++
+		case v[i] == q && q == '\'' && i+1 < len(v) && v[i+1] == '\'':
+			i++ // '' is a quote inside single quotes
+		case v[i] == q:
+			return 0
+		}
+	}
+	return q
 }
 
 // EnvName is the environment variable that sets flag name in every

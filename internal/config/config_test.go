@@ -431,3 +431,86 @@ func TestEmptyFile(t *testing.T) {
 		t.Errorf("listen %q", cfg.Trx.ListenAddr)
 	}
 }
+
+// TestFileErrorsSayWhatToFix: a newcomer's YAML mistakes are named by the
+// line to fix and, where there is one, by the fix: the nearest key of the
+// same mapping (nested ones too), a duration's unit, the key of a value
+// of the wrong type. yaml.v3 used to name line 1 for a list opened on
+// line 2, the line before a tab, and the end of the file for a quote
+// never closed.
+func TestFileErrorsSayWhatToFix(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct{ name, body, want string }{
+		{"misspelt key", "id: 1\nadvertise: 127.0.0.1:3478\nsetup_timout: 30s\n", `line 3: unknown key "setup_timout" (did you mean setup_timeout?)`},
+		{"misspelt nested key", "id: 1\nauth:\n  signing_key: x\n  api_key: [a]\n", `line 4: unknown key "api_key" (did you mean api_keys?)`},
+		{"part of a key", "backend: ws://127.0.0.1:8081/v1/bridge\n", `line 1: unknown key "backend" (did you mean backend_url?)`},
+		{"no near key", "id: 1\nzzzzzzzz: 1\n", `line 2: unknown key "zzzzzzzz"`},
+		{"bare seconds", "id: 1\nsetup_timeout: 30\n", `line 2: setup_timeout: "30" is not a duration: write a number with a unit, such as 30s`},
+		{"bad unit", "drain_timeout: 5x\n", `line 1: drain_timeout: "5x" is not a duration: write a number with a unit, such as 60s`},
+		{"not a number", "id: 1\nmax_sessions: many\n", `line 2: max_sessions: "many" is not a whole number`},
+		{"list for a string", "id: 1\nadvertise:\n  - 127.0.0.1:3478\n", "line 3: advertise: got a list, want a string"},
+		{"tab indent", "id: 1\nauth:\n\tsigning_key: x\n", "line 3: a tab in the indentation: YAML indents with spaces only"},
+		{"unclosed list", "id: 1\nallow_relays: [10.0.0.0/8\nadvertise: 127.0.0.1:3478\n", "line 2: did not find expected ',' or ']'"},
+		{"unclosed quote", "id: 1\nadvertise: \"127.0.0.1:3478\nhttp: 127.0.0.1:8080\n", `line 2: the " that opens a value is never closed`},
+		{"mapping in a value", "id: 1\nadvertise: 127.0.0.1:3478\n  http: 127.0.0.1:8080\n", "line 3: mapping values are not allowed in this context"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(dir, "trx.yaml")
+			if err := os.WriteFile(p, []byte(tt.body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var cfg Transceiver
+			err := Parse(cfg.Flags(), []string{"-config", p}, &cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want %q", err, tt.want)
+			}
+			if tt.name == "no near key" && strings.Contains(err.Error(), "did you mean") {
+				t.Errorf("error %v suggests a key far from the one given", err)
+			}
+		})
+	}
+}
+
+// TestFlagErrorsAreOneLine: a bad flag or value is one line that says what
+// to fix and where the flags are listed, with nothing printed (the flag
+// package printed the error and then the whole usage, 80 lines); -h still
+// prints the usage.
+func TestFlagErrorsAreOneLine(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		env  [2]string
+		want string
+	}{
+		{[]string{"-idle-timeout", "60"}, [2]string{}, `-idle-timeout "60": not a duration: write a number with a unit, such as 60s (units: ms, s, m, h); run 'switchboard relay -h' for the flags`},
+		{[]string{"-membrs", "1=127.0.0.1:4000"}, [2]string{}, "no flag -membrs (did you mean -members?); run 'switchboard relay -h' for the flags"},
+		{[]string{"-workers", "two"}, [2]string{}, `-workers "two": want a whole number, such as 0;`},
+		{[]string{"-relearn=maybe"}, [2]string{}, `-relearn "maybe": want true or false;`},
+		{nil, [2]string{"SWITCHBOARD_PENDING_TIMEOUT", "10"}, `SWITCHBOARD_PENDING_TIMEOUT="10": not a duration: write a number with a unit, such as 10s`},
+		{[]string{"stray"}, [2]string{}, `unexpected argument "stray"; run 'switchboard relay -h' for the flags`},
+	} {
+		if tt.env[0] != "" {
+			t.Setenv(tt.env[0], tt.env[1])
+		}
+		var cfg Relay
+		fs := cfg.Flags()
+		var out strings.Builder
+		fs.SetOutput(&out)
+		err := Parse(fs, tt.args, &cfg)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%q %v: error %v, want one line with %q", tt.args, tt.env, err, tt.want)
+		}
+		if out.Len() > 0 {
+			t.Errorf("%q: printed %d bytes besides the error:\n%s", tt.args, out.Len(), out.String())
+		}
+		if tt.env[0] != "" {
+			os.Unsetenv(tt.env[0])
+		}
+	}
+	var cfg Relay
+	fs := cfg.Flags()
+	var out strings.Builder
+	fs.SetOutput(&out)
+	if err := Parse(fs, []string{"-h"}, &cfg); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "-members") {
+		t.Errorf("-h: %v, usage %q", err, out.String())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -64,6 +65,13 @@ func TestBrowserCall(t *testing.T) {
 	// The page pings as soon as its data channel opens.
 	s = waitPage(t, ctx, "data-channel echo", 7*time.Second, func(s pageState) bool { return s.DCEcho })
 	t.Logf("data-channel echo: %.1f ms", deref(s.EchoMs))
+	// The echo has no turn detection: "Speaking now" follows the
+	// microphone (it stayed on "nobody" for you), and the hint says what
+	// the echo does.
+	waitShown(t, ctx, `"Speaking now" naming you`, func(sh shown) bool { return strings.HasPrefix(sh.Speaking, "Speaking now: you") })
+	if h, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("hint").textContent`)); err != nil || !strings.Contains(h, "comes straight back") {
+		t.Errorf("echo hint %q (%v)", h, err)
+	}
 	if sh := readShown(t, ctx); sh.Agent != "echo" || sh.PingDisabled || !strings.HasSuffix(sh.Echo, " ms") {
 		t.Errorf("echo page: agent %q, Ping disabled %v, data-channel echo row %q; want echo, false, a round trip", sh.Agent, sh.PingDisabled, sh.Echo)
 	}
@@ -206,6 +214,14 @@ func chromiumPath(t *testing.T) string {
 // exceptions, on-page log and Chromium's own output.
 func startBrowser(t *testing.T, chromiumBin, wav string) context.Context {
 	t.Helper()
+	ctx, _ := startBrowserConsole(t, chromiumBin, wav)
+	return ctx
+}
+
+// startBrowserConsole is startBrowser that also returns a func giving
+// the browser's console messages, exceptions and log entries so far.
+func startBrowserConsole(t *testing.T, chromiumBin, wav string) (context.Context, func() []string) {
+	t.Helper()
 	var (
 		output   logbuf.Buffer // Chromium's stdout and stderr
 		mu       sync.Mutex
@@ -244,7 +260,7 @@ func startBrowser(t *testing.T, chromiumBin, wav string) context.Context {
 	t.Cleanup(func() {
 		if t.Failed() {
 			lctx, lcancel := context.WithTimeout(ctx, 2*time.Second)
-			if text, err := chromedp.Run(lctx, chromedp.Evaluate[string](`document.getElementById("log")?.textContent ?? "(no page)"`)); err == nil {
+			if text, err := chromedp.Run(lctx, chromedp.Evaluate[string](`document.getElementById("log")?.innerText ?? "(no page)"`)); err == nil {
 				t.Logf("page log:\n%s", text)
 			}
 			lcancel()
@@ -267,7 +283,11 @@ func startBrowser(t *testing.T, chromiumBin, wav string) context.Context {
 			t.Logf("chromium output (tail):\n%s", output.Tail(8<<10))
 		}
 	})
-	return ctx
+	return ctx, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(messages)
+	}
 }
 
 // pageState is what the test reads of window.switchboard.
@@ -373,15 +393,14 @@ func waitSessions(t *testing.T, d *Demo, n int, when string) {
 }
 
 // shownJS reads what the page shows of a call: the connection rows, the
-// data-channel echo row, the Ping button, and the widths of the three
-// level meters (the received level, yours and the agent's).
+// data-channel echo row, the Ping button, and the widths of the two level
+// meters (yours and the agent's).
 const shownJS = `(() => {
 	const text = (id) => document.getElementById(id).textContent;
 	const width = (el) => el.style.width;
 	return {ice: text("ice"), dtls: text("dtls"), pc: text("pcstate"), echo: text("echo"), speaking: text("speaking"),
 		pingDisabled: document.getElementById("ping").disabled, agent: window.switchboard.agent,
-		meters: [width(document.getElementById("level")), width(document.querySelector("#you-meter > div")),
-			width(document.querySelector("#agent-meter > div"))]};
+		meters: [width(document.querySelector("#you-meter > div")), width(document.querySelector("#agent-meter > div"))]};
 })()`
 
 // shown is what shownJS returns.
@@ -390,6 +409,22 @@ type shown struct {
 	PingDisabled                  bool
 	Agent                         string
 	Meters                        []string
+}
+
+// waitShown polls what the page shows until cond holds, for 10 s.
+func waitShown(t *testing.T, ctx context.Context, what string, cond func(shown) bool) shown {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := readShown(t, ctx)
+		if cond(s) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the page never showed %s: %+v", what, s)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func readShown(t *testing.T, ctx context.Context) shown {

@@ -116,6 +116,18 @@ func TestBrowserConversation(t *testing.T) {
 	if s.Stats.TotalAudioEnergy <= 0 {
 		t.Errorf("inbound-rtp totalAudioEnergy = %v: no audible reply", s.Stats.TotalAudioEnergy)
 	}
+	// The conversation view says who spoke when: you, the agent's answer
+	// and how long after your speech, and the turn that cut it off.
+	view, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#conversation li")].map((li) => li.textContent)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("conversation view: %q", view)
+	if len(view) < 3 || !strings.HasPrefix(view[0], "You0:") || !strings.Contains(view[0], "spoke: a turn of ") ||
+		!strings.HasPrefix(view[1], "Agent0:") || !strings.Contains(view[1], "ms after you stopped (with the half second of silence that ends your turn)") ||
+		!strings.Contains(view[2], "over the agent: it went quiet ") {
+		t.Errorf("conversation view %q: want your turn, the agent's answer with its delay, and your turn over it", view)
+	}
 	if path := os.Getenv(screenshotEnv); path != "" {
 		// Let the second reply start, so the picture shows a live turn.
 		time.Sleep(2 * time.Second)

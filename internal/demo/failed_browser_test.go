@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,6 +111,17 @@ func TestBrowserCallFailed(t *testing.T) {
 	}
 	if sh := readShown(t, ctx); sh.PC != "closed" {
 		t.Errorf("peer connection row %q after the failure, want closed", sh.PC)
+	}
+	// By the Call button: the failure and what usually causes it, with the
+	// address the answer advertised.
+	eb, err := chromedp.Run(ctx, chromedp.Evaluate[errorBox](errorBoxJS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	silentAt := silent.LocalAddr().String() + "/udp"
+	if eb.Hidden || eb.Message != "peer connection failed" || !strings.Contains(eb.Hint, "no media path came up to the relay at "+silentAt) ||
+		!strings.Contains(eb.Hint, "different -token-key values") {
+		t.Errorf("error shown for a failed ICE: %+v; want the hint naming %s", eb, silentAt)
 	}
 
 	// Call works again: a new call starts (and fails the same way later).

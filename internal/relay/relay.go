@@ -178,6 +178,7 @@ type Config struct {
 	trustedIngress []netip.Prefix // parsed TrustedIngress
 	cacheParams    *cacheParams   // tests: flow cache tunables; nil: defaultCacheParams
 	readErrorLimit time.Duration  // tests: how long read errors last before a loop stops (loops.go); 0: default
+	misconfigEvery time.Duration  // tests: MisconfigLogInterval's stand-in (misconfig.go); 0: default
 }
 
 // Validate checks c and fills in defaults.
@@ -344,6 +345,10 @@ type Relay struct {
 	// draining is set by Drain (tcp.go): Ready fails.
 	draining atomic.Bool
 
+	// misconfig logs the drops that say the fleet is set up wrong
+	// (misconfig.go): the handlers write its samples, the sweeper the rest.
+	misconfig misconfigLog
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -370,6 +375,7 @@ func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *s
 		epoch:   time.Now(),
 		flows:   newFlowTable(cfg.MaxFlows),
 	}
+	r.misconfig.every = cfg.misconfigEvery
 	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowBurstPerIP, cfg.NewFlowsPerSecond)
 	r.wait = newWaitRoom(r)
 	if cfg.FlowStore != nil {
@@ -698,10 +704,12 @@ func (r *Relay) route(ufrag []byte, now time.Time) (netip.AddrPort, uint32, Drop
 		return dst, uint32(c.Cluster), dropNone
 	}
 	if c.Cluster != r.cfg.Cluster {
+		r.noteDrop(DropWrongCluster, uint32(c.Cluster))
 		return netip.AddrPort{}, 0, DropWrongCluster
 	}
 	dst, ok := r.members.Lookup(c.Transceiver)
 	if !ok {
+		r.noteDrop(DropUnknownTransceiver, c.Transceiver)
 		return netip.AddrPort{}, 0, DropUnknownTransceiver
 	}
 	return dst, c.Transceiver, dropNone
@@ -776,6 +784,7 @@ func (r *Relay) sweepLoop(ctx context.Context) {
 func (r *Relay) sweep(now time.Time) {
 	r.flows.lim.expire(r.mono(now))
 	r.flows.sweep(r.mono(now), int64(r.cfg.PendingTimeout), int64(r.cfg.IdleTimeout), r.members.Contains)
+	r.watchDrops(now)
 }
 
 // Stats is a snapshot of the relay's counters.

@@ -100,7 +100,13 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 	})
 	switch {
 	case errors.Is(err, ErrBadOffer):
-		httpapi.WriteError(w, http.StatusBadRequest, "bad_offer", err.Error())
+		msg := err.Error()
+		if offer != "" && !strings.Contains(offer, "\n") {
+			// curl -d (and a form post) strips the line breaks SDP needs.
+			msg += "; the offer has no line breaks: send the SDP as it is, one line per attribute " +
+				"(curl --data-binary @offer.sdp, not -d, which drops them)"
+		}
+		httpapi.WriteError(w, http.StatusBadRequest, "bad_offer", msg)
 		return
 	case errors.Is(err, ErrClientPending):
 		w.Header().Set("Retry-After", "1")
@@ -111,7 +117,11 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 		return
 	case errors.Is(err, ErrBackend):
-		httpapi.WriteError(w, http.StatusBadGateway, "backend_unavailable", err.Error())
+		// The cause names the internal backend URL: the log has it, the
+		// public client does not.
+		s.log.Warn("offer refused: the backend bridge did not open", "err", err, "client", r.RemoteAddr)
+		httpapi.WriteError(w, http.StatusBadGateway, "backend_unavailable",
+			"the agent behind this server is unavailable; try again later (the server's log has the cause)")
 		return
 	case err != nil:
 		s.log.Error("offer failed", "err", err)

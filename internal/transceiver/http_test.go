@@ -147,6 +147,9 @@ func TestOfferErrors(t *testing.T) {
 		{"malformed", "application/sdp", "hello there", http.StatusBadRequest, "does not parse"},
 		{"no audio", "application/sdp", noAudio, http.StatusBadRequest, "no audio"},
 		{"too large", "application/sdp", strings.Repeat("a", 70<<10), http.StatusRequestEntityTooLarge, "64 KiB"},
+		// What curl -d does to a file: its line breaks are gone.
+		{"line breaks stripped", "application/sdp", strings.NewReplacer("\r", "", "\n", "").Replace(clientOffer(t, true)), http.StatusBadRequest,
+			"the offer has no line breaks: send the SDP as it is, one line per attribute (curl --data-binary @offer.sdp, not -d"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -204,6 +207,13 @@ func TestBackendDownIs502(t *testing.T) {
 	resp := post(t, api.URL+"/v1/calls", "application/sdp", clientOffer(t, true))
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Fatalf("status %d, want 502", resp.StatusCode)
+	}
+	// The public client learns that the agent is down, not where it runs
+	// (the body used to quote the bridge dial error with its URL).
+	body, _ := io.ReadAll(resp.Body)
+	if hostPort := strings.TrimPrefix(url, "ws://"); bytes.Contains(body, []byte(hostPort)) || bytes.Contains(body, []byte("dial")) ||
+		!bytes.Contains(body, []byte("the agent behind this server is unavailable")) {
+		t.Errorf("502 body %s: want the agent named unavailable, without %s or the dial error", body, hostPort)
 	}
 	if s.Sessions() != 0 {
 		t.Fatal("a failed offer left a session")

@@ -9,11 +9,24 @@
 // the data channel "oai-events", and DELETEs the Location on hang-up.
 //
 // The server tells the page which agent answers (Page.Agent, as the
-// body's data-agent attribute): with the parrot, which drops the client's
-// data-channel messages, the page sends no pings, disables its Ping button
-// and says why in its data-channel echo row. On hang-up (or when the
-// server ends the call) it shows ICE, DTLS and the peer connection
-// "closed" and empties its level meters.
+// body's data-agent attribute): with the parrot, which does not echo the
+// client's data-channel messages, the page sends no pings, disables its
+// Ping button and says why in its data-channel echo row. With an agent
+// the server does not know (a standalone transceiver), it pings once the
+// data channel opens and learns it: an echo, an "error" event back (the
+// parrot's and OpenAI's answer to an event they do not handle: Ping is
+// then disabled, with why), or nothing within 3 s (the row says so).
+// Page.Auth (data-auth) makes the token field say that it is required.
+// On hang-up (or when the server ends the call) it shows ICE, DTLS and
+// the peer connection "closed" and empties its level meters.
+//
+// The page explains itself: a three-step hint for the agent behind it;
+// an error shown by the Call button with what usually causes it (the
+// backend down, 401, no media path to the relay, the microphone refused);
+// a conversation view (who spoke when, how long after the end of your
+// speech the agent answered, how soon it went quiet when talked over);
+// and an events panel with every data-channel event, expandable to its
+// JSON.
 //
 // For automated browser tests it exposes window.switchboard:
 //
@@ -24,6 +37,8 @@
 //	echoMs    last data-channel ping round trip
 //	location  absolute session URL
 //	error     last error message, or null
+//	hint      what usually causes the last error and what to do, or null
+//	relay     the address the answer advertises ("ip:port/udp"), or null
 //	stats     {packetsSent, packetsReceived, packetsLost, jitterMs, rttMs,
 //	           audioLevel, totalAudioEnergy}, polled from getStats every 500 ms
 //	messages  data-channel messages received
@@ -31,7 +46,9 @@
 //	          connected, peer connected, data channel open, first inbound packet
 //	talk      the conversation as heard in the page: youDb, agentDb (RMS of
 //	          the last 10 ms of the microphone and of the agent's stream,
-//	          dBFS), speaking ("you" | "agent" | ""), events (the
+//	          dBFS), speaking ("you" | "agent" | "": your turn from the
+//	          edge's speech events, or, for an agent without turn
+//	          detection (turnEvents false), the microphone heard), events (the
 //	          input_audio_buffer.* and output_audio_buffer.* events, with
 //	          performance.now() times), turns [{n, onsetAt, endAt, replyMs,
 //	          interrupted, quietMs, audioStartMs, audioEndMs, stoppedAt,
@@ -106,13 +123,19 @@ type Page struct {
 	// Agent is the agent mode behind the signaling API: "parrot" or
 	// "echo" (package agent's ModeParrot, ModeEcho), or "" when the server
 	// does not know (a backend of its own), which the page treats as an
-	// agent that may echo data-channel pings.
+	// agent that may echo data-channel pings, and learns from its first.
 	Agent string
+	// Auth says that offers need a client token (the server's auth is
+	// on): the page says its token field is required.
+	Auth bool
 }
 
-// agentAttr is the body attribute, empty in index.html, that NewHandler
-// fills with Page.Agent.
-const agentAttr = `data-agent=""`
+// agentAttr and authAttr are the body attributes, empty in index.html,
+// that NewHandler fills with Page.Agent and Page.Auth ("on").
+const (
+	agentAttr = `data-agent=""`
+	authAttr  = `data-auth=""`
+)
 
 // Handler serves the demo page at "/" and 404 elsewhere, for an agent it
 // does not know (NewHandler with a zero Page). Mount it after the API
@@ -122,6 +145,9 @@ func Handler() http.Handler { return NewHandler(Page{}) }
 // NewHandler is Handler for the page p describes.
 func NewHandler(p Page) http.Handler {
 	page := bytes.Replace(indexHTML, []byte(agentAttr), []byte(`data-agent="`+html.EscapeString(p.Agent)+`"`), 1)
+	if p.Auth {
+		page = bytes.Replace(page, []byte(authAttr), []byte(`data-auth="on"`), 1)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/" && !strings.EqualFold(r.URL.Path, "/index.html") {
 			http.NotFound(w, r)

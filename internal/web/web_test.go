@@ -88,20 +88,22 @@ func TestHandlerRoutes(t *testing.T) {
 }
 
 // TestHandlerTellsThePageItsAgent: NewHandler puts Page.Agent, escaped, in
-// the body's data-agent attribute, which the script reads; Handler leaves
-// it empty (an agent the page does not know).
+// the body's data-agent attribute, and Page.Auth in data-auth, which the
+// script reads; Handler leaves them empty (an agent the page does not
+// know, no auth).
 func TestHandlerTellsThePageItsAgent(t *testing.T) {
-	if script := string(inlineElement(indexHTML, "script")); !strings.Contains(script, "document.body.dataset.agent") {
-		t.Fatal("the script does not read the body's data-agent")
+	if script := string(inlineElement(indexHTML, "script")); !strings.Contains(script, "document.body.dataset.agent") || !strings.Contains(script, "document.body.dataset.auth") {
+		t.Fatal("the script does not read the body's data-agent and data-auth")
 	}
 	for _, tt := range []struct {
 		name string
 		h    http.Handler
 		want string
 	}{
-		{"unknown", Handler(), `<body data-state="idle" data-agent="">`},
-		{"parrot", NewHandler(Page{Agent: "parrot"}), `<body data-state="idle" data-agent="parrot">`},
-		{"escaped", NewHandler(Page{Agent: `x"><script>`}), `<body data-state="idle" data-agent="x&#34;&gt;&lt;script&gt;">`},
+		{"unknown", Handler(), `<body data-state="idle" data-agent="" data-auth="">`},
+		{"parrot", NewHandler(Page{Agent: "parrot"}), `<body data-state="idle" data-agent="parrot" data-auth="">`},
+		{"escaped", NewHandler(Page{Agent: `x"><script>`}), `<body data-state="idle" data-agent="x&#34;&gt;&lt;script&gt;" data-auth="">`},
+		{"auth on", NewHandler(Page{Auth: true}), `<body data-state="idle" data-agent="" data-auth="on">`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
@@ -110,5 +112,18 @@ func TestHandlerTellsThePageItsAgent(t *testing.T) {
 				t.Errorf("page lacks %s", tt.want)
 			}
 		})
+	}
+}
+
+// TestPageHasNoInlineStyleAttributes: the CSP allows the page's one
+// <style> element by hash, so a style="" attribute (or an inline event
+// handler) is refused, and Chromium logs a violation on every load; the
+// page had one on its "Speaking now" line.
+func TestPageHasNoInlineStyleAttributes(t *testing.T) {
+	page := string(indexHTML)
+	for _, bad := range []string{" style=", " onclick=", " onload=", " onsubmit=", "javascript:"} {
+		if strings.Contains(page, bad) {
+			t.Errorf("index.html has %q, which the CSP refuses", strings.TrimSpace(bad))
+		}
 	}
 }
