@@ -1,47 +1,66 @@
 package demo
 
 import (
+	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 )
 
-// restartRelay closes the demo's relay and starts a new one on the same
-// addresses (UDP, TCP and the internal hop) with an empty flow table, as
-// a relay pod that restarts does, and returns when it closed the old one.
-// The new relay registers no metrics.
-func (d *Demo) restartRelay(t *testing.T) time.Time {
+// failoverRelay stands in for a relay pod that dies behind the VIP while
+// another relay keeps serving it: it starts a second relay on new ports
+// (with an empty flow table), has the client's namespace send new TCP
+// connections for the old relay's TCP address to the new one (a DNAT rule
+// in its output hook, as kube-proxy sends a Service's new connections to
+// the endpoints that are left), then closes the old relay, and returns
+// when it closed it. Connections the old relay held are reset; only new
+// connections reach the new relay. The new relay registers no metrics.
+//
+// A relay restarted in place is not what a client behind a VIP sees:
+// Chromium reconnects a closed ICE-TCP connection at once, and a port
+// that refuses that attempt ends its TCP path.
+func (d *Demo) failoverRelay(t *testing.T, ns string) time.Time {
 	t.Helper()
+	old := d.relay
+	vip := old.TCPAddr()
 	cfg := d.rcfg
-	cfg.PublicAddr, cfg.InternalAddr = d.relay.PublicAddr().String(), d.relay.InternalAddr().String()
-	if a := d.relay.TCPAddr(); a.IsValid() {
-		cfg.TCPAddr = a.String()
+	cfg.PublicAddr = netip.AddrPortFrom(old.PublicAddr().Addr(), 0).String()
+	cfg.TCPAddr = netip.AddrPortFrom(vip.Addr(), 0).String()
+	r, err := relay.New(cfg, d.keys, d.members, nil, d.log)
+	if err != nil {
+		t.Fatalf("start the second relay: %v", err)
 	}
-	_ = d.relay.Close()
-	killed := time.Now()
-	for {
-		r, err := relay.New(cfg, d.keys, d.members, nil, d.log)
-		if err == nil {
-			d.relay = r
-			return killed
-		}
-		if time.Since(killed) > 2*time.Second {
-			t.Fatalf("restart the relay: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	rules := fmt.Sprintf(`table ip sbvip {
+	chain out {
+		type nat hook output priority -100; policy accept;
+		ip daddr %s tcp dport %d counter dnat to %s
 	}
+}
+`, vip.Addr(), vip.Port(), r.TCPAddr())
+	cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		_ = r.Close()
+		t.Fatalf("nft: %v\n%s", err, out)
+	}
+	d.relay = r
+	_ = old.Close()
+	return time.Now()
 }
 
 // TestChromiumTCPRelayRestart: Chromium on a network that drops UDP is in a
-// call over ICE-TCP when the relay restarts. The restart closes its TCP
-// connection; Chromium reconnects (libwebrtc reconnects an active ICE-TCP
-// connection that was writable when it is next used), its first frame on
-// the new connection is a check, which the new relay routes by its token,
-// and the call goes on. The audio gap is reported.
+// call over ICE-TCP when its relay dies and another relay behind the same
+// VIP takes its connections (failoverRelay). The dead relay's TCP
+// connection is reset; Chromium reconnects to the VIP, its first frame on
+// the new connection is a check, which the other relay routes by its
+// token, and the call goes on. The audio gap is reported.
 func TestChromiumTCPRelayRestart(t *testing.T) {
 	chromiumBin := chromiumPath(t)
 	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
@@ -60,7 +79,7 @@ func TestChromiumTCPRelayRestart(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	killed := d.restartRelay(t)
+	killed := d.failoverRelay(t, ns)
 	var back time.Duration
 	for time.Since(killed) < 15*time.Second {
 		if st := d.Relay().Stats(); st.TCP.ToClientFrames > 0 && st.TCP.ToTransceiverFrames > 0 {
@@ -71,10 +90,10 @@ func TestChromiumTCPRelayRestart(t *testing.T) {
 	}
 	r := waitInterop(t, d, results, 60*time.Second)
 	st := d.Relay().Stats()
-	t.Logf("relay restarted: media back over TCP %v after; the page's longest audio gap %.0f ms, connection %s, transport %s; new relay: %d TCP connections, %d frames in, %d out, closed %v",
+	t.Logf("relay failed over: media back over TCP %v after; the page's longest audio gap %.0f ms, connection %s, transport %s; new relay: %d TCP connections, %d frames in, %d out, closed %v",
 		back.Round(time.Millisecond), r.MaxGapMs, r.ConnectionState, r.Transport, st.TCP.Accepted, st.TCP.ToTransceiverFrames, st.TCP.ToClientFrames, st.TCP.Closed)
 	if back == 0 || r.ConnectionState != "connected" || r.Transport != "tcp" {
-		t.Fatalf("the call did not come back over TCP after the relay restart")
+		t.Fatalf("the call did not come back over TCP after the relay failed over")
 	}
 	if st.TCP.ToTransceiverFrames < 100 || st.TCP.ToClientFrames < 100 {
 		t.Fatalf("the new relay carried %d frames in and %d out, want ≥ 100 each", st.TCP.ToTransceiverFrames, st.TCP.ToClientFrames)
