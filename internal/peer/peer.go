@@ -2,7 +2,7 @@
 // webrtc.PeerConnection: ICE-lite (RFC 8445 §2.5) answered inline with
 // pion/stun, DTLS-SRTP (RFC 5764) with pion/dtls and pion/srtp, data
 // channels (RFC 8831, RFC 8832) with pion/sctp and pion/datachannel, and
-// the SDP of an answer (sdp.go).
+// the SDP of an offer and its answer (sdp_offer.go, sdp_answer.go).
 //
 // One Endpoint serves every session on one shared UDP socket from one read
 // loop. It demultiplexes each datagram by its first byte (RFC 7983 §7):
