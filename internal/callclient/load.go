@@ -499,67 +499,163 @@ func (s *loadSession) recordLocked(ext uint64, now int64) bool {
 	return true
 }
 
-// session runs session i to its end and returns its result.
+// session runs session i to its end and returns its result: it builds
+// the peer connection (dial), posts the offer (signal), waits for it to
+// connect, streams the audio, says goodbye (hangUp) and sums up what came
+// back (measure).
 func (l *Load) session(ctx context.Context, i int) SessionResult {
-	r := SessionResult{I: i, URLIndex: i % len(l.opts.URLs)}
-	fail := func(reason string, err error) SessionResult {
-		r.Failure, r.Error = reason, err.Error()
-		l.failed.Add(1)
-		l.ended.Add(1)
-		return r
-	}
+	c := &loadRun{l: l, r: SessionResult{I: i, URLIndex: i % len(l.opts.URLs)}}
+	c.s = &loadSession{r: &c.r}
 	l.started.Add(1)
-	api := l.api
-	var vn *vanishNet
-	if l.opts.Vanish > 0 {
-		// Its own sockets, to close at once: its own API.
-		std, err := stdnet.NewNet()
-		if err != nil {
-			return fail(FailClient, err)
-		}
-		vn = &vanishNet{Net: std}
-		defer vn.vanish()
-		if api, err = newLoadAPI(l.opts.SettingEngine, vn, l.opts.Network); err != nil {
-			return fail(FailClient, err)
+	api, err := c.newAPI()
+	if c.vn != nil {
+		defer c.vn.vanish()
+	}
+	if err != nil {
+		return c.fail(FailClient, err)
+	}
+	err = c.dial(api)
+	if c.pc != nil {
+		defer c.pc.Close()
+	}
+	if err != nil {
+		return c.fail(FailClient, err)
+	}
+	c.watch()
+	defer c.closePC()
+
+	cctx, cancel := context.WithTimeout(ctx, l.opts.ConnectTimeout)
+	defer cancel()
+	c.r.PostedNS = time.Now().UnixNano()
+	session, err := l.signal(cctx, c.pc, l.targets[c.r.URLIndex])
+	c.r.Session, c.session = session, session
+	if err != nil {
+		l.hangup(session)
+		return c.fail(FailSignaling, err)
+	}
+	if c.vn != nil {
+		return l.vanish(ctx, cctx, &c.r, c.s, c.vn, c.iceUp, c.failed, c.dcOpen, c.closePC, c.fail)
+	}
+	if reason, err := c.waitConnected(cctx); err != nil {
+		l.hangup(session)
+		return c.fail(reason, err)
+	}
+	l.connected.Add(1)
+	l.live.Add(1)
+	defer l.live.Add(-1)
+	c.reportConnected()
+	c.waitDataChannel()
+
+	sendErr := l.stream(ctx, c.track, c.failed, &c.r)
+	streamEnd := time.Now().UnixNano()
+	if !c.r.DCOpen {
+		// Opened while the audio streamed: on a lossy path SCTP's
+		// association and the channel's DCEP open each retransmit on
+		// timers from 1 s, doubled on each loss (RFC 4960 §6.3.3), so
+		// four losses in a row take one of them past the 10 s of
+		// waitDataChannel.
+		select {
+		case <-c.dcOpen:
+			c.r.DCOpen = true
+		default:
 		}
 	}
+	c.hangUp()
+	c.closePC()
+	return c.measure(streamEnd, sendErr)
+}
+
+// loadRun is one session of a load run from its start to its end: its
+// peer connection, the channels its callbacks close, and its result. Only
+// the goroutine running Load.session touches its fields after watch,
+// except r, which callbacks update under s.mu.
+type loadRun struct {
+	l       *Load
+	r       SessionResult
+	s       *loadSession
+	vn      *vanishNet // nil unless the session vanishes (LoadOptions.Vanish)
+	session string     // the session URL, "" before signaling or when none
+
+	pc    *webrtc.PeerConnection
+	track *webrtc.TrackLocalStaticRTP
+	tr    *webrtc.RTPTransceiver
+	dc    *webrtc.DataChannel
+
+	// Closed once each, by the peer connection's callbacks.
+	connected, failed, dcOpen, iceUp chan struct{}
+	pong                             chan string // the IDs of ping echoes
+
+	readers sync.WaitGroup // the RTP and RTCP readers
+	closing atomic.Bool    // set when the peer connection closes: no new readers
+}
+
+// fail ends the session with a failure: reason, one of the Fail…
+// constants, and err.
+func (c *loadRun) fail(reason string, err error) SessionResult {
+	c.r.Failure, c.r.Error = reason, err.Error()
+	c.l.failed.Add(1)
+	c.l.ended.Add(1)
+	return c.r
+}
+
+// newAPI returns the API the session's peer connection is made with: the
+// load's own, or, for a session that vanishes, one on sockets of its
+// own, to close at once (c.vn, set even when the API then fails).
+func (c *loadRun) newAPI() (*webrtc.API, error) {
+	if c.l.opts.Vanish <= 0 {
+		return c.l.api, nil
+	}
+	std, err := stdnet.NewNet()
+	if err != nil {
+		return nil, err
+	}
+	c.vn = &vanishNet{Net: std}
+	return newLoadAPI(c.l.opts.SettingEngine, c.vn, c.l.opts.Network)
+}
+
+// dial makes the peer connection (c.pc, set as soon as it exists) with
+// its sendrecv Opus track and its data channel.
+func (c *loadRun) dial(api *webrtc.API) error {
 	pc, err := api.NewPeerConnection(webrtc.Configuration{})
 	if err != nil {
-		return fail(FailClient, err)
+		return err
 	}
-	defer pc.Close()
-	track, err := webrtc.NewTrackLocalStaticRTP(webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2}, "audio", "switchboard-load")
+	c.pc = pc
+	c.track, err = webrtc.NewTrackLocalStaticRTP(webrtc.RTPCodecCapability{MimeType: webrtc.MimeTypeOpus, ClockRate: 48000, Channels: 2}, "audio", "switchboard-load")
 	if err != nil {
-		return fail(FailClient, err)
+		return err
 	}
-	tr, err := pc.AddTransceiverFromTrack(track, webrtc.RTPTransceiverInit{Direction: webrtc.RTPTransceiverDirectionSendrecv})
+	c.tr, err = pc.AddTransceiverFromTrack(c.track, webrtc.RTPTransceiverInit{Direction: webrtc.RTPTransceiverDirectionSendrecv})
 	if err != nil {
-		return fail(FailClient, err)
+		return err
 	}
-	dc, err := pc.CreateDataChannel(DataChannelLabel, nil)
-	if err != nil {
-		return fail(FailClient, err)
-	}
+	c.dc, err = pc.CreateDataChannel(DataChannelLabel, nil)
+	return err
+}
 
-	s := &loadSession{r: &r}
-	connected, failed, dcOpen := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	iceUp := make(chan struct{})
-	pong := make(chan string, 4)
+// watch sets the peer connection's callbacks, which stamp the session's
+// state changes into c.r and close c's channels, and starts the readers
+// of RTP and RTCP; closePC stops them.
+func (c *loadRun) watch() {
+	s, r, pc := c.s, &c.r, c.pc
+	c.connected, c.failed, c.dcOpen = make(chan struct{}), make(chan struct{}), make(chan struct{})
+	c.iceUp = make(chan struct{})
+	c.pong = make(chan string, 4)
 	var connOnce, failOnce, openOnce, iceOnce sync.Once
 	pc.OnConnectionStateChange(func(st webrtc.PeerConnectionState) {
 		switch st {
 		case webrtc.PeerConnectionStateConnected:
 			s.stamp(&r.ConnectedNS)
-			connOnce.Do(func() { close(connected) })
+			connOnce.Do(func() { close(c.connected) })
 		case webrtc.PeerConnectionStateFailed:
 			s.stamp(&r.FailedNS)
-			failOnce.Do(func() { close(failed) })
+			failOnce.Do(func() { close(c.failed) })
 		}
 	})
 	pc.OnICEConnectionStateChange(func(st webrtc.ICEConnectionState) {
 		switch st {
 		case webrtc.ICEConnectionStateConnected:
-			iceOnce.Do(func() { close(iceUp) })
+			iceOnce.Do(func() { close(c.iceUp) })
 		case webrtc.ICEConnectionStateDisconnected:
 			s.stamp(&r.DisconnectedNS)
 		case webrtc.ICEConnectionStateFailed:
@@ -571,11 +667,11 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 	pc.SCTP().Transport().OnStateChange(func(st webrtc.DTLSTransportState) {
 		if st == webrtc.DTLSTransportStateClosed {
 			s.stamp(&r.ClosedNS)
-			failOnce.Do(func() { close(failed) })
+			failOnce.Do(func() { close(c.failed) })
 		}
 	})
-	dc.OnOpen(func() { openOnce.Do(func() { close(dcOpen) }) })
-	dc.OnMessage(func(m webrtc.DataChannelMessage) {
+	c.dc.OnOpen(func() { openOnce.Do(func() { close(c.dcOpen) }) })
+	c.dc.OnMessage(func(m webrtc.DataChannelMessage) {
 		// Only the ping's echo is awaited: the events a transceiver also
 		// sends here (output_audio_buffer.*) must not crowd it out.
 		var echo struct{ Type, ID string }
@@ -583,26 +679,24 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 			return
 		}
 		select {
-		case pong <- echo.ID:
+		case c.pong <- echo.ID:
 		default:
 		}
 	})
-	var readers sync.WaitGroup
-	readers.Go(func() { // RTCP from the server, so that the report interceptors see it
+	c.readers.Go(func() { // RTCP from the server, so that the report interceptors see it
 		buf := make([]byte, 1500)
 		for {
-			if _, _, err := tr.Sender().Read(buf); err != nil {
+			if _, _, err := c.tr.Sender().Read(buf); err != nil {
 				return
 			}
 		}
 	})
-	var closing atomic.Bool
 	pc.OnTrack(func(t *webrtc.TrackRemote, _ *webrtc.RTPReceiver) {
-		if closing.Load() {
+		if c.closing.Load() {
 			return
 		}
-		readers.Add(1)
-		defer readers.Done()
+		c.readers.Add(1)
+		defer c.readers.Done()
 		buf := make([]byte, 1500)
 		var h rtp.Header
 		for {
@@ -614,107 +708,104 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 				continue
 			}
 			if s.receive(h.SequenceNumber, time.Now().UnixNano()) {
-				l.received.Add(1)
+				c.l.received.Add(1)
 			}
 		}
 	})
-	defer func() {
-		closing.Store(true)
-		_ = pc.Close()
-		readers.Wait()
-	}()
+}
 
-	cctx, cancel := context.WithTimeout(ctx, l.opts.ConnectTimeout)
-	defer cancel()
-	r.PostedNS = time.Now().UnixNano()
-	session, err := l.signal(cctx, pc, l.targets[r.URLIndex])
-	r.Session = session
-	if err != nil {
-		l.hangup(session)
-		return fail(FailSignaling, err)
-	}
-	if vn != nil {
-		return l.vanish(ctx, cctx, &r, s, vn, iceUp, failed, dcOpen, func() {
-			closing.Store(true)
-			_ = pc.Close()
-			readers.Wait()
-		}, fail)
-	}
+// closePC closes the peer connection and waits for the readers watch
+// started. It may be called more than once.
+func (c *loadRun) closePC() {
+	c.closing.Store(true)
+	_ = c.pc.Close()
+	c.readers.Wait()
+}
+
+// waitConnected waits for the peer connection to connect; when it fails
+// first, or cctx ends, it returns the failure's reason and error.
+func (c *loadRun) waitConnected(cctx context.Context) (string, error) {
 	select {
-	case <-connected:
-	case <-failed:
-		l.hangup(session)
-		return fail(FailConnect, fmt.Errorf("peer connection failed before connecting; %s", connectHint(remoteSDP(pc))))
+	case <-c.connected:
+		return "", nil
+	case <-c.failed:
+		return FailConnect, fmt.Errorf("peer connection failed before connecting; %s", connectHint(remoteSDP(c.pc)))
 	case <-cctx.Done():
-		l.hangup(session)
-		return fail(FailConnectTimeout, fmt.Errorf("not connected after %v; %s", l.opts.ConnectTimeout, connectHint(remoteSDP(pc))))
+		return FailConnectTimeout, fmt.Errorf("not connected after %v; %s", c.l.opts.ConnectTimeout, connectHint(remoteSDP(c.pc)))
 	}
-	l.connected.Add(1)
-	l.live.Add(1)
-	defer l.live.Add(-1)
-	s.mu.Lock()
-	r.SetupMS = float64(r.ConnectedNS-r.PostedNS) / 1e6
-	snapshot := r
-	s.mu.Unlock()
-	if l.opts.OnConnected != nil {
-		l.opts.OnConnected(snapshot)
+}
+
+// reportConnected records the setup time and hands a snapshot of the
+// result to LoadOptions.OnConnected.
+func (c *loadRun) reportConnected() {
+	c.s.mu.Lock()
+	c.r.SetupMS = float64(c.r.ConnectedNS-c.r.PostedNS) / 1e6
+	snapshot := c.r
+	c.s.mu.Unlock()
+	if c.l.opts.OnConnected != nil {
+		c.l.opts.OnConnected(snapshot)
 	}
+}
+
+// waitDataChannel waits up to 10 s for the data channel to open, unless
+// the session fails first.
+func (c *loadRun) waitDataChannel() {
 	dcWait := time.NewTimer(10 * time.Second)
 	select {
-	case <-dcOpen:
-		r.DCOpen = true
-	case <-failed:
+	case <-c.dcOpen:
+		c.r.DCOpen = true
+	case <-c.failed:
 	case <-dcWait.C:
 	}
 	dcWait.Stop()
+}
 
-	sendErr := l.stream(ctx, track, failed, &r)
-	streamEnd := time.Now().UnixNano()
-	if !r.DCOpen {
-		// Opened while the audio streamed: on a lossy path SCTP's
-		// association and the channel's DCEP open each retransmit on
-		// timers from 1 s, doubled on each loss (RFC 4960 §6.3.3), so
-		// four losses in a row take one of them past the 10 s above.
-		select {
-		case <-dcOpen:
-			r.DCOpen = true
-		default:
-		}
-	}
-
+// hangUp ends a session that has not failed: when the data channel is
+// open it checks that it still echoes (closingPing, unless NoEcho), then
+// waits LoadTail for the last echoed audio and DELETEs the session.
+func (c *loadRun) hangUp() {
 	select {
-	case <-failed:
+	case <-c.failed:
+		return
 	default:
-		if r.DCOpen && !l.opts.NoEcho {
-			var id [8]byte
-			_, _ = rand.Read(id[:])
-			pingID := fmt.Sprintf("load-%d-%x", i, id)
-			if err := dc.SendText(fmt.Sprintf(`{"type":"ping","id":%q}`, pingID)); err == nil {
-				deadline := time.NewTimer(closingPingWait)
-			wait:
-				for {
-					select {
-					case got := <-pong:
-						if got == pingID {
-							r.DCEchoEnd = true
-							break wait
-						}
-					case <-deadline.C:
-						break wait
-					case <-failed:
-						break wait
-					}
-				}
-				deadline.Stop()
-			}
-		}
-		time.Sleep(LoadTail)
-		l.hangup(session)
 	}
-	closing.Store(true)
-	_ = pc.Close()
-	readers.Wait()
+	if c.r.DCOpen && !c.l.opts.NoEcho && c.closingPing() {
+		c.r.DCEchoEnd = true
+	}
+	time.Sleep(LoadTail)
+	c.l.hangup(c.session)
+}
 
+// closingPing sends a ping on the data channel and reports whether its
+// echo came back within closingPingWait, before the session failed.
+func (c *loadRun) closingPing() bool {
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	pingID := fmt.Sprintf("load-%d-%x", c.r.I, id)
+	if err := c.dc.SendText(fmt.Sprintf(`{"type":"ping","id":%q}`, pingID)); err != nil {
+		return false
+	}
+	deadline := time.NewTimer(closingPingWait)
+	defer deadline.Stop()
+	for {
+		select {
+		case got := <-c.pong:
+			if got == pingID {
+				return true
+			}
+		case <-deadline.C:
+			return false
+		case <-c.failed:
+			return false
+		}
+	}
+}
+
+// measure sums up the ended session, whose audio stopped at streamEnd
+// (unix ns) with the first write error sendErr, and returns its result:
+// what was received, the gaps, and the failure, if any.
+func (c *loadRun) measure(streamEnd int64, sendErr error) SessionResult {
+	l, s, r := c.l, c.s, &c.r
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r.StreamEndNS = streamEnd
@@ -722,7 +813,7 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 	if len(s.arrivals) > 0 {
 		r.LastRxNS = s.arrivals[len(s.arrivals)-1]
 	}
-	gaps(&r, s.arrivals, streamEnd, l.mark.Load())
+	gaps(r, s.arrivals, streamEnd, l.mark.Load())
 	l.ended.Add(1)
 	switch {
 	case r.FailedNS != 0 || (r.ClosedNS != 0 && r.ClosedNS < streamEnd):
@@ -735,7 +826,7 @@ func (l *Load) session(ctx context.Context, i int) SessionResult {
 	if r.Failure != "" {
 		l.failed.Add(1)
 	}
-	return r
+	return *r
 }
 
 // vanish runs a Vanish session from its signaling on: it waits for ICE
