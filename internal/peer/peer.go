@@ -18,9 +18,9 @@
 // Per session it runs pion/dtls's three goroutines (the handshake state
 // machine, the record reader and its read watcher), pion/sctp's three (read,
 // write, timers) and one of its own that drives the handshake and then
-// accepts data channels (as measured with pion/dtls v3.1.15 and pion/sctp
-// v1.12.0); the caller adds its media reader (ReadRTP) and
-// whatever reads the channels. ICE and SRTP cost no goroutine per session;
+// accepts data channels (docs/benchmarks.md, "Goroutines and memory per
+// session"); the caller adds its media reader (ReadRTP) and whatever reads
+// the channels. ICE and SRTP cost no goroutine per session;
 // liveness (RFC 7675 consent) is watched for every session by one sweeper
 // goroutine of the Endpoint.
 package peer

@@ -105,8 +105,7 @@ func (s *server) candidate() netip.AddrPort {
 // the path's socket was given may still receive another process's flow
 // (its peer went on sending after it closed), and a stranger's datagrams
 // that made it "the client" would send the server's DTLS and check
-// answers there, stalling the handshake: no session state for 10 s, the
-// symptom of TestConsent's one CI failure (TestPathStrangers).
+// answers there, stalling the handshake (TestPathStrangers).
 type path struct {
 	front  *net.UDPConn
 	back   atomic.Pointer[net.UDPConn]

@@ -10,11 +10,9 @@ import (
 // TestPathStrangers: a stranger's flow to the path's front port (on a
 // shared machine, another process's peer still sending to a port the
 // path's socket was given) does not take the client's place: the client
-// connects through the path. Before the path dropped strangers, the
-// server's answers and every ClientHello went to the stranger, and the
-// session stalled with no state for 10 s, as TestConsent once did in CI.
-// The stranger sends every millisecond, oftener than the server answers
-// on a loaded machine.
+// connects through the path, which would otherwise send the server's
+// answers and every ClientHello to the stranger. The stranger sends every
+// millisecond, oftener than the server answers on a loaded machine.
 func TestPathStrangers(t *testing.T) {
 	s := newServer(t)
 	c := newClient(t, false)

@@ -65,8 +65,8 @@ const opusFmtp = "minptime=10;useinbandfec=1"
 // had one (RFC 8843 §7.3). No a=msid-semantic: Chromium, Firefox and Pion
 // read the media-level a=msid of Unified Plan without it.
 //
-// Chromium 156, Firefox ESR 153, GStreamer 1.22 webrtcbin and Pion v4
-// take these answers (sdp_test.go).
+// Chromium, Firefox ESR, GStreamer webrtcbin and Pion take these answers
+// (sdp_interop_test.go; the versions tried are in docs/interop.md).
 //
 // Errors are about p (the answerer's own configuration) or an o that
 // ParseOffer did not return: a p.Setup that the offer's a=setup does not
