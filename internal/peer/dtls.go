@@ -120,16 +120,13 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 // 2.5 times it, within [minFlightInterval, maxFlightInterval]: the first
 // flight may wait two round trips for its answer, as a client whose DTLS
 // starts only once its own ICE is connected (Pion) keeps the ClientHello
-// through the round trip of its nomination (with 1.5 times, every Pion
-// call saw a spurious retransmission of the ClientHello, and its DTLS
-// server answered it with its flight again). A flight that is not answered
+// through the round trip of its nomination, and a shorter timeout
+// retransmits that ClientHello for nothing. A flight that is not answered
 // goes again after the timeout, then after twice it, and every twice it
 // after that, 16 times at most (feed.go, "Retransmission pacing"); the next
 // flight starts from the timeout again, and HandshakeTimeout bounds the
-// whole. With 50 ms of round trip a lost flight then costs about 140 ms
-// instead of 1 s, and under heavy loss the retries come at 0.14, 0.42,
-// 0.70, 0.98 s… instead of 1, 3, 7, 15 s. libwebrtc takes its timeout from
-// its ICE round-trip estimate too (twice it, at least 50 ms).
+// whole. What it saves under loss, and the designs measured on the way:
+// docs/benchmarks.md, "Under loss".
 
 // Bounds of the first retransmission timeout.
 const (

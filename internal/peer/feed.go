@@ -80,10 +80,9 @@ type feed struct {
 // again at most (maxRetransmitGap), never more than maxRetransmits times
 // per flight. RFC 6347 §4.2.4.1 doubles up to 60 s; a voice call that
 // loses a third of its datagrams then waits seconds for its setup, so the
-// gaps stop growing at twice the timeout (with 50 ms of round trip, a
-// flight goes again 0.14, 0.42, 0.70, 0.98… s after it first left) and the
-// count bounds what a client that went away is sent: 16 copies of a flight
-// of a few kilobytes.
+// gaps stop growing at twice the timeout (docs/benchmarks.md, "Under
+// loss") and the count bounds what a client that went away is sent: 16
+// copies of a flight of a few kilobytes.
 
 // maxRetransmits bounds the retransmissions of one flight (pacing).
 const maxRetransmits = 16

@@ -2,7 +2,7 @@
 // webrtc.PeerConnection: ICE-lite (RFC 8445 §2.5) answered inline with
 // pion/stun, DTLS-SRTP (RFC 5764) with pion/dtls and pion/srtp, data
 // channels (RFC 8831, RFC 8832) with pion/sctp and pion/datachannel, and
-// the SDP of an answer (sdp.go).
+// the SDP of an offer and its answer (sdp_offer.go, sdp_answer.go).
 //
 // One Endpoint serves every session on one shared UDP socket from one read
 // loop. It demultiplexes each datagram by its first byte (RFC 7983 §7):
@@ -18,9 +18,9 @@
 // Per session it runs pion/dtls's three goroutines (the handshake state
 // machine, the record reader and its read watcher), pion/sctp's three (read,
 // write, timers) and one of its own that drives the handshake and then
-// accepts data channels (as measured with pion/dtls v3.1.15 and pion/sctp
-// v1.12.0); the caller adds its media reader (ReadRTP) and
-// whatever reads the channels. ICE and SRTP cost no goroutine per session;
+// accepts data channels (docs/benchmarks.md, "Goroutines and memory per
+// session"); the caller adds its media reader (ReadRTP) and whatever reads
+// the channels. ICE and SRTP cost no goroutine per session;
 // liveness (RFC 7675 consent) is watched for every session by one sweeper
 // goroutine of the Endpoint.
 package peer

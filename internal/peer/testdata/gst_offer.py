@@ -7,7 +7,7 @@ which the answer rejects) makes an offer, waits for ICE gathering to
 complete (or 3 s), POSTs it to URL/offer?round=NAME, sets the answer the
 server returns as its remote description, and records whether webrtcbin
 took it and each transceiver's mid and negotiated direction. Prints the
-rounds as one JSON array on stdout. Run by sdp_test.go's
+rounds as one JSON array on stdout. Run by sdp_interop_test.go's
 TestGStreamerTakesAnswer; needs Debian's python3-gst-1.0,
 gir1.2-gst-plugins-bad-1.0, gstreamer1.0-nice and the base, good and bad
 plugins.
