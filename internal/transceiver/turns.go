@@ -53,84 +53,30 @@ type turnSwitch struct {
 }
 
 // turns is a session's turn detection. Everything but next is owned by
-// the track goroutine (onTrack), which feeds it.
+// the track goroutine (fromClient), which feeds it.
 type turns struct {
 	// next is the setting to apply before the next frame: from the
 	// backend's hello, or an input.turn_detection the bridge reader got.
 	next atomic.Pointer[turnSwitch]
 
-	det *vad.Detector
-	dec *audio.Decoder // Opus passthrough only: decodes for det
-	// The input clock: started once the first frame is seen; ts is the
-	// last frame's timestamp, ext the same unwrapped, both in samples at
-	// the frame rate. offset maps the detector's clock onto the input
-	// clock (input ms = detector ms + offset).
-	started bool
-	ts      uint32
-	ext     int64
-	offset  int64
-	fresh   bool   // det has not been fed yet: offset is set by its first frame
-	base    int64  // Opus: the input clock at dec's first frame, ms
-	silence []byte // one frame of silence at det's rate
-	// early is set when the first half of the frame at earlyTS (10 ms)
-	// went to the detector from the decoder's partial frame: feedTurns
-	// then feeds only the frame's second half.
-	early   bool
-	earlyTS uint32
-	// Opus passthrough: the client's RTP timestamps, unwrapped (48 kHz),
-	// from the first packet: the input clock dec is placed on.
-	rtpStarted bool
-	rtpTS      uint32
-	rtpExt     int64
-	item       string // the current user item's id (input_audio_buffer.*)
-	items      uint64
-	// Wall time: when the last frame was fed (its packet arrived), and
-	// how many frames of silence were fed since for the time that passed
-	// without packets, in speech (idleTurns).
-	lastWall time.Time
-	idleFed  int64
+	in  vad.Input         // the detector and its input clock
+	cfg vad.TurnDetection // the detector's setting, while in has one
+	dec *audio.Decoder    // Opus passthrough only: decodes for the detector
+	evs []vad.Event       // scratch for in's events
+	// item is the current user item's id (input_audio_buffer.*).
+	item  string
+	items uint64
 }
-
-// turnsIdleGrace is how long the client may send nothing, while the user
-// is talking, before the silence window runs on wall time (idleTurns):
-// longer than network jitter, so that a late packet rarely finds its
-// time already taken by silence, and shorter than what is left of a
-// silence window when a DTX encoder stops sending (libopus: after 200 ms
-// of silence).
-const turnsIdleGrace = 100 * time.Millisecond
 
 // turnsWait returns how long the track goroutine may wait for the next
-// packet before idleTurns is due, or 0 to wait without limit (no
-// utterance in progress).
-func (sess *session) turnsWait(now time.Time) time.Duration {
-	t := &sess.turns
-	if t.det == nil || !t.det.InSpeech() || t.lastWall.IsZero() {
-		return 0
-	}
-	next := t.lastWall.Add(turnsIdleGrace)
-	if t.idleFed > 0 {
-		next = t.lastWall.Add(time.Duration(t.idleFed+1) * time.Duration(t.det.FrameMs()) * time.Millisecond)
-	}
-	return max(time.Millisecond, next.Sub(now))
-}
+// packet before idleTurns is due, or 0 to wait without limit.
+func (sess *session) turnsWait(now time.Time) time.Duration { return sess.turns.in.Wait(now) }
 
-// idleTurns runs the silence window on wall time when the client has
-// sent nothing for turnsIdleGrace while the user was talking (DTX, a
-// client that stops sending, a stalled network): the detector is fed one
-// frame of silence for each frame's time since the last packet arrived, so the
-// stop is sent when the window runs out, not when the next packet comes.
-// The detector's clock then runs ahead of the input clock; frames that
-// arrive for time it already took are not fed to it (feedTurns).
+// idleTurns runs the silence window on wall time when the client sent
+// nothing for vad.IdleGrace while the user was talking (vad.Input.Idle).
 func (sess *session) idleTurns(now time.Time) {
 	t := &sess.turns
-	if t.det == nil || !t.det.InSpeech() || t.lastWall.IsZero() || now.Sub(t.lastWall) < turnsIdleGrace {
-		return
-	}
-	due := int64(now.Sub(t.lastWall) / (time.Duration(t.det.FrameMs()) * time.Millisecond))
-	for t.idleFed < due && t.det != nil && t.det.InSpeech() {
-		t.idleFed++
-		sess.processTurn(t.silence)
-	}
+	sess.reportTurns(t.in.Idle(t.evs[:0], now))
 }
 
 // parseTurnDetection decodes a turn_detection member as sent: nil (or
@@ -195,134 +141,55 @@ func turnsFrameMs(payload []byte) int {
 // decodes the packet at 16 kHz for the detector only.
 func (sess *session) opusTurns(seq uint16, ts uint32, payload []byte) {
 	t := &sess.turns
-	if !t.rtpStarted {
-		t.rtpStarted, t.rtpTS, t.rtpExt = true, ts, 0
-	} else {
-		t.rtpExt += int64(int32(ts - t.rtpTS))
-		t.rtpTS = ts
-	}
-	if t.det == nil {
+	t.in.RTP(ts, t.dec != nil && t.dec.Stats().Packets == 0)
+	if t.in.Detector() == nil {
 		return
 	}
-	if !t.started && t.dec.Stats().Packets == 0 {
-		t.base = t.rtpExt / 48
-	}
+	now := time.Now()
+	evs := t.evs[:0]
+	var err error
 	for _, f := range t.dec.Push(seq, ts, payload) {
-		if t.det == nil {
+		if evs, err = t.in.Frame(evs, f.Timestamp, f.PCM, now); err != nil {
+			sess.reportTurns(evs, err)
 			return
 		}
-		sess.feedTurns(f.Timestamp, f.PCM)
 	}
-	sess.feedPartial(t.dec)
+	p := t.dec.Partial()
+	sess.reportTurns(t.in.Partial(evs, p.Timestamp, p.PCM, now))
 }
 
 // feedTurns runs turn detection on one decoded 20 ms input frame,
 // positioned at timestamp (samples at the frame's rate from the
-// decoder's first frame): one detector frame, or two of 10 ms (only the
-// second when feedPartial fed the first). It runs on the track
-// goroutine, after the frame went to the backend.
+// decoder's first frame), after the frame went to the backend.
 func (sess *session) feedTurns(timestamp uint32, pcm []byte) {
 	t := &sess.turns
-	if t.det == nil {
-		return
-	}
-	n := t.det.FrameBytes()
-	if len(pcm)%n != 0 {
-		return
-	}
-	if t.early && timestamp == t.earlyTS && len(pcm) > n {
-		pcm, timestamp = pcm[n:], timestamp+uint32(n/2)
-	}
-	t.early = false
-	for off := 0; off < len(pcm) && t.det != nil; off += n {
-		sess.feedTurn(timestamp+uint32(off/2), pcm[off:off+n])
-	}
+	sess.reportTurns(t.in.Frame(t.evs[:0], timestamp, pcm, time.Now()))
 }
 
 // feedPartial feeds a 10 ms detector the first half of the frame dec is
-// assembling, when a 10 ms packet left it there, so that the half is
-// heard now rather than with the next packet; feedTurns then skips it.
-// The backend still gets whole 20 ms frames: a turn message may come up
-// to 10 ms of audio before the frame that holds its position.
+// assembling (vad.Input.Partial). The backend still gets whole 20 ms
+// frames: a turn message may come up to 10 ms of audio before the frame
+// that holds its position.
 func (sess *session) feedPartial(dec *audio.Decoder) {
 	t := &sess.turns
-	if t.det == nil || t.det.FrameMs() != vad.Frame10ms || t.early {
-		return
-	}
 	p := dec.Partial()
-	n := t.det.FrameBytes()
-	if len(p.PCM) < n {
-		return
-	}
-	t.early, t.earlyTS = true, p.Timestamp
-	sess.feedTurn(p.Timestamp, p.PCM[:n])
+	sess.reportTurns(t.in.Partial(t.evs[:0], p.Timestamp, p.PCM, time.Now()))
 }
 
-// feedTurn gives the detector one frame of its length, positioned at
-// timestamp, after the silence for any time skipped since the last one.
-func (sess *session) feedTurn(timestamp uint32, pcm []byte) {
-	t := &sess.turns
-	if !t.started {
-		t.started, t.ts, t.ext = true, timestamp, int64(timestamp)
-	} else {
-		t.ext += int64(int32(timestamp - t.ts))
-		t.ts = timestamp
+// reportTurns reports what the detector saw, in order; err is a detector
+// failure, which switched it off.
+func (sess *session) reportTurns(evs []vad.Event, err error) {
+	for _, ev := range evs {
+		switch ev.Kind {
+		case vad.SpeechStarted:
+			sess.speechStarted(ev.AudioMs)
+		case vad.SpeechStopped:
+			sess.speechStopped(ev.AudioMs)
+		}
 	}
-	at := t.base + t.ext*1000/int64(t.det.Rate())
-	if t.fresh {
-		t.fresh, t.offset = false, at // the detector starts at this frame
-	}
-	t.lastWall, t.idleFed = time.Now(), 0
-	gap := (at - t.offset - t.det.PositionMs()) / int64(t.det.FrameMs())
-	if gap < 0 {
-		return // idleTurns gave this frame's time to the detector as silence
-	}
-	if gap > 0 {
-		sess.fillTurns(gap)
-	}
-	sess.processTurn(pcm)
-}
-
-// fillTurns feeds the detector silence for gap frames the client did not
-// send (DTX, or a hole longer than the decoder conceals), so the silence
-// window runs and positions stay on the input clock. A long gap is
-// mostly skipped: the frames that end an utterance first, then the
-// clock jumps, then enough silence that a speech start's prefix padding
-// lies after the jump.
-func (sess *session) fillTurns(gap int64) {
-	t := &sess.turns
-	cfg := t.det.Config()
-	fm := t.det.FrameMs()
-	first := min(gap, int64((cfg.SilenceDurationMs+40)/fm))
-	for range first {
-		sess.processTurn(t.silence)
-	}
-	rest := gap - first
-	pre := min(rest, int64((cfg.PrefixPaddingMs+200)/fm))
-	t.offset += (rest - pre) * int64(fm)
-	for range pre {
-		sess.processTurn(t.silence)
-	}
-}
-
-// processTurn gives the detector one frame and reports what it saw.
-func (sess *session) processTurn(pcm []byte) {
-	t := &sess.turns
-	if t.det == nil {
-		return // switched off by a failure
-	}
-	ev, err := t.det.Process(pcm)
+	sess.turns.evs = evs[:0]
 	if err != nil {
 		sess.log.Warn("turn detection failed; switched off", "err", err)
-		t.det.Close()
-		t.det = nil
-		return
-	}
-	switch ev.Kind {
-	case vad.SpeechStarted:
-		sess.speechStarted(ev.AudioMs + t.offset)
-	case vad.SpeechStopped:
-		sess.speechStopped(ev.AudioMs + t.offset)
 	}
 }
 
@@ -336,7 +203,7 @@ func (sess *session) speechStarted(audioMs int64) {
 	t.item = "item_sb_" + sess.id + "_" + strconv.FormatUint(t.items, 10)
 	sess.turnMu.Lock()
 	defer sess.turnMu.Unlock()
-	if t.det.Config().InterruptResponse && !sess.media.q.Idle() {
+	if t.cfg.InterruptResponse && !sess.media.q.Idle() {
 		sess.clearOutput(clearSourceTurn)
 	}
 	sess.srv.metrics.turns.WithLabelValues(vad.SpeechStarted.String()).Inc()
@@ -380,14 +247,7 @@ func (sess *session) sendClientTurn(typ, member string, ms int64) {
 // stop at the current position, so starts and stops always pair.
 func (sess *session) switchTurns(cfg *vad.TurnDetection, frameMs int) {
 	t := &sess.turns
-	t.early = false
-	if t.det != nil {
-		if t.det.InSpeech() {
-			sess.speechStopped(t.det.PositionMs() + t.offset)
-		}
-		t.det.Close()
-		t.det = nil
-	}
+	sess.reportTurns(t.in.SetDetector(t.evs[:0], nil), nil)
 	if cfg == nil {
 		return
 	}
@@ -412,15 +272,10 @@ func (sess *session) switchTurns(cfg *vad.TurnDetection, frameMs int) {
 		sess.refuse(refusedTurnDetection, code, fmt.Sprintf("turn detection: %v", err))
 		return
 	}
-	t.det, t.fresh = det, true
-	t.silence = make([]byte, det.FrameBytes())
+	t.cfg = det.Config()
+	t.in.SetDetector(nil, det)
 	sess.log.Debug("turn detection on", "turn_detection", cfg.String())
 }
 
 // stopTurns frees the detector when the track goroutine ends.
-func (sess *session) stopTurns() {
-	if t := &sess.turns; t.det != nil {
-		t.det.Close()
-		t.det = nil
-	}
-}
+func (sess *session) stopTurns() { sess.turns.in.Close() }
