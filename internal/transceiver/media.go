@@ -3,10 +3,8 @@ package transceiver
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,18 +43,6 @@ const (
 
 var refusedReasons = []string{refusedOddLength, refusedInvalidOpus, refusedQueueFull, refusedMarkName, refusedUnexpected, refusedUnknown, refusedClearIdle, refusedResponseID, refusedTurnDetection}
 
-// clientClearType is the OpenAI Realtime client event that clears the
-// output audio buffer, accepted on oai-events.
-const clientClearType = "output_audio_buffer.clear"
-
-// OpenAI Realtime server events the transceiver sends the client on
-// oai-events about playout, unless the backend's hello opted out.
-const (
-	clientStartedType = "output_audio_buffer.started"
-	clientStoppedType = "output_audio_buffer.stopped"
-	clientClearedType = "output_audio_buffer.cleared"
-)
-
 // bridgeCtx is the context of the media path's bridge calls (audio both
 // ways, playout reports). It never ends, so the WebSocket library arms no
 // context.AfterFunc per message (docs/bridge.md §10). The session's
@@ -82,7 +68,6 @@ type media struct {
 
 	full        atomic.Bool   // audio is being refused for the cap; one error per episode
 	tailRefused chan struct{} // flushTail → drainEvents: a tail did not fit; capacity 1
-	eventID     atomic.Uint64 // client event ids
 	rtpPkt      rtp.Packet    // SendPacket's packet; only the clock worker touches it
 	decLast     audio.DecoderStats
 
@@ -475,21 +460,7 @@ func (sess *session) reportPlayout(e playout.Event) {
 		sess.sendControl(bridge.Control{Type: bridge.TypeOutputMark, Name: e.Name, Cleared: e.Cleared})
 		return
 	}
-	if !sess.be.OutputAudioBufferEvents() {
-		return
-	}
-	dc := sess.events.Load()
-	if dc == nil {
-		return
-	}
-	msg, _ := json.Marshal(struct {
-		Type       string `json:"type"`
-		EventID    string `json:"event_id"`
-		ResponseID string `json:"response_id,omitempty"`
-	}{client, "event_sb_" + sess.id + "_" + strconv.FormatUint(sess.media.eventID.Add(1), 10), e.ResponseID})
-	if sendText(dc, msg) != nil {
-		sess.srv.metrics.eventsDropped.Inc()
-	}
+	sess.client.playout(client, e.ResponseID)
 }
 
 // clockTick is the playout clock's period for c.Ptime: one packet per
@@ -506,16 +477,4 @@ func (c *Config) answerPtime() int {
 		return 0
 	}
 	return c.Ptime
-}
-
-// isClientClear reports whether a data-channel message is the client's
-// {"type":"output_audio_buffer.clear"}.
-func isClientClear(data []byte) bool {
-	if !bytes.Contains(data, []byte(clientClearType)) {
-		return false
-	}
-	var m struct {
-		Type string `json:"type"`
-	}
-	return json.Unmarshal(data, &m) == nil && m.Type == clientClearType
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -65,7 +64,7 @@ type session struct {
 	ctx     context.Context // cancelled when the session ends
 	cancel  context.CancelFunc
 
-	events    atomic.Pointer[datachannel.DataChannel] // the oai-events channel, once the client opened it
+	client    *clientEvents // the oai-events channel (events.go)
 	connected atomic.Bool
 	silent    atomic.Bool // the client went silent (consent.go)
 	// Data channels the client opened other than oai-events, taken and
@@ -117,6 +116,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	id := newSessionID()
 	sctx, cancel := context.WithCancel(s.ctx)
 	sess := &session{id: id, owner: owner, ufrag: ufrag, iceGen: 1, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel, peerSet: make(chan struct{})}
+	sess.client = newClientEvents(id, s.metrics.eventsDropped)
 	sess.pendingKey = info.client
 	sess.pendingHeld.Store(true)
 	sess.ingress = s.cfg.advertise
@@ -211,6 +211,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		return fail(fmt.Errorf("%w: %v", ErrBackend, r.err))
 	}
 	sess.be = r.be
+	sess.client.input, sess.client.output = r.be.InputAudioBufferEvents(), r.be.OutputAudioBufferEvents()
 	sess.sent = sess.reports.AddLocalStream(sess.outSSRC, opusClockRate)
 	sess.reports.Start(sess.peer.WriteRTCP)
 	if err := sess.newMedia(); err != nil {
@@ -371,7 +372,7 @@ const maxDataChannels = 4
 // counted, and logged once per session. Channels open in no set order,
 // so oai-events always has its place.
 func (sess *session) onDataChannel(dc *datachannel.DataChannel) {
-	forward := dc.Config.Label == EventsLabel && sess.events.Load() == nil
+	forward := dc.Config.Label == EventsLabel && !sess.client.opened()
 	if !forward && sess.dcOthers == maxDataChannels-1 {
 		sess.srv.metrics.dcRefused.Inc()
 		if sess.dcRefused++; sess.dcRefused == 1 {
@@ -384,7 +385,7 @@ func (sess *session) onDataChannel(dc *datachannel.DataChannel) {
 		sess.dcOthers++
 		sess.log.Info("ignoring data channel", "label", dc.Config.Label)
 	} else {
-		sess.events.Store(dc)
+		sess.client.open(dc)
 	}
 	sess.srv.wg.Add(1)
 	go sess.readDataChannel(dc, forward) // events.go
@@ -471,8 +472,7 @@ func (sess *session) fromBackend() {
 		case m.Control != nil:
 			sess.onControl(m.Control)
 		case m.Event != nil:
-			dc := sess.events.Load()
-			if dc == nil || sendText(dc, m.Event) != nil {
+			if !sess.client.forward(m.Event) {
 				sess.dropped.Add(1)
 				sess.srv.metrics.eventsDropped.Inc()
 			}
@@ -481,31 +481,6 @@ func (sess *session) fromBackend() {
 			sess.end(bridge.ReasonDone)
 			return
 		}
-	}
-}
-
-// EndEventType is the type of the event the transceiver sends on
-// oai-events just before it ends a session, e.g.
-// {"type":"switchboard.session.end","reason":"shutdown"}.
-const EndEventType = "switchboard.session.end"
-
-// notifyClient tells the client why the session ends, on its data channel
-// if open, and waits briefly for the message to leave.
-func (sess *session) notifyClient(reason string) {
-	dc := sess.events.Load()
-	if dc == nil {
-		return
-	}
-	msg, _ := json.Marshal(struct {
-		Type   string `json:"type"`
-		Reason string `json:"reason"`
-	}{EndEventType, reason})
-	if sendText(dc, msg) != nil {
-		return
-	}
-	deadline := time.Now().Add(200 * time.Millisecond)
-	for dc.BufferedAmount() > 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -532,7 +507,7 @@ func (sess *session) teardown(reason string) {
 	cancel()
 	sess.cancel()
 	sess.media.evWG.Wait() // a report stuck on the backend failed when End closed the bridge
-	sess.notifyClient(reason)
+	sess.client.end(reason)
 	_ = sess.peer.Close() // sends DTLS close_notify; no peer event after it
 	_ = sess.reports.Close()
 	sess.waitConnectionReports(context.Background()) // the bridge is closed: they end at once

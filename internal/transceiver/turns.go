@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -29,13 +28,6 @@ import (
 // packet that completes it, so the speech end and the silence window's
 // end fall on a 10 ms grid and the stop is sent with the packet that
 // ends the window, about 5 ms sooner on average (docs/vad.md).
-
-// OpenAI Realtime server events the transceiver sends the client on
-// oai-events about turn detection, unless the backend's hello opted out.
-const (
-	clientSpeechStartedType = "input_audio_buffer.speech_started"
-	clientSpeechStoppedType = "input_audio_buffer.speech_stopped"
-)
 
 // clearSourceTurn labels switchboard_transceiver_output_clears_total for
 // a barge-in: turn detection heard the user start talking.
@@ -63,9 +55,6 @@ type turns struct {
 	cfg vad.TurnDetection // the detector's setting, while in has one
 	dec *audio.Decoder    // Opus passthrough only: decodes for the detector
 	evs []vad.Event       // scratch for in's events
-	// item is the current user item's id (input_audio_buffer.*).
-	item  string
-	items uint64
 }
 
 // turnsWait returns how long the track goroutine may wait for the next
@@ -199,8 +188,6 @@ func (sess *session) reportTurns(evs []vad.Event, err error) {
 // output.cleared (sent by drainEvents) behind input.speech_started.
 func (sess *session) speechStarted(audioMs int64) {
 	t := &sess.turns
-	t.items++
-	t.item = "item_sb_" + sess.id + "_" + strconv.FormatUint(t.items, 10)
 	sess.turnMu.Lock()
 	defer sess.turnMu.Unlock()
 	if t.cfg.InterruptResponse && !sess.media.q.Idle() {
@@ -208,38 +195,14 @@ func (sess *session) speechStarted(audioMs int64) {
 	}
 	sess.srv.metrics.turns.WithLabelValues(vad.SpeechStarted.String()).Inc()
 	sess.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStarted, AudioMs: audioMs})
-	sess.sendClientTurn(clientSpeechStartedType, "audio_start_ms", audioMs)
+	sess.client.speechStarted(audioMs)
 }
 
 // speechStopped reports a speech stop at audioMs.
 func (sess *session) speechStopped(audioMs int64) {
 	sess.srv.metrics.turns.WithLabelValues(vad.SpeechStopped.String()).Inc()
 	sess.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStopped, AudioMs: audioMs})
-	sess.sendClientTurn(clientSpeechStoppedType, "audio_end_ms", audioMs)
-}
-
-// sendClientTurn sends the client OpenAI's input_audio_buffer.speech_*
-// event, shaped as OpenAI's Realtime API sends it:
-//
-//	{"type":"input_audio_buffer.speech_started","event_id":"…","audio_start_ms":1000,"item_id":"…"}
-//	{"type":"input_audio_buffer.speech_stopped","event_id":"…","audio_end_ms":2300,"item_id":"…"}
-func (sess *session) sendClientTurn(typ, member string, ms int64) {
-	if !sess.be.InputAudioBufferEvents() {
-		return
-	}
-	dc := sess.events.Load()
-	if dc == nil {
-		return
-	}
-	msg, _ := json.Marshal(map[string]any{
-		"type":     typ,
-		"event_id": "event_sb_" + sess.id + "_" + strconv.FormatUint(sess.media.eventID.Add(1), 10),
-		member:     ms,
-		"item_id":  sess.turns.item,
-	})
-	if sendText(dc, msg) != nil {
-		sess.srv.metrics.eventsDropped.Inc()
-	}
+	sess.client.speechStopped(audioMs)
 }
 
 // switchTurns replaces the detector (cfg nil: none), with one taking
