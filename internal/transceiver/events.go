@@ -58,7 +58,7 @@ func (sess *session) readDataChannel(dc *datachannel.DataChannel, forward bool) 
 			continue
 		}
 		if isString && isClientClear(buf[:n]) {
-			sess.clearOutput("client")
+			sess.media.clearOutput("client")
 			continue
 		}
 		if err := sess.be.SendEvent(sess.ctx, buf[:n]); err != nil {

@@ -54,15 +54,11 @@ type session struct {
 	opusPT     uint8         // the Opus payload type, the offer's
 	sent       rtcpreport.LocalStream
 	be         *bridge.Conn
-	media      *media                  // codecs and paced playout (media.go)
+	media      *mediaPath              // codecs, turn detection and paced playout (media.go)
 	reports    *rtcpreport.Interceptor // the session's RTCP reports (reports.go)
-	turns      turns                   // turn detection (turns.go)
-	// turnMu orders a barge-in's input.speech_started before the
-	// playout events its clear causes (turns.go, media.go).
-	turnMu  sync.Mutex
-	created time.Time
-	ctx     context.Context // cancelled when the session ends
-	cancel  context.CancelFunc
+	created    time.Time
+	ctx        context.Context // cancelled when the session ends
+	cancel     context.CancelFunc
 
 	client    *clientEvents // the oai-events channel (events.go)
 	connected atomic.Bool
@@ -214,7 +210,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	sess.client.input, sess.client.output = r.be.InputAudioBufferEvents(), r.be.OutputAudioBufferEvents()
 	sess.sent = sess.reports.AddLocalStream(sess.outSSRC, opusClockRate)
 	sess.reports.Start(sess.peer.WriteRTCP)
-	if err := sess.newMedia(); err != nil {
+	if sess.media, err = newMediaPath(sess); err != nil {
 		_ = sess.be.End(context.Background(), bridge.ReasonError)
 		sess.be = nil
 		return fail(err)
@@ -295,7 +291,7 @@ func randomSSRC() uint32 {
 // the bridge, which may block.
 func (sess *session) fromClient() {
 	defer sess.srv.wg.Done()
-	defer sess.stopTurns()
+	defer sess.media.stopTurns()
 	// One buffer and one packet for the session's life. pkt.Payload
 	// aliases buf until the next read; toBackend does not keep it (the
 	// bridge copies the frame).
@@ -307,7 +303,7 @@ func (sess *session) fromClient() {
 	ignored := uint32(0)
 	deadline := false // a read deadline is set: turn detection waits on wall time
 	for {
-		if wait := sess.turnsWait(time.Now()); wait > 0 {
+		if wait := sess.media.turnsWait(time.Now()); wait > 0 {
 			_ = sess.peer.SetReadDeadline(time.Now().Add(wait))
 			deadline = true
 		} else if deadline {
@@ -317,7 +313,7 @@ func (sess *session) fromClient() {
 		n, err := sess.peer.ReadRTP(buf)
 		if err != nil {
 			if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-				sess.idleTurns(time.Now())
+				sess.media.idleTurns(time.Now())
 				continue
 			}
 			return
@@ -345,7 +341,7 @@ func (sess *session) fromClient() {
 		if len(pkt.Payload) == 0 {
 			continue // padding-only packet
 		}
-		if err := sess.toBackend(pkt); err != nil {
+		if err := sess.media.toBackend(pkt); err != nil {
 			if sess.ctx.Err() == nil && !sess.ending.Load() {
 				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
 			}
@@ -439,7 +435,7 @@ func (sess *session) onPeerState(st peer.State) {
 			sess.srv.byTrans.connected(sess)
 		}
 		sess.leavePending()
-		sess.startPlayout()
+		sess.media.startPlayout()
 	case peer.StateSCTPConnected:
 		sess.setupTimer.Stop() // after StateConnected, on the same goroutine
 	case peer.StateClosed:
@@ -468,9 +464,9 @@ func (sess *session) fromBackend() {
 		}
 		switch {
 		case m.Audio != nil:
-			sess.playAudio(m.Audio)
+			sess.media.playAudio(m.Audio)
 		case m.Control != nil:
-			sess.onControl(m.Control)
+			sess.media.onControl(m.Control)
 		case m.Event != nil:
 			if !sess.client.forward(m.Event) {
 				sess.dropped.Add(1)
@@ -483,6 +479,10 @@ func (sess *session) fromBackend() {
 		}
 	}
 }
+
+// isEnding reports whether the session is ending: bridge errors after
+// it are the teardown's, not counted.
+func (sess *session) isEnding() bool { return sess.ctx.Err() != nil || sess.ending.Load() }
 
 // watchSetup ends the session if it does not connect within
 // Config.SetupTimeout (setupTimedOut). Like watchChecks, the timer holds no

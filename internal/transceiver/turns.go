@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pion/rtp"
 	"github.com/switchboard-rtc/switchboard/internal/audio"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/vad"
@@ -19,15 +20,16 @@ import (
 // OpenAI's input_audio_buffer.speech_* events to the client, and clears
 // the output queue on a speech start (barge-in) when interruption is on.
 //
-//	client RTP ─▶ toBackend ─▶ decoded 20 ms frames ─▶ feedTurns
-//	                          (Opus passthrough: a 16 kHz decoder of its own)
+//	client RTP ─▶ mediaPath.toBackend ─▶ bridge
+//	                                  └─▶ decoded frames ─▶ vad.Input ─▶ reportTurns
+//	                          (Opus passthrough: turns.opus, a 16 kHz decoder of its own)
 //
 // When the client sends 10 ms packets the detector takes 10 ms frames,
 // and each packet's audio is fed to it as soon as it is decoded
-// (feedPartial): the first half of a 20 ms frame does not wait for the
-// packet that completes it, so the speech end and the silence window's
-// end fall on a 10 ms grid and the stop is sent with the packet that
-// ends the window, about 5 ms sooner on average (docs/vad.md).
+// (vad.Input.Partial): the first half of a 20 ms frame does not wait for
+// the packet that completes it, so the speech end and the silence
+// window's end fall on a 10 ms grid and the stop is sent with the packet
+// that ends the window, about 5 ms sooner on average (docs/vad.md).
 
 // clearSourceTurn labels switchboard_transceiver_output_clears_total for
 // a barge-in: turn detection heard the user start talking.
@@ -59,13 +61,13 @@ type turns struct {
 
 // turnsWait returns how long the track goroutine may wait for the next
 // packet before idleTurns is due, or 0 to wait without limit.
-func (sess *session) turnsWait(now time.Time) time.Duration { return sess.turns.in.Wait(now) }
+func (m *mediaPath) turnsWait(now time.Time) time.Duration { return m.turns.in.Wait(now) }
 
 // idleTurns runs the silence window on wall time when the client sent
 // nothing for vad.IdleGrace while the user was talking (vad.Input.Idle).
-func (sess *session) idleTurns(now time.Time) {
-	t := &sess.turns
-	sess.reportTurns(t.in.Idle(t.evs[:0], now))
+func (m *mediaPath) idleTurns(now time.Time) {
+	t := &m.turns
+	m.reportTurns(t.in.Idle(t.evs[:0], now))
 }
 
 // parseTurnDetection decodes a turn_detection member as sent: nil (or
@@ -87,25 +89,25 @@ func parseTurnDetection(raw json.RawMessage) (*vad.TurnDetection, error) {
 // setTurnDetection takes a turn_detection from the backend (its hello or
 // an input.turn_detection): a bad one is answered with an error and
 // changes nothing; a good one is applied before the next input frame.
-func (sess *session) setTurnDetection(raw json.RawMessage, from string) {
+func (m *mediaPath) setTurnDetection(raw json.RawMessage, from string) {
 	td, err := parseTurnDetection(raw)
 	if err != nil {
-		sess.refuse(refusedTurnDetection, bridge.ErrCodeTurnDetection, fmt.Sprintf("%s: %v; turn detection unchanged", from, err))
+		m.refuse(refusedTurnDetection, bridge.ErrCodeTurnDetection, fmt.Sprintf("%s: %v; turn detection unchanged", from, err))
 		return
 	}
-	sess.turns.next.Store(&turnSwitch{cfg: td})
+	m.turns.next.Store(&turnSwitch{cfg: td})
 }
 
 // applyTurns applies a turn detection setting that came since the last
 // packet. It runs on the track goroutine, once per client packet, before
 // the packet (payload, the client's Opus) is decoded.
-func (sess *session) applyTurns(payload []byte) {
-	t := &sess.turns
+func (m *mediaPath) applyTurns(payload []byte) {
+	t := &m.turns
 	if t.next.Load() == nil {
 		return
 	}
 	if sw := t.next.Swap(nil); sw != nil {
-		sess.switchTurns(sw.cfg, turnsFrameMs(payload))
+		m.switchTurns(sw.cfg, turnsFrameMs(payload))
 	}
 }
 
@@ -124,61 +126,39 @@ func turnsFrameMs(payload []byte) int {
 	return vad.Frame20ms
 }
 
-// opusTurns runs turn detection on one client Opus packet of an Opus
-// passthrough session: it keeps the input clock (the RTP timestamp from
-// the first packet, docs/bridge.md §4.8) and, with turn detection on,
-// decodes the packet at 16 kHz for the detector only.
-func (sess *session) opusTurns(seq uint16, ts uint32, payload []byte) {
-	t := &sess.turns
-	t.in.RTP(ts, t.dec != nil && t.dec.Stats().Packets == 0)
+// opus runs turn detection on one client Opus packet of an Opus
+// passthrough session, appending to dst: it keeps the input clock (the RTP
+// timestamp from the first packet, docs/bridge.md §4.8) and, with turn
+// detection on, decodes the packet at 16 kHz for the detector only.
+func (t *turns) opus(dst []vad.Event, pkt *rtp.Packet, now time.Time) ([]vad.Event, error) {
+	t.in.RTP(pkt.Timestamp, t.dec != nil && t.dec.Stats().Packets == 0)
 	if t.in.Detector() == nil {
-		return
+		return dst, nil
 	}
-	now := time.Now()
-	evs := t.evs[:0]
 	var err error
-	for _, f := range t.dec.Push(seq, ts, payload) {
-		if evs, err = t.in.Frame(evs, f.Timestamp, f.PCM, now); err != nil {
-			sess.reportTurns(evs, err)
-			return
+	for _, f := range t.dec.Push(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload) {
+		if dst, err = t.in.Frame(dst, f.Timestamp, f.PCM, now); err != nil {
+			return dst, err
 		}
 	}
 	p := t.dec.Partial()
-	sess.reportTurns(t.in.Partial(evs, p.Timestamp, p.PCM, now))
-}
-
-// feedTurns runs turn detection on one decoded 20 ms input frame,
-// positioned at timestamp (samples at the frame's rate from the
-// decoder's first frame), after the frame went to the backend.
-func (sess *session) feedTurns(timestamp uint32, pcm []byte) {
-	t := &sess.turns
-	sess.reportTurns(t.in.Frame(t.evs[:0], timestamp, pcm, time.Now()))
-}
-
-// feedPartial feeds a 10 ms detector the first half of the frame dec is
-// assembling (vad.Input.Partial). The backend still gets whole 20 ms
-// frames: a turn message may come up to 10 ms of audio before the frame
-// that holds its position.
-func (sess *session) feedPartial(dec *audio.Decoder) {
-	t := &sess.turns
-	p := dec.Partial()
-	sess.reportTurns(t.in.Partial(t.evs[:0], p.Timestamp, p.PCM, time.Now()))
+	return t.in.Partial(dst, p.Timestamp, p.PCM, now)
 }
 
 // reportTurns reports what the detector saw, in order; err is a detector
 // failure, which switched it off.
-func (sess *session) reportTurns(evs []vad.Event, err error) {
+func (m *mediaPath) reportTurns(evs []vad.Event, err error) {
 	for _, ev := range evs {
 		switch ev.Kind {
 		case vad.SpeechStarted:
-			sess.speechStarted(ev.AudioMs)
+			m.speechStarted(ev.AudioMs)
 		case vad.SpeechStopped:
-			sess.speechStopped(ev.AudioMs)
+			m.speechStopped(ev.AudioMs)
 		}
 	}
-	sess.turns.evs = evs[:0]
+	m.turns.evs = evs[:0]
 	if err != nil {
-		sess.log.Warn("turn detection failed; switched off", "err", err)
+		m.log.Warn("turn detection failed; switched off", "err", err)
 	}
 }
 
@@ -186,41 +166,41 @@ func (sess *session) reportTurns(evs []vad.Event, err error) {
 // on, clears the output queue first: the agent goes quiet at the next
 // tick, before any message is written. turnMu keeps the clear's
 // output.cleared (sent by drainEvents) behind input.speech_started.
-func (sess *session) speechStarted(audioMs int64) {
-	t := &sess.turns
-	sess.turnMu.Lock()
-	defer sess.turnMu.Unlock()
-	if t.cfg.InterruptResponse && !sess.media.q.Idle() {
-		sess.clearOutput(clearSourceTurn)
+func (m *mediaPath) speechStarted(audioMs int64) {
+	t := &m.turns
+	m.turnMu.Lock()
+	defer m.turnMu.Unlock()
+	if t.cfg.InterruptResponse && !m.q.Idle() {
+		m.clearOutput(clearSourceTurn)
 	}
-	sess.srv.metrics.turns.WithLabelValues(vad.SpeechStarted.String()).Inc()
-	sess.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStarted, AudioMs: audioMs})
-	sess.client.speechStarted(audioMs)
+	m.metrics.turns.WithLabelValues(vad.SpeechStarted.String()).Inc()
+	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStarted, AudioMs: audioMs})
+	m.client.speechStarted(audioMs)
 }
 
 // speechStopped reports a speech stop at audioMs.
-func (sess *session) speechStopped(audioMs int64) {
-	sess.srv.metrics.turns.WithLabelValues(vad.SpeechStopped.String()).Inc()
-	sess.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStopped, AudioMs: audioMs})
-	sess.client.speechStopped(audioMs)
+func (m *mediaPath) speechStopped(audioMs int64) {
+	m.metrics.turns.WithLabelValues(vad.SpeechStopped.String()).Inc()
+	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStopped, AudioMs: audioMs})
+	m.client.speechStopped(audioMs)
 }
 
 // switchTurns replaces the detector (cfg nil: none), with one taking
 // frames of frameMs. An utterance in progress is closed with a speech
 // stop at the current position, so starts and stops always pair.
-func (sess *session) switchTurns(cfg *vad.TurnDetection, frameMs int) {
-	t := &sess.turns
-	sess.reportTurns(t.in.SetDetector(t.evs[:0], nil), nil)
+func (m *mediaPath) switchTurns(cfg *vad.TurnDetection, frameMs int) {
+	t := &m.turns
+	m.reportTurns(t.in.SetDetector(t.evs[:0], nil), nil)
 	if cfg == nil {
 		return
 	}
-	rate := bridge.SampleRate(sess.be.Format())
+	rate := bridge.SampleRate(m.be.Format())
 	if rate == 0 {
 		rate = opusVADRate
 		if t.dec == nil {
 			dec, err := audio.NewDecoder(rate)
 			if err != nil {
-				sess.log.Warn("turn detection: opus decoder", "err", err)
+				m.log.Warn("turn detection: opus decoder", "err", err)
 				return
 			}
 			t.dec = dec
@@ -230,15 +210,15 @@ func (sess *session) switchTurns(cfg *vad.TurnDetection, frameMs int) {
 	if err != nil {
 		code := bridge.ErrCodeTurnDetection
 		if errors.Is(err, vad.ErrUnavailable) {
-			sess.log.Warn("turn detection unavailable", "err", err)
+			m.log.Warn("turn detection unavailable", "err", err)
 		}
-		sess.refuse(refusedTurnDetection, code, fmt.Sprintf("turn detection: %v", err))
+		m.refuse(refusedTurnDetection, code, fmt.Sprintf("turn detection: %v", err))
 		return
 	}
 	t.cfg = det.Config()
 	t.in.SetDetector(nil, det)
-	sess.log.Debug("turn detection on", "turn_detection", cfg.String())
+	m.log.Debug("turn detection on", "turn_detection", cfg.String())
 }
 
 // stopTurns frees the detector when the track goroutine ends.
-func (sess *session) stopTurns() { sess.turns.in.Close() }
+func (m *mediaPath) stopTurns() { m.turns.in.Close() }
