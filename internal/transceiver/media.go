@@ -68,9 +68,10 @@ var bridgeCtx = context.Background()
 //   - the event drain, while it runs: drainEvents.
 //
 // Clears come from any of them and the oai-events reader. Locks, in the
-// order they are taken: turnMu, then encMu, then the queue's own. Neither
-// is held across a bridge write except turnMu in the drain, whose writes
-// are the playout reports turnMu orders.
+// order they are taken: turnMu, encMu, the queue's own, evMu (kickEvents,
+// which the queue calls with its lock held). encMu is never held across a
+// bridge write; turnMu is, for the writes it orders: a barge-in's
+// input.speech_started and the drain's playout reports.
 type mediaPath struct {
 	// Set once (newMediaPath).
 	cfg      *Config

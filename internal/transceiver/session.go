@@ -34,9 +34,37 @@ const (
 // taken from RegionHeader; it selects the advertised ingress.
 const MetaRegion = "region"
 
-// session is one client's WebRTC session and its backend bridge.
+// session is one client's WebRTC session and its backend bridge. It
+// wires five parts and owns only the lifecycle between them: the peer
+// session (ICE-lite, DTLS-SRTP, SCTP: internal/peer), the bridge
+// connection (internal/bridge), the media path with its turn detection
+// (mediaPath, media.go and turns.go), the client events on oai-events
+// (clientEvents, events.go) and the RTCP reports (reports.go).
+//
+// Goroutines and what each owns:
+//
+//   - the signaling handler: newSession, until the session is in the
+//     table; ICE restarts (restart.go), serialized by imu;
+//   - the peer session's goroutine: onDataChannel (dcOthers, dcRefused,
+//     the client events' channel);
+//   - the shared read loop, the consent sweeper and the peer session's
+//     goroutine: onPeerState and onRTCP, which must not block;
+//   - fromClient, the track goroutine: the client's RTP and the media
+//     path's input side;
+//   - fromBackend, the bridge reader: backend audio, controls and events;
+//   - the playout clock's worker and the event drain: the media path's
+//     output side (mediaPath's comment);
+//   - one reader per data channel (events.go), and one goroutine per
+//     connection report (consent.go);
+//   - the end goroutine (lifecycle.go): teardown, once.
+//
+// Locks: Server.mu and imu are never held together; the media path's
+// are taken in the order turnMu, encMu, the output queue's (mediaPath).
+// The parts' own locks (peer, bridge, playout, rtcpreport) are leaves:
+// none calls back into the session while holding one, except the output
+// queue's OnEvents, which only counts and starts the drain.
 type session struct {
-	// Set once.
+	// Set once, before the session is in the table.
 	id      string
 	owner   string // id of the client token that created the session; "" when signaling is open
 	srv     *Server
@@ -55,38 +83,38 @@ type session struct {
 	sent       rtcpreport.LocalStream
 	be         *bridge.Conn
 	media      *mediaPath              // codecs, turn detection and paced playout (media.go)
+	client     *clientEvents           // the oai-events channel (events.go)
 	reports    *rtcpreport.Interceptor // the session's RTCP reports (reports.go)
 	created    time.Time
 	ctx        context.Context // cancelled when the session ends
 	cancel     context.CancelFunc
+	// wantSCTP: the offer has data channels, so the setup waits for
+	// their SCTP association; peerSet is closed once peer is set, which
+	// the peer session's callbacks read only after it (peerSession).
+	wantSCTP bool
+	peerSet  chan struct{}
+	// The pending slot (pending.go): the key it counts under.
+	pendingKey netip.Prefix
 
-	client    *clientEvents // the oai-events channel (events.go)
-	connected atomic.Bool
-	silent    atomic.Bool // the client went silent (consent.go)
-	// Data channels the client opened other than oai-events, taken and
-	// refused; the peer session's goroutine's alone (onDataChannel).
+	// The peer session's goroutine's: data channels the client opened
+	// other than oai-events, taken and refused (onDataChannel).
 	dcOthers, dcRefused int
+
+	// Any goroutine.
+	connected   atomic.Bool
+	silent      atomic.Bool // the client went silent (consent.go)
+	pendingHeld atomic.Bool // the session still holds its pending slot
 	// connSent is closed when the last connection-state report has been
-	// sent (consent.go); guarded by connMu.
-	connMu   sync.Mutex
-	connSent chan struct{}
-	// The pending slot (pending.go): the key it counts under, and whether
-	// the session still holds it.
-	pendingKey  netip.Prefix
-	pendingHeld atomic.Bool
-	setupTimer  *time.Timer // ends the session if it does not connect in time (watchSetup)
+	// sent (consent.go): each report waits for the one before.
+	connSent atomic.Pointer[chan struct{}]
+	// setupTimer ends the session if it does not connect in time
+	// (watchSetup); set under Server.mu.
+	setupTimer *time.Timer
 	// Setup phases reached, each observed once.
 	iceUp, dtlsUp, audioUp atomic.Bool
 	endOnce                sync.Once     // end (lifecycle.go)
 	ending                 atomic.Bool   // set when end starts: bridge errors after it are the teardown's
 	dropped                atomic.Uint64 // backend messages that could not be delivered to the client
-
-	// Set once (setup.go): wantSCTP, the offer has data channels, so the
-	// setup waits for their SCTP association; peerSet, closed once peer
-	// is set, which the peer session's callbacks read only after it
-	// (peerSession).
-	wantSCTP bool
-	peerSet  chan struct{}
 
 	// imu serializes ICE restarts (restart.go) and guards the ICE
 	// session's identity: its local ufrag (a routing token) and its
