@@ -188,7 +188,10 @@ func (m *mediaPath) startPlayout() { m.q.Resume() }
 func (m *mediaPath) toBackend(pkt *rtp.Packet) error {
 	m.applyTurns(pkt.Payload)
 	t := &m.turns
-	now := time.Now()
+	var now time.Time // the detector's wall time: read only when it is on
+	if t.in.Detector() != nil {
+		now = time.Now()
+	}
 	if m.dec == nil {
 		if err := m.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}); err != nil {
 			return err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pion/rtp"
+
 	"github.com/switchboard-rtc/switchboard/internal/audio"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/vad"
