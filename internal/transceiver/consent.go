@@ -52,15 +52,12 @@ func (sess *session) reportConnection(st peer.State) {
 		return
 	}
 	sess.srv.metrics.clientConnection.WithLabelValues(state).Inc()
-	sess.connMu.Lock()
-	prev := sess.connSent
 	done := make(chan struct{})
-	sess.connSent = done
-	sess.connMu.Unlock()
+	prev := sess.connSent.Swap(&done)
 	go func() {
 		defer close(done)
 		if prev != nil {
-			<-prev
+			<-*prev
 		}
 		if err := sess.be.SendConnectionState(sess.ctx, state); err != nil && sess.ctx.Err() == nil && !sess.ending.Load() {
 			sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
@@ -71,14 +68,12 @@ func (sess *session) reportConnection(st peer.State) {
 // waitConnectionReports waits for the connection-state messages in flight
 // (teardown, before the bridge ends), or ctx.
 func (sess *session) waitConnectionReports(ctx context.Context) {
-	sess.connMu.Lock()
-	last := sess.connSent
-	sess.connMu.Unlock()
+	last := sess.connSent.Load()
 	if last == nil {
 		return
 	}
 	select {
-	case <-last:
+	case <-*last:
 	case <-ctx.Done():
 	}
 }

@@ -1,10 +1,16 @@
 package transceiver
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
+	"strconv"
+	"sync/atomic"
+	"time"
 
 	"github.com/pion/datachannel"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // eventsReadSize is the first read buffer of a data channel; a larger
@@ -52,7 +58,7 @@ func (sess *session) readDataChannel(dc *datachannel.DataChannel, forward bool) 
 			continue
 		}
 		if isString && isClientClear(buf[:n]) {
-			sess.clearOutput("client")
+			sess.media.clearOutput("client")
 			continue
 		}
 		if err := sess.be.SendEvent(sess.ctx, buf[:n]); err != nil {
@@ -63,4 +69,151 @@ func (sess *session) readDataChannel(dc *datachannel.DataChannel, forward bool) 
 			return
 		}
 	}
+}
+
+// OpenAI Realtime server events the transceiver itself sends the client on
+// oai-events: turn detection's (unless the backend's hello opted out of
+// input_audio_buffer events), playout's (unless it opted out of
+// output_audio_buffer events), and the end event, always.
+const (
+	clientSpeechStartedType = "input_audio_buffer.speech_started"
+	clientSpeechStoppedType = "input_audio_buffer.speech_stopped"
+	clientStartedType       = "output_audio_buffer.started"
+	clientStoppedType       = "output_audio_buffer.stopped"
+	clientClearedType       = "output_audio_buffer.cleared"
+)
+
+// EndEventType is the type of the event the transceiver sends on
+// oai-events just before it ends a session, e.g.
+// {"type":"switchboard.session.end","event_id":"event_sb_…_12","reason":"shutdown"}.
+const EndEventType = "switchboard.session.end"
+
+// clientClearType is the OpenAI Realtime client event that clears the
+// output audio buffer, accepted on oai-events.
+const clientClearType = "output_audio_buffer.clear"
+
+// clientEvent is every event clientEvents sends, shaped as OpenAI's
+// Realtime API sends its server events: type, event_id, then the
+// members of its type.
+type clientEvent struct {
+	Type         string `json:"type"`
+	EventID      string `json:"event_id"`
+	AudioStartMs *int64 `json:"audio_start_ms,omitempty"`
+	AudioEndMs   *int64 `json:"audio_end_ms,omitempty"`
+	ItemID       string `json:"item_id,omitempty"`
+	ResponseID   string `json:"response_id,omitempty"`
+	Reason       string `json:"reason,omitempty"`
+}
+
+// clientEvents is a session's oai-events channel: the events the
+// transceiver sends the client of its own, and the backend's, forwarded.
+// Event ids are event_sb_<session>_<n>, n counting every event sent or
+// dropped from 1; user item ids item_sb_<session>_<n>, one per speech
+// start. The channel is the peer session's goroutine's to set (open);
+// the rest is safe for concurrent use except items, the track
+// goroutine's.
+type clientEvents struct {
+	// Set once: the id prefixes, and which events the backend's hello
+	// asked for (before any goroutine that sends starts).
+	eventPrefix, itemPrefix string
+	input, output           bool
+	dropped                 prometheus.Counter // events that could not be sent
+
+	dc    atomic.Pointer[datachannel.DataChannel] // oai-events, once the client opened it
+	ids   atomic.Uint64
+	items uint64 // the track goroutine's: user items started
+	item  string // the track goroutine's: the current user item's id
+}
+
+func newClientEvents(sessionID string, dropped prometheus.Counter) *clientEvents {
+	return &clientEvents{eventPrefix: "event_sb_" + sessionID + "_", itemPrefix: "item_sb_" + sessionID + "_", dropped: dropped}
+}
+
+// open takes dc as the oai-events channel and reports whether it is the
+// first (the session bridges one).
+func (ce *clientEvents) open(dc *datachannel.DataChannel) bool {
+	return ce.dc.CompareAndSwap(nil, dc)
+}
+
+// opened reports whether the client opened oai-events.
+func (ce *clientEvents) opened() bool { return ce.dc.Load() != nil }
+
+// forward sends the client a backend event as it came, and reports
+// whether it could (not before the client opened oai-events).
+func (ce *clientEvents) forward(msg []byte) bool {
+	dc := ce.dc.Load()
+	return dc != nil && sendText(dc, msg) == nil
+}
+
+// speechStarted starts a user item and sends input_audio_buffer.speech_started
+// at audioMs (the track goroutine).
+func (ce *clientEvents) speechStarted(audioMs int64) {
+	ce.items++
+	ce.item = ce.itemPrefix + strconv.FormatUint(ce.items, 10)
+	if ce.input {
+		ce.emit(clientEvent{Type: clientSpeechStartedType, AudioStartMs: &audioMs, ItemID: ce.item})
+	}
+}
+
+// speechStopped sends input_audio_buffer.speech_stopped at audioMs for
+// the current user item (the track goroutine).
+func (ce *clientEvents) speechStopped(audioMs int64) {
+	if ce.input {
+		ce.emit(clientEvent{Type: clientSpeechStoppedType, AudioEndMs: &audioMs, ItemID: ce.item})
+	}
+}
+
+// playout sends an output_audio_buffer event of typ for the response
+// responseID ("": untagged audio).
+func (ce *clientEvents) playout(typ, responseID string) {
+	if ce.output {
+		ce.emit(clientEvent{Type: typ, ResponseID: responseID})
+	}
+}
+
+// end tells the client why the session ends and waits briefly for the
+// message to leave.
+func (ce *clientEvents) end(reason string) {
+	dc := ce.dc.Load()
+	if dc == nil || ce.send(clientEvent{Type: EndEventType, Reason: reason}) != nil {
+		return
+	}
+	deadline := time.Now().Add(200 * time.Millisecond)
+	for dc.BufferedAmount() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// emit sends ev, if the client opened oai-events; a failed send is
+// counted.
+func (ce *clientEvents) emit(ev clientEvent) {
+	if err := ce.send(ev); err != nil && err != errNoEvents {
+		ce.dropped.Inc()
+	}
+}
+
+// errNoEvents: the client has not opened oai-events.
+var errNoEvents = errors.New("transceiver: no oai-events channel")
+
+// send marshals ev with the next event id and sends it.
+func (ce *clientEvents) send(ev clientEvent) error {
+	dc := ce.dc.Load()
+	if dc == nil {
+		return errNoEvents
+	}
+	ev.EventID = ce.eventPrefix + strconv.FormatUint(ce.ids.Add(1), 10)
+	msg, _ := json.Marshal(ev)
+	return sendText(dc, msg)
+}
+
+// isClientClear reports whether a data-channel message is the client's
+// {"type":"output_audio_buffer.clear"}.
+func isClientClear(data []byte) bool {
+	if !bytes.Contains(data, []byte(clientClearType)) {
+		return false
+	}
+	var m struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(data, &m) == nil && m.Type == clientClearType
 }

@@ -3,10 +3,8 @@ package transceiver
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"strconv"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,13 +13,17 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/audio"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/peer"
 	"github.com/switchboard-rtc/switchboard/internal/playout"
+	"github.com/switchboard-rtc/switchboard/internal/rtcpreport"
 )
 
 // This file is a session's media path between the client's Opus track and
-// the backend bridge (docs/bridge.md §5, §6):
+// the backend bridge (docs/bridge.md §5, §6); output.go is its output side,
+// turns.go its turn detection:
 //
 //	client RTP ─▶ fromClient ─▶ toBackend ─▶ (PCM formats: audio.Decoder) ─▶ bridge
+//	                                     └─▶ turn detection (turns.go)
 //	bridge ─▶ playAudio ─▶ (PCM formats: audio.Encoder) ─▶ playout.Queue
 //	shared playout.Clock ─▶ SendPacket ─▶ client RTP
 //	playout events ─▶ drainEvents ─▶ output.* to the backend,
@@ -45,18 +47,6 @@ const (
 
 var refusedReasons = []string{refusedOddLength, refusedInvalidOpus, refusedQueueFull, refusedMarkName, refusedUnexpected, refusedUnknown, refusedClearIdle, refusedResponseID, refusedTurnDetection}
 
-// clientClearType is the OpenAI Realtime client event that clears the
-// output audio buffer, accepted on oai-events.
-const clientClearType = "output_audio_buffer.clear"
-
-// OpenAI Realtime server events the transceiver sends the client on
-// oai-events about playout, unless the backend's hello opted out.
-const (
-	clientStartedType = "output_audio_buffer.started"
-	clientStoppedType = "output_audio_buffer.stopped"
-	clientClearedType = "output_audio_buffer.cleared"
-)
-
 // bridgeCtx is the context of the media path's bridge calls (audio both
 // ways, playout reports). It never ends, so the WebSocket library arms no
 // context.AfterFunc per message (docs/bridge.md §10). The session's
@@ -67,11 +57,37 @@ const (
 // (TestCloseStalledV2Backend).
 var bridgeCtx = context.Background()
 
-// media is a session's codec and playout state.
-type media struct {
-	// Set once.
+// mediaPath is a session's audio between the client's track and the
+// bridge: the decoder and the fan-out of client audio to the bridge and
+// turn detection, the encoder and the paced output queue, the playout
+// events' drain. Its methods run on four goroutines, each owning its part:
+//
+//   - the track goroutine (fromClient): toBackend, dec, decLast, turns
+//     (but turns.next), and the turn reports;
+//   - the bridge reader (fromBackend): playAudio, onControl, full;
+//   - the playout clock's worker: SendPacket, rtpPkt, flushTail;
+//   - the event drain, while it runs: drainEvents.
+//
+// Clears come from any of them and the oai-events reader. Locks, in the
+// order they are taken: turnMu, encMu, the queue's own, evMu (kickEvents,
+// which the queue calls with its lock held). encMu is never held across a
+// bridge write; turnMu is, for the writes it orders: a barge-in's
+// input.speech_started and the drain's playout reports.
+type mediaPath struct {
+	// Set once (newMediaPath).
+	cfg      *Config
+	be       *bridge.Conn
+	peer     *peer.Session
+	client   *clientEvents
+	sent     rtcpreport.LocalStream // the output's RTCP sender state
+	outSSRC  uint32
+	metrics  *metrics
+	probe    *delayProbe
+	log      *slog.Logger
+	ending   func() bool    // the session is ending: bridge errors are its teardown's
+	dropped  *atomic.Uint64 // the session's messages not delivered to the client
 	q        *playout.Queue
-	dec      *audio.Decoder // nil for Opus passthrough; only onTrack uses it
+	dec      *audio.Decoder // nil for Opus passthrough
 	frameDur int            // PCM: one encoded frame at 48 kHz (Config.Ptime: 960 or 480)
 	frameLen int            // PCM: samples per encoded frame at the format's rate
 
@@ -82,9 +98,13 @@ type media struct {
 
 	full        atomic.Bool   // audio is being refused for the cap; one error per episode
 	tailRefused chan struct{} // flushTail → drainEvents: a tail did not fit; capacity 1
-	eventID     atomic.Uint64 // client event ids
 	rtpPkt      rtp.Packet    // SendPacket's packet; only the clock worker touches it
 	decLast     audio.DecoderStats
+
+	turns turns // turn detection (turns.go)
+	// turnMu orders a barge-in's input.speech_started before the
+	// playout events its clear causes (speechStarted, drainEvents).
+	turnMu sync.Mutex
 
 	// The playout event drain (kickEvents).
 	evPending atomic.Int32   // wake-ups not yet handled by a drain
@@ -119,21 +139,26 @@ var opusSilence = sync.OnceValues(func() ([]byte, error) {
 // modify it.
 func ClearTailPacket() ([]byte, error) { return opusSilence() }
 
-// newMedia sets up the media path for the bridge's agreed format.
-func (sess *session) newMedia() error {
-	cfg := sess.srv.cfg
-	m := &media{tailRefused: make(chan struct{}, 1)}
-	if rate := bridge.SampleRate(sess.be.Format()); rate != 0 {
+// newMediaPath sets up sess's media path for the bridge's agreed format;
+// sess's peer, bridge, client events and RTCP sender are set.
+func newMediaPath(sess *session) (*mediaPath, error) {
+	cfg := &sess.srv.cfg
+	m := &mediaPath{
+		cfg: cfg, be: sess.be, peer: sess.peer, client: sess.client, sent: sess.sent, outSSRC: sess.outSSRC,
+		metrics: sess.srv.metrics, probe: sess.srv.probe, log: sess.log, ending: sess.isEnding, dropped: &sess.dropped,
+		tailRefused: make(chan struct{}, 1),
+	}
+	if rate := bridge.SampleRate(m.be.Format()); rate != 0 {
 		var err error
 		if m.dec, err = audio.NewDecoder(rate); err != nil {
-			return err
+			return nil, err
 		}
 		if m.enc, err = audio.NewEncoderConfig(audio.EncoderConfig{Rate: rate, Bitrate: cfg.OutputBitrate, Complexity: cfg.OutputComplexity, FrameMs: cfg.Ptime}); err != nil {
-			return err
+			return nil, err
 		}
 		m.frameDur, m.frameLen = cfg.Ptime*48, m.enc.FrameSamples()
 	}
-	m.rtpPkt.Header = rtp.Header{Version: 2, PayloadType: sess.opusPT, SSRC: sess.outSSRC}
+	m.rtpPkt.Header = rtp.Header{Version: 2, PayloadType: sess.opusPT, SSRC: m.outSSRC}
 	// Audio the backend sends before the client is connected (a greeting
 	// at session.start) waits: playout starts when ICE and DTLS are up
 	// (startPlayout).
@@ -141,355 +166,68 @@ func (sess *session) newMedia() error {
 	if silence, err := opusSilence(); err == nil {
 		qcfg.ClearTail = silence
 	} else {
-		sess.log.Warn("no silence packet for clears", "err", err)
+		m.log.Warn("no silence packet for clears", "err", err)
 	}
 	if m.enc != nil {
-		qcfg.OnUnderrun = sess.flushTail
+		qcfg.OnUnderrun = m.flushTail
 	}
-	qcfg.OnEvents = func() { sess.kickEvents(m) }
-	m.q = sess.srv.clock.NewQueue(sess, qcfg)
-	sess.media = m
-	if td := sess.be.TurnDetection(); td != nil {
-		sess.setTurnDetection(td, "hello")
+	qcfg.OnEvents = m.kickEvents
+	m.q = sess.srv.clock.NewQueue(m, qcfg)
+	if td := m.be.TurnDetection(); td != nil {
+		m.setTurnDetection(td, "hello")
 	}
-	return nil
+	return m, nil
 }
 
 // startPlayout lets the queued audio play: the client's media path is up.
-func (sess *session) startPlayout() { sess.media.q.Resume() }
+func (m *mediaPath) startPlayout() { m.q.Resume() }
 
-// toBackend forwards one client RTP packet: as it came for Opus, decoded
-// into 20 ms PCM frames (losses concealed) for the PCM formats.
-func (sess *session) toBackend(pkt *rtp.Packet) error {
-	m := sess.media
-	sess.applyTurns(pkt.Payload)
+// toBackend forwards one client RTP packet (the track goroutine): as it
+// came for Opus, decoded into 20 ms PCM frames (losses concealed) for the
+// PCM formats; each frame, once written, goes to turn detection.
+func (m *mediaPath) toBackend(pkt *rtp.Packet) error {
+	m.applyTurns(pkt.Payload)
+	t := &m.turns
+	var now time.Time // the detector's wall time: read only when it is on
+	if t.in.Detector() != nil {
+		now = time.Now()
+	}
 	if m.dec == nil {
-		if err := sess.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}); err != nil {
+		if err := m.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}); err != nil {
 			return err
 		}
-		sess.opusTurns(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload)
+		m.reportTurns(t.opus(t.evs[:0], pkt, now))
 		return nil
 	}
 	for _, f := range m.dec.Push(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload) {
-		if err := sess.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM, Concealed: f.Concealed}); err != nil {
+		if err := m.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM, Concealed: f.Concealed}); err != nil {
 			return err
 		}
-		sess.feedTurns(f.Timestamp, f.PCM)
+		m.reportTurns(t.in.Frame(t.evs[:0], f.Timestamp, f.PCM, now))
 	}
-	sess.feedPartial(m.dec)
+	// A 10 ms packet's audio is heard now, not with the packet that
+	// completes its frame (vad.Input.Partial); the backend still gets
+	// whole frames, so a turn message may lead the frame holding its
+	// position by up to 10 ms.
+	p := m.dec.Partial()
+	m.reportTurns(t.in.Partial(t.evs[:0], p.Timestamp, p.PCM, now))
+	m.countDecoder()
+	return nil
+}
+
+// countDecoder exports the decoder's losses since the last packet.
+func (m *mediaPath) countDecoder() {
 	st := m.dec.Stats()
-	if st != m.decLast {
-		mt := sess.srv.metrics
-		mt.clientAudioDropped.WithLabelValues("invalid_opus").Add(float64(st.Invalid - m.decLast.Invalid))
-		mt.clientAudioDropped.WithLabelValues("late").Add(float64(st.Late - m.decLast.Late))
-		rate := float64(m.dec.Rate())
-		mt.concealed.WithLabelValues("fec").Add(float64(st.FECSamples-m.decLast.FECSamples) / rate)
-		mt.concealed.WithLabelValues("plc").Add(float64(st.PLCSamples-m.decLast.PLCSamples) / rate)
-		m.decLast = st
-	}
-	return nil
-}
-
-// playAudio queues one backend audio frame for paced playout. Under
-// encMu it only decides; the backend is told after (sendControl blocks on
-// the bridge, and a client's clear must not wait for it).
-func (sess *session) playAudio(f *bridge.AudioFrame) {
-	m := sess.media
-	if m.enc == nil {
-		dur, err := audio.PacketDuration(f.Payload)
-		if err != nil {
-			sess.refuse(refusedInvalidOpus, bridge.ErrCodeInvalidOpus, fmt.Sprintf("frame seq %d timestamp %d: %v", f.Seq, f.Timestamp, err))
-			return
-		}
-		sess.queued(m.q.PushAudio(f.Payload, dur), f)
+	if st == m.decLast {
 		return
 	}
-	if len(f.Payload)%2 != 0 {
-		sess.refuse(refusedOddLength, bridge.ErrCodeOddLength, fmt.Sprintf("frame seq %d timestamp %d has %d bytes, not whole 16-bit samples; dropped", f.Seq, f.Timestamp, len(f.Payload)))
-		return
-	}
-	m.encMu.Lock()
-	err := sess.encodeLocked(f.Payload)
-	m.encMu.Unlock()
-	sess.queued(err, f)
-}
-
-// encodeLocked frames, encodes and queues PCM, or refuses it whole with
-// playout.ErrFull before encoding anything. Each frame is queued as soon
-// as it is encoded: the first packet of a reply sent in one burst (a
-// second of audio is 20–30 ms of CPU) can leave while the rest is still
-// being encoded. encMu held.
-func (sess *session) encodeLocked(pcm []byte) error {
-	m := sess.media
-	frames := (m.enc.Pending() + len(pcm)/2) / m.frameLen
-	if !m.q.Fits(frames, frames*m.frameDur) {
-		return playout.ErrFull
-	}
-	for len(pcm) > 0 {
-		n := min(len(pcm), 2*(m.frameLen-m.enc.Pending()))
-		pkts, err := m.enc.Write(pcm[:n])
-		pcm = pcm[n:]
-		for _, p := range pkts {
-			if qerr := m.q.PushAudio(p.Payload, m.frameDur); qerr != nil {
-				return qerr // closed: the session is ending
-			}
-		}
-		if err != nil {
-			sess.log.Warn("opus encode failed", "err", err)
-			return nil
-		}
-	}
-	return nil
-}
-
-// queued accounts for the result of queueing f: past the cap the backend
-// gets one output_queue_full error per episode (until audio fits again).
-func (sess *session) queued(err error, f *bridge.AudioFrame) {
-	m := sess.media
-	switch {
-	case err == nil:
-		m.full.Store(false)
-	case errors.Is(err, playout.ErrFull):
-		sess.srv.metrics.backendRefused.WithLabelValues(refusedQueueFull).Inc()
-		if !m.full.Swap(true) {
-			sess.sendControl(bridge.Control{Type: bridge.TypeError, Code: bridge.ErrCodeQueueFull,
-				Message: fmt.Sprintf("output queue holds its cap of %v; frame seq %d timestamp %d and the audio after it are refused until it has room", sess.srv.cfg.OutputQueueMax, f.Seq, f.Timestamp)})
-		}
-	}
-}
-
-// flushTail pads and queues the last partial PCM frame when the queue has
-// run dry: the end of a reply. It runs on the clock's worker, so it must
-// not block: when the encoder is busy, its holder is queueing more audio
-// (which continues the partial frame), flushing before a mark or tag, or
-// clearing (which drops it): no tail is due then.
-func (sess *session) flushTail() {
-	m := sess.media
-	if !m.encMu.TryLock() {
-		return
-	}
-	err := sess.flushLocked()
-	m.encMu.Unlock()
-	if err != nil {
-		// The worker cannot write to the bridge; drainEvents tells the
-		// backend.
-		select {
-		case m.tailRefused <- struct{}{}:
-		default:
-		}
-		sess.kickEvents(m)
-	}
-}
-
-// flushLocked queues the partial PCM frame, padded. It returns
-// playout.ErrFull when the frame does not fit (counted). encMu held.
-func (sess *session) flushLocked() error {
-	m := sess.media
-	if m.enc == nil || m.enc.Pending() == 0 {
-		return nil
-	}
-	if !m.q.Fits(1, m.frameDur) {
-		sess.srv.metrics.backendRefused.WithLabelValues(refusedQueueFull).Inc()
-		_ = m.enc.Reset() // the partial frame is dropped
-		return playout.ErrFull
-	}
-	pkts, _ := m.enc.Flush()
-	for _, p := range pkts {
-		if err := m.q.PushAudio(p.Payload, m.frameDur); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// onControl handles an output.* message from the backend.
-func (sess *session) onControl(c *bridge.Control) {
-	m := sess.media
-	switch c.Type {
-	case bridge.TypeOutputClear:
-		sess.clearOutput("backend")
-	case bridge.TypeOutputMark:
-		if c.Name == "" || len(c.Name) > bridge.MaxMarkName {
-			sess.refuse(refusedMarkName, bridge.ErrCodeMarkName, fmt.Sprintf("mark names are 1 to %d bytes; this one has %d; dropped", bridge.MaxMarkName, len(c.Name)))
-			return
-		}
-		m.encMu.Lock()
-		tail := sess.flushLocked() // the mark follows all the audio before it
-		err := m.q.PushMark(c.Name)
-		m.encMu.Unlock()
-		sess.reportTail(tail)
-		if err != nil {
-			sess.refuse(refusedQueueFull, bridge.ErrCodeQueueFull, fmt.Sprintf("mark %q refused: the output queue holds its cap", c.Name))
-		}
-	case bridge.TypeOutputResponse:
-		if len(c.ID) > bridge.MaxResponseID {
-			sess.refuse(refusedResponseID, bridge.ErrCodeResponseID, fmt.Sprintf("response ids are at most %d bytes; this one has %d; ignored", bridge.MaxResponseID, len(c.ID)))
-			return
-		}
-		m.encMu.Lock()
-		tail := sess.flushLocked() // the previous response's audio ends here
-		err := m.q.PushResponse(c.ID)
-		m.encMu.Unlock()
-		sess.reportTail(tail)
-		if err != nil {
-			sess.refuse(refusedQueueFull, bridge.ErrCodeQueueFull, fmt.Sprintf("response tag %q refused: the output queue holds its cap", c.ID))
-		}
-	case bridge.TypeInputTurnDetection:
-		sess.setTurnDetection(c.TurnDetection, bridge.TypeInputTurnDetection)
-	default:
-		sess.refuse(refusedUnexpected, bridge.ErrCodeUnexpected, fmt.Sprintf("%s is sent by the transceiver, not to it; ignored", c.Type))
-	}
-}
-
-// reportTail tells the backend that a reply's padded last frame did not
-// fit in the queue (already counted by flushLocked).
-func (sess *session) reportTail(err error) {
-	if errors.Is(err, playout.ErrFull) {
-		sess.sendControl(bridge.Control{Type: bridge.TypeError, Code: bridge.ErrCodeQueueFull,
-			Message: "the last, partial frame of a reply did not fit in the output queue; dropped"})
-	}
-}
-
-// clearOutput drops all queued audio at once and returns how many
-// milliseconds of the current playout run had been sent to the client.
-// The backend is told with output.cleared and the client with
-// output_audio_buffer.cleared, in order with the other playout events.
-// source labels the metric: "backend" (output.clear), "client"
-// (output_audio_buffer.clear), "turn" (turn detection's barge-in).
-func (sess *session) clearOutput(source string) int64 {
-	m := sess.media
-	m.encMu.Lock()
-	defer m.encMu.Unlock()
-	if m.enc != nil {
-		// The encoder ran ahead of playout: start the next reply from a
-		// clean state, not predicting from audio that was never sent.
-		if err := m.enc.Reset(); err != nil {
-			sess.log.Warn("opus encoder reset failed", "err", err)
-		}
-	}
-	if m.q.Idle() && source == "backend" {
-		sess.srv.metrics.backendRefused.WithLabelValues(refusedClearIdle).Inc()
-	}
-	sess.srv.metrics.clears.WithLabelValues(source).Inc()
-	return m.q.Clear()
-}
-
-// refuse counts bad backend input and tells the backend.
-func (sess *session) refuse(reason, code, msg string) {
-	sess.srv.metrics.backendRefused.WithLabelValues(reason).Inc()
-	sess.sendControl(bridge.Control{Type: bridge.TypeError, Code: code, Message: msg})
-}
-
-func (sess *session) sendControl(c bridge.Control) {
-	if err := sess.be.SendControl(bridgeCtx, c); err != nil && sess.ctx.Err() == nil && !sess.ending.Load() {
-		sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
-	}
-}
-
-// SendPacket sends one paced packet to the client (playout.Sink). It runs
-// on the clock's worker goroutine.
-func (sess *session) SendPacket(p *playout.Packet) {
-	pkt := &sess.media.rtpPkt
-	pkt.SequenceNumber, pkt.Timestamp, pkt.Marker, pkt.Payload = p.Seq, p.Timestamp, p.Marker, p.Payload
-	sess.srv.probe.toClient.enter(sess.outSSRC, pkt.SequenceNumber)
-	if err := sess.peer.WriteRTP(&pkt.Header, pkt.Payload); err != nil {
-		sess.dropped.Add(1)
-		sess.srv.metrics.outputDropped.Inc()
-		return
-	}
-	sess.sent.Sent(pkt.SequenceNumber, pkt.Timestamp, len(pkt.Payload), time.Now())
-}
-
-// Playout events (output.* to the backend, output_audio_buffer.* to the
-// client) are reported by a goroutine that runs only while there are some
-// to report: a voice session spends most of its life with none due, so
-// it keeps no goroutine waiting for them. The queue calls kickEvents when
-// it queues events (playout.QueueConfig.OnEvents), flushTail when a
-// reply's tail did not fit; the first wake-up starts drainEvents, later
-// ones while it runs make it go round again. At most one drain runs at a
-// time, so the reports keep their order.
-
-// kickEvents wakes the event drain, starting it if none runs. It runs
-// with the queue's lock held (or on the clock's worker): it only counts
-// and starts a goroutine.
-func (sess *session) kickEvents(m *media) {
-	if m.evPending.Add(1) != 1 {
-		return // the running drain will go round again
-	}
-	m.evMu.Lock()
-	defer m.evMu.Unlock()
-	if m.evDone {
-		return // the session is ending: nothing more is reported
-	}
-	m.evWG.Add(1)
-	go sess.drainEvents(m)
-}
-
-// drainEvents reports the queued playout events, in order, until no
-// wake-up came while it did.
-func (sess *session) drainEvents(m *media) {
-	defer m.evWG.Done()
-	var evs []playout.Event
-	for {
-		n := m.evPending.Load()
-		select {
-		case <-m.tailRefused:
-			sess.reportTail(playout.ErrFull)
-		default:
-		}
-		// turnMu: a barge-in's input.speech_started goes out before
-		// the output.cleared its clear caused (turns.go).
-		sess.turnMu.Lock()
-		evs = m.q.Events(evs[:0])
-		for _, e := range evs {
-			sess.reportPlayout(e)
-		}
-		sess.turnMu.Unlock()
-		if m.evPending.Add(-n) == 0 {
-			return
-		}
-	}
-}
-
-// stopEvents starts no event drain after it returns; the one running, if
-// any, finishes on its own (teardown waits for it on m.evWG).
-func (m *media) stopEvents() {
-	m.evMu.Lock()
-	m.evDone = true
-	m.evMu.Unlock()
-}
-
-func (sess *session) reportPlayout(e playout.Event) {
-	var client string
-	switch e.Type {
-	case playout.EventStarted:
-		sess.sendControl(bridge.Control{Type: bridge.TypeOutputStarted})
-		client = clientStartedType
-	case playout.EventStopped:
-		sess.sendControl(bridge.Control{Type: bridge.TypeOutputStopped, PlayedMs: e.PlayedMs})
-		client = clientStoppedType
-	case playout.EventCleared:
-		sess.sendControl(bridge.Control{Type: bridge.TypeOutputCleared, PlayedMs: e.PlayedMs})
-		client = clientClearedType
-	case playout.EventMark:
-		sess.sendControl(bridge.Control{Type: bridge.TypeOutputMark, Name: e.Name, Cleared: e.Cleared})
-		return
-	}
-	if !sess.be.OutputAudioBufferEvents() {
-		return
-	}
-	dc := sess.events.Load()
-	if dc == nil {
-		return
-	}
-	msg, _ := json.Marshal(struct {
-		Type       string `json:"type"`
-		EventID    string `json:"event_id"`
-		ResponseID string `json:"response_id,omitempty"`
-	}{client, "event_sb_" + sess.id + "_" + strconv.FormatUint(sess.media.eventID.Add(1), 10), e.ResponseID})
-	if sendText(dc, msg) != nil {
-		sess.srv.metrics.eventsDropped.Inc()
-	}
+	mt := m.metrics
+	mt.clientAudioDropped.WithLabelValues("invalid_opus").Add(float64(st.Invalid - m.decLast.Invalid))
+	mt.clientAudioDropped.WithLabelValues("late").Add(float64(st.Late - m.decLast.Late))
+	rate := float64(m.dec.Rate())
+	mt.concealed.WithLabelValues("fec").Add(float64(st.FECSamples-m.decLast.FECSamples) / rate)
+	mt.concealed.WithLabelValues("plc").Add(float64(st.PLCSamples-m.decLast.PLCSamples) / rate)
+	m.decLast = st
 }
 
 // clockTick is the playout clock's period for c.Ptime: one packet per
@@ -506,16 +244,4 @@ func (c *Config) answerPtime() int {
 		return 0
 	}
 	return c.Ptime
-}
-
-// isClientClear reports whether a data-channel message is the client's
-// {"type":"output_audio_buffer.clear"}.
-func isClientClear(data []byte) bool {
-	if !bytes.Contains(data, []byte(clientClearType)) {
-		return false
-	}
-	var m struct {
-		Type string `json:"type"`
-	}
-	return json.Unmarshal(data, &m) == nil && m.Type == clientClearType
 }

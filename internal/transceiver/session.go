@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,9 +34,37 @@ const (
 // taken from RegionHeader; it selects the advertised ingress.
 const MetaRegion = "region"
 
-// session is one client's WebRTC session and its backend bridge.
+// session is one client's WebRTC session and its backend bridge. It
+// wires five parts and owns only the lifecycle between them: the peer
+// session (ICE-lite, DTLS-SRTP, SCTP: internal/peer), the bridge
+// connection (internal/bridge), the media path with its turn detection
+// (mediaPath, media.go and turns.go), the client events on oai-events
+// (clientEvents, events.go) and the RTCP reports (reports.go).
+//
+// Goroutines and what each owns:
+//
+//   - the signaling handler: newSession, until the session is in the
+//     table; ICE restarts (restart.go), serialized by imu;
+//   - the peer session's goroutine: onDataChannel (dcOthers, dcRefused,
+//     the client events' channel);
+//   - the shared read loop, the consent sweeper and the peer session's
+//     goroutine: onPeerState and onRTCP, which must not block;
+//   - fromClient, the track goroutine: the client's RTP and the media
+//     path's input side;
+//   - fromBackend, the bridge reader: backend audio, controls and events;
+//   - the playout clock's worker and the event drain: the media path's
+//     output side (mediaPath's comment);
+//   - one reader per data channel (events.go), and one goroutine per
+//     connection report (consent.go);
+//   - the end goroutine (lifecycle.go): teardown, once.
+//
+// Locks: Server.mu and imu are never held together; the media path's
+// are taken in the order turnMu, encMu, the output queue's (mediaPath).
+// The parts' own locks (peer, bridge, playout, rtcpreport) are leaves:
+// none calls back into the session while holding one, except the output
+// queue's OnEvents, which only counts and starts the drain.
 type session struct {
-	// Set once.
+	// Set once, before the session is in the table.
 	id      string
 	owner   string // id of the client token that created the session; "" when signaling is open
 	srv     *Server
@@ -55,43 +82,39 @@ type session struct {
 	opusPT     uint8         // the Opus payload type, the offer's
 	sent       rtcpreport.LocalStream
 	be         *bridge.Conn
-	media      *media                  // codecs and paced playout (media.go)
+	media      *mediaPath              // codecs, turn detection and paced playout (media.go)
+	client     *clientEvents           // the oai-events channel (events.go)
 	reports    *rtcpreport.Interceptor // the session's RTCP reports (reports.go)
-	turns      turns                   // turn detection (turns.go)
-	// turnMu orders a barge-in's input.speech_started before the
-	// playout events its clear causes (turns.go, media.go).
-	turnMu  sync.Mutex
-	created time.Time
-	ctx     context.Context // cancelled when the session ends
-	cancel  context.CancelFunc
+	created    time.Time
+	ctx        context.Context // cancelled when the session ends
+	cancel     context.CancelFunc
+	// wantSCTP: the offer has data channels, so the setup waits for
+	// their SCTP association; peerSet is closed once peer is set, which
+	// the peer session's callbacks read only after it (peerSession).
+	wantSCTP bool
+	peerSet  chan struct{}
+	// The pending slot (pending.go): the key it counts under.
+	pendingKey netip.Prefix
 
-	events    atomic.Pointer[datachannel.DataChannel] // the oai-events channel, once the client opened it
-	connected atomic.Bool
-	silent    atomic.Bool // the client went silent (consent.go)
-	// Data channels the client opened other than oai-events, taken and
-	// refused; the peer session's goroutine's alone (onDataChannel).
+	// The peer session's goroutine's: data channels the client opened
+	// other than oai-events, taken and refused (onDataChannel).
 	dcOthers, dcRefused int
+
+	// Any goroutine.
+	connected   atomic.Bool
+	silent      atomic.Bool // the client went silent (consent.go)
+	pendingHeld atomic.Bool // the session still holds its pending slot
 	// connSent is closed when the last connection-state report has been
-	// sent (consent.go); guarded by connMu.
-	connMu   sync.Mutex
-	connSent chan struct{}
-	// The pending slot (pending.go): the key it counts under, and whether
-	// the session still holds it.
-	pendingKey  netip.Prefix
-	pendingHeld atomic.Bool
-	setupTimer  *time.Timer // ends the session if it does not connect in time (watchSetup)
+	// sent (consent.go): each report waits for the one before.
+	connSent atomic.Pointer[chan struct{}]
+	// setupTimer ends the session if it does not connect in time
+	// (watchSetup); set under Server.mu.
+	setupTimer *time.Timer
 	// Setup phases reached, each observed once.
 	iceUp, dtlsUp, audioUp atomic.Bool
 	endOnce                sync.Once     // end (lifecycle.go)
 	ending                 atomic.Bool   // set when end starts: bridge errors after it are the teardown's
 	dropped                atomic.Uint64 // backend messages that could not be delivered to the client
-
-	// Set once (setup.go): wantSCTP, the offer has data channels, so the
-	// setup waits for their SCTP association; peerSet, closed once peer
-	// is set, which the peer session's callbacks read only after it
-	// (peerSession).
-	wantSCTP bool
-	peerSet  chan struct{}
 
 	// imu serializes ICE restarts (restart.go) and guards the ICE
 	// session's identity: its local ufrag (a routing token) and its
@@ -117,6 +140,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	id := newSessionID()
 	sctx, cancel := context.WithCancel(s.ctx)
 	sess := &session{id: id, owner: owner, ufrag: ufrag, iceGen: 1, srv: s, log: s.log.With("session", id), created: time.Now(), ctx: sctx, cancel: cancel, peerSet: make(chan struct{})}
+	sess.client = newClientEvents(id, s.metrics.eventsDropped)
 	sess.pendingKey = info.client
 	sess.pendingHeld.Store(true)
 	sess.ingress = s.cfg.advertise
@@ -211,9 +235,10 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		return fail(fmt.Errorf("%w: %v", ErrBackend, r.err))
 	}
 	sess.be = r.be
+	sess.client.input, sess.client.output = r.be.InputAudioBufferEvents(), r.be.OutputAudioBufferEvents()
 	sess.sent = sess.reports.AddLocalStream(sess.outSSRC, opusClockRate)
 	sess.reports.Start(sess.peer.WriteRTCP)
-	if err := sess.newMedia(); err != nil {
+	if sess.media, err = newMediaPath(sess); err != nil {
 		_ = sess.be.End(context.Background(), bridge.ReasonError)
 		sess.be = nil
 		return fail(err)
@@ -294,7 +319,7 @@ func randomSSRC() uint32 {
 // the bridge, which may block.
 func (sess *session) fromClient() {
 	defer sess.srv.wg.Done()
-	defer sess.stopTurns()
+	defer sess.media.stopTurns()
 	// One buffer and one packet for the session's life. pkt.Payload
 	// aliases buf until the next read; toBackend does not keep it (the
 	// bridge copies the frame).
@@ -306,7 +331,7 @@ func (sess *session) fromClient() {
 	ignored := uint32(0)
 	deadline := false // a read deadline is set: turn detection waits on wall time
 	for {
-		if wait := sess.turnsWait(time.Now()); wait > 0 {
+		if wait := sess.media.turnsWait(time.Now()); wait > 0 {
 			_ = sess.peer.SetReadDeadline(time.Now().Add(wait))
 			deadline = true
 		} else if deadline {
@@ -316,7 +341,7 @@ func (sess *session) fromClient() {
 		n, err := sess.peer.ReadRTP(buf)
 		if err != nil {
 			if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-				sess.idleTurns(time.Now())
+				sess.media.idleTurns(time.Now())
 				continue
 			}
 			return
@@ -344,7 +369,7 @@ func (sess *session) fromClient() {
 		if len(pkt.Payload) == 0 {
 			continue // padding-only packet
 		}
-		if err := sess.toBackend(pkt); err != nil {
+		if err := sess.media.toBackend(pkt); err != nil {
 			if sess.ctx.Err() == nil && !sess.ending.Load() {
 				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
 			}
@@ -371,7 +396,7 @@ const maxDataChannels = 4
 // counted, and logged once per session. Channels open in no set order,
 // so oai-events always has its place.
 func (sess *session) onDataChannel(dc *datachannel.DataChannel) {
-	forward := dc.Config.Label == EventsLabel && sess.events.Load() == nil
+	forward := dc.Config.Label == EventsLabel && !sess.client.opened()
 	if !forward && sess.dcOthers == maxDataChannels-1 {
 		sess.srv.metrics.dcRefused.Inc()
 		if sess.dcRefused++; sess.dcRefused == 1 {
@@ -384,7 +409,7 @@ func (sess *session) onDataChannel(dc *datachannel.DataChannel) {
 		sess.dcOthers++
 		sess.log.Info("ignoring data channel", "label", dc.Config.Label)
 	} else {
-		sess.events.Store(dc)
+		sess.client.open(dc)
 	}
 	sess.srv.wg.Add(1)
 	go sess.readDataChannel(dc, forward) // events.go
@@ -438,7 +463,7 @@ func (sess *session) onPeerState(st peer.State) {
 			sess.srv.byTrans.connected(sess)
 		}
 		sess.leavePending()
-		sess.startPlayout()
+		sess.media.startPlayout()
 	case peer.StateSCTPConnected:
 		sess.setupTimer.Stop() // after StateConnected, on the same goroutine
 	case peer.StateClosed:
@@ -467,12 +492,11 @@ func (sess *session) fromBackend() {
 		}
 		switch {
 		case m.Audio != nil:
-			sess.playAudio(m.Audio)
+			sess.media.playAudio(m.Audio)
 		case m.Control != nil:
-			sess.onControl(m.Control)
+			sess.media.onControl(m.Control)
 		case m.Event != nil:
-			dc := sess.events.Load()
-			if dc == nil || sendText(dc, m.Event) != nil {
+			if !sess.client.forward(m.Event) {
 				sess.dropped.Add(1)
 				sess.srv.metrics.eventsDropped.Inc()
 			}
@@ -484,30 +508,9 @@ func (sess *session) fromBackend() {
 	}
 }
 
-// EndEventType is the type of the event the transceiver sends on
-// oai-events just before it ends a session, e.g.
-// {"type":"switchboard.session.end","reason":"shutdown"}.
-const EndEventType = "switchboard.session.end"
-
-// notifyClient tells the client why the session ends, on its data channel
-// if open, and waits briefly for the message to leave.
-func (sess *session) notifyClient(reason string) {
-	dc := sess.events.Load()
-	if dc == nil {
-		return
-	}
-	msg, _ := json.Marshal(struct {
-		Type   string `json:"type"`
-		Reason string `json:"reason"`
-	}{EndEventType, reason})
-	if sendText(dc, msg) != nil {
-		return
-	}
-	deadline := time.Now().Add(200 * time.Millisecond)
-	for dc.BufferedAmount() > 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// isEnding reports whether the session is ending: bridge errors after
+// it are the teardown's, not counted.
+func (sess *session) isEnding() bool { return sess.ctx.Err() != nil || sess.ending.Load() }
 
 // watchSetup ends the session if it does not connect within
 // Config.SetupTimeout (setupTimedOut). Like watchChecks, the timer holds no
@@ -532,7 +535,7 @@ func (sess *session) teardown(reason string) {
 	cancel()
 	sess.cancel()
 	sess.media.evWG.Wait() // a report stuck on the backend failed when End closed the bridge
-	sess.notifyClient(reason)
+	sess.client.end(reason)
 	_ = sess.peer.Close() // sends DTLS close_notify; no peer event after it
 	_ = sess.reports.Close()
 	sess.waitConnectionReports(context.Background()) // the bridge is closed: they end at once

@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/pion/rtp"
 
 	"github.com/switchboard-rtc/switchboard/internal/audio"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
@@ -20,22 +21,16 @@ import (
 // OpenAI's input_audio_buffer.speech_* events to the client, and clears
 // the output queue on a speech start (barge-in) when interruption is on.
 //
-//	client RTP ─▶ toBackend ─▶ decoded 20 ms frames ─▶ feedTurns
-//	                          (Opus passthrough: a 16 kHz decoder of its own)
+//	client RTP ─▶ mediaPath.toBackend ─▶ bridge
+//	                                  └─▶ decoded frames ─▶ vad.Input ─▶ reportTurns
+//	                          (Opus passthrough: turns.opus, a 16 kHz decoder of its own)
 //
 // When the client sends 10 ms packets the detector takes 10 ms frames,
 // and each packet's audio is fed to it as soon as it is decoded
-// (feedPartial): the first half of a 20 ms frame does not wait for the
-// packet that completes it, so the speech end and the silence window's
-// end fall on a 10 ms grid and the stop is sent with the packet that
-// ends the window, about 5 ms sooner on average (docs/vad.md).
-
-// OpenAI Realtime server events the transceiver sends the client on
-// oai-events about turn detection, unless the backend's hello opted out.
-const (
-	clientSpeechStartedType = "input_audio_buffer.speech_started"
-	clientSpeechStoppedType = "input_audio_buffer.speech_stopped"
-)
+// (vad.Input.Partial): the first half of a 20 ms frame does not wait for
+// the packet that completes it, so the speech end and the silence
+// window's end fall on a 10 ms grid and the stop is sent with the packet
+// that ends the window, about 5 ms sooner on average (docs/vad.md).
 
 // clearSourceTurn labels switchboard_transceiver_output_clears_total for
 // a barge-in: turn detection heard the user start talking.
@@ -53,84 +48,27 @@ type turnSwitch struct {
 }
 
 // turns is a session's turn detection. Everything but next is owned by
-// the track goroutine (onTrack), which feeds it.
+// the track goroutine (fromClient), which feeds it.
 type turns struct {
 	// next is the setting to apply before the next frame: from the
 	// backend's hello, or an input.turn_detection the bridge reader got.
 	next atomic.Pointer[turnSwitch]
 
-	det *vad.Detector
-	dec *audio.Decoder // Opus passthrough only: decodes for det
-	// The input clock: started once the first frame is seen; ts is the
-	// last frame's timestamp, ext the same unwrapped, both in samples at
-	// the frame rate. offset maps the detector's clock onto the input
-	// clock (input ms = detector ms + offset).
-	started bool
-	ts      uint32
-	ext     int64
-	offset  int64
-	fresh   bool   // det has not been fed yet: offset is set by its first frame
-	base    int64  // Opus: the input clock at dec's first frame, ms
-	silence []byte // one frame of silence at det's rate
-	// early is set when the first half of the frame at earlyTS (10 ms)
-	// went to the detector from the decoder's partial frame: feedTurns
-	// then feeds only the frame's second half.
-	early   bool
-	earlyTS uint32
-	// Opus passthrough: the client's RTP timestamps, unwrapped (48 kHz),
-	// from the first packet: the input clock dec is placed on.
-	rtpStarted bool
-	rtpTS      uint32
-	rtpExt     int64
-	item       string // the current user item's id (input_audio_buffer.*)
-	items      uint64
-	// Wall time: when the last frame was fed (its packet arrived), and
-	// how many frames of silence were fed since for the time that passed
-	// without packets, in speech (idleTurns).
-	lastWall time.Time
-	idleFed  int64
+	in  vad.Input         // the detector and its input clock
+	cfg vad.TurnDetection // the detector's setting, while in has one
+	dec *audio.Decoder    // Opus passthrough only: decodes for the detector
+	evs []vad.Event       // scratch for in's events
 }
-
-// turnsIdleGrace is how long the client may send nothing, while the user
-// is talking, before the silence window runs on wall time (idleTurns):
-// longer than network jitter, so that a late packet rarely finds its
-// time already taken by silence, and shorter than what is left of a
-// silence window when a DTX encoder stops sending (libopus: after 200 ms
-// of silence).
-const turnsIdleGrace = 100 * time.Millisecond
 
 // turnsWait returns how long the track goroutine may wait for the next
-// packet before idleTurns is due, or 0 to wait without limit (no
-// utterance in progress).
-func (sess *session) turnsWait(now time.Time) time.Duration {
-	t := &sess.turns
-	if t.det == nil || !t.det.InSpeech() || t.lastWall.IsZero() {
-		return 0
-	}
-	next := t.lastWall.Add(turnsIdleGrace)
-	if t.idleFed > 0 {
-		next = t.lastWall.Add(time.Duration(t.idleFed+1) * time.Duration(t.det.FrameMs()) * time.Millisecond)
-	}
-	return max(time.Millisecond, next.Sub(now))
-}
+// packet before idleTurns is due, or 0 to wait without limit.
+func (m *mediaPath) turnsWait(now time.Time) time.Duration { return m.turns.in.Wait(now) }
 
-// idleTurns runs the silence window on wall time when the client has
-// sent nothing for turnsIdleGrace while the user was talking (DTX, a
-// client that stops sending, a stalled network): the detector is fed one
-// frame of silence for each frame's time since the last packet arrived, so the
-// stop is sent when the window runs out, not when the next packet comes.
-// The detector's clock then runs ahead of the input clock; frames that
-// arrive for time it already took are not fed to it (feedTurns).
-func (sess *session) idleTurns(now time.Time) {
-	t := &sess.turns
-	if t.det == nil || !t.det.InSpeech() || t.lastWall.IsZero() || now.Sub(t.lastWall) < turnsIdleGrace {
-		return
-	}
-	due := int64(now.Sub(t.lastWall) / (time.Duration(t.det.FrameMs()) * time.Millisecond))
-	for t.idleFed < due && t.det != nil && t.det.InSpeech() {
-		t.idleFed++
-		sess.processTurn(t.silence)
-	}
+// idleTurns runs the silence window on wall time when the client sent
+// nothing for vad.IdleGrace while the user was talking (vad.Input.Idle).
+func (m *mediaPath) idleTurns(now time.Time) {
+	t := &m.turns
+	m.reportTurns(t.in.Idle(t.evs[:0], now))
 }
 
 // parseTurnDetection decodes a turn_detection member as sent: nil (or
@@ -152,25 +90,25 @@ func parseTurnDetection(raw json.RawMessage) (*vad.TurnDetection, error) {
 // setTurnDetection takes a turn_detection from the backend (its hello or
 // an input.turn_detection): a bad one is answered with an error and
 // changes nothing; a good one is applied before the next input frame.
-func (sess *session) setTurnDetection(raw json.RawMessage, from string) {
+func (m *mediaPath) setTurnDetection(raw json.RawMessage, from string) {
 	td, err := parseTurnDetection(raw)
 	if err != nil {
-		sess.refuse(refusedTurnDetection, bridge.ErrCodeTurnDetection, fmt.Sprintf("%s: %v; turn detection unchanged", from, err))
+		m.refuse(refusedTurnDetection, bridge.ErrCodeTurnDetection, fmt.Sprintf("%s: %v; turn detection unchanged", from, err))
 		return
 	}
-	sess.turns.next.Store(&turnSwitch{cfg: td})
+	m.turns.next.Store(&turnSwitch{cfg: td})
 }
 
 // applyTurns applies a turn detection setting that came since the last
 // packet. It runs on the track goroutine, once per client packet, before
 // the packet (payload, the client's Opus) is decoded.
-func (sess *session) applyTurns(payload []byte) {
-	t := &sess.turns
+func (m *mediaPath) applyTurns(payload []byte) {
+	t := &m.turns
 	if t.next.Load() == nil {
 		return
 	}
 	if sw := t.next.Swap(nil); sw != nil {
-		sess.switchTurns(sw.cfg, turnsFrameMs(payload))
+		m.switchTurns(sw.cfg, turnsFrameMs(payload))
 	}
 }
 
@@ -189,140 +127,39 @@ func turnsFrameMs(payload []byte) int {
 	return vad.Frame20ms
 }
 
-// opusTurns runs turn detection on one client Opus packet of an Opus
-// passthrough session: it keeps the input clock (the RTP timestamp from
-// the first packet, docs/bridge.md §4.8) and, with turn detection on,
-// decodes the packet at 16 kHz for the detector only.
-func (sess *session) opusTurns(seq uint16, ts uint32, payload []byte) {
-	t := &sess.turns
-	if !t.rtpStarted {
-		t.rtpStarted, t.rtpTS, t.rtpExt = true, ts, 0
-	} else {
-		t.rtpExt += int64(int32(ts - t.rtpTS))
-		t.rtpTS = ts
+// opus runs turn detection on one client Opus packet of an Opus
+// passthrough session, appending to dst: it keeps the input clock (the RTP
+// timestamp from the first packet, docs/bridge.md §4.8) and, with turn
+// detection on, decodes the packet at 16 kHz for the detector only.
+func (t *turns) opus(dst []vad.Event, pkt *rtp.Packet, now time.Time) ([]vad.Event, error) {
+	t.in.RTP(pkt.Timestamp, t.dec != nil && t.dec.Stats().Packets == 0)
+	if t.in.Detector() == nil {
+		return dst, nil
 	}
-	if t.det == nil {
-		return
-	}
-	if !t.started && t.dec.Stats().Packets == 0 {
-		t.base = t.rtpExt / 48
-	}
-	for _, f := range t.dec.Push(seq, ts, payload) {
-		if t.det == nil {
-			return
+	var err error
+	for _, f := range t.dec.Push(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload) {
+		if dst, err = t.in.Frame(dst, f.Timestamp, f.PCM, now); err != nil {
+			return dst, err
 		}
-		sess.feedTurns(f.Timestamp, f.PCM)
 	}
-	sess.feedPartial(t.dec)
+	p := t.dec.Partial()
+	return t.in.Partial(dst, p.Timestamp, p.PCM, now)
 }
 
-// feedTurns runs turn detection on one decoded 20 ms input frame,
-// positioned at timestamp (samples at the frame's rate from the
-// decoder's first frame): one detector frame, or two of 10 ms (only the
-// second when feedPartial fed the first). It runs on the track
-// goroutine, after the frame went to the backend.
-func (sess *session) feedTurns(timestamp uint32, pcm []byte) {
-	t := &sess.turns
-	if t.det == nil {
-		return
+// reportTurns reports what the detector saw, in order; err is a detector
+// failure, which switched it off.
+func (m *mediaPath) reportTurns(evs []vad.Event, err error) {
+	for _, ev := range evs {
+		switch ev.Kind {
+		case vad.SpeechStarted:
+			m.speechStarted(ev.AudioMs)
+		case vad.SpeechStopped:
+			m.speechStopped(ev.AudioMs)
+		}
 	}
-	n := t.det.FrameBytes()
-	if len(pcm)%n != 0 {
-		return
-	}
-	if t.early && timestamp == t.earlyTS && len(pcm) > n {
-		pcm, timestamp = pcm[n:], timestamp+uint32(n/2)
-	}
-	t.early = false
-	for off := 0; off < len(pcm) && t.det != nil; off += n {
-		sess.feedTurn(timestamp+uint32(off/2), pcm[off:off+n])
-	}
-}
-
-// feedPartial feeds a 10 ms detector the first half of the frame dec is
-// assembling, when a 10 ms packet left it there, so that the half is
-// heard now rather than with the next packet; feedTurns then skips it.
-// The backend still gets whole 20 ms frames: a turn message may come up
-// to 10 ms of audio before the frame that holds its position.
-func (sess *session) feedPartial(dec *audio.Decoder) {
-	t := &sess.turns
-	if t.det == nil || t.det.FrameMs() != vad.Frame10ms || t.early {
-		return
-	}
-	p := dec.Partial()
-	n := t.det.FrameBytes()
-	if len(p.PCM) < n {
-		return
-	}
-	t.early, t.earlyTS = true, p.Timestamp
-	sess.feedTurn(p.Timestamp, p.PCM[:n])
-}
-
-// feedTurn gives the detector one frame of its length, positioned at
-// timestamp, after the silence for any time skipped since the last one.
-func (sess *session) feedTurn(timestamp uint32, pcm []byte) {
-	t := &sess.turns
-	if !t.started {
-		t.started, t.ts, t.ext = true, timestamp, int64(timestamp)
-	} else {
-		t.ext += int64(int32(timestamp - t.ts))
-		t.ts = timestamp
-	}
-	at := t.base + t.ext*1000/int64(t.det.Rate())
-	if t.fresh {
-		t.fresh, t.offset = false, at // the detector starts at this frame
-	}
-	t.lastWall, t.idleFed = time.Now(), 0
-	gap := (at - t.offset - t.det.PositionMs()) / int64(t.det.FrameMs())
-	if gap < 0 {
-		return // idleTurns gave this frame's time to the detector as silence
-	}
-	if gap > 0 {
-		sess.fillTurns(gap)
-	}
-	sess.processTurn(pcm)
-}
-
-// fillTurns feeds the detector silence for gap frames the client did not
-// send (DTX, or a hole longer than the decoder conceals), so the silence
-// window runs and positions stay on the input clock. A long gap is
-// mostly skipped: the frames that end an utterance first, then the
-// clock jumps, then enough silence that a speech start's prefix padding
-// lies after the jump.
-func (sess *session) fillTurns(gap int64) {
-	t := &sess.turns
-	cfg := t.det.Config()
-	fm := t.det.FrameMs()
-	first := min(gap, int64((cfg.SilenceDurationMs+40)/fm))
-	for range first {
-		sess.processTurn(t.silence)
-	}
-	rest := gap - first
-	pre := min(rest, int64((cfg.PrefixPaddingMs+200)/fm))
-	t.offset += (rest - pre) * int64(fm)
-	for range pre {
-		sess.processTurn(t.silence)
-	}
-}
-
-// processTurn gives the detector one frame and reports what it saw.
-func (sess *session) processTurn(pcm []byte) {
-	t := &sess.turns
-	if t.det == nil {
-		return // switched off by a failure
-	}
-	ev, err := t.det.Process(pcm)
+	m.turns.evs = evs[:0]
 	if err != nil {
-		sess.log.Warn("turn detection failed; switched off", "err", err)
-		t.det.Close()
-		t.det = nil
-		return
-	}
-	switch ev.Kind {
-	case vad.SpeechStarted:
-		sess.speechStarted(ev.AudioMs + t.offset)
-	case vad.SpeechStopped:
-		sess.speechStopped(ev.AudioMs + t.offset)
+		m.log.Warn("turn detection failed; switched off", "err", err)
 	}
 }
 
@@ -330,74 +167,41 @@ func (sess *session) processTurn(pcm []byte) {
 // on, clears the output queue first: the agent goes quiet at the next
 // tick, before any message is written. turnMu keeps the clear's
 // output.cleared (sent by drainEvents) behind input.speech_started.
-func (sess *session) speechStarted(audioMs int64) {
-	t := &sess.turns
-	t.items++
-	t.item = "item_sb_" + sess.id + "_" + strconv.FormatUint(t.items, 10)
-	sess.turnMu.Lock()
-	defer sess.turnMu.Unlock()
-	if t.det.Config().InterruptResponse && !sess.media.q.Idle() {
-		sess.clearOutput(clearSourceTurn)
+func (m *mediaPath) speechStarted(audioMs int64) {
+	t := &m.turns
+	m.turnMu.Lock()
+	defer m.turnMu.Unlock()
+	if t.cfg.InterruptResponse && !m.q.Idle() {
+		m.clearOutput(clearSourceTurn)
 	}
-	sess.srv.metrics.turns.WithLabelValues(vad.SpeechStarted.String()).Inc()
-	sess.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStarted, AudioMs: audioMs})
-	sess.sendClientTurn(clientSpeechStartedType, "audio_start_ms", audioMs)
+	m.metrics.turns.WithLabelValues(vad.SpeechStarted.String()).Inc()
+	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStarted, AudioMs: audioMs})
+	m.client.speechStarted(audioMs)
 }
 
 // speechStopped reports a speech stop at audioMs.
-func (sess *session) speechStopped(audioMs int64) {
-	sess.srv.metrics.turns.WithLabelValues(vad.SpeechStopped.String()).Inc()
-	sess.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStopped, AudioMs: audioMs})
-	sess.sendClientTurn(clientSpeechStoppedType, "audio_end_ms", audioMs)
-}
-
-// sendClientTurn sends the client OpenAI's input_audio_buffer.speech_*
-// event, shaped as OpenAI's Realtime API sends it:
-//
-//	{"type":"input_audio_buffer.speech_started","event_id":"…","audio_start_ms":1000,"item_id":"…"}
-//	{"type":"input_audio_buffer.speech_stopped","event_id":"…","audio_end_ms":2300,"item_id":"…"}
-func (sess *session) sendClientTurn(typ, member string, ms int64) {
-	if !sess.be.InputAudioBufferEvents() {
-		return
-	}
-	dc := sess.events.Load()
-	if dc == nil {
-		return
-	}
-	msg, _ := json.Marshal(map[string]any{
-		"type":     typ,
-		"event_id": "event_sb_" + sess.id + "_" + strconv.FormatUint(sess.media.eventID.Add(1), 10),
-		member:     ms,
-		"item_id":  sess.turns.item,
-	})
-	if sendText(dc, msg) != nil {
-		sess.srv.metrics.eventsDropped.Inc()
-	}
+func (m *mediaPath) speechStopped(audioMs int64) {
+	m.metrics.turns.WithLabelValues(vad.SpeechStopped.String()).Inc()
+	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStopped, AudioMs: audioMs})
+	m.client.speechStopped(audioMs)
 }
 
 // switchTurns replaces the detector (cfg nil: none), with one taking
 // frames of frameMs. An utterance in progress is closed with a speech
 // stop at the current position, so starts and stops always pair.
-func (sess *session) switchTurns(cfg *vad.TurnDetection, frameMs int) {
-	t := &sess.turns
-	t.early = false
-	if t.det != nil {
-		if t.det.InSpeech() {
-			sess.speechStopped(t.det.PositionMs() + t.offset)
-		}
-		t.det.Close()
-		t.det = nil
-	}
+func (m *mediaPath) switchTurns(cfg *vad.TurnDetection, frameMs int) {
+	t := &m.turns
+	m.reportTurns(t.in.SetDetector(t.evs[:0], nil), nil)
 	if cfg == nil {
 		return
 	}
-	rate := bridge.SampleRate(sess.be.Format())
+	rate := bridge.SampleRate(m.be.Format())
 	if rate == 0 {
 		rate = opusVADRate
 		if t.dec == nil {
 			dec, err := audio.NewDecoder(rate)
 			if err != nil {
-				sess.log.Warn("turn detection: opus decoder", "err", err)
+				m.log.Warn("turn detection: opus decoder", "err", err)
 				return
 			}
 			t.dec = dec
@@ -407,20 +211,15 @@ func (sess *session) switchTurns(cfg *vad.TurnDetection, frameMs int) {
 	if err != nil {
 		code := bridge.ErrCodeTurnDetection
 		if errors.Is(err, vad.ErrUnavailable) {
-			sess.log.Warn("turn detection unavailable", "err", err)
+			m.log.Warn("turn detection unavailable", "err", err)
 		}
-		sess.refuse(refusedTurnDetection, code, fmt.Sprintf("turn detection: %v", err))
+		m.refuse(refusedTurnDetection, code, fmt.Sprintf("turn detection: %v", err))
 		return
 	}
-	t.det, t.fresh = det, true
-	t.silence = make([]byte, det.FrameBytes())
-	sess.log.Debug("turn detection on", "turn_detection", cfg.String())
+	t.cfg = det.Config()
+	t.in.SetDetector(nil, det)
+	m.log.Debug("turn detection on", "turn_detection", cfg.String())
 }
 
 // stopTurns frees the detector when the track goroutine ends.
-func (sess *session) stopTurns() {
-	if t := &sess.turns; t.det != nil {
-		t.det.Close()
-		t.det = nil
-	}
-}
+func (m *mediaPath) stopTurns() { m.turns.in.Close() }
