@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
+	"github.com/switchboard-rtc/switchboard/internal/udpio"
 )
 
 // ErrNoRoute is returned by Conn writes to a client that no relay has

@@ -13,7 +13,7 @@
 // pointing at that transceiver.
 //
 // The per-packet handlers only decide (handlePublic, handleInternal); the
-// read loops (loops.go, over internal/relay/udpio) do the I/O and count.
+// read loops (loops.go, over internal/udpio) do the I/O and count.
 // A handler's decision is one of three: forward (out, to), drop (a
 // DropReason; every one has a counter created up front), or hold (out nil,
 // no drop): the flow cache took the datagram and will forward it, or count
@@ -36,9 +36,9 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
-	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
 	"github.com/switchboard-rtc/switchboard/internal/stunpeek"
 	"github.com/switchboard-rtc/switchboard/internal/token"
+	"github.com/switchboard-rtc/switchboard/internal/udpio"
 )
 
 // Default addresses of the relay's sockets, in ip:port form (the flags of
