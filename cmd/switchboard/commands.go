@@ -29,6 +29,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+	"github.com/switchboard-rtc/switchboard/internal/trusted"
 	"github.com/switchboard-rtc/switchboard/internal/web"
 )
 
@@ -155,12 +156,10 @@ func serveListener(ctx context.Context, ln net.Listener, h http.Handler, lim htt
 // httpapi.DefaultMaxConnsPerSource per client address except from
 // loopback (a sidecar proxy) and the trusted proxies (prefixes, valid:
 // the component's config checked them).
-func signalingLimits(trusted []string) httpapi.Limits {
+func signalingLimits(proxies []string) httpapi.Limits {
 	lim := httpapi.Limits{Name: "signaling", PerSource: httpapi.DefaultMaxConnsPerSource, Exempt: httpapi.Loopback()}
-	for _, p := range trusted {
-		if pfx, err := netip.ParsePrefix(strings.TrimSpace(p)); err == nil {
-			lim.Exempt = append(lim.Exempt, pfx.Masked())
-		}
+	if ps, err := trusted.Parse(proxies); err == nil {
+		lim.Exempt = append(lim.Exempt, ps...)
 	}
 	return lim
 }

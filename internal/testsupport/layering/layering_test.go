@@ -38,6 +38,7 @@ var layers = map[string]int{
 	"internal/sdpfrag":    0,
 	"internal/stunpeek":   0,
 	"internal/token":      0,
+	"internal/trusted":    0,
 	"internal/udpio":      0,
 	"internal/vad":        0,
 	"internal/web":        0,
@@ -45,10 +46,10 @@ var layers = map[string]int{
 	"internal/agent":      1, // bridge, vad
 	"internal/auth":       1, // httpapi
 	"internal/callclient": 1, // sdpfrag
-	"internal/hop":        1, // udpio
+	"internal/hop":        1, // udpio, trusted
 
-	"internal/director":    2, // auth, httpapi
-	"internal/relay":       2, // udpio, hop, stunpeek, token, membership
+	"internal/director":    2, // auth, httpapi, trusted
+	"internal/relay":       2, // udpio, hop, stunpeek, token, membership, trusted
 	"internal/transceiver": 2, // peer, hop, udpio, token, bridge, audio, …
 
 	"internal/demo": 3, // relay, transceiver, agent, membership, token, web
