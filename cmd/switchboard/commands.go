@@ -173,7 +173,7 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	members, stopMembers, err := relayMembership(ctx, cfg.Source, cfg.Members, cfg.Relay.Cluster, reg, log)
+	members, stopMembers, err := relayMembership(ctx, cfg.Source, strings.Join(cfg.Members, ","), cfg.Relay.Cluster, reg, log)
 	if err != nil {
 		return err
 	}
@@ -247,12 +247,6 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	var cfg config.Transceiver
 	if err := config.Parse(cfg.Flags(), args, &cfg); err != nil {
 		return err
-	}
-	if cfg.Proxy != "" {
-		cfg.Trx.TrustedProxies = strings.Split(cfg.Proxy, ",")
-	}
-	if cfg.Allow != "" {
-		cfg.Trx.AllowRelays = strings.Split(cfg.Allow, ",")
 	}
 	log, keys, reg, err := serverSetup(cfg.Log, cfg.Keys)
 	if err != nil {
