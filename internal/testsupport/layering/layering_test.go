@@ -32,7 +32,6 @@ var layers = map[string]int{
 	"internal/flowstore":  0,
 	"internal/httpapi":    0,
 	"internal/membership": 0,
-	"internal/peer":       0,
 	"internal/playout":    0,
 	"internal/rtcpreport": 0,
 	"internal/sdpfrag":    0,
@@ -47,6 +46,7 @@ var layers = map[string]int{
 	"internal/auth":       1, // httpapi
 	"internal/callclient": 1, // sdpfrag
 	"internal/hop":        1, // udpio, trusted
+	"internal/peer":       1, // stunpeek
 
 	"internal/director":    2, // auth, httpapi, trusted
 	"internal/relay":       2, // udpio, hop, stunpeek, token, membership, trusted
