@@ -301,13 +301,6 @@ func (c *Conn) SetReadDeadline(t time.Time) error { return c.sock.SetReadDeadlin
 // SetWriteDeadline implements net.PacketConn.
 func (c *Conn) SetWriteDeadline(t time.Time) error { return c.sock.SetWriteDeadline(t) }
 
-// Forget drops the route to client, for when its session ends.
-func (c *Conn) Forget(client netip.AddrPort) {
-	c.mu.Lock()
-	delete(c.routes, client)
-	c.mu.Unlock()
-}
-
 // Stats returns the Conn's counters.
 func (c *Conn) Stats() ConnStats {
 	c.mu.RLock()
