@@ -5,7 +5,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
+	"github.com/switchboard-rtc/switchboard/internal/udpio"
 )
 
 // gen is the load generator's state: the client socket, the sink socket

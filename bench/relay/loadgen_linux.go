@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
+	"github.com/switchboard-rtc/switchboard/internal/udpio"
 )
 
 // The load generator is one busy-polling loop on one pinned OS thread that

@@ -29,6 +29,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/token"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+	"github.com/switchboard-rtc/switchboard/internal/trusted"
 	"github.com/switchboard-rtc/switchboard/internal/web"
 )
 
@@ -155,12 +156,10 @@ func serveListener(ctx context.Context, ln net.Listener, h http.Handler, lim htt
 // httpapi.DefaultMaxConnsPerSource per client address except from
 // loopback (a sidecar proxy) and the trusted proxies (prefixes, valid:
 // the component's config checked them).
-func signalingLimits(trusted []string) httpapi.Limits {
+func signalingLimits(proxies []string) httpapi.Limits {
 	lim := httpapi.Limits{Name: "signaling", PerSource: httpapi.DefaultMaxConnsPerSource, Exempt: httpapi.Loopback()}
-	for _, p := range trusted {
-		if pfx, err := netip.ParsePrefix(strings.TrimSpace(p)); err == nil {
-			lim.Exempt = append(lim.Exempt, pfx.Masked())
-		}
+	if ps, err := trusted.Parse(proxies); err == nil {
+		lim.Exempt = append(lim.Exempt, ps...)
 	}
 	return lim
 }
@@ -174,7 +173,7 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	members, stopMembers, err := relayMembership(ctx, cfg.Source, cfg.Members, cfg.Relay.Cluster, reg, log)
+	members, stopMembers, err := relayMembership(ctx, cfg.Source, strings.Join(cfg.Members, ","), cfg.Relay.Cluster, reg, log)
 	if err != nil {
 		return err
 	}
@@ -248,12 +247,6 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	var cfg config.Transceiver
 	if err := config.Parse(cfg.Flags(), args, &cfg); err != nil {
 		return err
-	}
-	if cfg.Proxy != "" {
-		cfg.Trx.TrustedProxies = strings.Split(cfg.Proxy, ",")
-	}
-	if cfg.Allow != "" {
-		cfg.Trx.AllowRelays = strings.Split(cfg.Allow, ",")
 	}
 	log, keys, reg, err := serverSetup(cfg.Log, cfg.Keys)
 	if err != nil {

@@ -4,28 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-)
 
-// Control message types the parrot reads and writes (docs/bridge.md; the
-// input.* messages come from the transceiver's turn detection, issue 12,
-// the output.* ones from its paced playout, issue 11).
-const (
-	// MsgSpeechStarted (transceiver → backend): {"type":
-	// "input.speech_started","audio_ms":N}, N the utterance's start on the
-	// session's input clock, prefix padding included.
-	MsgSpeechStarted = "input.speech_started"
-	// MsgSpeechStopped (transceiver → backend): {"type":
-	// "input.speech_stopped","audio_ms":N}, N the end of the utterance's
-	// audio, the silence window included.
-	MsgSpeechStopped = "input.speech_stopped"
-	// MsgOutputClear (backend → transceiver): {"type":"output.clear"}.
-	MsgOutputClear = "output.clear"
-	// MsgOutputCleared (transceiver → backend): {"type":"output.cleared",
-	// "played_ms":N}.
-	MsgOutputCleared = "output.cleared"
-	// MsgOutputStopped (transceiver → backend): {"type":"output.stopped",
-	// "played_ms":N}, the queue drained.
-	MsgOutputStopped = "output.stopped"
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
 )
 
 // DefaultMaxUtteranceMs is ParrotConfig.MaxUtteranceMs when zero.
@@ -60,7 +40,7 @@ type ParrotConfig struct {
 
 // Reply is what the parrot wants sent after an input.
 type Reply struct {
-	// Clear: send MsgOutputClear before anything else.
+	// Clear: send bridge.TypeOutputClear before anything else.
 	Clear bool
 	// Audio, when not empty, is PCM16 little-endian mono at the session's
 	// rate to send at once, in as many bridge messages as it takes: one
@@ -279,14 +259,14 @@ func (p *Parrot) OutputStopped(playedMs int64) { p.speaking = false }
 // parrot does not take, which it ignores.
 func (p *Parrot) Handle(msgType string, ms int64) (r Reply, ok bool) {
 	switch msgType {
-	case MsgSpeechStarted:
+	case bridge.TypeInputSpeechStarted:
 		return p.SpeechStarted(ms), true
-	case MsgSpeechStopped:
+	case bridge.TypeInputSpeechStopped:
 		return p.SpeechStopped(ms), true
-	case MsgOutputCleared:
+	case bridge.TypeOutputCleared:
 		p.OutputCleared(ms)
 		return Reply{}, true
-	case MsgOutputStopped:
+	case bridge.TypeOutputStopped:
 		p.OutputStopped(ms)
 		return Reply{}, true
 	}

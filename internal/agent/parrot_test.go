@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"strings"
 	"testing"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
 )
 
 // sampleAt is the test signal: a value that differs from sample to
@@ -81,7 +83,7 @@ func TestParrotTurns(t *testing.T) {
 				t.Fatal("not speaking after the reply")
 			}
 			// Drained: the next start clears nothing.
-			if _, ok := p.Handle(MsgOutputStopped, 2800); !ok || p.Speaking() {
+			if _, ok := p.Handle(bridge.TypeOutputStopped, 2800); !ok || p.Speaking() {
 				t.Fatal("output.stopped not taken")
 			}
 			f.frames(50)
@@ -107,7 +109,7 @@ func TestParrotBargeIn(t *testing.T) {
 			t.Fatal("no reply")
 		}
 		f.frames(25) // the reply plays; the user talks over it
-		r, ok := p.Handle(MsgSpeechStarted, 3100)
+		r, ok := p.Handle(bridge.TypeInputSpeechStarted, 3100)
 		if !ok || r.Clear == edge || r.Audio != nil {
 			t.Fatalf("edge interrupts %v: barge-in reply %+v, want Clear %v", edge, r, !edge)
 		}
@@ -116,7 +118,7 @@ func TestParrotBargeIn(t *testing.T) {
 		}
 		p.OutputCleared(500) // the transceiver's answer changes nothing more
 		f.frames(50)
-		r, _ = p.Handle(MsgSpeechStopped, 4000)
+		r, _ = p.Handle(bridge.TypeInputSpeechStopped, 4000)
 		if !bytes.Equal(r.Audio, pcmAt(3100*24, 400*24)) {
 			t.Fatalf("reply to the interrupting utterance: %d bytes", len(r.Audio))
 		}
@@ -248,9 +250,9 @@ func FuzzParrot(f *testing.F) {
 			case 2:
 				r = p.SpeechStopped(arg * 37)
 			case 3:
-				r, _ = p.Handle(MsgOutputCleared, arg)
+				r, _ = p.Handle(bridge.TypeOutputCleared, arg)
 			case 4:
-				r, _ = p.Handle(MsgOutputStopped, arg)
+				r, _ = p.Handle(bridge.TypeOutputStopped, arg)
 			case 5:
 				if err := p.Audio(ts, make([]byte, 3)); err != ErrPCMLength {
 					t.Fatal("odd payload taken")

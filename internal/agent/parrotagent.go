@@ -221,11 +221,11 @@ func (s *parrotSession) run() (string, error) {
 				}
 			}
 		case m.Control != nil:
-			if s.det != nil && (m.Control.Type == MsgSpeechStarted || m.Control.Type == MsgSpeechStopped) {
+			if s.det != nil && (m.Control.Type == bridge.TypeInputSpeechStarted || m.Control.Type == bridge.TypeInputSpeechStopped) {
 				continue // OwnVAD: the edge's turns are not ours
 			}
 			ms := m.Control.AudioMs
-			if m.Control.Type == MsgOutputCleared || m.Control.Type == MsgOutputStopped {
+			if m.Control.Type == bridge.TypeOutputCleared || m.Control.Type == bridge.TypeOutputStopped {
 				ms = m.Control.PlayedMs
 			}
 			s.trace(m.Control.Type, ms)
@@ -300,10 +300,10 @@ func (s *parrotSession) ownVAD(ctx context.Context, f *bridge.AudioFrame) error 
 		var r Reply
 		switch ev.Kind {
 		case vad.SpeechStarted:
-			s.trace(MsgSpeechStarted, ev.AudioMs+s.detBase)
+			s.trace(bridge.TypeInputSpeechStarted, ev.AudioMs+s.detBase)
 			r = s.p.SpeechStarted(ev.AudioMs + s.detBase)
 		case vad.SpeechStopped:
-			s.trace(MsgSpeechStopped, ev.AudioMs+s.detBase)
+			s.trace(bridge.TypeInputSpeechStopped, ev.AudioMs+s.detBase)
 			r = s.p.SpeechStopped(ev.AudioMs + s.detBase)
 		default:
 			continue
@@ -321,9 +321,9 @@ func (s *parrotSession) trace(typ string, ms int64) {
 		return
 	}
 	switch typ {
-	case MsgSpeechStarted:
+	case bridge.TypeInputSpeechStarted:
 		s.a.cfg.Trace(TraceEvent{Session: s.id, Kind: TraceSpeechStarted, Ms: ms})
-	case MsgSpeechStopped:
+	case bridge.TypeInputSpeechStopped:
 		s.a.cfg.Trace(TraceEvent{Session: s.id, Kind: TraceSpeechStopped, Ms: ms})
 	}
 }

@@ -1,9 +1,11 @@
-// Package bridge implements version 1 of the Switchboard backend bridge:
-// the per-session WebSocket between a transceiver and an AI backend
-// (agent). The normative specification, written for implementers in any
-// language, is docs/bridge.md; this comment summarizes it.
+// Package bridge implements versions 1 and 2 of the Switchboard backend
+// bridge between a transceiver and an AI backend (agent): version 1 is
+// one WebSocket per session, version 2 (below) carries many sessions over
+// one WebSocket with the same messages. The normative specification,
+// written for implementers in any language, is docs/bridge.md; this
+// comment summarizes it.
 //
-// The transceiver dials the backend URL with the WebSocket subprotocol
+// In version 1 the transceiver dials the backend URL with the WebSocket subprotocol
 // Subprotocol (RFC 6455 §1.9, §4.1, §11.3.4). Then, in order:
 //
 //	transceiver → backend  {"type":"hello","version":1,"audio_formats":["opus/48000/2","pcm16/24000/1","pcm16/16000/1"]}

@@ -3,7 +3,6 @@ package config
 import (
 	"flag"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
@@ -114,7 +113,7 @@ type Relay struct {
 	Relay     relay.Config  `yaml:",inline"`
 	Drain     time.Duration `yaml:"drain_timeout"`
 	FlowCache string        `yaml:"flow_cache"`
-	Members   string        `yaml:"members"`
+	Members   []string      `yaml:"members"` // id=ip:port items, for membership.Static
 	Source    Membership    `yaml:",inline"`
 	Metrics   string        `yaml:"metrics"`
 	Keys      Keys          `yaml:",inline"`
@@ -144,12 +143,9 @@ func (c *Relay) Flags() *flag.FlagSet {
 	fs.IntVar(&r.NewFlowsPerSecond, "new-flows-per-second", relay.DefaultNewFlowsPerSecond, "flows all sources together may create per second; beyond it new flows are dropped and counted")
 	fs.BoolVar(&r.Relearn, "relearn", true, "rebuild a lost flow (relay restart) from a transceiver's datagram for the client, trusting members to name only their clients")
 	fs.BoolVar(&r.Ingress, "ingress", false, "run as a Global Relay: route tokens by cluster; -members then lists cluster id=cluster relay public ip:port")
-	fs.Func("trusted-ingress", "comma-separated CIDR prefixes of Global Relays whose hop-framed datagrams the public socket accepts", func(v string) error {
-		r.TrustedIngress = strings.Split(v, ",")
-		return nil
-	})
+	listVar(fs, &r.TrustedIngress, "trusted-ingress", "comma-separated CIDR prefixes of Global Relays whose hop-framed datagrams the public socket accepts")
 	fs.StringVar(&c.FlowCache, "flow-cache", "", "Redis of the cluster's flow cache, as host:port, redis://[[user]:password@]host[:port][/db], or rediss://… (TLS): confirmed flows are written there, and a client's DTLS/RTP without a flow is held while it is looked up (docs/relay.md); empty: no cache")
-	fs.StringVar(&c.Members, "members", "", "static membership: transceiver id=internal ip:port, comma separated, e.g. 1=10.0.0.5:4000,2=10.0.0.6:4000")
+	listVar(fs, &c.Members, "members", "static membership: transceiver id=internal ip:port, comma separated, e.g. 1=10.0.0.5:4000,2=10.0.0.6:4000")
 	fs.StringVar(&c.Metrics, "metrics", relay.DefaultMetricsAddr, "address serving /metrics, /live and /ready (empty disables)")
 	c.Source.RegisterFlags(fs)
 	c.Keys.RegisterFlags(fs)
@@ -166,15 +162,11 @@ func (c *Relay) Flags() *flag.FlagSet {
 	)
 }
 
-// Transceiver configures `switchboard transceiver`. Allow and Proxy are
-// the comma-separated flag forms of Trx.AllowRelays and Trx.TrustedProxies
-// (the YAML file takes lists); the caller splits them.
+// Transceiver configures `switchboard transceiver`.
 type Transceiver struct {
 	Trx   transceiver.Config `yaml:",inline"`
 	HTTP  string             `yaml:"http"`
 	Drain time.Duration      `yaml:"drain_timeout"`
-	Allow string             `yaml:"-"`
-	Proxy string             `yaml:"-"`
 	Redis string             `yaml:"redis"`
 	HopAd string             `yaml:"hop_advertise"`
 	Keys  Keys               `yaml:",inline"`
@@ -197,7 +189,7 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 	fs.StringVar(&t.ListenAddr, "listen", transceiver.DefaultListenAddr, "UDP address of the internal-hop socket relays send to")
 	fs.StringVar(&t.Advertise, "advertise", "", "relay public ip:port put in answers as the one candidate (required unless -direct)")
 	fs.StringVar(&t.AdvertiseTCP, "advertise-tcp", "", "relay VIP's ICE-TCP ip:port (the relays' -tcp as clients reach it, e.g. 203.0.113.10:443), put in answers as a passive TCP candidate below the UDP one; a region's ingress gets its own IP at this port (empty: UDP only)")
-	fs.StringVar(&c.Allow, "allow-relays", "", "comma-separated CIDR prefixes relays may send from (default: loopback and private ranges)")
+	listVar(fs, &t.AllowRelays, "allow-relays", "comma-separated CIDR prefixes relays may send from (default: loopback and private ranges)")
 	fs.StringVar(&t.BackendURL, "backend", transceiver.DefaultBackendURL, "backend bridge WebSocket URL")
 	fs.DurationVar(&t.SetupTimeout, "setup-timeout", transceiver.DefaultSetupTimeout, "end sessions not connected this long after the offer")
 	fs.IntVar(&t.MaxSessions, "max-sessions", transceiver.DefaultMaxSessions, "concurrent session cap; offers beyond it get 503")
@@ -206,7 +198,7 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 	fs.IntVar(&t.MaxPendingPerClient, "max-pending-per-client", transceiver.DefaultMaxPendingPerClient, "sessions not yet connected per client address (IPv4, IPv6 /64); offers beyond get 429")
 	fs.IntVar(&t.MaxPending, "max-pending", transceiver.DefaultMaxPending, "sessions not yet connected in total; offers beyond get 503")
 	fs.DurationVar(&t.CheckTimeout, "check-timeout", transceiver.DefaultCheckTimeout, "end a session whose client sent no authenticated connectivity check this long after the answer")
-	fs.StringVar(&c.Proxy, "trusted-proxies", "", "comma-separated CIDR prefixes of proxies (director, load balancer) whose X-Forwarded-For names the client")
+	listVar(fs, &t.TrustedProxies, "trusted-proxies", "comma-separated CIDR prefixes of proxies (director, load balancer) whose X-Forwarded-For names the client")
 	fs.StringVar(&t.DTLSRole, "dtls-role", transceiver.DefaultDTLSRole, "DTLS role in answers to actpass offers: client (active) or server (passive, no HelloVerify)")
 	fs.StringVar(&c.HTTP, "http", transceiver.DefaultHTTPAddr, "address of the signaling API, /metrics, /live and /ready")
 	fs.DurationVar(&c.Drain, "drain-timeout", transceiver.DefaultDrainTimeout, "on SIGTERM, how long live sessions may run on before they are ended")

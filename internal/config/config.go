@@ -242,8 +242,8 @@ func editDistance(a, b string) int {
 }
 
 // List is a list setting of the YAML file: a YAML sequence of strings,
-// or, as the setting's flag takes it, one comma-separated string, whose
-// items are trimmed of spaces and must not be empty ("a, b" is [a b];
+// or, as the setting's flag takes it (listVar), one comma-separated
+// string; either way items are trimmed of spaces and must not be empty ("a, b" is [a b];
 // "a,,b" is an error). Anything else (a mapping) is an error with its
 // line. Parse decodes every []string of a config into a List.
 type List []string
@@ -257,23 +257,57 @@ func (l *List) UnmarshalYAML(n *yaml.Node) error {
 		if err := n.Decode(&items); err != nil {
 			return err
 		}
+		for i, it := range items {
+			if items[i] = strings.TrimSpace(it); items[i] == "" {
+				return &listError{n.Content[i].Line, n.Content[i].Column, "", "an empty item"}
+			}
+		}
 		*l = items
 		return nil
 	case yaml.ScalarNode:
 		if strings.TrimSpace(n.Value) == "" {
 			return &listError{n.Line, n.Column, "", "an empty string (write [] for no values)"}
 		}
-		var items []string
-		for it := range strings.SplitSeq(n.Value, ",") {
-			if it = strings.TrimSpace(it); it == "" {
-				return &listError{n.Line, n.Column, "", fmt.Sprintf("an empty item in %q", strings.TrimSpace(n.Value))}
-			}
-			items = append(items, it)
+		items, err := splitList(n.Value)
+		if err != nil {
+			return &listError{n.Line, n.Column, "", err.Error()}
 		}
 		*l = items
 		return nil
 	}
 	return &listError{n.Line, n.Column, "", "got a mapping"} // aliases come resolved
+}
+
+// splitList splits v, a list setting as one comma-separated string, the
+// way both its flag and the YAML file take it: items trimmed of spaces, an
+// empty item an error naming v. A blank v is no items.
+func splitList(v string) ([]string, error) {
+	if strings.TrimSpace(v) == "" {
+		return nil, nil
+	}
+	var items []string
+	for it := range strings.SplitSeq(v, ",") {
+		if it = strings.TrimSpace(it); it == "" {
+			return nil, fmt.Errorf("an empty item in %q", strings.TrimSpace(v))
+		}
+		items = append(items, it)
+	}
+	return items, nil
+}
+
+// listVar adds the list flag name to fs, writing into dst: a
+// comma-separated string split by splitList, so the flag (and its
+// environment variable) takes what the YAML file's List takes. An empty
+// value is no items.
+func listVar(fs *flag.FlagSet, dst *[]string, name, usage string) {
+	fs.Func(name, usage, func(v string) error {
+		items, err := splitList(v)
+		if err != nil {
+			return err
+		}
+		*dst = items
+		return nil
+	})
 }
 
 // listError is a List setting of the YAML file that is neither a list
@@ -837,15 +871,7 @@ func (k *Keys) Keyring() (*token.Keyring, error) {
 func RegisterAuthFlags(fs *flag.FlagSet, a *auth.Config) {
 	fs.StringVar(&a.SigningKey, "auth-signing-key", "", "base64 HS256 key (>= 32 bytes) of client tokens, shared by every transceiver and director; empty with no -auth-api-keys: signaling is open")
 	fs.StringVar(&a.PreviousSigningKey, "auth-previous-signing-key", "", "a second HS256 key that verifies (never signs) client tokens during a signing-key rotation")
-	fs.Func("auth-api-keys", "comma-separated server-side API keys (>= 32 bytes each) that mint client tokens at POST /v1/client_tokens", func(v string) error {
-		a.APIKeys = nil
-		for k := range strings.SplitSeq(v, ",") {
-			if k = strings.TrimSpace(k); k != "" {
-				a.APIKeys = append(a.APIKeys, k)
-			}
-		}
-		return nil
-	})
+	listVar(fs, &a.APIKeys, "auth-api-keys", "comma-separated server-side API keys (>= 32 bytes each) that mint client tokens at POST /v1/client_tokens")
 	fs.DurationVar(&a.TokenTTL, "auth-token-ttl", auth.DefaultTokenTTL, "lifetime of a client token")
 }
 

@@ -417,6 +417,76 @@ func TestListSettingsTakeCommaStrings(t *testing.T) {
 	})
 }
 
+// TestListFlags: every list flag, and its environment variable, goes
+// through the parser of the file's comma strings: items trimmed, an empty
+// item refused with the flag named; the file's members takes a YAML list.
+func TestListFlags(t *testing.T) {
+	want := []string{"10.0.0.0/8", "192.168.0.0/16"}
+	key := strings.Repeat("k", 32)
+	t.Run("transceiver", func(t *testing.T) {
+		var cfg Transceiver
+		args := []string{"-allow-relays", " 10.0.0.0/8, 192.168.0.0/16 ", "-trusted-proxies", "10.0.0.0/8 ,192.168.0.0/16", "-auth-api-keys", key + " , " + key}
+		if err := Parse(cfg.Flags(), args, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cfg.Trx.AllowRelays, want) || !slices.Equal(cfg.Trx.TrustedProxies, want) || !slices.Equal(cfg.Trx.Auth.APIKeys, []string{key, key}) {
+			t.Errorf("allow_relays %q, trusted_proxies %q, api_keys %q", cfg.Trx.AllowRelays, cfg.Trx.TrustedProxies, cfg.Trx.Auth.APIKeys)
+		}
+	})
+	t.Run("relay", func(t *testing.T) {
+		var cfg Relay
+		t.Setenv("SWITCHBOARD_TRUSTED_INGRESS", "10.0.0.0/8, 192.168.0.0/16")
+		if err := Parse(cfg.Flags(), []string{"-members", "1=127.0.0.1:4000, 2=127.0.0.1:4001"}, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cfg.Relay.TrustedIngress, want) || !slices.Equal(cfg.Members, []string{"1=127.0.0.1:4000", "2=127.0.0.1:4001"}) {
+			t.Errorf("trusted_ingress %q, members %q", cfg.Relay.TrustedIngress, cfg.Members)
+		}
+	})
+	t.Run("members as a YAML list", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "relay.yaml")
+		if err := os.WriteFile(file, []byte("members:\n  - 1=127.0.0.1:4000\n  - 2=127.0.0.1:4001\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var cfg Relay
+		if err := Parse(cfg.Flags(), []string{"-config", file}, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cfg.Members, []string{"1=127.0.0.1:4000", "2=127.0.0.1:4001"}) {
+			t.Errorf("members %q", cfg.Members)
+		}
+	})
+	t.Run("empty YAML list item", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "relay.yaml")
+		if err := os.WriteFile(file, []byte("members:\n  - 1=127.0.0.1:4000\n  - ''\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var cfg Relay
+		err := Parse(cfg.Flags(), []string{"-config", file}, &cfg)
+		if err == nil || !strings.Contains(err.Error(), "line 3: members[1]: an empty item;") {
+			t.Fatalf("error %v", err)
+		}
+	})
+	for _, tt := range []struct {
+		name string
+		cfg  interface{ Flags() *flag.FlagSet }
+		args []string
+	}{
+		{"allow-relays", &Transceiver{}, []string{"-allow-relays", "10.0.0.0/8,,192.168.0.0/16"}},
+		{"trusted-proxies", &Transceiver{}, []string{"-trusted-proxies", "10.0.0.0/8,"}},
+		{"auth-api-keys", &Transceiver{}, []string{"-auth-api-keys", key + ",," + key}},
+		{"trusted-ingress", &Relay{}, []string{"-trusted-ingress", ",10.0.0.0/8"}},
+		{"members", &Relay{}, []string{"-members", "1=127.0.0.1:4000,,2=127.0.0.1:4001"}},
+	} {
+		t.Run("refused "+tt.name, func(t *testing.T) {
+			err := Parse(tt.cfg.Flags(), tt.args, tt.cfg)
+			if err == nil || !strings.Contains(err.Error(), "-"+tt.name) || !strings.Contains(err.Error(), "an empty item in") {
+				t.Fatalf("error %v, want one naming -%s and the empty item", err, tt.name)
+			}
+		})
+	}
+}
+
 // TestEmptyFile: a file with only comments sets nothing and is no error.
 func TestEmptyFile(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "empty.yaml")

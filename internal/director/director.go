@@ -37,6 +37,7 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/auth"
 	"github.com/switchboard-rtc/switchboard/internal/httpapi"
+	"github.com/switchboard-rtc/switchboard/internal/trusted"
 )
 
 // RegionHeader is the header the director sets on requests to
@@ -95,7 +96,7 @@ type Director struct {
 	cfg       Config
 	log       *slog.Logger
 	prefixes  []prefixRoute // longest first
-	trusted   []netip.Prefix
+	trusted   trusted.Prefixes
 	clusters  map[string][]*upstream
 	upstreams map[string]*upstream
 	next      atomic.Uint64 // round-robin cursor
@@ -183,12 +184,8 @@ func New(cfg Config, log *slog.Logger) (*Director, error) {
 	if _, ok := cfg.Regions[cfg.DefaultRegion]; !ok {
 		return nil, fmt.Errorf("%w: default_region %q must be one of the regions", ErrConfig, cfg.DefaultRegion)
 	}
-	for _, p := range cfg.TrustedProxies {
-		pfx, err := netip.ParsePrefix(p)
-		if err != nil {
-			return nil, fmt.Errorf("%w: trusted_proxies: %q is not a CIDR", ErrConfig, p)
-		}
-		d.trusted = append(d.trusted, pfx.Masked())
+	if d.trusted, err = trusted.Parse(cfg.TrustedProxies); err != nil {
+		return nil, fmt.Errorf("%w: trusted_proxies %w", ErrConfig, err)
 	}
 	return d, nil
 }
@@ -196,25 +193,7 @@ func New(cfg Config, log *slog.Logger) (*Director, error) {
 // clientIP returns the client's address: the peer, or the last
 // X-Forwarded-For entry when the peer is a trusted proxy.
 func (d *Director) clientIP(r *http.Request) netip.Addr {
-	ap, err := netip.ParseAddrPort(r.RemoteAddr)
-	if err != nil {
-		return netip.Addr{}
-	}
-	peer := ap.Addr().Unmap()
-	for _, t := range d.trusted {
-		if t.Contains(peer) {
-			xff := r.Header.Values("X-Forwarded-For")
-			if len(xff) == 0 {
-				break
-			}
-			parts := strings.Split(xff[len(xff)-1], ",")
-			if a, err := netip.ParseAddr(strings.TrimSpace(parts[len(parts)-1])); err == nil {
-				return a.Unmap()
-			}
-			break
-		}
-	}
-	return peer
+	return trusted.ClientAddr(r, d.trusted)
 }
 
 // Region returns the region chosen for r and how it was chosen: "header",

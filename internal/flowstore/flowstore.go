@@ -216,21 +216,6 @@ func (r *Redis) Get(ctx context.Context, clients []netip.AddrPort, values [][]by
 	return nil
 }
 
-// Delete removes clients' entries (one DEL).
-func (r *Redis) Delete(ctx context.Context, clients ...netip.AddrPort) error {
-	if len(clients) == 0 {
-		return nil
-	}
-	keys := make([]string, len(clients))
-	for i, c := range clients {
-		keys[i] = r.Key(c)
-	}
-	if err := r.client.Del(ctx, keys...).Err(); err != nil {
-		return fmt.Errorf("flowstore: delete %d: %w", len(clients), err)
-	}
-	return nil
-}
-
 // LogRedisTo sends go-redis's own log lines (one per failed dial, among
 // others) to log at Debug level. It is process-wide (go-redis has one
 // logger): the relay command calls it so that a Redis that is down shows

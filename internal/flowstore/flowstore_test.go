@@ -94,12 +94,6 @@ func TestPutGet(t *testing.T) {
 	if ttl := rc.PTTL(ctx, c3.Key(clients[5])).Val(); ttl <= 0 || ttl > 2*time.Second {
 		t.Fatalf("TTL %v, want (0, 2s]", ttl)
 	}
-	if err := c3.Delete(ctx, clients[0]); err != nil {
-		t.Fatal(err)
-	}
-	if err := c3.Get(ctx, ask[:1], got[:1]); err != nil || got[0] != nil {
-		t.Fatalf("after Delete: %q %v", got[0], err)
-	}
 	if err := c3.Get(ctx, ask, got[:1]); err != ErrBadBatch {
 		t.Fatalf("mismatched lengths: %v", err)
 	}

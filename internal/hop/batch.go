@@ -3,7 +3,7 @@ package hop
 import (
 	"net/netip"
 
-	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
+	"github.com/switchboard-rtc/switchboard/internal/udpio"
 )
 
 // Batched sends of paced media.
@@ -13,7 +13,7 @@ import (
 // millisecond, each one sendto(2) of its own. Between Hold and Flush,
 // Conn queues the RTP packets it is asked to write and Flush sends them
 // together, with as few sendmmsg(2) calls as the batch size allows
-// (internal/relay/udpio). Everything else stays immediate: STUN, DTLS
+// (internal/udpio). Everything else stays immediate: STUN, DTLS
 // (and so the data channels), RTCP, and RTP written while nothing holds.
 //
 // Which datagrams wait is decided by their first two bytes (RFC 7983 §7,

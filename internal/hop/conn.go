@@ -9,7 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
+	"github.com/switchboard-rtc/switchboard/internal/trusted"
+	"github.com/switchboard-rtc/switchboard/internal/udpio"
 )
 
 // ErrNoRoute is returned by Conn writes to a client that no relay has
@@ -69,7 +70,7 @@ type ConnConfig struct {
 	Advertise netip.AddrPort
 	// AllowRelays lists the prefixes hop datagrams may come from. Empty
 	// allows any source.
-	AllowRelays []netip.Prefix
+	AllowRelays trusted.Prefixes
 	// RouteTTL is how long a client's route to its last relay lives
 	// without traffic. Default 2 minutes, longer than ICE consent (30 s).
 	RouteTTL time.Duration
@@ -108,7 +109,7 @@ type Conn struct {
 	// Set once.
 	sock      *net.UDPConn
 	advertise *net.UDPAddr
-	allow     []netip.Prefix
+	allow     trusted.Prefixes
 	ttl       time.Duration
 	onSent    func([]byte) // ConnConfig.OnSent; nil for none
 	done      chan struct{}
@@ -167,16 +168,7 @@ func NewConn(sock *net.UDPConn, cfg ConnConfig) (*Conn, error) {
 }
 
 func (c *Conn) trusted(from netip.AddrPort) bool {
-	if len(c.allow) == 0 {
-		return true
-	}
-	a := from.Addr().Unmap()
-	for _, p := range c.allow {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
+	return len(c.allow) == 0 || c.allow.Contains(from.Addr())
 }
 
 // ReadFromAddrPort reads the next client datagram into b and returns its
@@ -308,13 +300,6 @@ func (c *Conn) SetReadDeadline(t time.Time) error { return c.sock.SetReadDeadlin
 
 // SetWriteDeadline implements net.PacketConn.
 func (c *Conn) SetWriteDeadline(t time.Time) error { return c.sock.SetWriteDeadline(t) }
-
-// Forget drops the route to client, for when its session ends.
-func (c *Conn) Forget(client netip.AddrPort) {
-	c.mu.Lock()
-	delete(c.routes, client)
-	c.mu.Unlock()
-}
 
 // Stats returns the Conn's counters.
 func (c *Conn) Stats() ConnStats {

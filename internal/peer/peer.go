@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/pion/logging"
+	"github.com/switchboard-rtc/switchboard/internal/stunpeek"
 )
 
 // PacketConn is the shared socket an Endpoint reads and writes: a UDP
@@ -288,16 +289,13 @@ func (e *Endpoint) readLoop() {
 }
 
 // handle demultiplexes one datagram from addr by its first byte (RFC 7983
-// §7) and hands it to its handler. Read loop.
+// §7, stunpeek.Classify; an empty datagram is unknown) and hands it to its
+// handler. Read loop.
 func (e *Endpoint) handle(rd *reader, b []byte, addr netip.AddrPort) {
-	if len(b) == 0 {
-		e.drop(DropUnknownPacket)
-		return
-	}
-	switch c := b[0]; {
-	case c <= 3:
+	switch stunpeek.Classify(b) {
+	case stunpeek.KindSTUN:
 		e.handleSTUN(rd, b, addr)
-	case c >= 20 && c <= 63:
+	case stunpeek.KindDTLS:
 		s := e.session(addr)
 		if s == nil {
 			e.drop(DropUnknownAddress)
@@ -308,7 +306,7 @@ func (e *Endpoint) handle(rd *reader, b []byte, addr netip.AddrPort) {
 		if !s.dtls.push(b) {
 			e.drop(DropDTLSQueueFull)
 		}
-	case c >= 128 && c <= 191:
+	case stunpeek.KindRTP:
 		s := e.session(addr)
 		if s == nil {
 			e.drop(DropUnknownAddress)

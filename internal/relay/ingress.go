@@ -30,13 +30,7 @@ import (
 // ingressTrusted reports whether from may send hop-framed datagrams to the
 // public socket.
 func (r *Relay) ingressTrusted(from netip.AddrPort) bool {
-	a := from.Addr().Unmap()
-	for _, p := range r.cfg.trustedIngress {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
+	return r.cfg.trustedIngress.Contains(from.Addr())
 }
 
 // handleFromIngress handles hop-framed datagram pkt from Global Relay from on

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/hop"
-	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
+	"github.com/switchboard-rtc/switchboard/internal/udpio"
 )
 
 // worker is one pair of sockets bound with SO_REUSEPORT, with a read loop on

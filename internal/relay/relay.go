@@ -13,7 +13,7 @@
 // pointing at that transceiver.
 //
 // The per-packet handlers only decide (handlePublic, handleInternal); the
-// read loops (loops.go, over internal/relay/udpio) do the I/O and count.
+// read loops (loops.go, over internal/udpio) do the I/O and count.
 // A handler's decision is one of three: forward (out, to), drop (a
 // DropReason; every one has a counter created up front), or hold (out nil,
 // no drop): the flow cache took the datagram and will forward it, or count
@@ -36,9 +36,10 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/hop"
 	"github.com/switchboard-rtc/switchboard/internal/membership"
-	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
 	"github.com/switchboard-rtc/switchboard/internal/stunpeek"
 	"github.com/switchboard-rtc/switchboard/internal/token"
+	"github.com/switchboard-rtc/switchboard/internal/trusted"
+	"github.com/switchboard-rtc/switchboard/internal/udpio"
 )
 
 // Default addresses of the relay's sockets, in ip:port form (the flags of
@@ -175,10 +176,10 @@ type Config struct {
 	// -flow-cache.
 	FlowStore FlowStore `yaml:"-"`
 
-	trustedIngress []netip.Prefix // parsed TrustedIngress
-	cacheParams    *cacheParams   // tests: flow cache tunables; nil: defaultCacheParams
-	readErrorLimit time.Duration  // tests: how long read errors last before a loop stops (loops.go); 0: default
-	misconfigEvery time.Duration  // tests: MisconfigLogInterval's stand-in (misconfig.go); 0: default
+	trustedIngress trusted.Prefixes // parsed TrustedIngress
+	cacheParams    *cacheParams     // tests: flow cache tunables; nil: defaultCacheParams
+	readErrorLimit time.Duration    // tests: how long read errors last before a loop stops (loops.go); 0: default
+	misconfigEvery time.Duration    // tests: MisconfigLogInterval's stand-in (misconfig.go); 0: default
 }
 
 // Validate checks c and fills in defaults.
@@ -286,14 +287,9 @@ func (c *Config) Validate() error {
 	if c.Ingress && c.FlowStore != nil {
 		errs = append(errs, errors.New("relay: FlowStore is for cluster relays; a Global Relay (Ingress) keeps no cache"))
 	}
-	c.trustedIngress = c.trustedIngress[:0]
-	for _, p := range c.TrustedIngress {
-		pfx, err := netip.ParsePrefix(p)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("relay: TrustedIngress entry %q is not a CIDR prefix such as 192.0.2.0/24", p))
-			continue
-		}
-		c.trustedIngress = append(c.trustedIngress, pfx.Masked())
+	var err error
+	if c.trustedIngress, err = trusted.Parse(c.TrustedIngress); err != nil {
+		errs = append(errs, fmt.Errorf("relay: TrustedIngress %w", err))
 	}
 	return errors.Join(errs...)
 }

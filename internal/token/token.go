@@ -84,9 +84,6 @@ type Claims struct {
 	IssuedMinute uint32
 }
 
-// Issued returns the issue time.
-func (c Claims) Issued() time.Time { return time.Unix(int64(c.IssuedMinute)*60, 0) }
-
 // Key is one fleet key: an id that travels in the token header and a secret
 // shared by every transceiver and relay of the fleet.
 type Key struct {

@@ -10,6 +10,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/auth"
 	"github.com/switchboard-rtc/switchboard/internal/playout"
 	"github.com/switchboard-rtc/switchboard/internal/rtcpreport"
+	"github.com/switchboard-rtc/switchboard/internal/trusted"
 )
 
 // DefaultAllowRelays are the prefixes internal-hop datagrams may come from
@@ -181,8 +182,8 @@ type Config struct {
 	advertise netip.AddrPort
 	// advertiseTCP is AdvertiseTCP parsed; invalid: none.
 	advertiseTCP netip.AddrPort
-	allow        []netip.Prefix
-	trusted      []netip.Prefix
+	allow        trusted.Prefixes
+	trusted      trusted.Prefixes
 	ingress      map[string]netip.AddrPort
 }
 
@@ -227,17 +228,13 @@ func (c *Config) Validate() error {
 		}
 		c.advertiseTCP = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
-	c.allow = c.allow[:0]
+	var err error
 	allow := c.AllowRelays
 	if len(allow) == 0 {
 		allow = DefaultAllowRelays
 	}
-	for _, s := range allow {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return fmt.Errorf("transceiver: allow_relays entry %q is not a CIDR prefix such as 10.0.0.0/8: %w", s, err)
-		}
-		c.allow = append(c.allow, p.Masked())
+	if c.allow, err = trusted.Parse(allow); err != nil {
+		return fmt.Errorf("transceiver: allow_relays %w", err)
 	}
 	u, err := url.Parse(c.BackendURL)
 	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
@@ -312,13 +309,8 @@ func (c *Config) Validate() error {
 	if c.CheckTimeout > c.SetupTimeout {
 		return fmt.Errorf("transceiver: check_timeout %v must not exceed setup_timeout %v", c.CheckTimeout, c.SetupTimeout)
 	}
-	c.trusted = c.trusted[:0]
-	for _, p := range c.TrustedProxies {
-		pfx, err := netip.ParsePrefix(p)
-		if err != nil {
-			return fmt.Errorf("transceiver: trusted_proxies entry %q is not a CIDR prefix such as 10.0.0.0/8: %w", p, err)
-		}
-		c.trusted = append(c.trusted, pfx.Masked())
+	if c.trusted, err = trusted.Parse(c.TrustedProxies); err != nil {
+		return fmt.Errorf("transceiver: trusted_proxies %w", err)
 	}
 	if c.ConsentTimeout <= c.DisconnectedTimeout {
 		return fmt.Errorf("transceiver: consent_timeout %v must exceed disconnected_timeout %v (defaults 30s and 5s)", c.ConsentTimeout, c.DisconnectedTimeout)

@@ -13,6 +13,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/httpapi"
 	"github.com/switchboard-rtc/switchboard/internal/sdpfrag"
+	"github.com/switchboard-rtc/switchboard/internal/trusted"
 )
 
 // RegionHeader names the client's region on an offer request. The
@@ -96,7 +97,7 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 		meta[MetaRegion] = region
 	}
 	id, answer, err := s.offer(r.Context(), offerRequest{
-		sdp: offer, session: session, meta: meta, owner: owner, client: clientAddr(r, s.cfg.trusted),
+		sdp: offer, session: session, meta: meta, owner: owner, client: trusted.ClientAddr(r, s.cfg.trusted),
 	})
 	switch {
 	case errors.Is(err, ErrBadOffer):

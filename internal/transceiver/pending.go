@@ -2,9 +2,7 @@ package transceiver
 
 import (
 	"errors"
-	"net/http"
 	"net/netip"
-	"strings"
 	"time"
 )
 
@@ -142,30 +140,4 @@ func (sess *session) watchChecks() {
 		sess.setupFailed(phaseICE, failNoCheck) // logged, rate-limited: a firewall fails every call
 		sess.end(ReasonNoCheck)
 	})
-}
-
-// clientAddr returns the address of the client that sent r: its peer
-// address, or, when the peer is one of trusted (a director or load
-// balancer), the last X-Forwarded-For entry, which that proxy appended.
-func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Addr {
-	ap, err := netip.ParseAddrPort(r.RemoteAddr)
-	if err != nil {
-		return netip.Addr{}
-	}
-	peer := ap.Addr().Unmap()
-	for _, t := range trusted {
-		if !t.Contains(peer) {
-			continue
-		}
-		xff := r.Header.Values("X-Forwarded-For")
-		if len(xff) == 0 {
-			break
-		}
-		parts := strings.Split(xff[len(xff)-1], ",")
-		if a, err := netip.ParseAddr(strings.TrimSpace(parts[len(parts)-1])); err == nil {
-			return a.Unmap()
-		}
-		break
-	}
-	return peer
 }

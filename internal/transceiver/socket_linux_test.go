@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
-	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
 	"github.com/switchboard-rtc/switchboard/internal/token"
+	"github.com/switchboard-rtc/switchboard/internal/udpio"
 )
 
 // TestSocketBuffers checks that the transceiver's one UDP socket asks for

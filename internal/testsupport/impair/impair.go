@@ -20,7 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/switchboard-rtc/switchboard/internal/relay/udpio"
+	"github.com/switchboard-rtc/switchboard/internal/udpio"
 )
 
 // Config is an impairment, applied to each direction independently.

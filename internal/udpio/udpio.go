@@ -1,5 +1,6 @@
-// Package udpio is the relay's UDP socket I/O: batched reads and writes,
-// and groups of sockets sharing one port.
+// Package udpio is UDP socket I/O shared by the relay, the hop and the
+// transceiver: batched reads and writes, and groups of sockets sharing
+// one port.
 //
 // On Linux a Batch moves up to its size of datagrams per recvmmsg(2) or
 // sendmmsg(2) call without allocating, and ListenGroup binds n sockets on
