@@ -3,12 +3,28 @@ package vad
 import "time"
 
 // IdleGrace is how long a client may send nothing, while the user is
-// talking, before Input.Idle feeds the silence window on wall time:
-// longer than network jitter, so that a late packet rarely finds its time
-// already taken by silence, and shorter than what is left of a silence
-// window when a DTX encoder stops sending (libopus: after 200 ms of
-// silence).
+// talking and the detector has already heard DTXLead of silence, before
+// Input.Idle feeds the silence window on wall time: longer than network
+// jitter, so that a late packet rarely finds its time already taken by
+// silence, and shorter than what is left of a silence window when a DTX
+// encoder stops sending (libopus: after 200 ms of silence).
 const IdleGrace = 100 * time.Millisecond
+
+// DTXLead is the silence, ms on the input clock, the detector must have
+// heard at the end of an utterance before a pause in the client's packets
+// is taken for DTX: an encoder stops sending only after it has coded
+// silence for a while (libopus: 200 ms), so a pause that follows speech is
+// a stalled network or sender, not the user falling silent.
+const DTXLead = 100
+
+// StallGrace is how long a client may send nothing in the middle of
+// speech (less than DTXLead of silence heard) before Input.Idle runs the
+// silence window on wall time anyway: a client that stopped sending
+// mid-word (its network gone, a track that sends nothing while muted)
+// still ends its turn, 1 s after its last packet instead of 100 ms, and a
+// stall shorter than that does not end a sentence the user is still
+// saying.
+const StallGrace = time.Second
 
 // Input is a Detector's input clock: it places a session's decoded input
 // frames on the session's input clock (docs/bridge.md §4.8: ms from the
@@ -153,21 +169,23 @@ func (in *Input) Wait(now time.Time) time.Duration {
 	if in.det == nil || !in.det.InSpeech() || in.lastWall.IsZero() {
 		return 0
 	}
-	next := in.lastWall.Add(IdleGrace)
+	next := in.lastWall.Add(in.grace())
 	if in.idleFed > 0 {
 		next = in.lastWall.Add(time.Duration(in.idleFed+1) * in.frameDur())
 	}
 	return max(time.Millisecond, next.Sub(now))
 }
 
-// Idle runs the silence window on wall time when no frame came for
-// IdleGrace while the user was talking (DTX, a client that stops sending,
-// a stalled network): one frame of silence for each frame's time since
-// the last frame, so the stop comes when the window runs out, not with
-// the next packet. The detector's clock then runs ahead of the input
-// clock; frames that arrive for time it already took are not fed.
+// Idle runs the silence window on wall time when no frame came while the
+// user was talking, for IdleGrace after the detector heard DTXLead of
+// silence (DTX), or for StallGrace in the middle of speech (a client that
+// stopped sending, a stalled network): one frame of silence for each
+// frame's time since the last frame, so the stop comes when the window
+// runs out, not with the next packet. The detector's clock then runs
+// ahead of the input clock; frames that arrive for time it already took
+// are not fed.
 func (in *Input) Idle(dst []Event, now time.Time) ([]Event, error) {
-	if in.det == nil || !in.det.InSpeech() || in.lastWall.IsZero() || now.Sub(in.lastWall) < IdleGrace {
+	if in.det == nil || !in.det.InSpeech() || in.lastWall.IsZero() || now.Sub(in.lastWall) < in.grace() {
 		return dst, nil
 	}
 	due := int64(now.Sub(in.lastWall) / in.frameDur())
@@ -179,6 +197,16 @@ func (in *Input) Idle(dst []Event, now time.Time) ([]Event, error) {
 		}
 	}
 	return dst, nil
+}
+
+// grace is how long after the last frame Idle starts feeding silence:
+// IdleGrace once the utterance has DTXLead of silence, else StallGrace;
+// once Idle has fed silence it goes on a frame at a time.
+func (in *Input) grace() time.Duration {
+	if in.idleFed > 0 || in.det.SilenceMs() >= DTXLead {
+		return IdleGrace
+	}
+	return StallGrace
 }
 
 func (in *Input) frameDur() time.Duration {

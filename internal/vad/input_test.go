@@ -123,11 +123,17 @@ func TestInputSpeech(t *testing.T) {
 		binary.LittleEndian.PutUint16(pcm[2*i:], uint16(v))
 	}
 	const start = 16000 * 3 // the detector starts 3 s into the input clock
-	feedSpeech := func(t *testing.T, in *Input, now time.Time) ([]Event, uint32, time.Time) {
+	// feedSpeech feeds the first upTo bytes of the speech (0: all of it)
+	// as 20 ms frames from the input clock's start, 20 ms of wall time
+	// apart.
+	feedSpeech := func(t *testing.T, in *Input, now time.Time, upTo int) ([]Event, uint32, time.Time) {
 		t.Helper()
 		var evs []Event
 		ts := uint32(start)
-		for off := 0; off+640 <= len(pcm); off += 640 {
+		if upTo == 0 {
+			upTo = len(pcm)
+		}
+		for off := 0; off+640 <= upTo; off += 640 {
 			now = now.Add(20 * time.Millisecond)
 			if evs, err = in.Frame(evs, ts, pcm[off:off+640], now); err != nil {
 				t.Fatal(err)
@@ -149,7 +155,16 @@ func TestInputSpeech(t *testing.T) {
 
 	t.Run("idle ends the utterance on wall time", func(t *testing.T) {
 		in := newInput(t)
-		evs, _, now := feedSpeech(t, in, time.Unix(1000, 0))
+		evs, ts, now := feedSpeech(t, in, time.Unix(1000, 0), 0)
+		// What a DTX encoder sends before it stops: 200 ms of silence.
+		silence := make([]byte, 640)
+		for range 10 {
+			now = now.Add(20 * time.Millisecond)
+			if evs, err = in.Frame(evs, ts, silence, now); err != nil {
+				t.Fatal(err)
+			}
+			ts += 320
+		}
 		if len(evs) == 0 || evs[0].Kind != SpeechStarted || !in.det.InSpeech() {
 			t.Fatalf("events %v, in speech %v; want an utterance in progress", evs, in.det.InSpeech())
 		}
@@ -179,9 +194,51 @@ func TestInputSpeech(t *testing.T) {
 			t.Errorf("Wait after the stop = %v, want 0", w)
 		}
 	})
+	t.Run("a stall mid-speech waits StallGrace", func(t *testing.T) {
+		in := newInput(t)
+		// Up to the loudest 20 ms of the speech: no silence heard yet.
+		loud, best := 0, 0.0
+		for off := 0; off+640 <= len(pcm); off += 640 {
+			var e float64
+			for _, v := range s[off/2 : off/2+320] {
+				e += float64(v) * float64(v)
+			}
+			if e > best {
+				loud, best = off+640, e
+			}
+		}
+		evs, _, now := feedSpeech(t, in, time.Unix(1000, 0), loud)
+		if len(evs) == 0 || evs[0].Kind != SpeechStarted || !in.det.InSpeech() {
+			t.Fatalf("events %v, in speech %v; want an utterance in progress", evs, in.det.InSpeech())
+		}
+		if got := in.det.SilenceMs(); got >= DTXLead {
+			t.Fatalf("the detector heard %d ms of silence at the loudest frame, want < %d", got, DTXLead)
+		}
+		if w := in.Wait(now); w != StallGrace {
+			t.Errorf("Wait in the middle of speech = %v, want %v", w, StallGrace)
+		}
+		// A stall of most of a second (a loaded sender, a network
+		// hiccup) does not end the sentence.
+		if evs, _ := in.Idle(nil, now.Add(StallGrace-IdleGrace)); len(evs) != 0 || in.idleFed != 0 {
+			t.Errorf("Idle %v into a stall fed %d frames: %v", StallGrace-IdleGrace, in.idleFed, evs)
+		}
+		// A client that stopped sending still ends its turn, the stop
+		// at the silence window after its last frame.
+		last := in.det.PositionMs() + in.offset
+		stop, err := in.Idle(nil, now.Add(StallGrace))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(stop) != 1 || stop[0].Kind != SpeechStopped {
+			t.Fatalf("Idle after StallGrace gave %v, want a stop", stop)
+		}
+		if want := last + int64(DefaultSilenceDurationMs); stop[0].AudioMs < want || stop[0].AudioMs > want+100 {
+			t.Errorf("stop at %d ms, want the silence window after the last frame, %d ms (+100)", stop[0].AudioMs, want)
+		}
+	})
 	t.Run("switching closes the utterance", func(t *testing.T) {
 		in := newInput(t)
-		evs, ts, now := feedSpeech(t, in, time.Unix(1000, 0))
+		evs, ts, now := feedSpeech(t, in, time.Unix(1000, 0), 0)
 		if len(evs) == 0 || !in.det.InSpeech() {
 			t.Fatalf("events %v; want an utterance in progress", evs)
 		}

@@ -304,6 +304,16 @@ func (d *Detector) PositionMs() int64 { return d.frames * int64(d.frameMs) }
 // its SpeechStopped.
 func (d *Detector) InSpeech() bool { return d.inSpeech }
 
+// SilenceMs returns how much input, ms, has not counted as speech since
+// the last frame that did, within an utterance (the part of the silence
+// window already run); 0 outside one.
+func (d *Detector) SilenceMs() int64 {
+	if !d.inSpeech {
+		return 0
+	}
+	return int64(d.silent) * int64(d.frameMs)
+}
+
 // Process takes the next frame of input (FrameBytes bytes of PCM16
 // little-endian mono; any sample values) and returns what it caused. A
 // frame of the wrong length returns ErrFrameSize and is not counted on

@@ -102,6 +102,17 @@ func (b *turnBackend) waitTurns(t *testing.T, n int) []turnMsg {
 	return turns
 }
 
+// waitTurnsNow returns how many turn messages the backend has had.
+func (b *turnBackend) waitTurnsNow() int {
+	n := 0
+	for _, m := range b.messages() {
+		if m.ctl.Type == bridge.TypeInputSpeechStarted || m.ctl.Type == bridge.TypeInputSpeechStopped {
+			n++
+		}
+	}
+	return n
+}
+
 // TestTurnDetectionBargeIn: a Pion client speaks, pauses, and speaks again
 // over the agent's reply. The backend (PCM, turn detection asked for in
 // its hello) gets input.speech_started / input.speech_stopped in order,
@@ -530,4 +541,63 @@ func tenMsPackets(t *testing.T, script *speechgen.Script) time.Duration {
 		t.Errorf("no stop fell in the middle of a 20 ms frame: the 10 ms grid is not shown (stops %+v)", turns)
 	}
 	return 0
+}
+
+// TestTurnDetectionSenderStall: the client's packets stop for 600 ms in
+// the middle of an utterance and then come on with their timestamps
+// unbroken, as from a stalled sender or a network that held them. That is
+// not DTX (an encoder stops only after it has coded silence,
+// vad.DTXLead), so the utterance goes on: one start and one stop, the stop
+// at the speech's end plus the silence window, not in the stall.
+func TestTurnDetectionSenderStall(t *testing.T) {
+	speechgen.Require(t)
+	script, err := speechgen.NewScript(48000, 400, 0, "Hello there, how are you doing today?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	utt := script.Utterances[0]
+	_, c, tb := startTurnSession(t, bridge.FormatPCM16k, nil, nil)
+	enc, err := opus.NewEncoder(48000, 1, opus.AppVoIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1275)
+	const pkt = 960 // 20 ms at 48 kHz
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	send := func(pcm []int16) {
+		n, err := enc.Encode(pcm, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-tick.C
+		if err := c.track.WriteSample(media.Sample{Data: buf[:n], Duration: 20 * time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stallAt := (utt.StartMs + (utt.EndMs-utt.StartMs)/2) * 48 / pkt * pkt // mid-speech
+	for i := 0; i+pkt <= utt.EndMs*48; i += pkt {
+		if i == stallAt {
+			time.Sleep(600 * time.Millisecond)
+		}
+		send(script.Samples[i : i+pkt])
+	}
+	silence := make([]int16, pkt)
+	for range 800 / 20 {
+		send(silence)
+	}
+	turns := tb.waitTurns(t, 2)
+	time.Sleep(100 * time.Millisecond) // a stray third message, if any, is in
+	for _, m := range tb.messages() {
+		t.Logf("backend: after %4d frames: %s audio_ms %d", m.frames, m.ctl.Type, m.ctl.AudioMs)
+	}
+	if turns[0].ctl.Type != bridge.TypeInputSpeechStarted || turns[1].ctl.Type != bridge.TypeInputSpeechStopped {
+		t.Fatalf("turn messages %s, %s; want started, stopped", turns[0].ctl.Type, turns[1].ctl.Type)
+	}
+	if stop := turns[1].ctl.AudioMs - vad.DefaultSilenceDurationMs; stop < int64(utt.EndMs)-100 || stop > int64(utt.EndMs)+100 {
+		t.Errorf("the utterance ends at %d ms (stalled at %d ms); speech_stopped audio_ms %d − silence = %d, want within ±100 ms", utt.EndMs, stallAt/48, turns[1].ctl.AudioMs, stop)
+	}
+	if got := tb.waitTurnsNow(); got != 2 {
+		t.Errorf("%d turn messages, want 2: the stall ended the utterance", got)
+	}
 }
