@@ -63,16 +63,17 @@ var bridgeCtx = context.Background()
 // events' drain. Its methods run on four goroutines, each owning its part:
 //
 //   - the track goroutine (fromClient): toBackend, dec, decLast, turns
-//     (but turns.next), and the turn reports;
+//     (but turns.next and its clock), and the turn reports;
 //   - the bridge reader (fromBackend): playAudio, onControl, full;
 //   - the playout clock's worker: SendPacket, rtpPkt, flushTail;
 //   - the event drain, while it runs: drainEvents.
 //
-// Clears come from any of them and the oai-events reader. Locks, in the
-// order they are taken: turnMu, encMu, the queue's own, evMu (kickEvents,
-// which the queue calls with its lock held). encMu is never held across a
-// bridge write; turnMu is, for the writes it orders: a barge-in's
-// input.speech_started and the drain's playout reports.
+// Clears come from any of them and the oai-events reader; the idle
+// timeout fires on a timer's goroutine (idle.go). Locks, in the order
+// they are taken: turnMu, encMu, the queue's own, evMu (kickEvents, which
+// the queue calls with its lock held). encMu is never held across a
+// bridge write; turnMu is, for the writes it orders: the turn messages
+// and the playout reports.
 type mediaPath struct {
 	// Set once (newMediaPath).
 	cfg      *Config
@@ -102,9 +103,12 @@ type mediaPath struct {
 	decLast     audio.DecoderStats
 
 	turns turns // turn detection (turns.go)
-	// turnMu orders a barge-in's input.speech_started before the
-	// playout events its clear causes (speechStarted, drainEvents).
-	turnMu sync.Mutex
+	// turnMu orders the turn messages and the playout events a turn
+	// causes (speechStarted, drainEvents, reportPlayoutLocked), and
+	// guards idle and evLocked.
+	turnMu   sync.Mutex
+	idle     idleWatch       // the idle timeout (idle.go)
+	evLocked []playout.Event // reportPlayoutLocked's scratch
 
 	// The playout event drain (kickEvents).
 	evPending atomic.Int32   // wake-ups not yet handled by a drain
@@ -173,6 +177,7 @@ func newMediaPath(sess *session) (*mediaPath, error) {
 	}
 	qcfg.OnEvents = m.kickEvents
 	m.q = sess.srv.clock.NewQueue(m, qcfg)
+	m.idle.fire, m.idle.clock = m.idleFired, m.turns.clockNow
 	if td := m.be.TurnDetection(); td != nil {
 		m.setTurnDetection(td, "hello")
 	}
@@ -191,6 +196,8 @@ func (m *mediaPath) toBackend(pkt *rtp.Packet) error {
 	var now time.Time // the detector's wall time: read only when it is on
 	if t.in.Detector() != nil {
 		now = time.Now()
+		t.now = now
+		defer t.fed(now)
 	}
 	if m.dec == nil {
 		if err := m.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}); err != nil {

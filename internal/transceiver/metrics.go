@@ -37,7 +37,9 @@ type metrics struct {
 	// Media path (media.go).
 	backendRefused     *prometheus.CounterVec // by reason: bad backend input
 	clears             *prometheus.CounterVec // by source: backend, client, turn
-	turns              *prometheus.CounterVec // turn detection events, by event: speech_started, speech_stopped
+	turns              *prometheus.CounterVec // turn detection events, by event: speech_started, speech_stopped, speech_paused, speech_resumed, timeout_triggered
+	interruptions      *prometheus.CounterVec // speech over a reply, by result: cleared, resumed
+	heldReplies        *prometheus.CounterVec // replies held for a tentative turn, by result: played, discarded
 	clientAudioDropped *prometheus.CounterVec // by reason: invalid_rtp, invalid_opus, late
 	concealed          *prometheus.CounterVec // seconds, by method: fec, plc
 	// clientConnection counts clients going silent and coming back (consent.go).
@@ -138,8 +140,14 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_output_clears_total", Help: "Output queue clears, by source: backend (output.clear), client (output_audio_buffer.clear), turn (barge-in: turn detection heard the user start talking).",
 		}, []string{"source"}),
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_turn_events_total", Help: "Turn detection events sent to backends (docs/bridge.md 4.8), by event: speech_started, speech_stopped.",
+			Name: "switchboard_transceiver_turn_events_total", Help: "Turn detection events (docs/bridge.md 4.8), by event: speech_started, speech_stopped, speech_paused (the early pause, whether or not it was sent as a tentative turn), speech_resumed, timeout_triggered (idle timeout).",
 		}, []string{"event"}),
+		interruptions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_interruptions_total", Help: "Speech that started over the agent's reply with interrupt_response on, by result: cleared (the reply was cut: at once, or once that speech proved a turn with resume_false_interruption), resumed (the reply, paused, resumed: a cough or a backchannel).",
+		}, []string{"result"}),
+		heldReplies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_held_replies_total", Help: "Backend audio held for a tentative end of turn (input.speech_paused), by result: played (the turn was confirmed: it played at once), discarded (the user went on talking).",
+		}, []string{"result"}),
 		clientAudioDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_audio_dropped_total", Help: "Client audio packets dropped, by reason: invalid_rtp (an RTP packet that does not parse after SRTP, e.g. a bad padding length; any format), and for a PCM backend invalid_opus, late (reordered or duplicated).",
 		}, []string{"reason"}),
@@ -187,8 +195,14 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for _, src := range []string{"backend", "client", clearSourceTurn} {
 		m.clears.WithLabelValues(src)
 	}
-	for _, e := range []string{"speech_started", "speech_stopped"} {
+	for _, e := range []string{"speech_started", "speech_stopped", "speech_paused", "speech_resumed", turnTimeout} {
 		m.turns.WithLabelValues(e)
+	}
+	for _, r := range []string{interruptionCleared, interruptionResumed} {
+		m.interruptions.WithLabelValues(r)
+	}
+	for _, r := range []string{heldPlayed, heldDiscarded} {
+		m.heldReplies.WithLabelValues(r)
 	}
 	for _, r := range []string{"invalid_rtp", "invalid_opus", "late"} {
 		m.clientAudioDropped.WithLabelValues(r)
@@ -241,6 +255,6 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	})
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
 		m.setup, m.setupPhase, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped)
+		m.backendRefused, m.clears, m.turns, m.interruptions, m.heldReplies, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped)
 	return m
 }

@@ -254,8 +254,8 @@ func (m *mediaPath) drainEvents() {
 			m.reportTail(playout.ErrFull)
 		default:
 		}
-		// turnMu: a barge-in's input.speech_started goes out before
-		// the output.cleared its clear caused (turns.go).
+		// turnMu: a turn's messages and the playout events it caused
+		// go out in order (turns.go).
 		m.turnMu.Lock()
 		evs = m.q.Events(evs[:0])
 		for _, e := range evs {
@@ -276,18 +276,29 @@ func (m *mediaPath) stopEvents() {
 	m.evMu.Unlock()
 }
 
+// reportPlayout reports one playout event to the backend and the client,
+// and follows the reply's playing for the idle timeout. turnMu held.
 func (m *mediaPath) reportPlayout(e playout.Event) {
 	var client string
 	switch e.Type {
 	case playout.EventStarted:
+		m.idle.agentStarted()
 		m.sendControl(bridge.Control{Type: bridge.TypeOutputStarted})
 		client = clientStartedType
 	case playout.EventStopped:
+		m.idle.agentStopped(m.q.AudioEnd())
 		m.sendControl(bridge.Control{Type: bridge.TypeOutputStopped, PlayedMs: e.PlayedMs})
 		client = clientStoppedType
 	case playout.EventCleared:
+		m.idle.agentStopped(m.q.AudioEnd())
 		m.sendControl(bridge.Control{Type: bridge.TypeOutputCleared, PlayedMs: e.PlayedMs})
 		client = clientClearedType
+	case playout.EventPaused:
+		m.sendControl(bridge.Control{Type: bridge.TypeOutputPaused, PlayedMs: e.PlayedMs})
+		client = clientPausedType
+	case playout.EventResumed:
+		m.sendControl(bridge.Control{Type: bridge.TypeOutputResumed, PlayedMs: e.PlayedMs})
+		client = clientResumedType
 	case playout.EventMark:
 		m.sendControl(bridge.Control{Type: bridge.TypeOutputMark, Name: e.Name, Cleared: e.Cleared})
 		return
