@@ -100,7 +100,15 @@ type mediaPath struct {
 	full        atomic.Bool   // audio is being refused for the cap; one error per episode
 	tailRefused chan struct{} // flushTail → drainEvents: a tail did not fit; capacity 1
 	rtpPkt      rtp.Packet    // SendPacket's packet; only the clock worker touches it
+	sentAny     bool          // SendPacket has sent a packet; only the clock worker touches it
+	firstSeq    atomic.Uint32 // the first packet's sequence number | firstSeqSet, once sent
 	decLast     audio.DecoderStats
+
+	// The turn awaiting its reply, for the per-turn latencies: the wall
+	// time (Unix ns) its speech ended, until the first reply audio from
+	// the backend (replyDue, playAudio) and the first packet sent to the
+	// client (sendDue, SendPacket) come; 0: none awaited.
+	replyDue, sendDue atomic.Int64
 
 	turns turns // turn detection (turns.go)
 	// turnMu orders the turn messages and the playout events a turn
@@ -182,6 +190,16 @@ func newMediaPath(sess *session) (*mediaPath, error) {
 		m.setTurnDetection(td, "hello")
 	}
 	return m, nil
+}
+
+// firstSeqSet marks mediaPath.firstSeq as set.
+const firstSeqSet = 1 << 16
+
+// firstSent returns the sequence number of the first packet sent to the
+// client; sent is false before there was one.
+func (m *mediaPath) firstSent() (seq uint16, sent bool) {
+	v := m.firstSeq.Load()
+	return uint16(v), v&firstSeqSet != 0
 }
 
 // startPlayout lets the queued audio play: the client's media path is up.

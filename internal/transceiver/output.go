@@ -18,6 +18,9 @@ import (
 // encMu it only decides; the backend is told after (sendControl blocks on
 // the bridge, and a client's clear must not wait for it).
 func (m *mediaPath) playAudio(f *bridge.AudioFrame) {
+	if end := m.replyDue.Load(); end != 0 && m.replyDue.CompareAndSwap(end, 0) {
+		m.metrics.turnReply.WithLabelValues(stageBackend).Observe(time.Since(time.Unix(0, end)).Seconds())
+	}
 	if m.enc == nil {
 		dur, err := audio.PacketDuration(f.Payload)
 		if err != nil {
@@ -208,6 +211,13 @@ func (m *mediaPath) sendControl(c bridge.Control) {
 func (m *mediaPath) SendPacket(p *playout.Packet) {
 	pkt := &m.rtpPkt
 	pkt.SequenceNumber, pkt.Timestamp, pkt.Marker, pkt.Payload = p.Seq, p.Timestamp, p.Marker, p.Payload
+	if !m.sentAny {
+		m.sentAny = true
+		m.firstSeq.Store(uint32(p.Seq) | firstSeqSet)
+	}
+	if end := m.sendDue.Load(); end != 0 && m.sendDue.CompareAndSwap(end, 0) {
+		m.metrics.turnReply.WithLabelValues(stageClient).Observe(time.Since(time.Unix(0, end)).Seconds())
+	}
 	m.probe.toClient.enter(m.outSSRC, pkt.SequenceNumber)
 	if err := m.peer.WriteRTP(&pkt.Header, pkt.Payload); err != nil {
 		m.dropped.Add(1)

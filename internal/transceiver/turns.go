@@ -241,6 +241,8 @@ func (m *mediaPath) speechStarted(ev vad.Event) {
 	m.turnMu.Lock()
 	defer m.turnMu.Unlock()
 	t.overReply, t.tentative, t.resumed = false, false, false
+	m.replyDue.Store(0) // a reply not come yet is no longer the last turn's
+	m.sendDue.Store(0)
 	if t.cfg.InterruptResponse && !m.q.Idle() {
 		paused := false
 		if t.cfg.ResumeFalseInterruption {
@@ -251,6 +253,7 @@ func (m *mediaPath) speechStarted(ev vad.Event) {
 		} else {
 			m.interrupt()
 		}
+		m.metrics.interruptionQuiet.Observe(time.Since(m.turnWall(ev.SpeechMs)).Seconds())
 	}
 	m.idle.userStarted()
 	m.metrics.turns.WithLabelValues(vad.SpeechStarted.String()).Inc()
@@ -310,6 +313,7 @@ func (m *mediaPath) speechPaused(ev vad.Event) {
 	m.encMu.Unlock()
 	m.reportTail(tail)
 	t.tentative = true
+	m.replyDue.Store(m.turnWall(ev.SpeechMs).UnixNano())
 	m.reportPlayoutLocked()
 	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechPaused, AudioMs: ev.AudioMs})
 }
@@ -329,6 +333,7 @@ func (m *mediaPath) speechResumed(ev vad.Event) {
 		return
 	}
 	t.tentative = false
+	m.replyDue.Store(0)
 	if m.discardHeld() > 0 {
 		m.metrics.heldReplies.WithLabelValues(heldDiscarded).Inc()
 	}
@@ -361,9 +366,18 @@ func (m *mediaPath) speechStopped(ev vad.Event) {
 		t.overReply = false
 		m.resumeReply()
 	}
+	end := m.turnWall(ev.SpeechMs)
 	if t.resumed {
+		// A cough or a backchannel: no reply is due.
 		t.resumed = false
 		m.metrics.interruptions.WithLabelValues(interruptionResumed).Inc()
+	} else {
+		if !t.tentative {
+			m.replyDue.Store(end.UnixNano()) // else since the pause, or come already
+		}
+		if !m.q.Playing() {
+			m.sendDue.Store(end.UnixNano()) // the next packet sent is the reply's
+		}
 	}
 	if m.q.Holding() {
 		if !t.tentative {
@@ -375,7 +389,7 @@ func (m *mediaPath) speechStopped(ev vad.Event) {
 		m.reportPlayoutLocked()
 	}
 	t.tentative = false
-	m.idle.userStopped(m.turnWall(ev.SpeechMs), ev.SpeechMs)
+	m.idle.userStopped(end, ev.SpeechMs)
 	m.metrics.turns.WithLabelValues(vad.SpeechStopped.String()).Inc()
 	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStopped, AudioMs: ev.AudioMs})
 	m.client.speechStopped(ev.AudioMs)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pion/webrtc/v4/pkg/media"
+	dto "github.com/prometheus/client_model/go"
 	"gopkg.in/hraban/opus.v2"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
@@ -377,6 +378,45 @@ func TestTentativeTurnReplyPlaysOnStop(t *testing.T) {
 	if v := counterValue(t, s.reg, "switchboard_transceiver_held_replies_total", "played"); v != 1 {
 		t.Errorf("held_replies_total{played} = %v, want 1", v)
 	}
+	// The turn's latencies: the backend's reply came 200 ms after the
+	// speech end (at the early pause), the first packet left at the stop,
+	// 500 ms after it.
+	for _, h := range []struct {
+		stage    string
+		min, max float64
+	}{{"backend", 0.19, 0.35}, {"client", 0.49, 0.65}} {
+		if n, v := histogramSample(t, s.reg, "switchboard_transceiver_turn_reply_seconds", h.stage); n != 1 || v < h.min || v > h.max {
+			t.Errorf("turn_reply_seconds{stage=%s}: %d samples, %.3f s; want one from %v to %v s", h.stage, n, v, h.min, h.max)
+		}
+	}
+}
+
+// histogramSample returns the sample count and sum of the histogram name
+// whose labels include the value label ("" for one without labels).
+func histogramSample(t *testing.T, reg interface {
+	Gather() ([]*dto.MetricFamily, error)
+}, name, label string) (uint64, float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			match := label == ""
+			for _, l := range m.GetLabel() {
+				match = match || l.GetValue() == label
+			}
+			if match {
+				return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	t.Fatalf("no histogram %s{%s}", name, label)
+	return 0, 0
 }
 
 // TestTentativeTurnDiscarded: the user pauses mid-sentence for 350 ms
@@ -563,6 +603,10 @@ func TestRealInterruptionClears(t *testing.T) {
 	}
 	if v := counterValue(t, s.reg, "switchboard_transceiver_interruptions_total", "resumed"); v != 0 {
 		t.Errorf("interruptions_total{resumed} = %v, want 0", v)
+	}
+	// The onset to the edge's pause: the detector's delay in a quiet room.
+	if n, v := histogramSample(t, s.reg, "switchboard_transceiver_interruption_quiet_seconds", ""); n != 1 || v <= 0 || v > 0.2 {
+		t.Errorf("interruption_quiet_seconds: %d samples, %.3f s; want one under 200 ms", n, v)
 	}
 }
 
