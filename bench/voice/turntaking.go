@@ -36,11 +36,12 @@ import (
 
 // Defaults of Options.PauseMs and Options.IdleTimeout.
 const (
-	// DefaultPauseMs is the early pause of ModeTentative: 150 ms, so
-	// that with a 500 ms silence window the backend has 350 ms more to
-	// prepare its reply (a 400 ms pipeline's reply is heard 350 ms
-	// sooner; at 200 ms, 300).
-	DefaultPauseMs = 150
+	// DefaultPauseMs is the early pause of ModeTentative: 100 ms, so
+	// that with a 500 ms silence window the backend has 400 ms more to
+	// prepare its reply: a reply that needs up to 400 ms is ready at the
+	// stop (the time saved is the smaller of the backend's latency and
+	// the silence window less the pause: at 150 ms, 350; at 200 ms, 300).
+	DefaultPauseMs = 100
 	// DefaultIdleTimeout is ModeResume's idle_timeout_ms.
 	DefaultIdleTimeout = 2 * time.Second
 )

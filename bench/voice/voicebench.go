@@ -564,24 +564,35 @@ func (tr *tracer) trace(ev agent.TraceEvent) {
 	}
 }
 
-// agentLatencies returns, per stop followed by a reply before the next
-// stop, the time from the stop's arrival to the reply, ms.
+// agentLatencies returns, per turn the agent answered, the time from its
+// stop's arrival to the reply, ms: negative for a reply it prepared
+// during the turn's early pause (ModeTentative), sent before the stop. A
+// turn's reply is the first the agent began sending after the turn's
+// speech start and before the next one.
 func (tr *tracer) agentLatencies() []float64 {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	var out []float64
-	for i, s := range tr.stops {
-		for _, r := range tr.replies {
-			if r.Before(s.at) {
-				continue
+	var stop, reply time.Time
+	flush := func() {
+		if !stop.IsZero() && !reply.IsZero() {
+			out = append(out, float64(reply.Sub(stop))/float64(time.Millisecond))
+		}
+		stop, reply = time.Time{}, time.Time{}
+	}
+	for _, e := range tr.events {
+		switch e.kind {
+		case agent.TraceSpeechStarted:
+			flush()
+		case agent.TraceSpeechStopped:
+			stop = e.at
+		case agent.TraceReply:
+			if reply.IsZero() {
+				reply = e.at
 			}
-			if i+1 < len(tr.stops) && r.After(tr.stops[i+1].at) {
-				break
-			}
-			out = append(out, float64(r.Sub(s.at))/float64(time.Millisecond))
-			break
 		}
 	}
+	flush()
 	return out
 }
 
@@ -839,8 +850,12 @@ func (r *Result) Markdown(w io.Writer) {
 	if r.Opts.Rounds > 1 {
 		rounds = fmt.Sprintf(" in each of %d rounds (every row in turn, each round; rows pool their rounds)", r.Opts.Rounds)
 	}
-	fmt.Fprintf(w, "RTT %s added between Chromium and the relay (%s each way), %d cycles per mode%s (two user turns each, the second over the reply), silence window %d ms subtracted from (a) and (b); %s; %s in all.\n\n",
-		r.Opts.RTT, r.Opts.RTT/2, r.Opts.Cycles, rounds, r.Silence, r.Browser, r.Duration.Round(time.Second))
+	delay := ""
+	if r.Opts.ReplyDelay > 0 {
+		delay = fmt.Sprintf(", the parrot answering %v after the turn event", r.Opts.ReplyDelay)
+	}
+	fmt.Fprintf(w, "RTT %s added between Chromium and the relay (%s each way), %d cycles per mode%s (the conversation script: two user turns each, the second over the reply; resume's: six utterances each)%s, silence window %d ms subtracted from (a) and (b); %s; %s in all.\n\n",
+		r.Opts.RTT, r.Opts.RTT/2, r.Opts.Cycles, rounds, delay, r.Silence, r.Browser, r.Duration.Round(time.Second))
 	fmt.Fprintln(w, "| who cuts the reply | (a) speech end → stop at the backend, ms | (b) speech end → reply heard, ms | (c) user's onset → agent quiet in the page, ms | of which: onset → speech_started in the page, ms |")
 	fmt.Fprintln(w, "|---|---|---|---|---|")
 	cell := func(xs []float64) string {
