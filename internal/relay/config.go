@@ -32,25 +32,22 @@ const (
 	ConsentTimeout = 30 * time.Second
 	// maxWorkers bounds Config.Workers.
 	maxWorkers = 256
-	// maxDatagram is the largest UDP payload; the unbatched loops' read
-	// buffers hold one whole.
-	maxDatagram = 64 * 1024
 	// DefaultBatch is the default number of datagrams per recvmmsg/sendmmsg.
 	DefaultBatch = 64
 	// maxBatch bounds Config.Batch.
 	maxBatch = 1024
-	// batchSlot is the size of one message buffer of the batched loops:
+	// batchSlot is the size of one message buffer of the read loops:
 	// hop.MaxHeaderLen of headroom and the datagram. Datagrams the slot
-	// truncates are dropped as DropTooBig, and so are (in every loop)
-	// client payloads longer than hop.MaxPayload, the path's one limit.
+	// truncates are dropped as DropTooBig, and so are client payloads
+	// longer than hop.MaxPayload, the path's one limit.
 	batchSlot = 2048
-	// MaxBatchedPayload is the most a batched loop's slot holds of a client
+	// MaxBatchedPayload is the most a read loop's slot holds of a client
 	// payload; it must stay above hop.MaxPayload, which is what the relay
 	// forwards (either direction).
 	MaxBatchedPayload = batchSlot - hop.MaxHeaderLen
 )
 
-// A batched slot holds any datagram the relay forwards (compile-time check).
+// A slot holds any datagram the relay forwards (compile-time check).
 const _ = uint(MaxBatchedPayload - hop.MaxPayload)
 
 // Config configures a relay.
@@ -94,9 +91,8 @@ type Config struct {
 	// second (new_flow_rate_limit). Default DefaultNewFlowsPerSecond.
 	NewFlowsPerSecond int `yaml:"new_flows_per_second"`
 	// Batch is the number of datagrams each read loop receives per
-	// recvmmsg(2) and sends per sendmmsg(2). 1 uses one read and one write
-	// syscall per datagram (and forwards datagrams up to 64 KiB; batched
-	// loops forward up to MaxBatchedPayload). 0 means DefaultBatch.
+	// recvmmsg(2) and sends per sendmmsg(2), from 1 to 1024. 0 means
+	// DefaultBatch.
 	Batch int `yaml:"batch"`
 	// Ingress makes this relay a Global Relay (docs/design.md §2.3): it routes a
 	// token by its cluster id, and the membership table maps cluster ids
@@ -108,9 +104,6 @@ type Config struct {
 	// from the client named in the header; replies go back through the
 	// Global Relay. Empty: none (hop-framed datagrams are dropped).
 	TrustedIngress []string `yaml:"trusted_ingress"`
-	// NoThreadLock leaves the read loops unpinned from their OS threads
-	// (runtime.LockOSThread is the default). For measurement only.
-	NoThreadLock bool `yaml:"no_thread_lock"`
 	// Relearn rebuilds a lost flow from the transceiver's side (docs/design.md
 	// §5.7): a datagram from a member naming a client with no flow creates
 	// a confirmed flow from that client to that member, so a restarted

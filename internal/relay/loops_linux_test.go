@@ -17,7 +17,7 @@ func TestPersistentReadError(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		batch int
-	}{{"batched", 0}, {"unbatched", 1}} {
+	}{{"batched", 0}, {"batch=1", 1}} {
 		t.Run(tt.name, func(t *testing.T) {
 			const limit = 300 * time.Millisecond
 			e := newEnv(t, Config{Workers: 1, Batch: tt.batch, readErrorLimit: limit}, nil)

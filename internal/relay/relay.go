@@ -166,13 +166,8 @@ func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometh
 	r.cancel, r.done = cancel, ctx.Done()
 	for _, w := range r.workers {
 		r.wg.Add(2)
-		if cfg.Batch > 1 {
-			go r.publicBatchLoop(w)
-			go r.internalBatchLoop(w)
-		} else {
-			go r.publicLoop(w)
-			go r.internalLoop(w)
-		}
+		go r.publicBatchLoop(w)
+		go r.internalBatchLoop(w)
 	}
 	r.wg.Add(2)
 	go r.sweepLoop(ctx)

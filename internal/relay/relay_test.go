@@ -306,7 +306,7 @@ func TestRelayWriteError(t *testing.T) {
 
 // TestRelayTooBig: the relay forwards client datagrams up to hop.MaxPayload,
 // the path's one limit, and drops longer ones from either side as too_big,
-// in the batched and the unbatched loops alike (so that nothing the
+// with batches of 64 and of 1 alike (so that nothing the
 // transceiver would drop crosses the hop).
 func TestRelayTooBig(t *testing.T) {
 	for _, batch := range []int{1, DefaultBatch} {
