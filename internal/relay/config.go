@@ -140,9 +140,6 @@ type Config struct {
 	FlowStore FlowStore `yaml:"-"`
 
 	trustedIngress trusted.Prefixes // parsed TrustedIngress
-	cacheParams    *cacheParams     // tests: flow cache tunables; nil: defaultCacheParams
-	readErrorLimit time.Duration    // tests: how long read errors last before a loop stops (loops.go); 0: default
-	misconfigEvery time.Duration    // tests: MisconfigLogInterval's stand-in (misconfig.go); 0: default
 }
 
 // Validate checks c and fills in defaults.
@@ -164,9 +161,6 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("relay: Workers is %d; at most %d on this OS", c.Workers, min(maxWorkers, udpio.MaxGroup)))
 	case c.Workers == 0:
 		c.Workers = min(runtime.NumCPU(), maxWorkers, udpio.MaxGroup)
-	}
-	if c.readErrorLimit <= 0 {
-		c.readErrorLimit = defaultReadErrorLimit
 	}
 	switch {
 	case c.PendingTimeout < 0:

@@ -72,7 +72,7 @@ func newSlots(n int) [][]byte {
 // is counted (DropReadError) and the loop waits before the next one: 1 ms
 // after the first error of a run, doubling up to maxReadBackoff, so a
 // persistent error costs a few system calls a second, not a spinning
-// core. A run of errors that lasts Config.readErrorLimit with no read in
+// core. A run of errors that lasts defaultReadErrorLimit with no read in
 // between stops the loop and makes the relay not ready (Relay.Ready), as
 // a socket that cannot be read is lost to the clients the kernel hashes
 // to it.
@@ -113,9 +113,9 @@ func (r *Relay) readFailed(w *worker, socket string, b *readBackoff, err error) 
 		return true
 	}
 	w.c.drops[DropReadError].Add(1)
-	wait, giveUp := b.failed(time.Now(), r.cfg.readErrorLimit)
+	wait, giveUp := b.failed(time.Now(), r.tune.readErrorLimit)
 	if giveUp {
-		err = fmt.Errorf("relay: worker %d's %s read loop stopped: reads failed for %v: %w", w.id, socket, r.cfg.readErrorLimit, err)
+		err = fmt.Errorf("relay: worker %d's %s read loop stopped: reads failed for %v: %w", w.id, socket, r.tune.readErrorLimit, err)
 		if r.failed.CompareAndSwap(nil, &err) {
 			r.log.Error("relay: a read loop stopped after persistent errors; the relay is not ready", "err", err)
 		}

@@ -20,7 +20,9 @@ func TestPersistentReadError(t *testing.T) {
 	}{{"batched", 0}, {"batch=1", 1}} {
 		t.Run(tt.name, func(t *testing.T) {
 			const limit = 300 * time.Millisecond
-			e := newEnv(t, Config{Workers: 1, Batch: tt.batch, readErrorLimit: limit}, nil)
+			tune := defaultTuning
+			tune.readErrorLimit = limit
+			e := newTunedEnv(t, Config{Workers: 1, Batch: tt.batch}, nil, tune)
 			if err := e.r.Ready(); err != nil {
 				t.Fatalf("a new relay is not ready: %v", err)
 			}

@@ -44,6 +44,7 @@ import (
 type Relay struct {
 	// Set once by New, never mutated.
 	cfg        Config
+	tune       tuning
 	keys       *token.Keyring
 	members    *membership.Table
 	log        *slog.Logger
@@ -75,8 +76,18 @@ type Relay struct {
 	closeErr  error
 }
 
+// tuning is what a relay runs with beyond its Config: values that are
+// constants in production (defaultTuning) and that tests shorten.
+type tuning struct {
+	cache          cacheParams   // the flow cache's (flowcache.go)
+	readErrorLimit time.Duration // how long read errors last before a loop stops (loops.go)
+	misconfigEvery time.Duration // the least time between two log lines of one misconfiguration (misconfig.go)
+}
+
+var defaultTuning = tuning{cache: defaultCacheParams, readErrorLimit: defaultReadErrorLimit, misconfigEvery: MisconfigLogInterval}
+
 // newRelay builds a relay without sockets: what the handler tests use.
-func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *slog.Logger) (*Relay, error) {
+func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *slog.Logger, tune tuning) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -91,21 +102,17 @@ func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *s
 	}
 	r := &Relay{
 		cfg:     cfg,
+		tune:    tune,
 		keys:    keys,
 		members: members,
 		log:     log,
 		epoch:   time.Now(),
 		flows:   newFlowTable(cfg.MaxFlows),
 	}
-	r.misconfig.every = cfg.misconfigEvery
 	r.flows.lim = newLimiter(cfg.MaxPendingPerIP, cfg.NewFlowsPerIP, cfg.NewFlowBurstPerIP, cfg.NewFlowsPerSecond)
 	r.wait = newWaitRoom(r)
 	if cfg.FlowStore != nil {
-		p := defaultCacheParams
-		if cfg.cacheParams != nil {
-			p = *cfg.cacheParams
-		}
-		r.fc = newFlowCache(r, cfg.FlowStore, p)
+		r.fc = newFlowCache(r, cfg.FlowStore, tune.cache)
 		r.flows.onConfirm = r.fc.onConfirm
 	}
 	r.collector = newCollector(r)
@@ -116,7 +123,12 @@ func newRelay(cfg Config, keys *token.Keyring, members *membership.Table, log *s
 // one port through SO_REUSEPORT), registers the relay's metrics on reg
 // (which may be nil) and starts the read loops and the flow sweeper.
 func New(cfg Config, keys *token.Keyring, members *membership.Table, reg prometheus.Registerer, log *slog.Logger) (*Relay, error) {
-	r, err := newRelay(cfg, keys, members, log)
+	return start(cfg, keys, members, reg, log, defaultTuning)
+}
+
+// start is New with the tuning given (tests shorten it).
+func start(cfg Config, keys *token.Keyring, members *membership.Table, reg prometheus.Registerer, log *slog.Logger, tune tuning) (*Relay, error) {
+	r, err := newRelay(cfg, keys, members, log, tune)
 	if err != nil {
 		return nil, err
 	}
