@@ -248,9 +248,6 @@ func (w *worker) runStarts(at int64) {
 	w.spare = starts[:0]
 }
 
-// active returns how many queues are playing on the worker.
-func (w *worker) active() int { return len(w.queues) }
-
 // playTick plays tick n, if it is after the last one played. A queue
 // whose turns the worker missed (it was too busy to play them in time)
 // sends what was due in them at once, at n, without a timestamp jump.
