@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"net"
