@@ -17,11 +17,9 @@ import (
 // its worker); its later packets leave at the tick at or before their
 // time, so up to a tick early and never late: early packets cost a
 // receiver's jitter buffer nothing, late ones raise its delay
-// (docs/bridge.md §6.1). Cutting the tick into quarter-tick slots,
-// each run on the slot it started in, was measured and dropped: later
-// packets within 5 ms of their time did not shorten the reply heard in
-// Chromium and cost a third more pacing CPU (docs/benchmarks.md, and the
-// git history of this file).
+// (docs/bridge.md §6.1). Runs share the tick grid rather than each
+// keeping its own phase: docs/benchmarks.md (turn-taking, the
+// quarter-tick ablation) says what that would cost.
 type Clock struct {
 	// Set once (start before the workers start).
 	start   time.Time
