@@ -301,7 +301,7 @@ func setup(g *gen, sys string, secret []byte, sink netip.AddrPort) error {
 		return nil
 	}
 	switch sys {
-	case "raw":
+	case "raw", "raw-nolock":
 		return nil // no state to create
 	case "coturn":
 		if err := step(1, stun.ClassSuccessResponse, func(i int) []byte {
