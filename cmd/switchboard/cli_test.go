@@ -109,6 +109,8 @@ func TestCommandLine(t *testing.T) {
 				"switchboard relay: -metrics: listen tcp " + busyTCP, "relay running"},
 			{[]string{"relay", "-public", busyUDP, "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-workers", "2", "-metrics", ""},
 				"switchboard relay: -public: public socket: udpio: " + busyUDP + " is in use by another process", "relay running"},
+			{[]string{"relay", "-public", "127.0.0.1:0", "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-metrics", "", "-tcp", busyTCP},
+				"switchboard relay: -tcp: TCP listener: listen tcp " + busyTCP, "relay running"},
 			{[]string{"agent", "-listen", busyTCP}, "switchboard agent: -listen: listen tcp " + busyTCP, "http listening"},
 			{[]string{"demo", "-http", busyTCP, "-relay", "127.0.0.1:0"},
 				"the page's address (-http): listen tcp " + busyTCP, "demo running"},
