@@ -116,6 +116,11 @@ func TestCommandLine(t *testing.T) {
 				"the page's address (-http): listen tcp " + busyTCP, "demo running"},
 			{[]string{"demo", "-http", "127.0.0.1:0", "-relay", busyUDP},
 				"the relay's address (-relay): relay: public socket: udpio: " + busyUDP + " is in use by another process", "demo running"},
+			// The same, for a newcomer who left the quick start's demo running.
+			{[]string{"demo", "-http", busyTCP, "-relay", "127.0.0.1:0"},
+				"address already in use (is a demo already running, in another terminal? Stop it, or give -http another address)", "demo running"},
+			{[]string{"demo", "-http", "127.0.0.1:0", "-relay", busyUDP},
+				"(is a demo already running, in another terminal? Stop it, or give -relay another address)", "demo running"},
 		} {
 			r := runBinary(t, bin, tt.args...)
 			if r.code != 1 || !strings.Contains(r.stderr, tt.want) {
