@@ -2,9 +2,10 @@
 // transceiver, echo agent, each with its own sockets and HTTP servers) over
 // real loopback sockets, with real clients: Pion, and in the *_browser_test
 // files headless Chromium, Firefox ESR and GStreamer against the demo
-// (internal/demo) as a fixture, some in network namespaces. Every
-// cross-process and browser test of the product lives here; a package's
-// own tests stay with it.
+// (internal/demo) as a fixture, some in network namespaces. Whole calls
+// across the parts and every browser test live here; a package's own
+// tests stay with it, and the binary's command line is tested in
+// cmd/switchboard (docs/design.md §8.2).
 package e2e
 
 import (
