@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"log/slog"
@@ -11,7 +11,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
-	"github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
+	"github.com/switchboard-rtc/switchboard/internal/demo"
+	speechgen "github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
 	"github.com/switchboard-rtc/switchboard/internal/vad"
 )
 
@@ -26,8 +27,8 @@ import (
 // says the agent went on and that nobody spoke.
 func TestBrowserTurnTaking(t *testing.T) {
 	chromium := chromiumPath(t)
-	speech.Require(t)
-	sc := &speech.Script{Rate: 48000}
+	speechgen.Require(t)
+	sc := &speechgen.Script{Rate: 48000}
 	sc.Pause(800)
 	if err := sc.Say("The quick brown fox jumps over the lazy dog, twice."); err != nil {
 		t.Fatal(err)
@@ -43,7 +44,7 @@ func TestBrowserTurnTaking(t *testing.T) {
 	}
 	td := vad.DefaultTurnDetection()
 	td.PauseDurationMs, td.ResumeFalseInterruption, td.IdleTimeoutMs = 200, true, 3000
-	d := startTestDemo(t, Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0",
+	d := startTestDemo(t, demo.Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0",
 		Parrot: agent.ParrotOptions{TurnDetection: &td, ReplyDelay: 300 * time.Millisecond}}, slog.LevelInfo, nil)
 	ctx := startBrowser(t, chromium, wav)
 	if err := chromedp.Do(ctx, chromedp.Navigate(d.URL()+"/")); err != nil {
