@@ -147,10 +147,11 @@ func TestHoldCompaction(t *testing.T) {
 }
 
 // TestPauseRun: a paused run sends its clear tail and then nothing, does
-// not end while paused (however long), keeps what is pushed meanwhile,
-// and resumes where it paused with a talkspurt (marker, timestamp by the
-// time that passed); a clear of a paused run reports what was played
-// before the pause and sends no second tail.
+// not end while paused (however long), fills the pause with silence (a
+// packet a tick, numbered and timed on), keeps what is pushed meanwhile,
+// and resumes where it paused, straight after the silence; a clear of a
+// paused run reports what was played before the pause and sends nothing
+// more.
 func TestPauseRun(t *testing.T) {
 	h := newHarness(t, QueueConfig{ClearTail: []byte("quiet"), ClearTailTicks: 3})
 	if _, ok := h.q.PauseRun(); ok {
@@ -175,12 +176,14 @@ func TestPauseRun(t *testing.T) {
 	h.run(graceTicks + 20)
 	h.push("late", 960) // a streaming backend goes on
 	h.run(5)
-	if n := len(h.rec.pkts); n != 13 {
-		t.Fatalf("%d packets while paused, want the 10 before and the 3 of the tail", n)
+	const pause = graceTicks + 25 // ticks
+	if n := len(h.rec.pkts); n != 10+pause {
+		t.Fatalf("%d packets while paused, want the 10 before and one of silence per tick of the pause (%d)", n, pause)
 	}
 	for i, p := range h.rec.pkts[10:] {
-		if p.data != "quiet" || p.marker || p.seq != h.rec.pkts[9+i].seq+1 {
-			t.Fatalf("tail packet %+v", p)
+		prev := h.rec.pkts[9+i]
+		if p.data != "quiet" || p.marker || p.seq != prev.seq+1 || p.ts != prev.ts+960 || p.at != prev.at+1 {
+			t.Fatalf("silence packet %+v after %+v: want one per tick, numbered and timed on", p, prev)
 		}
 	}
 	want := []Event{{Type: EventStarted, ResponseID: "r1"}, {Type: EventPaused, PlayedMs: 200, ResponseID: "r1"}}
@@ -192,13 +195,13 @@ func TestPauseRun(t *testing.T) {
 		t.Fatalf("ResumeRun = %d, %v", played, ok)
 	}
 	h.run(11 + graceTicks + 1)
-	rest := h.rec.pkts[13:]
+	rest := h.rec.pkts[10+pause:]
 	if len(rest) != 11 || rest[0].data != "10" || rest[10].data != "late" {
 		t.Fatalf("after the resume: %+v, want 10..19 and late", rest)
 	}
-	last := h.rec.pkts[12] // the tail's last packet
-	if p := rest[0]; !p.marker || p.seq != last.seq+1 || p.at != pausedAt || p.ts != last.ts+960+uint32((p.at-last.at-1)*960) {
-		t.Fatalf("the first packet after the resume %+v after %+v: want a talkspurt numbered on, at the next tick", p, last)
+	last := h.rec.pkts[10+pause-1] // the pause's last silence
+	if p := rest[0]; p.marker || p.seq != last.seq+1 || p.at != pausedAt || p.ts != last.ts+960 {
+		t.Fatalf("the first packet after the resume %+v after %+v: want it straight after the silence, at the next tick", p, last)
 	}
 	want = []Event{{Type: EventResumed, PlayedMs: 200, ResponseID: "r1"}, {Type: EventMark, Name: "m15"}, {Type: EventStopped, PlayedMs: 420, ResponseID: "r1"}}
 	if ev := h.events(); !reflect.DeepEqual(ev, want) {
@@ -217,7 +220,10 @@ func TestPauseRun(t *testing.T) {
 	}
 	h.run(5)
 	if len(h.rec.pkts) != n {
-		t.Fatalf("a clear of a paused run sent %d more packets (a second tail)", len(h.rec.pkts)-n)
+		t.Fatalf("a clear of a paused run sent %d more packets", len(h.rec.pkts)-n)
+	}
+	if p := h.rec.pkts[n-1]; p.data != "quiet" {
+		t.Fatalf("the paused run's last packet before the clear %+v, want its silence", p)
 	}
 	want = []Event{{Type: EventStarted, ResponseID: "r1"}, {Type: EventPaused, PlayedMs: 80, ResponseID: "r1"}, {Type: EventCleared, PlayedMs: 80, ResponseID: "r1"}}
 	if ev := h.events(); !reflect.DeepEqual(ev, want) {

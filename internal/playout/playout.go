@@ -97,9 +97,9 @@
 // Release lets it play (at once, from an idle queue), Discard drops it
 // (its marks come back Cleared) and keeps the gate closed. PauseRun stops
 // a run where it is (speech over the reply that may prove a cough): it
-// sends the clear tail, then nothing, keeps what is queued and pushed,
-// and does not end; ResumeRun goes on from there as a talkspurt after a
-// gap, and a Clear ends it as always (EventPaused, EventResumed).
+// sends the clear tail's silence for as long as the pause lasts, keeps
+// what is queued and pushed, and does not end; ResumeRun goes on from
+// there, and a Clear ends it as always (EventPaused, EventResumed).
 package playout
 
 import (

@@ -397,11 +397,14 @@ func (q *Queue) playEnd() int {
 	return len(q.items)
 }
 
-// PauseRun pauses playout: from the queue's next turn nothing is sent,
+// PauseRun pauses playout: from the queue's next turn no audio is sent,
 // what is queued and what is pushed meanwhile waits, and the run does not
 // end, until ResumeRun (or a Clear, which ends it as always). A run that
-// was sending also sends the clear tail (QueueConfig.ClearTail), so that
-// the client's decoder plays silence rather than concealing the reply.
+// was sending fills the pause with the clear tail's silence
+// (QueueConfig.ClearTail), a packet every 20 ms on the run's timeline for
+// as long as it lasts: the client's decoder plays silence rather than
+// concealing the reply, and its jitter buffer sees no gap (WebRTC's NetEq
+// takes a gap in a stream, then a talkspurt, as delay to allow for).
 // It queues EventPaused with the run's played time, and returns it; ok is
 // false, and nothing changes, when no run is in progress or starting (an
 // idle queue, or only held audio) or the run is already paused.
@@ -414,9 +417,6 @@ func (q *Queue) PauseRun() (playedMs int64, ok bool) {
 	q.suspended = true
 	if q.running {
 		playedMs = q.played * 1000 / 48000
-		if q.tail != nil {
-			q.tailLeft = q.tailTicks
-		}
 	}
 	q.events = append(q.events, Event{Type: EventPaused, PlayedMs: playedMs, ResponseID: q.respID})
 	q.signal()
@@ -424,8 +424,9 @@ func (q *Queue) PauseRun() (playedMs int64, ok bool) {
 }
 
 // ResumeRun resumes a run paused by PauseRun where it paused: its next
-// packet leaves at the queue's next turn, after a gap (marker bit set,
-// its timestamp following the time that passed). It queues EventResumed
+// packet leaves at the queue's next turn, after the pause's silence (with
+// no ClearTail: after a gap, the marker bit set and its timestamp
+// following the time that passed). It queues EventResumed
 // with the run's played time and returns it; ok is false when the run is
 // not paused.
 func (q *Queue) ResumeRun() (playedMs int64, ok bool) {
@@ -784,7 +785,9 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 	if len(w.batch) > 0 {
 		q.sentEnd = q.tl
 	}
-	if q.tailLeft > 0 && (q.suspended || (q.head == q.playEnd() && !q.running)) && q.tl < now+q.period && !q.closed {
+	// A paused run fills its pause with silence, for as long as it lasts.
+	fill := q.suspended && q.running && q.tail != nil
+	if (fill || q.tailLeft > 0 && q.head == q.playEnd() && !q.running) && q.tl < now+q.period && !q.closed {
 		// The clear tail: silence where the cut reply was, on its
 		// timeline (or where a paused run stopped).
 		if q.tl < first {
@@ -798,7 +801,9 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 		q.seq++
 		q.ts += tailSamples
 		q.tl += tailSamples
-		q.tailLeft--
+		if !fill {
+			q.tailLeft--
+		}
 	}
 	if q.head == len(q.items) {
 		q.reset()
