@@ -149,8 +149,11 @@ type TurnTaking struct {
 	RepliesInTurn int
 	// HeldPlayed and HeldDiscarded are the transceiver's
 	// held_replies_total; Resumed and Cleared its interruptions_total;
-	// Timeouts its idle timeouts (turn_events_total).
-	HeldPlayed, HeldDiscarded, Resumed, Cleared, Timeouts float64
+	// Timeouts its idle timeouts, Pauses its early pauses and Withdrawn
+	// the speech that resumed after one (turn_events_total: in
+	// ModeTentative, the tentative turns and those the user went on
+	// after).
+	HeldPlayed, HeldDiscarded, Resumed, Cleared, Timeouts, Pauses, Withdrawn float64
 	// QuietFalse is (c) for the turns that let the reply resume (a cough,
 	// a backchannel): the user's onset → the agent quiet in the page.
 	QuietFalse []float64
@@ -181,6 +184,8 @@ func (t *TurnTaking) merge(o *TurnTaking) {
 	t.Resumed += o.Resumed
 	t.Cleared += o.Cleared
 	t.Timeouts += o.Timeouts
+	t.Pauses += o.Pauses
+	t.Withdrawn += o.Withdrawn
 	t.QuietFalse = append(t.QuietFalse, o.QuietFalse...)
 	t.Bursts += o.Bursts
 	t.BurstsResumed += o.BurstsResumed
@@ -206,6 +211,8 @@ func (t *TurnTaking) measure(mode string, opts Options, sc *speech.Script, tr *t
 	t.Resumed = counter(reg, "switchboard_transceiver_interruptions_total", "resumed")
 	t.Cleared = counter(reg, "switchboard_transceiver_interruptions_total", "cleared")
 	t.Timeouts = counter(reg, "switchboard_transceiver_turn_events_total", "timeout_triggered")
+	t.Pauses = counter(reg, "switchboard_transceiver_turn_events_total", "speech_paused")
+	t.Withdrawn = counter(reg, "switchboard_transceiver_turn_events_total", "speech_resumed")
 	tr.mu.Lock()
 	evs := slices.Clone(tr.events)
 	tr.mu.Unlock()
@@ -441,8 +448,8 @@ func (r *Result) markdownTurnTaking(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nTurn-taking at the edge (issue 25); the parrot answers %v after the turn event; early pause %d ms (tentative), idle timeout %v (resume):\n\n",
 		r.Opts.ReplyDelay, r.Opts.PauseMs, r.Opts.IdleTimeout)
-	fmt.Fprintln(w, "| mode | (b) speech end → reply heard, ms | (b) of edge at the same ptime, ms | replies started in a user's turn | held replies played / discarded | bursts resumed | replies with bursts over them that resumed | replies lost | (c) real interruptions, ms | (c) bursts, ms | idle timeout late by, ms |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| mode | (b) speech end → reply heard, ms | (b) of edge at the same ptime, ms | early pauses / the user went on | replies started in a user's turn | held replies played / discarded | bursts resumed | replies with bursts over them that resumed | replies lost | (c) real interruptions, ms | (c) bursts, ms | idle timeout late by, ms |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, m := range rows {
 		var edge []float64
 		for _, e := range r.Modes {
@@ -451,8 +458,8 @@ func (r *Result) markdownTurnTaking(w io.Writer) {
 			}
 		}
 		tt := m.TurnTaking
-		fmt.Fprintf(w, "| %s%s | %s | %s | %d | %.0f / %.0f | %s | %s | %d | %s | %s | %s |\n", m.Name, r.ptimeNote(m), cell(m.Reply), cell(edge),
-			tt.RepliesInTurn, tt.HeldPlayed, tt.HeldDiscarded, ratio(tt.BurstsResumed, tt.Bursts), ratio(tt.ResumedReplies, tt.BurstReplies),
+		fmt.Fprintf(w, "| %s%s | %s | %s | %.0f / %.0f | %d | %.0f / %.0f | %s | %s | %d | %s | %s | %s |\n", m.Name, r.ptimeNote(m), cell(m.Reply), cell(edge),
+			tt.Pauses, tt.Withdrawn, tt.RepliesInTurn, tt.HeldPlayed, tt.HeldDiscarded, ratio(tt.BurstsResumed, tt.Bursts), ratio(tt.ResumedReplies, tt.BurstReplies),
 			tt.LostReplies, cell(m.Quiet), cell(tt.QuietFalse), cell(tt.IdleLateMs))
 	}
 	for _, m := range rows {
