@@ -220,6 +220,7 @@ func customValues() map[string]any {
 			"consentTimeout":      "20s",
 			"outputComplexity":    8,
 			"ptime":               10,
+			"dtlsVersion":         "1.3",
 			"hpa":                 map[string]any{"enabled": false},
 			"ingress": map[string]any{
 				"enabled":   true,

@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -100,16 +102,28 @@ func startInteropPageOn(t *testing.T, addr string) (string, <-chan interopResult
 	return srv.URL, results
 }
 
-// startInteropDemo starts the demo on ip (HTTP and relay), with its log
-// kept for failures.
-func startInteropDemo(t *testing.T, ip string) *Demo {
+// startInteropDemo starts the demo on ip (HTTP and relay), its
+// transceiver negotiating DTLS up to version ("1.2", "1.3"; "": the
+// default), with its log kept for failures.
+func startInteropDemo(t *testing.T, ip, version string) *Demo {
 	t.Helper()
 	return startTestDemo(t, Config{
-		HTTPAddr:  net.JoinHostPort(ip, "0"),
-		RelayAddr: net.JoinHostPort(ip, "0"),
-		Agent:     agent.ModeEcho, // the clients check they hear their audio back
+		HTTPAddr:    net.JoinHostPort(ip, "0"),
+		RelayAddr:   net.JoinHostPort(ip, "0"),
+		Agent:       agent.ModeEcho, // the clients check they hear their audio back
+		DTLSVersion: version,
 	}, slog.LevelDebug, nil)
 }
+
+// dtlsVersions are the transceiver's DTLS settings every interop client
+// is tried with, and the version each client then negotiates: Chromium 156
+// and Firefox ESR 153 take DTLS 1.3 when it is offered; GStreamer's
+// webrtcbin (OpenSSL's DTLS, 1.2 only) and Pion (pion/dtls v3) stay on 1.2.
+var dtlsVersions = []string{"1.2", "1.3"}
+
+// negotiated is the DTLS version a client negotiates with a transceiver
+// whose highest version is setting: the lower of the two.
+func negotiated(setting, clientMax string) string { return min(setting, clientMax) }
 
 // waitInterop waits for the page's result and checks the call: connected,
 // data-channel echo, more than 50 audio packets back with sound in them,
@@ -149,18 +163,64 @@ func waitInterop(t *testing.T, d *Demo, results <-chan interopResult, timeout ti
 	return r
 }
 
+// dtlsHandshakes returns the demo's switchboard_transceiver_dtls_handshakes_total
+// that are not 0, by their labels ("1.3" or "1.3 in_stun"), from /metrics.
+func dtlsHandshakes(t *testing.T, d *Demo) map[string]int {
+	t.Helper()
+	resp, err := http.Get(d.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`(?m)^switchboard_transceiver_dtls_handshakes_total\{in_stun="(\w+)",version="([\d.]+)"\} (\d+)$`)
+	got := map[string]int{}
+	for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+		n, _ := strconv.Atoi(m[3])
+		if n == 0 {
+			continue
+		}
+		k := m[2]
+		if m[1] == "true" {
+			k += " in_stun"
+		}
+		got[k] += n
+	}
+	return got
+}
+
+// checkDTLS checks that every DTLS handshake of the demo negotiated want
+// ("1.2", "1.3", or "1.3 in_stun" for SPED), and logs what they did.
+func checkDTLS(t *testing.T, d *Demo, client, want string) {
+	t.Helper()
+	got := dtlsHandshakes(t, d)
+	t.Logf("%s: DTLS handshakes by version negotiated: %v", client, got)
+	if len(got) != 1 || got[want] == 0 {
+		t.Errorf("%s: DTLS handshakes %v, want all %s", client, got, want)
+	}
+}
+
 // TestOpenAISnippetChromium runs, in Chromium, a call shaped exactly as
 // OpenAI's Realtime browser snippet makes it: the offer is POSTed right
 // after setLocalDescription, before any candidate is gathered, to
 // …/realtime/calls?model=…, with a Bearer header (a CORS preflight from the
 // page's origin). The server learns the client's address from its checks.
 func TestOpenAISnippetChromium(t *testing.T) {
+	for _, v := range dtlsVersions {
+		t.Run("dtls"+v, func(t *testing.T) { testOpenAISnippetChromium(t, v) })
+	}
+}
+
+func testOpenAISnippetChromium(t *testing.T, version string) {
 	chromiumBin := chromiumPath(t)
 	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := startInteropDemo(t, "127.0.0.1")
+	d := startInteropDemo(t, "127.0.0.1", version)
 	page, results := startInteropPage(t)
 	ctx := startBrowser(t, chromiumBin, wav)
 	u := page + "/?shape=openai&api=" + url.QueryEscape(d.URL()+"/v1/realtime/calls")
@@ -168,6 +228,7 @@ func TestOpenAISnippetChromium(t *testing.T) {
 		t.Fatalf("navigate to %s: %v", u, err)
 	}
 	r := waitInterop(t, d, results, 60*time.Second)
+	checkDTLS(t, d, "chromium", negotiated(version, "1.3"))
 	if r.OfferCandidates != 0 {
 		t.Errorf("the offer carried %d candidates; the snippet's shape has none", r.OfferCandidates)
 	}
@@ -273,9 +334,15 @@ func clientNetns(t *testing.T) (ns, hostIP, clientIP string) {
 // namespace of its own (clientNetns), with the offer after ICE gathering,
 // as a WHIP client sends it, to /v1/calls.
 func TestFirefoxCall(t *testing.T) {
+	for _, v := range dtlsVersions {
+		t.Run("dtls"+v, func(t *testing.T) { testFirefoxCall(t, v) })
+	}
+}
+
+func testFirefoxCall(t *testing.T, version string) {
 	bin := firefoxPath(t)
 	ns, hostIP, _ := clientNetns(t)
-	d := startInteropDemo(t, hostIP)
+	d := startInteropDemo(t, hostIP, version)
 	page, results := startInteropPageOn(t, net.JoinHostPort(hostIP, "0"))
 	profile := t.TempDir()
 	var prefs strings.Builder
@@ -305,6 +372,7 @@ func TestFirefoxCall(t *testing.T) {
 		}
 	})
 	waitInterop(t, d, results, 90*time.Second)
+	checkDTLS(t, d, "firefox", negotiated(version, "1.3"))
 	if out, err := exec.Command(bin, "--version").Output(); err == nil {
 		t.Logf("%s", strings.TrimSpace(string(out)))
 	}
@@ -335,8 +403,14 @@ from gi.repository import Gst; Gst.init(None); assert Gst.ElementFactory.find("w
 // told to, so the script adds 127.0.0.1 to its agent (README, "Other
 // clients on the same host").
 func TestGStreamerCall(t *testing.T) {
+	for _, v := range dtlsVersions {
+		t.Run("dtls"+v, func(t *testing.T) { testGStreamerCall(t, v) })
+	}
+}
+
+func testGStreamerCall(t *testing.T, version string) {
 	py := gstPython(t)
-	d := startInteropDemo(t, "127.0.0.1")
+	d := startInteropDemo(t, "127.0.0.1", version)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, py, filepath.Join("testdata", "gst_call.py"), d.URL()+"/v1/calls",
@@ -366,4 +440,5 @@ func TestGStreamerCall(t *testing.T) {
 		t.Errorf("relay forwarded %d packets to the transceiver and %d to the client, want > 50 each",
 			rs.ToTransceiverPackets, rs.ToClientPackets)
 	}
+	checkDTLS(t, d, "gstreamer", "1.2") // OpenSSL's DTLS: 1.2 only
 }

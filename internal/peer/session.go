@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/pion/datachannel"
-	"github.com/pion/dtls/v3"
+	"github.com/pion/dtls/v4"
 	"github.com/pion/rtcp"
 	"github.com/pion/rtp"
 	"github.com/pion/sctp"
@@ -184,9 +184,12 @@ type Session struct {
 	nomAt    atomic.Int64                   // unix ns of the first nomination; 0: none yet
 	dtlsAt   atomic.Int64                   // unix ns the DTLS handshake completed; 0: not yet
 	sctpUp   atomic.Bool                    // the SCTP association is up
-	keys     atomic.Pointer[srtpKeys]
-	media    atomic.Bool // SRTP or SRTCP from the client has authenticated
-	closing  atomic.Bool
+	// dtlsVersion is the negotiated DTLSVersion, set as the handshake
+	// completes; 0 before.
+	dtlsVersion atomic.Uint32
+	keys        atomic.Pointer[srtpKeys]
+	media       atomic.Bool // SRTP or SRTCP from the client has authenticated
+	closing     atomic.Bool
 
 	// The transaction IDs of the last checks, the read loop's alone
 	// (Session.replayed).
@@ -528,6 +531,10 @@ func (s *Session) SetupRTT() (time.Duration, bool) {
 	}
 	return time.Duration(c - a), true
 }
+
+// DTLSVersion returns the DTLS version the handshake negotiated, or 0
+// before it has completed.
+func (s *Session) DTLSVersion() DTLSVersion { return DTLSVersion(s.dtlsVersion.Load()) }
 
 // SetupPhase is how far a session's setup has come (Session.SetupPhase):
 // where a setup that failed stopped.

@@ -159,6 +159,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		// round trip when we are the DTLS server (RFC 6347 §4.2.1 makes
 		// it optional).
 		InsecureSkipHelloVerify: true,
+		DTLSVersion:             cfg.dtlsVersion,
 		ConsentTick:             consentTick,
 		MaxPayload:              hop.MaxPayload, // the path's one datagram limit
 		OnDrop:                  s.metrics.peerDrop,

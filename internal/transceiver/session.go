@@ -447,6 +447,9 @@ func (sess *session) onPeerState(st peer.State) {
 			if p := sess.peerSession(); p != nil {
 				t := p.SetupTimes()
 				m.observeSetupPhase(phaseDTLS, t.Checked, t.DTLS)
+				v := p.DTLSVersion()
+				m.dtlsHandshakes.WithLabelValues(v.String(), "false").Inc()
+				sess.log.Debug("DTLS connected", "version", v.String())
 			}
 		}
 	case peer.StateDTLSFailed:
