@@ -667,6 +667,7 @@ var transceiverSettings = []struct{ value, flag string }{
 	{"transceiver.outputComplexity", "output-complexity"},
 	{"transceiver.ptime", "ptime"},
 	{"transceiver.dtlsVersion", "dtls-version"},
+	{"transceiver.sped", "sped"},
 }
 
 // checkHTTPListen: the agent and the director, where the render runs

@@ -221,6 +221,7 @@ func customValues() map[string]any {
 			"outputComplexity":    8,
 			"ptime":               10,
 			"dtlsVersion":         "1.3",
+			"sped":                false,
 			"hpa":                 map[string]any{"enabled": false},
 			"ingress": map[string]any{
 				"enabled":   true,

@@ -73,6 +73,9 @@ type Config struct {
 	// DTLSVersion is the transceiver's highest DTLS version
 	// (transceiver.Config.DTLSVersion: "1.2" or "1.3"; "": its default).
 	DTLSVersion string
+	// NoSPED answers offers with a=ice-options:goog-sped-v1 without it
+	// (transceiver.Config.SPED off): a plain DTLS handshake after ICE.
+	NoSPED bool
 }
 
 // Demo is a running demo.
@@ -174,6 +177,7 @@ func Start(cfg Config) (*Demo, error) {
 		BackendURL:   "ws://" + bln.Addr().String() + "/v1/bridge",
 		Ptime:        cfg.Ptime,
 		DTLSVersion:  cfg.DTLSVersion,
+		SPED:         !cfg.NoSPED,
 	}, keys, reg, log.With("component", "transceiver"))
 	if err != nil {
 		_ = rly.Close()

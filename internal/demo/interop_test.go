@@ -25,6 +25,7 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/chromium"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
@@ -231,6 +232,42 @@ func testOpenAISnippetChromium(t *testing.T, version string) {
 	checkDTLS(t, d, "chromium", negotiated(version, "1.3"))
 	if r.OfferCandidates != 0 {
 		t.Errorf("the offer carried %d candidates; the snippet's shape has none", r.OfferCandidates)
+	}
+}
+
+// TestChromiumSPED runs the OpenAI snippet's call from Chromium with its
+// field trial WebRTC-IceHandshakeDtls, which offers
+// a=ice-options:goog-sped-v1 and carries the DTLS handshake in the ICE
+// checks: the answer has the option (a=setup:passive, the transceiver the
+// DTLS server), the handshake is DTLS 1.3 and its datagrams came inside
+// the checks (internal/peer sped.go). With the transceiver's SPED off
+// (NoSPED) the same browser gets a plain handshake.
+func TestChromiumSPED(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		t.Run(map[bool]string{false: "sped", true: "sped off"}[off], func(t *testing.T) {
+			chromiumBin := chromiumPath(t)
+			wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := startTestDemo(t, Config{
+				HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Agent: agent.ModeEcho,
+				DTLSVersion: "1.2", // SPED sessions take 1.3 whatever the setting
+				NoSPED:      off,
+			}, slog.LevelDebug, nil)
+			page, results := startInteropPage(t)
+			ctx := startBrowser(t, chromiumBin, wav, chromium.FieldTrials(chromium.SPEDFieldTrial))
+			u := page + "/?shape=openai&api=" + url.QueryEscape(d.URL()+"/v1/realtime/calls")
+			if err := chromedp.Do(ctx, chromedp.Navigate(u)); err != nil {
+				t.Fatalf("navigate to %s: %v", u, err)
+			}
+			waitInterop(t, d, results, 60*time.Second)
+			if off {
+				checkDTLS(t, d, "chromium, SPED off", "1.2")
+			} else {
+				checkDTLS(t, d, "chromium with WebRTC-IceHandshakeDtls", "1.3 in_stun")
+			}
+		})
 	}
 }
 

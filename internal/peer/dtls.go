@@ -77,7 +77,12 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 		dtls.WithDisableRetransmitBackoff(true),
 		dtls.WithEllipticCurves(dtlsGroups...),
 		dtls.WithMinVersion(protocol.Version1_2),
-		dtls.WithMaxVersion(e.cfg.DTLSVersion.protocol()),
+	}
+	if s.cfg.SPED {
+		// Each datagram must fit in a Binding message (sped.go).
+		shared = append(shared, dtls.WithMaxVersion(protocol.Version1_3), dtls.WithMTU(spedMTU))
+	} else {
+		shared = append(shared, dtls.WithMaxVersion(e.cfg.DTLSVersion.protocol()))
 	}
 	var conn *dtls.Conn
 	var err error

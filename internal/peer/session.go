@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/tls"
 	"errors"
 	"net/netip"
@@ -145,6 +146,13 @@ type SessionConfig struct {
 	// channel closes with the session.
 	OnDataChannel func(*datachannel.DataChannel)
 
+	// SPED takes the DTLS handshake inside the ICE checks (sped.go): the
+	// offer and the answer have a=ice-options:goog-sped-v1. It needs Role
+	// DTLSServer and an ECDSA Certificate (a handshake datagram must fit
+	// in a Binding message), and negotiates up to DTLS 1.3 whatever
+	// Config.DTLSVersion says: only DTLS 1.3 saves the round trip.
+	SPED bool
+
 	// candidateTTL, if not 0, replaces candidateTTL (tests).
 	candidateTTL time.Duration
 	// flightInterval, if not 0, replaces the DTLS retransmission timeout
@@ -167,6 +175,7 @@ type Session struct {
 	e      *Endpoint
 	cfg    SessionConfig
 	dtls   *feed
+	sped   *sped // nil unless SessionConfig.SPED
 	rtpq   chan *[]byte
 	rdline *deadline.Deadline
 	ctx    context.Context // cancelled by Close
@@ -245,6 +254,10 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 		return nil, errors.New("peer: a session needs a DTLS certificate")
 	case len(cfg.Fingerprints) == 0:
 		return nil, errors.New("peer: a session needs the remote certificate's fingerprint")
+	case cfg.SPED && cfg.Role != DTLSServer:
+		return nil, errors.New("peer: a SPED session is the DTLS server (a=setup:passive)")
+	case cfg.SPED && !isECDSA(cfg.Certificate):
+		return nil, errors.New("peer: a SPED session needs an ECDSA certificate: an RSA one does not fit in a Binding message")
 	}
 	if cfg.RTPQueue <= 0 {
 		cfg.RTPQueue = 16
@@ -261,6 +274,9 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.dtls = newFeed(s)
+	if cfg.SPED {
+		s.sped = &sped{}
+	}
 	s.dtls.resendDelay = resendDelay
 	if cfg.resendDelay != 0 {
 		s.dtls.resendDelay = cfg.resendDelay
@@ -532,6 +548,23 @@ func (s *Session) SetupRTT() (time.Duration, bool) {
 	return time.Duration(c - a), true
 }
 
+// SPED reports whether a DTLS datagram of the client's came inside one
+// of its checks (SessionConfig.SPED, sped.go).
+func (s *Session) SPED() bool {
+	if s.sped == nil {
+		return false
+	}
+	s.sped.mu.Lock()
+	defer s.sped.mu.Unlock()
+	return s.sped.used
+}
+
+// isECDSA reports whether c's key is ECDSA.
+func isECDSA(c tls.Certificate) bool {
+	_, ok := c.PrivateKey.(*ecdsa.PrivateKey)
+	return ok
+}
+
 // DTLSVersion returns the DTLS version the handshake negotiated, or 0
 // before it has completed.
 func (s *Session) DTLSVersion() DTLSVersion { return DTLSVersion(s.dtlsVersion.Load()) }
@@ -682,6 +715,9 @@ func (s *Session) Close() error {
 			_ = conn.Close()
 		}
 		_ = s.dtls.Close()
+		if s.sped != nil {
+			s.sped.close()
+		}
 		s.e.forget(s)
 		if started {
 			<-s.done

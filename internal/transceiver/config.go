@@ -32,6 +32,9 @@ const (
 	// DefaultDTLSRole is the role taken in answers to actpass offers:
 	// "client" (a=setup:active, RFC 8842 §5.3).
 	DefaultDTLSRole = "client"
+	// DefaultSPED is Config.SPED's default, which the flag -sped starts
+	// from. (A Config built in code sets SPED itself: false is off.)
+	DefaultSPED = true
 	// DefaultDTLSVersion is Config.DTLSVersion's default.
 	DefaultDTLSVersion  = "1.2"
 	DefaultSetupTimeout = 30 * time.Second
@@ -156,6 +159,13 @@ type Config struct {
 	// Default DefaultDTLSVersion (docs/benchmarks.md, "Call setup",
 	// measures both with every client).
 	DTLSVersion string `yaml:"dtls_version"`
+	// SPED answers an offer that lists a=ice-options:goog-sped-v1
+	// (Chromium with its WebRTC-IceHandshakeDtls field trial) with it: the
+	// transceiver is then the DTLS server, with DTLS 1.3 whatever
+	// DTLSVersion says, and the handshake rides in the ICE checks and
+	// their responses (internal/peer sped.go), a round trip sooner.
+	// Default true (DefaultSPED).
+	SPED bool `yaml:"sped"`
 	// Auth turns on signaling authentication (internal/auth, docs/design.md §6):
 	// offers need a client token minted at POST /v1/client_tokens with an
 	// API key; PATCH and DELETE need the session's token or an API key.

@@ -52,3 +52,14 @@ func Options(bin, fakeAudio string, output io.Writer) []chromedp.ExecAllocatorOp
 		chromedp.CombinedOutput(output),
 	}
 }
+
+// SPEDFieldTrial is the field trial that makes Chromium offer
+// a=ice-options:goog-sped-v1 and carry its DTLS handshake in its ICE
+// checks (libwebrtc's WebRTC-IceHandshakeDtls; internal/peer sped.go).
+const SPEDFieldTrial = "WebRTC-IceHandshakeDtls/Enabled/"
+
+// FieldTrials returns the option that forces libwebrtc field trials, e.g.
+// SPEDFieldTrial ("Name/Group/" pairs, concatenated).
+func FieldTrials(trials string) chromedp.ExecAllocatorOption {
+	return chromedp.Flag("force-fieldtrials", trials)
+}
