@@ -27,6 +27,10 @@ const (
 	ClientPion     = "pion"
 	ClientChromium = "chromium"
 	ClientFirefox  = "firefox"
+	// ClientChromiumSPED is Chromium with its field trial
+	// WebRTC-IceHandshakeDtls (chromium.SPEDFieldTrial): it offers SPED
+	// and carries its DTLS handshake in its ICE checks.
+	ClientChromiumSPED = "chromium-sped"
 )
 
 // errNoChromium: no Chromium binary on PATH.
@@ -56,8 +60,8 @@ func chromiumPath() (string, error) {
 
 // startBrowser starts headless Chromium with a fake microphone that plays
 // the harness's tone, with the flags of the demo's browser test
-// (internal/demo/browser_test.go).
-func startBrowser(log *slog.Logger, audio *callclient.WAV) (*browser, error) {
+// (internal/demo/browser_test.go), and the field trials trials ("": none).
+func startBrowser(log *slog.Logger, audio *callclient.WAV, trials string) (*browser, error) {
 	bin, err := chromiumPath()
 	if err != nil {
 		return nil, err
@@ -73,6 +77,9 @@ func startBrowser(log *slog.Logger, audio *callclient.WAV) (*browser, error) {
 	}
 	b := &browser{dir: dir, output: &logbuf.Buffer{Max: 1 << 20}, log: log}
 	opts := chromium.Options(bin, wav, b.output)
+	if trials != "" {
+		opts = append(opts, chromium.FieldTrials(trials))
+	}
 	allocCtx, allocCancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(allocCtx,
 		chromedp.WithErrorf(func(format string, args ...any) { log.Debug("chromedp error: " + fmt.Sprintf(format, args...)) }),
@@ -154,8 +161,7 @@ const waitCallJS = `new Promise((resolve) => {
 })`
 
 // callChromium runs one call on st in a fresh tab and returns its phases.
-func (e *env) callChromium(ctx context.Context, st *stack) (sample, error) {
-	b := e.browser
+func (e *env) callChromium(ctx context.Context, st *stack, b *browser) (sample, error) {
 	tctx, tcancel := chromedp.NewContext(b.ctx)
 	defer func() {
 		// Closes the tab.
