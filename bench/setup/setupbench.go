@@ -81,9 +81,9 @@ type Options struct {
 	// to Pion only. Clients, if set, replaces it.
 	Client string
 	// Clients are several of Client's values, measured in one run, their
-	// calls interleaved with the paths', roles' and versions'. With
-	// "firefox" among them every stack listens on the host end of
-	// Firefox's network namespace, which the others reach as well.
+	// calls interleaved with the paths', roles' and versions'. Firefox's
+	// stacks listen on the host end of its network namespace, the others'
+	// on 127.0.0.1.
 	Clients []string
 	// DTLSVersions are the transceiver's -dtls-version settings measured
 	// on every path and role ("1.2", "1.3"); default the transceiver's
@@ -450,7 +450,7 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 		} else if err != nil {
 			return nil, err
 		} else {
-			env.firefox, env.host = d, d.ns.HostIP
+			env.firefox, env.fxHost = d, d.ns.HostIP
 			env.defer_(d.close)
 			name(ClientFirefox, d.version)
 		}

@@ -50,9 +50,11 @@ type env struct {
 	turnErr   error
 	browsers  map[string]*browser // by client: "chromium", "chromium-sped"
 	firefox   *firefoxDriver
-	// host is the address the client reaches the stacks' proxies on:
-	// 127.0.0.1, or the host end of Firefox's network namespace.
+	// host is the address the client of the stack being built reaches
+	// its proxies on: 127.0.0.1, or for Firefox fxHost, the host end of
+	// its network namespace (newStack sets it).
 	host    string
+	fxHost  string
 	nextID  uint32
 	closers []func() // run in reverse order
 }
@@ -107,6 +109,10 @@ type stack struct {
 // newStack builds a path. It returns a nil stack and a note when the path
 // cannot run here.
 func (e *env) newStack(path, role, version, kind string) (*stack, string, error) {
+	e.host = "127.0.0.1" // a browser's page there is a secure context
+	if kind == ClientFirefox {
+		e.host = e.fxHost
+	}
 	half := e.opts.RTT / 2
 	delay := impair.Config{Delay: half, Loss: e.opts.Loss}
 	if e.opts.DropFlight != "" {
