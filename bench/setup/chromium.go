@@ -31,6 +31,10 @@ const (
 	// WebRTC-IceHandshakeDtls (chromium.SPEDFieldTrial): it offers SPED
 	// and carries its DTLS handshake in its ICE checks.
 	ClientChromiumSPED = "chromium-sped"
+	// ClientChromiumSPEDNoPQ is ClientChromiumSPED without its
+	// post-quantum key share (chromium.NoPQDTLS): a ClientHello of one
+	// datagram, the case SPED saves its round trip in.
+	ClientChromiumSPEDNoPQ = "chromium-sped-nopq"
 )
 
 // errNoChromium: no Chromium binary on PATH.
@@ -60,8 +64,8 @@ func chromiumPath() (string, error) {
 
 // startBrowser starts headless Chromium with a fake microphone that plays
 // the harness's tone, with the flags of the demo's browser test
-// (internal/demo/browser_test.go), and the field trials trials ("": none).
-func startBrowser(log *slog.Logger, audio *callclient.WAV, trials string) (*browser, error) {
+// (internal/demo/browser_test.go), and extra options.
+func startBrowser(log *slog.Logger, audio *callclient.WAV, extra ...chromedp.ExecAllocatorOption) (*browser, error) {
 	bin, err := chromiumPath()
 	if err != nil {
 		return nil, err
@@ -77,9 +81,7 @@ func startBrowser(log *slog.Logger, audio *callclient.WAV, trials string) (*brow
 	}
 	b := &browser{dir: dir, output: &logbuf.Buffer{Max: 1 << 20}, log: log}
 	opts := chromium.Options(bin, wav, b.output)
-	if trials != "" {
-		opts = append(opts, chromium.FieldTrials(trials))
-	}
+	opts = append(opts, extra...)
 	allocCtx, allocCancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(allocCtx,
 		chromedp.WithErrorf(func(format string, args ...any) { log.Debug("chromedp error: " + fmt.Sprintf(format, args...)) }),

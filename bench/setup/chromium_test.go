@@ -70,8 +70,11 @@ func TestExpectedChromium(t *testing.T) {
 	if got, want := expectedFor(ClientChromium, PathRelay, RoleServer, "1.3", false), (Expected{0, 1, 2, 3, 3.5, 4}); got != want {
 		t.Errorf("relay, role server, DTLS 1.3: %+v, want %+v", got, want)
 	}
-	if got, want := expectedFor(ClientChromiumSPED, PathRelay, RoleServer, "1.3", false), (Expected{0, 1, 2, 2, 2.5, 3}); got != want {
+	if got, want := expectedFor(ClientChromiumSPEDNoPQ, PathRelay, RoleServer, "1.3", false), (Expected{0, 1, 2, 2, 2.5, 3}); got != want {
 		t.Errorf("relay, SPED: %+v, want %+v", got, want)
+	}
+	if got, want := expectedFor(ClientChromiumSPED, PathRelay, RoleServer, "1.3", false), (Expected{0, 1, 2, 3, 3.5, 4}); got != want {
+		t.Errorf("relay, SPED with a ClientHello of two datagrams: %+v, want %+v", got, want)
 	}
 	if _, err := (Options{Client: "lynx"}).withDefaults(); !errors.Is(err, ErrOptions) {
 		t.Errorf("client lynx: %v, want ErrOptions", err)

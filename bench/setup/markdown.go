@@ -33,15 +33,17 @@ func Markdown(results []Result, opts Options) string {
 		}
 	}
 	has := func(k string) bool { _, ok := kinds[k]; return ok }
-	chromium := has(ClientChromium) || has(ClientChromiumSPED)
+	chromium := has(ClientChromium) || has(ClientChromiumSPED) || has(ClientChromiumSPEDNoPQ)
 	browser := chromium || has(ClientFirefox)
 	b.WriteString("Each cell is `ms (round trips; expected)`. Clients:")
-	if has(ClientChromium) || has(ClientChromiumSPED) {
+	if chromium {
 		name := kinds[ClientChromium]
-		if name == "" {
-			name = strings.TrimSuffix(kinds[ClientChromiumSPED], " with WebRTC-IceHandshakeDtls")
+		for _, k := range []string{ClientChromiumSPED, ClientChromiumSPEDNoPQ} {
+			if name == "" {
+				name, _, _ = strings.Cut(kinds[k], " with ")
+			}
 		}
-		fmt.Fprintf(&b, " headless %s running the demo page (`internal/web`), one browser per client (with `--force-fieldtrials=WebRTC-IceHandshakeDtls/Enabled/` for chromium-sped), a fresh tab per call; "+
+		fmt.Fprintf(&b, " headless %s running the demo page (`internal/web`), one browser per client (with `--force-fieldtrials=WebRTC-IceHandshakeDtls/Enabled/` for chromium-sped, and also `--disable-features=WebRtcPqcForDtls` for chromium-sped-nopq), a fresh tab per call; "+
 			"times taken in the page on its `performance.now()` clock (first echo: `getStats` polled every 5 ms; first audio at backend: the backend's clock mapped onto the page's).", name)
 	}
 	if has(ClientFirefox) {
@@ -72,13 +74,13 @@ func Markdown(results []Result, opts Options) string {
 	}
 	key := func(r Result) string { return r.Kind + "/" + r.DTLSRole + "/" + r.DTLSVersion }
 	label := func(r Result) string {
-		if r.Kind == ClientChromiumSPED {
-			return r.Kind + " " + r.Path + " SPED"
+		if isSPED(r.Kind) {
+			return r.Kind + " " + r.Path
 		}
 		return r.Kind + " " + r.Path + " " + r.DTLSRole + "/" + r.DTLSVersion
 	}
 	dtlsCell := func(r Result) string {
-		if r.Kind == ClientChromiumSPED {
+		if isSPED(r.Kind) {
 			return "SPED (server, 1.3)"
 		}
 		return r.DTLSRole + ", " + r.DTLSVersion
@@ -156,8 +158,11 @@ func Markdown(results []Result, opts Options) string {
 	if browser {
 		b.WriteString("| DTLS connected, `-dtls-version 1.3` | +1 (both roles) | DTLS 1.3 (Chromium and Firefox take it): in role server the browser, DTLS client, is done as it takes the transceiver's first flight, a round trip before DTLS 1.2's; in role client the browser, DTLS server, waits for the transceiver's Finished either way |\n")
 	}
+	if has(ClientChromiumSPEDNoPQ) {
+		b.WriteString("| ICE and DTLS connected, SPED | +1 | chromium-sped-nopq: the ClientHello rides Chromium's first check, the transceiver's DTLS 1.3 ServerHello…Finished the response to it; Chromium's pair turns writable and its DTLS client is done on that one response |\n")
+	}
 	if has(ClientChromiumSPED) {
-		b.WriteString("| ICE and DTLS connected, SPED | +1 | chromium-sped: the ClientHello rides Chromium's first check, the transceiver's DTLS 1.3 ServerHello…Finished the response to it; Chromium's pair turns writable and its DTLS client is done on that one response |\n")
+		b.WriteString("| DTLS connected, SPED with Chromium's post-quantum ClientHello | +2 | chromium-sped: the ClientHello (an X25519MLKEM768 key share, 1,413 bytes) spans two datagrams; the first rides the first check, the second leaves once that check's response made Chromium's ICE writable, and the ServerHello flight answers it a round trip after the first check's |\n")
 	}
 	if has(ClientPion) {
 		b.WriteString("| ICE connected | +2 (TURN +3) | Pion uses regular nomination: a check makes the pair valid (1), a USE-CANDIDATE check nominates it (1); the ICE-lite server selects the pair 0.5 RTT after the nomination leaves. TURN: CreatePermission first (+1) |\n")

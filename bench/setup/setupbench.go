@@ -11,6 +11,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/chromium"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
@@ -158,8 +160,8 @@ func (o Options) withDefaults() (Options, error) {
 		o.Clients = []string{o.Client}
 	}
 	for _, c := range o.Clients {
-		if !slices.Contains([]string{ClientPion, ClientChromium, ClientChromiumSPED, ClientFirefox}, c) {
-			return o, fmt.Errorf("%w: client %q is not pion, chromium, chromium-sped or firefox", ErrOptions, c)
+		if !slices.Contains([]string{ClientPion, ClientChromium, ClientChromiumSPED, ClientChromiumSPEDNoPQ, ClientFirefox}, c) {
+			return o, fmt.Errorf("%w: client %q is not pion, chromium, chromium-sped, chromium-sped-nopq or firefox", ErrOptions, c)
 		}
 	}
 	o.Client = o.Clients[0]
@@ -290,6 +292,11 @@ func expectedSPED(path string) Expected {
 	return e
 }
 
+// isSPED reports whether a client offers SPED.
+func isSPED(client string) bool {
+	return client == ClientChromiumSPED || client == ClientChromiumSPEDNoPQ
+}
+
 // expectedFor is the model of a client, path, transceiver role and
 // DTLS version setting. With DTLS 1.3 a browser's handshake is a round
 // trip shorter in role server (the DTLS 1.3 client is done once it takes
@@ -299,6 +306,16 @@ func expectedSPED(path string) Expected {
 func expectedFor(client, path, role, version string, clientHelloVerify bool) Expected {
 	switch client {
 	case ClientChromiumSPED:
+		// Chromium 156's ClientHello carries a post-quantum key share and
+		// spans two datagrams: the first rides its first check, the
+		// second leaves once that check's response made its ICE
+		// writable, so the ServerHello flight comes a round trip later.
+		e := expectedSPED(path)
+		e.DTLS++
+		e.FirstAudioBackend++
+		e.FirstAudioClient++
+		return e
+	case ClientChromiumSPEDNoPQ:
 		return expectedSPED(path)
 	case ClientChromium, ClientFirefox:
 		e := expectedChromium(path, role)
@@ -391,8 +408,8 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 	var results []Result
 	for _, cl := range opts.Clients {
 		for _, p := range opts.Paths {
-			if cl == ClientChromiumSPED {
-				results = append(results, Result{Path: p, DTLSRole: RoleServer, DTLSVersion: "1.3", Kind: cl, Client: cl, Expected: expectedSPED(p)})
+			if isSPED(cl) {
+				results = append(results, Result{Path: p, DTLSRole: RoleServer, DTLSVersion: "1.3", Kind: cl, Client: cl, Expected: expectedFor(cl, p, RoleServer, "1.3", false)})
 				continue
 			}
 			for _, role := range opts.DTLSRoles {
@@ -417,15 +434,20 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 			}
 		}
 	}
-	for _, kind := range []string{ClientChromium, ClientChromiumSPED} {
+	for _, kind := range []string{ClientChromium, ClientChromiumSPED, ClientChromiumSPEDNoPQ} {
 		if !slices.Contains(opts.Clients, kind) {
 			continue
 		}
-		var trials string
-		if kind == ClientChromiumSPED {
-			trials = chromium.SPEDFieldTrial
+		var extra []chromedp.ExecAllocatorOption
+		suffix := ""
+		switch kind {
+		case ClientChromiumSPED:
+			extra, suffix = []chromedp.ExecAllocatorOption{chromium.FieldTrials(chromium.SPEDFieldTrial)}, " with WebRTC-IceHandshakeDtls"
+		case ClientChromiumSPEDNoPQ:
+			extra = []chromedp.ExecAllocatorOption{chromium.FieldTrials(chromium.SPEDFieldTrial), chromium.NoPQDTLS()}
+			suffix = " with WebRTC-IceHandshakeDtls, without WebRtcPqcForDtls"
 		}
-		b, err := startBrowser(log, env.audio, trials)
+		b, err := startBrowser(log, env.audio, extra...)
 		if errors.Is(err, errNoChromium) && os.Getenv("CI") == "" {
 			skip(kind, "skipped: chromium is not installed (Debian: apt-get install chromium)")
 			log.Warn("chromium is not installed; its paths skipped")
@@ -436,11 +458,7 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 		}
 		env.browsers[kind] = b
 		env.defer_(b.close)
-		if trials != "" {
-			name(kind, b.version+" with WebRTC-IceHandshakeDtls")
-		} else {
-			name(kind, b.version)
-		}
+		name(kind, b.version+suffix)
 	}
 	if slices.Contains(opts.Clients, ClientFirefox) {
 		d, err := startFirefox(log)
@@ -535,7 +553,7 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 // call runs one call on st, with st's client, and returns its phases.
 func (e *env) call(ctx context.Context, st *stack) (sample, error) {
 	switch st.kind {
-	case ClientChromium, ClientChromiumSPED:
+	case ClientChromium, ClientChromiumSPED, ClientChromiumSPEDNoPQ:
 		return e.callChromium(ctx, st, e.browsers[st.kind])
 	case ClientFirefox:
 		return e.callFirefox(ctx, st)

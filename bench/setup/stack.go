@@ -163,7 +163,7 @@ func (e *env) newStack(path, role, version, kind string) (*stack, string, error)
 		return st, "", err
 
 	case PathTCP:
-		if kind == ClientChromium || kind == ClientChromiumSPED {
+		if kind == ClientChromium || isSPED(kind) {
 			// Chromium here has UDP, which it prefers: its TCP calls are
 			// measured where UDP is dropped (internal/demo TestBrowsersOverTCP).
 			return nil, "skipped for chromium: it selects UDP where UDP works; see internal/demo TestBrowsersOverTCP", nil

@@ -46,8 +46,12 @@ var srtpProfiles = []dtls.SRTPProtectionProfile{
 	dtls.SRTP_AES128_CM_HMAC_SHA1_80,
 }
 
-// dtlsGroups are the key exchange groups, most preferred first (above).
-var dtlsGroups = []elliptic.Curve{elliptic.X25519, elliptic.P256, elliptic.P384, elliptic.X25519MLKEM768}
+// Key exchange groups, most preferred first (above): the server's, the
+// client's.
+var (
+	dtlsServerGroups = []elliptic.Curve{elliptic.X25519, elliptic.P256, elliptic.P384, elliptic.X25519MLKEM768}
+	dtlsClientGroups = []elliptic.Curve{elliptic.X25519, elliptic.P256, elliptic.P384}
+)
 
 // replayWindow is the SRTP and SRTCP replay window, in packets (RFC 3711
 // §3.3.2 asks for at least 64), as Pion's SRTP sessions keep.
@@ -75,7 +79,6 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 		// decides which go (feed.go, "Retransmission pacing").
 		dtls.WithFlightInterval(s.flightInterval()),
 		dtls.WithDisableRetransmitBackoff(true),
-		dtls.WithEllipticCurves(dtlsGroups...),
 		dtls.WithMinVersion(protocol.Version1_2),
 	}
 	if s.cfg.SPED {
@@ -93,6 +96,7 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 		for _, o := range shared {
 			opts = append(opts, o)
 		}
+		opts = append(opts, dtls.WithEllipticCurves(dtlsClientGroups...))
 		conn, err = dtls.Client(s.dtls, raddr, opts...)
 	} else {
 		opts := make([]dtls.ServerOption, 0, len(shared)+2)
@@ -101,7 +105,8 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 		}
 		// The skip covers DTLS 1.2's HelloVerifyRequest and DTLS 1.3's
 		// cookie HelloRetryRequest alike (RFC 9147 §5.1).
-		opts = append(opts, dtls.WithClientAuth(dtls.RequireAnyClientCert), dtls.WithInsecureSkipVerifyHello(e.cfg.InsecureSkipHelloVerify))
+		opts = append(opts, dtls.WithClientAuth(dtls.RequireAnyClientCert), dtls.WithInsecureSkipVerifyHello(e.cfg.InsecureSkipHelloVerify),
+			dtls.WithEllipticCurves(dtlsServerGroups...))
 		conn, err = dtls.Server(s.dtls, raddr, opts...)
 	}
 	if err != nil {

@@ -63,3 +63,12 @@ const SPEDFieldTrial = "WebRTC-IceHandshakeDtls/Enabled/"
 func FieldTrials(trials string) chromedp.ExecAllocatorOption {
 	return chromedp.Flag("force-fieldtrials", trials)
 }
+
+// NoPQDTLS turns off Chromium's post-quantum DTLS key share (its feature
+// WebRtcPqcForDtls, on in 156): with it Chromium's ClientHello carries an
+// X25519MLKEM768 share of 1,216 bytes and spans two datagrams, so that a
+// SPED handshake's ServerHello waits for the second, which Chromium sends
+// once its ICE is up, a round trip after its first check.
+func NoPQDTLS() chromedp.ExecAllocatorOption {
+	return chromedp.Flag("disable-features", "WebRtcPqcForDtls")
+}
