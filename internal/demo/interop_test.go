@@ -237,14 +237,25 @@ func testOpenAISnippetChromium(t *testing.T, version string) {
 
 // TestChromiumSPED runs the OpenAI snippet's call from Chromium with its
 // field trial WebRTC-IceHandshakeDtls, which offers
-// a=ice-options:goog-sped-v1 and carries the DTLS handshake in the ICE
-// checks: the answer has the option (a=setup:passive, the transceiver the
-// DTLS server), the handshake is DTLS 1.3 and its datagrams came inside
-// the checks (internal/peer sped.go). With the transceiver's SPED off
-// (NoSPED) the same browser gets a plain handshake.
+// a=ice-options:sped googspedv1 and carries the DTLS handshake in the ICE
+// checks: the answer has the options (a=setup:passive, the transceiver the
+// DTLS server), the handshake is DTLS 1.3 and the client's datagrams came
+// inside its checks (internal/peer sped.go). Chromium 156's ClientHello
+// carries a post-quantum key share and spans two datagrams; without it
+// (--disable-features=WebRtcPqcForDtls) the transceiver's whole first
+// flight rides the response to the first check. With the transceiver's
+// SPED off (NoSPED) the same browser gets a plain handshake.
 func TestChromiumSPED(t *testing.T) {
-	for _, off := range []bool{false, true} {
-		t.Run(map[bool]string{false: "sped", true: "sped off"}[off], func(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		off   bool
+		extra []chromedp.ExecAllocatorOption
+	}{
+		{"sped", false, nil},
+		{"sped without post-quantum key share", false, []chromedp.ExecAllocatorOption{chromium.NoPQDTLS()}},
+		{"sped off", true, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			chromiumBin := chromiumPath(t)
 			wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
 			if err != nil {
@@ -253,22 +264,58 @@ func TestChromiumSPED(t *testing.T) {
 			d := startTestDemo(t, Config{
 				HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Agent: agent.ModeEcho,
 				DTLSVersion: "1.2", // SPED sessions take 1.3 whatever the setting
-				NoSPED:      off,
+				NoSPED:      tc.off,
 			}, slog.LevelDebug, nil)
 			page, results := startInteropPage(t)
-			ctx := startBrowser(t, chromiumBin, wav, chromium.FieldTrials(chromium.SPEDFieldTrial))
+			ctx := startBrowser(t, chromiumBin, wav, append(tc.extra, chromium.FieldTrials(chromium.SPEDFieldTrial))...)
 			u := page + "/?shape=openai&api=" + url.QueryEscape(d.URL()+"/v1/realtime/calls")
 			if err := chromedp.Do(ctx, chromedp.Navigate(u)); err != nil {
 				t.Fatalf("navigate to %s: %v", u, err)
 			}
 			waitInterop(t, d, results, 60*time.Second)
-			if off {
+			in, out := spedDatagrams(t, d)
+			t.Logf("DTLS datagrams in the checks: %d from the client, %d to it in Binding responses", in, out)
+			switch {
+			case tc.off:
 				checkDTLS(t, d, "chromium, SPED off", "1.2")
-			} else {
+				if in+out != 0 {
+					t.Errorf("SPED off, yet %d datagrams rode the checks", in+out)
+				}
+			default:
 				checkDTLS(t, d, "chromium with WebRTC-IceHandshakeDtls", "1.3 in_stun")
+				if in == 0 {
+					t.Error("no DTLS datagram of the client's came in a check")
+				}
+				if tc.extra != nil && out == 0 {
+					t.Error("the transceiver's first flight rode no Binding response")
+				}
 			}
 		})
 	}
+}
+
+// spedDatagrams returns the demo's switchboard_transceiver_sped_datagrams_total
+// from_client and to_client, from /metrics.
+func spedDatagrams(t *testing.T, d *Demo) (in, out int) {
+	t.Helper()
+	resp, err := http.Get(d.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`(?m)^switchboard_transceiver_sped_datagrams_total\{direction="(\w+)"\} (\d+)$`).FindAllStringSubmatch(string(b), -1) {
+		n, _ := strconv.Atoi(m[2])
+		if m[1] == "from_client" {
+			in = n
+		} else {
+			out = n
+		}
+	}
+	return in, out
 }
 
 // firefoxPrefs make a headless Firefox ESR call on this machine: a fake

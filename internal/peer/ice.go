@@ -121,7 +121,9 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 	if sp.hold {
 		s.sped.hold(s, m.TransactionID, addr, cred)
 	} else if err := bindingResponse(&rd.res, m.TransactionID, addr, cred, sp); err == nil {
-		_, _ = e.conn.WriteToAddrPort(rd.res.Raw, addr)
+		if _, err := e.conn.WriteToAddrPort(rd.res.Raw, addr); err == nil && sp.data != nil {
+			e.spedOut.Add(1)
+		}
 	}
 	switch {
 	case start:

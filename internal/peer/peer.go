@@ -252,6 +252,9 @@ type Endpoint struct {
 
 	drops [NumDropReasons]atomic.Uint64
 	moves [NumMoveReasons]atomic.Uint64
+	// SPED's DTLS datagrams (sped.go): taken from checks, sent in
+	// Binding responses.
+	spedIn, spedOut atomic.Uint64
 
 	closeOnce sync.Once
 }
@@ -322,6 +325,22 @@ func (e *Endpoint) Moves() [NumMoveReasons]uint64 {
 		m[i] = e.moves[i].Load()
 	}
 	return m
+}
+
+// SPEDStats are an Endpoint's counts of DTLS datagrams carried in the ICE
+// checks (SPED, sped.go).
+type SPEDStats struct {
+	// In: the clients' DTLS datagrams taken from their checks (fresh,
+	// from the selected address) into the handshake.
+	In uint64
+	// Out: the sessions' own DTLS datagrams sent inside Binding
+	// responses.
+	Out uint64
+}
+
+// SPEDStats returns the Endpoint's SPED counts.
+func (e *Endpoint) SPEDStats() SPEDStats {
+	return SPEDStats{In: e.spedIn.Load(), Out: e.spedOut.Load()}
 }
 
 func (e *Endpoint) drop(r DropReason) {

@@ -214,6 +214,7 @@ func (sp *sped) onCheck(s *Session, m *stun.Message, selected bool) spedReply {
 	switch {
 	case hasData && len(data) > 0 && selected && isDTLS(data):
 		sp.used = true
+		s.e.spedIn.Add(1)
 		sp.noteReceived(data)
 		// The read loop's push, as for a plain datagram; a full queue
 		// drops it, as it would a plain one, and the client sends it
@@ -403,8 +404,13 @@ func (s *Session) sendResponse(h *held, acks []uint32, data []byte) bool {
 	if err := bindingResponse(&res, h.txid, h.addr, h.cred, spedReply{ack: true, acks: acks, data: data}); err != nil {
 		return false
 	}
-	_, err := s.e.conn.WriteToAddrPort(res.Raw, h.addr)
-	return err == nil
+	if _, err := s.e.conn.WriteToAddrPort(res.Raw, h.addr); err != nil {
+		return false
+	}
+	if data != nil {
+		s.e.spedOut.Add(1)
+	}
+	return true
 }
 
 // bindingResponse builds into res the Binding success response to the

@@ -241,6 +241,13 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	pionSuppressed := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_pion_log_suppressed_total", Help: "Pion log lines dropped over the per-scope limit (20 at once, then 5 a second).",
 	}, func() float64 { return float64(s.pion.Suppressed()) })
+	const spedHelp = "DTLS datagrams carried in the ICE checks (SPED), by direction: from_client (taken from clients' checks into the handshake), to_client (sent inside Binding responses)."
+	spedIn := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "switchboard_transceiver_sped_datagrams_total", Help: spedHelp, ConstLabels: prometheus.Labels{"direction": "from_client"},
+	}, func() float64 { return float64(s.PeerSPED().In) })
+	spedOut := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "switchboard_transceiver_sped_datagrams_total", Help: spedHelp, ConstLabels: prometheus.Labels{"direction": "to_client"},
+	}, func() float64 { return float64(s.PeerSPED().Out) })
 	socketDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_socket_dropped_total", Help: "Datagrams the kernel dropped at the transceiver's UDP socket (internal hop, or clients with -direct) because its receive buffer was full: they never reached the transceiver (Linux SO_MEMINFO; 0 elsewhere).",
 	}, func() float64 {
@@ -252,6 +259,6 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	})
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
 		m.setup, m.setupPhase, m.setupFailures, m.dtlsHandshakes, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped)
+		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped, spedIn, spedOut)
 	return m
 }

@@ -194,6 +194,15 @@ func (s *Server) HopStats() hop.ConnStats {
 	return s.conn.Stats()
 }
 
+// PeerSPED returns the WebRTC endpoint's counts of DTLS datagrams carried
+// in the ICE checks (peer.Endpoint.SPEDStats).
+func (s *Server) PeerSPED() peer.SPEDStats {
+	if s.peer == nil {
+		return peer.SPEDStats{}
+	}
+	return s.peer.SPEDStats()
+}
+
 // PeerMoves returns how many times the WebRTC endpoint moved sessions'
 // media to another client address, by reason (peer.Endpoint.Moves).
 func (s *Server) PeerMoves() [peer.NumMoveReasons]uint64 {
