@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -133,7 +134,7 @@ func Start(cfg Config) (*Demo, error) {
 	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
-		return nil, fmt.Errorf("demo: the page's address (-http): %w", err)
+		return nil, fmt.Errorf("demo: the page's address (-http): %w%s", err, inUse(err, "-http"))
 	}
 	// The bridge on a port of its own, as a separate agent would be: a
 	// flood of the page's port does not take the transceiver's way to its
@@ -160,7 +161,7 @@ func Start(cfg Config) (*Demo, error) {
 	if err != nil {
 		_ = ln.Close()
 		_ = bln.Close()
-		return nil, fmt.Errorf("demo: the relay's address (-relay): %w", err)
+		return nil, fmt.Errorf("demo: the relay's address (-relay): %w%s", err, inUse(err, "-relay"))
 	}
 	internal := rly.InternalAddr()
 	var advertiseTCP string
@@ -275,4 +276,13 @@ func (d *Demo) Close() error {
 		err = rerr
 	}
 	return err
+}
+
+// inUse says what to do about err when it is an address in use (a demo
+// left running in another terminal, most often): "" for other errors.
+func inUse(err error, flag string) string {
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return ""
+	}
+	return " (is a demo already running, in another terminal? Stop it, or give " + flag + " another address)"
 }

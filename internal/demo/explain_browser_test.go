@@ -27,6 +27,30 @@ const errorBoxJS = `(() => ({hidden: document.getElementById("error").hidden,
 	state: window.switchboard.state, error: window.switchboard.error, sbHint: window.switchboard.hint,
 	callDisabled: document.getElementById("call").disabled}))()`
 
+// brokenFlagsJS returns every command-line flag ("-backend") in the
+// page's hints, error and data-channel echo that the browser breaks across
+// two lines, at any width of the page from a phone's to a desktop's: a
+// line broke after the hyphen of "-backend" at the test's own width.
+const brokenFlagsJS = `(() => {
+	const main = document.querySelector("main"), saved = main.style.width, bad = [];
+	for (let w = 260; w <= 760; w += 4) {
+		main.style.width = w + "px";
+		for (const id of ["error-message", "error-hint", "hint", "echo"]) {
+			const walk = document.createTreeWalker(document.getElementById(id), NodeFilter.SHOW_TEXT);
+			for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+				for (const m of n.data.matchAll(/(^|[\s(])(-[a-z][a-z-]*)/g)) {
+					const r = document.createRange(), at = m.index + m[1].length;
+					r.setStart(n, at);
+					r.setEnd(n, at + m[2].length);
+					if (r.getClientRects().length > 1) bad.push(w + " px: " + m[2]);
+				}
+			}
+		}
+	}
+	main.style.width = saved;
+	return bad;
+})()`
+
 type errorBox struct {
 	Hidden       bool
 	Message      string
@@ -92,6 +116,13 @@ func TestPageExplainsItself(t *testing.T) {
 			!strings.Contains(b.Hint, "The agent behind the server is down: is the backend running at the transceiver's -backend URL") ||
 			b.State != "failed" || b.CallDisabled || deref(b.SbHint) != b.Hint {
 			t.Errorf("backend down: %+v", b)
+		}
+		broken, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](brokenFlagsJS))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(broken) > 0 {
+			t.Errorf("flags broken across lines (page width: flag): %q", broken)
 		}
 		for _, m := range console() {
 			if strings.Contains(m, "Content Security Policy") || strings.Contains(m, "Refused to") {

@@ -124,6 +124,11 @@ func TestPendingBounds(t *testing.T) {
 		t.Fatalf("after the check timeout: %d sessions, %d pending, backend told no_check %d times, %d backend sessions open",
 			s.Sessions(), s.Pending(), b.ended(ReasonNoCheck), b.open.Load())
 	}
+	// Each is a setup failure at the first phase (issue 28: a firewall
+	// shows as ice/no_check, not as a bare setup timeout).
+	if n := testutil.ToFloat64(s.metrics.setupFailures.WithLabelValues(phaseICE, failNoCheck)); n != 5 {
+		t.Fatalf("setup failures ice/no_check: %v, want 5", n)
+	}
 	// A client that connects leaves the pending count, and having checked
 	// it outlives the check timeout.
 	c := dialLive(t, url, nil)
