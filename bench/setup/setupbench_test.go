@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+
 	"go.uber.org/goleak"
 )
 
@@ -44,7 +46,8 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	md := Markdown(res, opts)
-	for _, want := range []string{"| pion | direct | client, 1.2 |", "| pion | relay | server, 1.2 |", "| pion | global | client, 1.2 |", "| pion | tcp | client, 1.2 |", "≤ 3 RTT", "Relay over direct"} {
+	v := transceiver.DefaultDTLSVersion
+	for _, want := range []string{"| pion | direct | client, " + v + " |", "| pion | relay | server, " + v + " |", "| pion | global | client, " + v + " |", "| pion | tcp | client, " + v + " |", "≤ 3 RTT", "Relay over direct"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("Markdown lacks %q:\n%s", want, md)
 		}
