@@ -116,10 +116,10 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 	// the handshake's answer to the check's DTLS.
 	var sp spedReply
 	if s.sped != nil {
-		sp = s.sped.onCheck(s, m, fresh && addr == s.remote())
+		sp = s.sped.onCheck(s, m, addr, cred, fresh && addr == s.remote())
 	}
 	if sp.hold {
-		s.sped.hold(s, m.TransactionID, addr, cred)
+		s.sped.hold(s)
 	} else if err := bindingResponse(&rd.res, m.TransactionID, addr, cred, sp); err == nil {
 		if _, err := e.conn.WriteToAddrPort(rd.res.Raw, addr); err == nil && sp.data != nil {
 			e.spedOut.Add(1)

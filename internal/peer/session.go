@@ -160,6 +160,8 @@ type SessionConfig struct {
 	flightInterval time.Duration
 	// resendDelay, if not 0, replaces resendDelay; negative: none (tests).
 	resendDelay time.Duration
+	// spedWait, if not 0, replaces spedResponseWait (tests).
+	spedWait time.Duration
 }
 
 // credentials are a session's current ICE credentials.

@@ -98,11 +98,14 @@ const (
 	// maxSPEDData bounds the responses that carry a DTLS datagram, per
 	// session.
 	maxSPEDData = 16
-	// spedResponseWait is how long the response to a check that carried
-	// DTLS waits for the handshake's answer before it goes with the ACK
-	// alone: the DTLS goroutine takes about a millisecond for a ServerHello
-	// flight.
-	spedResponseWait = 5 * time.Millisecond
+	// spedResponseWait is how long the response to the check that ended
+	// the ClientHello waits for the handshake's answer before it goes with
+	// the ACK alone. The DTLS goroutine takes about a millisecond for its
+	// ServerHello flight (0.8–1.3 ms here), several on a loaded machine,
+	// and the response leaves as soon as it has: the bound only matters
+	// when the handshake is slower still, and then its flight goes plain
+	// right after.
+	spedResponseWait = 20 * time.Millisecond
 )
 
 // spedState is how far a session's piggybacking has come.
@@ -192,7 +195,7 @@ type spedReply struct {
 // its response carries. selected is true for a fresh check (not in the
 // transaction-ID ring) from the selected address, the only kind whose DTLS
 // feeds the handshake and whose response may carry a datagram. Read loop.
-func (sp *sped) onCheck(s *Session, m *stun.Message, selected bool) spedReply {
+func (sp *sped) onCheck(s *Session, m *stun.Message, addr netip.AddrPort, cred *credentials, selected bool) spedReply {
 	data, ack, hasData, hasAck := inSTUN(m)
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
@@ -216,13 +219,17 @@ func (sp *sped) onCheck(s *Session, m *stun.Message, selected bool) spedReply {
 		sp.used = true
 		s.e.spedIn.Add(1)
 		sp.noteReceived(data)
+		// The response waits for the handshake's answer, held before the
+		// datagram is queued: a running handshake may answer at once.
+		if r.hold = !sp.done && sp.held == nil && !sp.wrote && endsClientHello(data); r.hold {
+			sp.held = &held{txid: m.TransactionID, addr: addr, cred: cred}
+		}
 		// The read loop's push, as for a plain datagram; a full queue
 		// drops it, as it would a plain one, and the client sends it
 		// again (its next check, or plain).
 		if !s.dtls.enqueue(data) {
 			s.e.drop(DropDTLSQueueFull)
 		}
-		r.hold = !sp.done && sp.held == nil && !sp.wrote && endsClientHello(data)
 	case !hasData:
 		if sp.done {
 			// The client is done too (libwebrtc: a message without DTLS
@@ -320,14 +327,21 @@ func (sp *sped) nextData() []byte {
 	return b
 }
 
-// hold keeps the response to the check that fed DTLS until the
-// handshake's answer is written (written) or spedResponseWait passes,
-// when it goes with the ACK alone. Read loop.
-func (sp *sped) hold(s *Session, txid [stun.TransactionIDSize]byte, addr netip.AddrPort, cred *credentials) {
-	h := &held{txid: txid, addr: addr, cred: cred}
+// hold keeps the response to the check that fed DTLS (onCheck made it
+// sp.held) until the handshake's answer is written (written) or
+// spedResponseWait passes, when it goes with the ACK alone. Read loop.
+func (sp *sped) hold(s *Session) {
 	sp.mu.Lock()
-	sp.held = h
-	h.timer = time.AfterFunc(spedResponseWait, func() {
+	h := sp.held
+	if h == nil {
+		sp.mu.Unlock()
+		return // the handshake's answer took it already
+	}
+	wait := spedResponseWait
+	if s.cfg.spedWait > 0 {
+		wait = s.cfg.spedWait
+	}
+	h.timer = time.AfterFunc(wait, func() {
 		sp.mu.Lock()
 		if sp.held != h {
 			sp.mu.Unlock()
@@ -370,7 +384,9 @@ func (sp *sped) written(s *Session, b []byte) bool {
 		return false
 	}
 	sp.held = nil
-	h.timer.Stop()
+	if h.timer != nil {
+		h.timer.Stop()
+	}
 	sp.data++
 	acks := append([]uint32(nil), sp.acks...)
 	sp.mu.Unlock()
@@ -390,10 +406,10 @@ func (sp *sped) handshaken() {
 func (sp *sped) close() {
 	sp.mu.Lock()
 	sp.closed = true
-	if sp.held != nil {
+	if sp.held != nil && sp.held.timer != nil {
 		sp.held.timer.Stop()
-		sp.held = nil
 	}
+	sp.held = nil
 	sp.mu.Unlock()
 }
 

@@ -92,7 +92,8 @@ func newSPEDClient(t *testing.T, s *server, mutate ...func(*SessionConfig)) *spe
 	sum := sha256.Sum256(cert.Certificate[0])
 	ufrag, pwd := newCreds()
 	cfg := SessionConfig{LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: "client", Role: DTLSServer, SPED: true,
-		Certificate: s.cert, Fingerprints: []Fingerprint{{Hash: "sha-256", Digest: sum[:]}}}
+		Certificate: s.cert, Fingerprints: []Fingerprint{{Hash: "sha-256", Digest: sum[:]}},
+		spedWait: 5 * time.Second} // a loaded machine's handshake may take longer than spedResponseWait
 	sess := newSession(t, s, cfg, mutate...)
 	sock, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
