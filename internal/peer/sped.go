@@ -101,11 +101,14 @@ const (
 	// spedResponseWait is how long the response to the check that ended
 	// the ClientHello waits for the handshake's answer before it goes with
 	// the ACK alone. The DTLS goroutine takes about a millisecond for its
-	// ServerHello flight (0.8–1.3 ms here), several on a loaded machine,
-	// and the response leaves as soon as it has: the bound only matters
-	// when the handshake is slower still, and then its flight goes plain
-	// right after.
-	spedResponseWait = 20 * time.Millisecond
+	// ServerHello flight (0.8–1.3 ms here), tens under -race on a loaded
+	// machine, and the response leaves as soon as it has. Waiting costs the
+	// client nothing it could use: until the flight comes its DTLS cannot
+	// finish, and its ICE, which the response makes writable, has nothing
+	// to send (its ClientHello is acknowledged) but its nomination, which
+	// nothing waits for. The bound is for a handshake that does not answer
+	// (a ClientHello it refuses).
+	spedResponseWait = 100 * time.Millisecond
 )
 
 // spedState is how far a session's piggybacking has come.
