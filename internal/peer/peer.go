@@ -15,8 +15,8 @@
 // to the socket directly (Session.WriteRTP, WriteRTCP), so a socket that
 // batches sends (internal/hop) batches them.
 //
-// Per session it runs pion/dtls's three goroutines (the handshake state
-// machine, the record reader and its read watcher), pion/sctp's three (read,
+// Per session it runs pion/dtls's two goroutines (v4: the handshake state
+// machine and the record reader), pion/sctp's three (read,
 // write, timers) and one of its own that drives the handshake and then
 // accepts data channels (docs/benchmarks.md, "Goroutines and memory per
 // session"); the caller adds its media reader (ReadRTP) and whatever reads
