@@ -81,10 +81,10 @@ type Config struct {
 
 // Demo is a running demo.
 type Demo struct {
-	// Set once.
+	// Set once (relay: but for FailOverRelay).
 	relay *relay.Relay
 	trx   *transceiver.Server
-	// What the relay was made with, for a test's restart (fault_test.go).
+	// What the relay was made with, for FailOverRelay (fortest.go).
 	keys    *token.Keyring
 	members *membership.Table
 	rcfg    relay.Config

@@ -147,14 +147,12 @@ type SessionConfig struct {
 	OnDataChannel func(*datachannel.DataChannel)
 
 	// SPED takes the DTLS handshake inside the ICE checks (sped.go): the
-	// offer and the answer have a=ice-options:goog-sped-v1. It needs Role
-	// DTLSServer and an ECDSA Certificate (a handshake datagram must fit
-	// in a Binding message), and negotiates up to DTLS 1.3 whatever
+	// offer and the answer have a=ice-options sped/googspedv1. It needs
+	// Role DTLSServer and an ECDSA Certificate (a handshake datagram must
+	// fit in a Binding message), and negotiates up to DTLS 1.3 whatever
 	// Config.DTLSVersion says: only DTLS 1.3 saves the round trip.
 	SPED bool
 
-	// candidateTTL, if not 0, replaces candidateTTL (tests).
-	candidateTTL time.Duration
 	// flightInterval, if not 0, replaces the DTLS retransmission timeout
 	// the session computes (Session.flightInterval; tests).
 	flightInterval time.Duration
@@ -217,7 +215,7 @@ type Session struct {
 	candN    int                   // slots filled
 	candNext int
 	candGen  *credentials
-	candTTL  time.Duration // candidateTTL, or SessionConfig.candidateTTL
+	candTTL  time.Duration // candidateTTL; tests shorten it (export_test.go)
 
 	// Consent state, the sweeper's alone.
 	silent, failed bool
@@ -271,9 +269,6 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 		cfg.HandshakeTimeout = 30 * time.Second
 	}
 	s := &Session{e: e, cfg: cfg, rtpq: make(chan *[]byte, cfg.RTPQueue), rdline: deadline.New(), done: make(chan struct{}), candTTL: candidateTTL}
-	if cfg.candidateTTL > 0 {
-		s.candTTL = cfg.candidateTTL
-	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.dtls = newFeed(s)
 	if cfg.SPED {

@@ -22,7 +22,7 @@ import (
 
 // SPED (sped.go) against a client of the tests' own: a pion/dtls v4 DTLS
 // 1.3 client whose datagrams the test carries in Binding requests, as
-// Chromium does with WebRTC-IceHandshakeDtls (internal/demo
+// Chromium does with WebRTC-IceHandshakeDtls (internal/testsupport/e2e
 // TestChromiumSPED tries the real one).
 
 // memConn is the test client's DTLS transport: what DTLS writes is kept

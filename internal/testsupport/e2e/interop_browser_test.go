@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"context"
@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/demo"
 
 	"github.com/chromedp/chromedp"
 
@@ -106,9 +108,9 @@ func startInteropPageOn(t *testing.T, addr string) (string, <-chan interopResult
 // startInteropDemo starts the demo on ip (HTTP and relay), its
 // transceiver negotiating DTLS up to version ("1.2", "1.3"; "": the
 // default), with its log kept for failures.
-func startInteropDemo(t *testing.T, ip, version string) *Demo {
+func startInteropDemo(t *testing.T, ip, version string) *demo.Demo {
 	t.Helper()
-	return startTestDemo(t, Config{
+	return startTestDemo(t, demo.Config{
 		HTTPAddr:    net.JoinHostPort(ip, "0"),
 		RelayAddr:   net.JoinHostPort(ip, "0"),
 		Agent:       agent.ModeEcho, // the clients check they hear their audio back
@@ -129,7 +131,7 @@ func negotiated(setting, clientMax string) string { return min(setting, clientMa
 // waitInterop waits for the page's result and checks the call: connected,
 // data-channel echo, more than 50 audio packets back with sound in them,
 // and the relay forwarding both ways.
-func waitInterop(t *testing.T, d *Demo, results <-chan interopResult, timeout time.Duration) interopResult {
+func waitInterop(t *testing.T, d *demo.Demo, results <-chan interopResult, timeout time.Duration) interopResult {
 	t.Helper()
 	var r interopResult
 	select {
@@ -166,7 +168,7 @@ func waitInterop(t *testing.T, d *Demo, results <-chan interopResult, timeout ti
 
 // dtlsHandshakes returns the demo's switchboard_transceiver_dtls_handshakes_total
 // that are not 0, by their labels ("1.3" or "1.3 in_stun"), from /metrics.
-func dtlsHandshakes(t *testing.T, d *Demo) map[string]int {
+func dtlsHandshakes(t *testing.T, d *demo.Demo) map[string]int {
 	t.Helper()
 	resp, err := http.Get(d.URL() + "/metrics")
 	if err != nil {
@@ -195,7 +197,7 @@ func dtlsHandshakes(t *testing.T, d *Demo) map[string]int {
 
 // checkDTLS checks that every DTLS handshake of the demo negotiated want
 // ("1.2", "1.3", or "1.3 in_stun" for SPED), and logs what they did.
-func checkDTLS(t *testing.T, d *Demo, client, want string) {
+func checkDTLS(t *testing.T, d *demo.Demo, client, want string) {
 	t.Helper()
 	got := dtlsHandshakes(t, d)
 	t.Logf("%s: DTLS handshakes by version negotiated: %v", client, got)
@@ -217,7 +219,7 @@ func TestOpenAISnippetChromium(t *testing.T) {
 
 func testOpenAISnippetChromium(t *testing.T, version string) {
 	chromiumBin := chromiumPath(t)
-	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+	wav, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +263,7 @@ func TestChromiumSPED(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			d := startTestDemo(t, Config{
+			d := startTestDemo(t, demo.Config{
 				HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Agent: agent.ModeEcho,
 				DTLSVersion: "1.2", // SPED sessions take 1.3 whatever the setting
 				NoSPED:      tc.off,
@@ -296,7 +298,7 @@ func TestChromiumSPED(t *testing.T) {
 
 // spedDatagrams returns the demo's switchboard_transceiver_sped_datagrams_total
 // from_client and to_client, from /metrics.
-func spedDatagrams(t *testing.T, d *Demo) (in, out int) {
+func spedDatagrams(t *testing.T, d *demo.Demo) (in, out int) {
 	t.Helper()
 	resp, err := http.Get(d.URL() + "/metrics")
 	if err != nil {

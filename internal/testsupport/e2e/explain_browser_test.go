@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/demo"
 
 	"github.com/chromedp/chromedp"
 
@@ -68,7 +70,7 @@ type errorBox struct {
 // attribute).
 func TestPageExplainsItself(t *testing.T) {
 	chromium := chromiumPath(t)
-	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+	wav, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +102,7 @@ func TestPageExplainsItself(t *testing.T) {
 
 	t.Run("backend down", func(t *testing.T) {
 		down := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "down", http.StatusServiceUnavailable) })
-		d := startTestDemo(t, Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Backend: down}, slog.LevelInfo, nil)
+		d := startTestDemo(t, demo.Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Backend: down}, slog.LevelInfo, nil)
 		ctx, console := startBrowserConsole(t, chromium, wav)
 		if err := chromedp.Do(ctx, chromedp.Navigate(d.URL()+"/")); err != nil {
 			t.Fatal(err)
