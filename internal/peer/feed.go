@@ -53,6 +53,8 @@ type feed struct {
 	held [][]byte
 
 	rtx pacing // the handshake's retransmissions (pacing)
+	// rekeyed: a DTLS 1.3 record in epoch 4 was written (lastFlight).
+	rekeyed atomic.Bool
 
 	// The first flight (resendFirst). heard is set by the read loop once
 	// any DTLS from the client has come; fmu guards the rest: first, the
@@ -142,6 +144,39 @@ func (p *pacing) suppress(now time.Time) bool {
 	p.n++
 	p.last, p.drop = now, false
 	p.gap = min(2*p.gap, maxRetransmitGap(p.timeout))
+	return false
+}
+
+// The DTLS 1.3 client's last flight.
+//
+// A DTLS 1.3 client's handshake is complete once it has sent its last
+// flight (Certificate to Finished), but it sends that flight again until
+// the server acknowledges it (RFC 9147 §5.8.3, §7), for as long as the
+// connection lives: with the library's backoff off, every timeout to a
+// server that went away. Those records are the only ones after the
+// handshake in the handshake epoch, 2 (RFC 9147 §6.1; the unified header's
+// low two bits, §4), and the pacing holds them to the same schedule and
+// bound as any flight. The read loop does not tell the pacing about the
+// server's DTLS after the handshake (its application data would restart
+// the schedule), so a server that lost the flight and sends its own again
+// gets it on that schedule too. Application data in epoch 6 (three key
+// updates later) has the same two bits; epoch 4 (EE 00) comes first, and
+// from then on nothing is paced.
+
+// lastFlight reports whether p, written after the handshake, is a
+// retransmission of the DTLS 1.3 client's last flight: a record with a
+// unified header (first bits 001) in epoch 2 (low bits 10), before any
+// in epoch 4. WriteTo.
+func (f *feed) lastFlight(p []byte) bool {
+	if len(p) == 0 || p[0]&0xe0 != 0x20 || f.rekeyed.Load() {
+		return false
+	}
+	switch p[0] & 0x03 {
+	case 0:
+		f.rekeyed.Store(true) // epoch 4: a key update
+	case 2:
+		return true
+	}
 	return false
 }
 
@@ -414,6 +449,8 @@ func (f *feed) WriteTo(p []byte, _ net.Addr) (int, error) {
 		if sp := f.s.sped; sp != nil && sp.written(f.s, p) {
 			return len(p), nil // in a Binding response (sped.go)
 		}
+	} else if f.lastFlight(p) && f.rtx.suppress(time.Now()) {
+		return len(p), nil // the DTLS 1.3 client's last flight again, held back
 	}
 	return f.s.e.conn.WriteToAddrPort(p, a)
 }

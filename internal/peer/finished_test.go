@@ -1,0 +1,95 @@
+package peer
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dtls4 "github.com/pion/dtls/v4"
+	"github.com/pion/dtls/v4/pkg/protocol"
+)
+
+// goneServer is the socket of a DTLS 1.3 server peer that goes away as
+// it takes the client's last flight: from the first encrypted record it
+// reads (a unified header, RFC 9147 §4: first bits 001) it sends nothing
+// more, so that flight never gets its ACK. It counts the bursts of
+// encrypted records it reads: datagrams that come within burstGap of the
+// one before are one burst, a flight sent once.
+type goneServer struct {
+	dtlsOnly
+	burstGap time.Duration
+	gone     atomic.Bool
+	bursts   atomic.Int64
+	last     time.Time // the reader's alone
+}
+
+func (c *goneServer) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, a, err := c.dtlsOnly.ReadFrom(b)
+	if err == nil && n > 0 && b[0]&0xe0 == 0x20 {
+		c.gone.Store(true)
+		now := time.Now()
+		if now.Sub(c.last) > c.burstGap {
+			c.bursts.Add(1)
+		}
+		c.last = now
+	}
+	return n, a, err
+}
+
+func (c *goneServer) WriteTo(b []byte, a net.Addr) (int, error) {
+	if c.gone.Load() {
+		return len(b), nil
+	}
+	return c.dtlsOnly.WriteTo(b, a)
+}
+
+// TestDTLS13LastFlightBounded: as the DTLS 1.3 client the session sends
+// its last flight again until the server acknowledges it (RFC 9147
+// §5.8.3), after its own handshake has completed; to a server that went
+// away it goes at most maxRetransmits more times, as any flight (feed.go,
+// "The DTLS 1.3 client's last flight"), not every retransmission timeout
+// for as long as the session lives (pion/dtls v4 with its backoff off:
+// 83 copies in 100 timeouts).
+func TestDTLS13LastFlightBounded(t *testing.T) {
+	s := newServer(t, func(c *Config) { c.DTLSVersion = DTLS13 })
+	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
+	const interval = 10 * time.Millisecond
+	sess := liteSession(t, s, func(c *SessionConfig) {
+		c.Role = DTLSClient
+		c.flightInterval = interval
+		c.resendDelay = -1
+	})
+	c := newSock(t)
+	checkFrom(t, c, s.addr(), check(t, user, pwd, false))
+	peer := &goneServer{dtlsOnly: dtlsOnly{c, s.addr()}, burstGap: interval / 4}
+	conn, err := dtls4.Server(peer, net.UDPAddrFromAddrPort(s.addr()),
+		dtls4.WithCertificates(s.cert), dtls4.WithSRTPProtectionProfiles(srtpProfiles...),
+		dtls4.WithClientAuth(dtls4.RequireAnyClientCert), dtls4.WithInsecureSkipVerifyHello(true),
+		dtls4.WithMinVersion(protocol.Version1_3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := conn.HandshakeContext(ctx); err != nil {
+		t.Fatalf("the peer's handshake: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for sess.DTLSVersion() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if v := sess.DTLSVersion(); v != DTLS13 {
+		t.Fatalf("negotiated %q, want 1.3", v)
+	}
+	// 100 timeouts: a flight sent every timeout goes 100 times. (The
+	// flight's first sending, and a retransmission or two before its
+	// handshake ended, are counted too: the bound is only looser.)
+	time.Sleep(100 * interval)
+	if n := peer.bursts.Load(); n > 1+maxRetransmits {
+		t.Fatalf("the session sent its last flight %d times in %v, unanswered; want at most %d (once, and %d retransmissions)",
+			n, 100*interval, 1+maxRetransmits, maxRetransmits)
+	}
+}
