@@ -200,6 +200,9 @@ type spedReply struct {
 // feeds the handshake and whose response may carry a datagram. Read loop.
 func (sp *sped) onCheck(s *Session, m *stun.Message, addr netip.AddrPort, cred *credentials, selected bool) spedReply {
 	data, ack, hasData, hasAck := inSTUN(m)
+	if len(data) > 0 && !isDTLS(data) || len(ack)%4 != 0 {
+		s.e.drop(DropSPEDMalformed) // and the attribute is not used below
+	}
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	switch sp.state {
