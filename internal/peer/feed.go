@@ -62,7 +62,7 @@ type feed struct {
 	// the DTLS client), firstKeys the handshake fragment each starts
 	// with, and resends, how many times they were sent again.
 	heard       atomic.Bool
-	resendDelay time.Duration // resendDelay, or SessionConfig.resendDelay; set once
+	resendDelay time.Duration // resendDelay; tests change it (export_test.go)
 	fmu         sync.Mutex
 	first       [][]byte
 	firstKeys   []uint64

@@ -157,6 +157,7 @@ type sped struct {
 	wrote  bool      // the session has written handshake datagrams
 	held   *held     // a response waiting for the handshake's answer
 	closed bool
+	wait   time.Duration // spedResponseWait; tests lengthen it (export_test.go)
 }
 
 // spedCRC is the checksum SPED's ACK names a datagram by.
@@ -343,11 +344,7 @@ func (sp *sped) hold(s *Session) {
 		sp.mu.Unlock()
 		return // the handshake's answer took it already
 	}
-	wait := spedResponseWait
-	if s.cfg.spedWait > 0 {
-		wait = s.cfg.spedWait
-	}
-	h.timer = time.AfterFunc(wait, func() {
+	h.timer = time.AfterFunc(sp.wait, func() {
 		sp.mu.Lock()
 		if sp.held != h {
 			sp.mu.Unlock()

@@ -92,9 +92,9 @@ func newSPEDClient(t *testing.T, s *server, mutate ...func(*SessionConfig)) *spe
 	sum := sha256.Sum256(cert.Certificate[0])
 	ufrag, pwd := newCreds()
 	cfg := SessionConfig{LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: "client", Role: DTLSServer, SPED: true,
-		Certificate: s.cert, Fingerprints: []Fingerprint{{Hash: "sha-256", Digest: sum[:]}},
-		spedWait: 5 * time.Second} // a loaded machine's handshake may take longer than spedResponseWait
+		Certificate: s.cert, Fingerprints: []Fingerprint{{Hash: "sha-256", Digest: sum[:]}}}
 	sess := newSession(t, s, cfg, mutate...)
+	sess.setSPEDWait(5 * time.Second) // a loaded machine's handshake may take longer than spedResponseWait
 	sock, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -485,11 +485,8 @@ func clientHelloGroups(t *testing.T, b []byte) (groups, shares []uint16) {
 func TestClientHelloGroups(t *testing.T) {
 	s := newServer(t, func(c *Config) { c.DTLSVersion = DTLS13 })
 	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
-	liteSession(t, s, func(c *SessionConfig) {
-		c.Role = DTLSClient
-		c.flightInterval = time.Hour
-		c.resendDelay = -1
-	})
+	sess := liteSession(t, s, func(c *SessionConfig) { c.Role = DTLSClient })
+	sess.setDTLSTimers(time.Hour, -1)
 	c := newSock(t)
 	if _, err := c.WriteToUDPAddrPort(check(t, user, pwd, false), s.addr()); err != nil {
 		t.Fatal(err)
