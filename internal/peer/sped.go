@@ -100,9 +100,9 @@ const (
 	maxSPEDData = 16
 	// spedResponseWait is how long the response to the check that ended
 	// the ClientHello waits for the handshake's answer before it goes with
-	// the ACK alone. The DTLS goroutine takes about a millisecond for its
-	// ServerHello flight (0.8–1.3 ms here), tens under -race on a loaded
-	// machine, and the response leaves as soon as it has. Waiting costs the
+	// the ACK alone. The DTLS goroutine writes its ServerHello flight
+	// within about a millisecond (tens under -race on a loaded machine),
+	// and the response leaves as soon as it has. Waiting costs the
 	// client nothing it could use: until the flight comes its DTLS cannot
 	// finish, and its ICE, which the response makes writable, has nothing
 	// to send (its ClientHello is acknowledged) but its nomination, which
@@ -224,7 +224,6 @@ func (sp *sped) onCheck(s *Session, m *stun.Message, addr netip.AddrPort, cred *
 	switch {
 	case hasData && len(data) > 0 && selected && isDTLS(data):
 		sp.used = true
-		s.e.spedIn.Add(1)
 		sp.noteReceived(data)
 		// The response waits for the handshake's answer, held before the
 		// datagram is queued: a running handshake may answer at once.
@@ -234,7 +233,9 @@ func (sp *sped) onCheck(s *Session, m *stun.Message, addr netip.AddrPort, cred *
 		// The read loop's push, as for a plain datagram; a full queue
 		// drops it, as it would a plain one, and the client sends it
 		// again (its next check, or plain).
-		if !s.dtls.enqueue(data) {
+		if s.dtls.enqueue(data) {
+			s.e.spedIn.Add(1)
+		} else {
 			s.e.drop(DropDTLSQueueFull)
 		}
 	case !hasData:

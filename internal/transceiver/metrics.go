@@ -110,7 +110,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_setup_failures_total", Help: "Sessions whose setup failed, by where it stopped: ice no_check (no authenticated check), ice failed (checks stopped), dtls no_dtls (checks, no DTLS from the client), dtls timeout (handshake incomplete), dtls failed, sctp timeout (connected, data channels' SCTP not up; the session goes on).",
 		}, []string{"phase", "reason"}),
 		dtlsHandshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_dtls_handshakes_total", Help: "Completed DTLS handshakes, by the version negotiated (1.2, 1.3) and whether the handshake ran inside the ICE checks (in_stun: SPED, goog-sped-v1).",
+			Name: "switchboard_transceiver_dtls_handshakes_total", Help: "Completed DTLS handshakes, by the version negotiated (1.2, 1.3) and whether the handshake ran inside the ICE checks (in_stun: SPED, a=ice-options sped or googspedv1).",
 		}, []string{"version", "in_stun"}),
 		rtt: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_rtt_seconds", Help: "Round-trip time to clients, from RTCP receiver reports (LSR/DLSR, RFC 3550 6.4.1).",
