@@ -206,18 +206,39 @@ const maxResends = 3
 // with a post-quantum key share spans two at the usual MTU.
 const maxFirst = 4
 
-// firstKey names the handshake fragment a datagram starts with, if it is
-// a plaintext DTLS handshake record (RFC 6347 §4.1 and §4.2.2: content
-// type 22, epoch 0; the handshake header's type, message_seq and
-// fragment_offset follow the 13-byte record header), so that the handshake
-// library's own retransmissions of a fragment already kept are told apart.
-func firstKey(b []byte) (uint64, bool) {
-	if len(b) < 13+12 || b[0] != 22 || b[3] != 0 || b[4] != 0 {
-		return 0, false
+// handshakeFragment is the handshake header (RFC 6347 §4.2.2, RFC 9147
+// §5.2) of a plaintext DTLS handshake record.
+type handshakeFragment struct {
+	typ             uint8 // msg_type: 1 ClientHello, 2 ServerHello, ...
+	epoch           uint16
+	length          int // of the whole message
+	seq             int // message_seq
+	offset, fragLen int // fragment_offset, fragment_length
+}
+
+// firstFragment reads the handshake header of b's first record, if that
+// is a plaintext DTLS handshake record (RFC 6347 §4.1: content type 22;
+// the 12-byte handshake header follows the 13-byte record header).
+func firstFragment(b []byte) (handshakeFragment, bool) {
+	if len(b) < 13+12 || b[0] != 22 {
+		return handshakeFragment{}, false
 	}
 	h := b[13:]
-	typ, seq, off := uint64(h[0]), uint64(h[4])<<8|uint64(h[5]), uint64(h[6])<<16|uint64(h[7])<<8|uint64(h[8])
-	return typ<<48 | seq<<24 | off, true
+	u24 := func(p []byte) int { return int(p[0])<<16 | int(p[1])<<8 | int(p[2]) }
+	return handshakeFragment{typ: h[0], epoch: uint16(b[3])<<8 | uint16(b[4]), length: u24(h[1:]),
+		seq: int(h[4])<<8 | int(h[5]), offset: u24(h[6:]), fragLen: u24(h[9:])}, true
+}
+
+// firstKey names the handshake fragment a datagram starts with, if it is
+// a plaintext handshake record of epoch 0 (firstFragment), by its type,
+// message_seq and fragment_offset, so that the handshake library's own
+// retransmissions of a fragment already kept are told apart.
+func firstKey(b []byte) (uint64, bool) {
+	f, ok := firstFragment(b)
+	if !ok || f.epoch != 0 {
+		return 0, false
+	}
+	return uint64(f.typ)<<48 | uint64(f.seq)<<24 | uint64(f.offset), true
 }
 
 // keepFirst keeps b as part of the first flight if no DTLS has come from

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pion/stun/v4"
+	"github.com/switchboard-rtc/switchboard/internal/stunpeek"
 )
 
 // SPED: the DTLS handshake carried in the ICE checks
@@ -260,19 +261,13 @@ func (sp *sped) onCheck(s *Session, m *stun.Message, addr netip.AddrPort, cred *
 // RFC 9147 §5.2: msg_type 1, fragment_offset + fragment_length = length):
 // the datagram the handshake answers with its first flight.
 func endsClientHello(b []byte) bool {
-	if len(b) < 13+12 || b[0] != 22 || b[13] != 1 {
-		return false
-	}
-	h := b[13:]
-	length := int(h[1])<<16 | int(h[2])<<8 | int(h[3])
-	off := int(h[6])<<16 | int(h[7])<<8 | int(h[8])
-	n := int(h[9])<<16 | int(h[10])<<8 | int(h[11])
-	return off+n == length
+	f, ok := firstFragment(b)
+	return ok && f.typ == 1 && f.offset+f.fragLen == f.length
 }
 
-// isDTLS reports whether b starts like a DTLS record (RFC 7983 §7, first
-// byte 20 to 63) of at least a record header.
-func isDTLS(b []byte) bool { return len(b) >= 13 && b[0] >= 20 && b[0] <= 63 }
+// isDTLS reports whether b starts like a DTLS record (RFC 7983 §7, as the
+// read loop demultiplexes) of at least a record header.
+func isDTLS(b []byte) bool { return len(b) >= 13 && stunpeek.Classify(b) == stunpeek.KindDTLS }
 
 // noteReceived adds a client datagram's checksum to the ACK list. sp.mu
 // held.
