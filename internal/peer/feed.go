@@ -147,21 +147,26 @@ func (p *pacing) suppress(now time.Time) bool {
 	return false
 }
 
+// maxRetransmitGap is the longest gap between two retransmissions of a
+// flight: twice the timeout.
+func maxRetransmitGap(timeout time.Duration) time.Duration { return 2 * timeout }
+
 // The DTLS 1.3 client's last flight.
 //
 // A DTLS 1.3 client's handshake is complete once it has sent its last
 // flight (Certificate to Finished), but it sends that flight again until
 // the server acknowledges it (RFC 9147 §5.8.3, §7), for as long as the
 // connection lives: with the library's backoff off, every timeout to a
-// server that went away. Those records are the only ones after the
-// handshake in the handshake epoch, 2 (RFC 9147 §6.1; the unified header's
-// low two bits, §4), and the pacing holds them to the same schedule and
-// bound as any flight. The read loop does not tell the pacing about the
-// server's DTLS after the handshake (its application data would restart
-// the schedule), so a server that lost the flight and sends its own again
-// gets it on that schedule too. Application data in epoch 6 (three key
-// updates later) has the same two bits; epoch 4 (EE 00) comes first, and
-// from then on nothing is paced.
+// server that went away. Those records are in the handshake epoch, 2 (RFC
+// 9147 §6.1; the unified header's low two bits, §4), as little else after
+// the handshake is (a server's ACK of a client flight sent again), and the
+// pacing holds every such record to the same schedule and bound as any
+// flight. The read loop does not tell the pacing about the server's DTLS
+// after the handshake (its application data would restart the schedule), so
+// a server that lost the flight and sends its own again gets it on that
+// schedule too. Application data in epoch 6 (three key updates later) has
+// the same two bits; epoch 4 (EE 00) comes first, and from then on nothing
+// is paced.
 
 // lastFlight reports whether p, written after the handshake, is a
 // retransmission of the DTLS 1.3 client's last flight: a record with a
@@ -179,10 +184,6 @@ func (f *feed) lastFlight(p []byte) bool {
 	}
 	return false
 }
-
-// maxRetransmitGap is the longest gap between two retransmissions of a
-// flight: twice the timeout.
-func maxRetransmitGap(timeout time.Duration) time.Duration { return 2 * timeout }
 
 // The first flight.
 //
