@@ -8,6 +8,7 @@ import (
 	"time"
 
 	dtls4 "github.com/pion/dtls/v4"
+	"github.com/pion/dtls/v4/pkg/crypto/selfsign"
 	"github.com/pion/dtls/v4/pkg/protocol"
 )
 
@@ -93,5 +94,83 @@ func TestDTLS13LastFlightBounded(t *testing.T) {
 	if n := peer.bursts.Load(); n > 1+maxRetransmits {
 		t.Fatalf("the session sent its last flight %d times in %v, unanswered; want at most %d (once, and %d retransmissions)",
 			n, 100*interval, 1+maxRetransmits, maxRetransmits)
+	}
+}
+
+// TestFingerprintDTLS13: with DTLS 1.3 (pion/dtls v4's own handshake
+// code, not the 1.2 one TestWrongFingerprint runs) the peer's certificate
+// is still checked against the offer's fingerprint, in either DTLS role: a
+// peer that presents another certificate fails the handshake, one that
+// presents the offered one connects.
+func TestFingerprintDTLS13(t *testing.T) {
+	other, err := selfsign.GenerateSelfSigned()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		role  DTLSRole
+		wrong bool
+		want  State
+	}{
+		{"client, offered certificate", DTLSClient, false, StateConnected},
+		{"client, another certificate", DTLSClient, true, StateDTLSFailed},
+		{"server, offered certificate", DTLSServer, false, StateConnected},
+		{"server, another certificate", DTLSServer, true, StateDTLSFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newServer(t, func(c *Config) { c.DTLSVersion = DTLS13 })
+			states := make(chan State, 16)
+			liteSession(t, s, func(c *SessionConfig) {
+				c.Role = tc.role
+				c.OnState = func(st State) { states <- st }
+			})
+			c := newSock(t)
+			checkFrom(t, c, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", true))
+			cert := s.cert // the offer's fingerprint is s.fp
+			if tc.wrong {
+				cert = other
+			}
+			opts := []dtls4.Option{dtls4.WithCertificates(cert), dtls4.WithInsecureSkipVerify(true),
+				dtls4.WithSRTPProtectionProfiles(srtpProfiles...), dtls4.WithMinVersion(protocol.Version1_3)}
+			var conn *dtls4.Conn
+			raddr := net.UDPAddrFromAddrPort(s.addr())
+			if tc.role == DTLSClient {
+				sopts := []dtls4.ServerOption{dtls4.WithClientAuth(dtls4.RequireAnyClientCert), dtls4.WithInsecureSkipVerifyHello(true)}
+				for _, o := range opts {
+					sopts = append(sopts, o)
+				}
+				conn, err = dtls4.Server(dtlsOnly{c, s.addr()}, raddr, sopts...)
+			} else {
+				copts := make([]dtls4.ClientOption, 0, len(opts))
+				for _, o := range opts {
+					copts = append(copts, o)
+				}
+				conn, err = dtls4.Client(dtlsOnly{c, s.addr()}, raddr, copts...)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_ = conn.HandshakeContext(ctx)
+			}()
+			timeout := time.After(10 * time.Second)
+			for {
+				select {
+				case st := <-states:
+					if st == StateConnected || st == StateDTLSFailed {
+						if st != tc.want {
+							t.Fatalf("state %v, want %v", st, tc.want)
+						}
+						return
+					}
+				case <-timeout:
+					t.Fatalf("neither connected nor failed; want %v", tc.want)
+				}
+			}
+		})
 	}
 }
