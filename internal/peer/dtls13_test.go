@@ -174,3 +174,60 @@ func TestFingerprintDTLS13(t *testing.T) {
 		})
 	}
 }
+
+// silentClient is the socket of a DTLS 1.3 client peer that sends its
+// ClientHello and nothing more (it went away, or all it sends is lost):
+// the server's flight is never answered. It counts the ServerHellos it
+// reads, one per sending of the flight.
+type silentClient struct {
+	dtlsOnly
+	writes       atomic.Int64
+	serverHellos atomic.Int64
+}
+
+func (c *silentClient) WriteTo(b []byte, a net.Addr) (int, error) {
+	if c.writes.Add(1) > 1 {
+		return len(b), nil
+	}
+	return c.dtlsOnly.WriteTo(b, a)
+}
+
+func (c *silentClient) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, a, err := c.dtlsOnly.ReadFrom(b)
+	if err == nil && isServerHello(b[:n]) {
+		c.serverHellos.Add(1)
+	}
+	return n, a, err
+}
+
+// TestDTLS13FlightBounded: as the DTLS 1.3 server, the session sends its
+// flight (ServerHello to Finished) to a client that never answers it once
+// and at most maxRetransmits more times (feed.go, "Retransmission
+// pacing"), as with DTLS 1.2: pion/dtls v4's DTLS 1.3 handshake
+// retransmits on the same timer the pacing holds back.
+func TestDTLS13FlightBounded(t *testing.T) {
+	s := newServer(t, func(c *Config) { c.DTLSVersion = DTLS13 })
+	const interval = 10 * time.Millisecond
+	sess := liteSession(t, s)
+	sess.setDTLSTimers(interval, -1)
+	c := newSock(t)
+	checkFrom(t, c, s.addr(), check(t, "local:remote", "localpwdlocalpwdlocalpwd", true))
+	peer := &silentClient{dtlsOnly: dtlsOnly{c, s.addr()}}
+	conn, err := dtls4.Client(peer, net.UDPAddrFromAddrPort(s.addr()), dtls4.WithCertificates(s.cert), dtls4.WithInsecureSkipVerify(true),
+		dtls4.WithSRTPProtectionProfiles(srtpProfiles...), dtls4.WithMinVersion(protocol.Version1_3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = conn.HandshakeContext(ctx) // done once its (unsent) Finished is written
+	}()
+	// 100 timeouts: a flight sent every timeout goes 100 times.
+	time.Sleep(100 * interval)
+	if n := peer.serverHellos.Load(); n == 0 || n > 1+maxRetransmits {
+		t.Fatalf("the session sent its flight %d times in %v, unanswered; want 1 to %d (once, and %d retransmissions)",
+			n, 100*interval, 1+maxRetransmits, maxRetransmits)
+	}
+}
