@@ -73,6 +73,20 @@ func newHelmEnv(t *testing.T) *helmEnv {
 	w := &warnings{}
 	rest.SetDefaultWarningHandler(w)
 	t.Cleanup(func() { rest.SetDefaultWarningHandler(rest.WarningLogger{}) })
+	// The collector sees warnings: a deprecated node label in a pod (dry
+	// run) draws one.
+	if _, err := cp.Client.CoreV1().Pods("default").Create(t.Context(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "warn"},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{"beta.kubernetes.io/arch": "amd64"},
+			Containers:   []corev1.Container{{Name: "c", Image: "example.invalid/c"}},
+		},
+	}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Fatal(err)
+	}
+	if m := w.take(); len(m) == 0 {
+		t.Fatal("no API warning collected for a deprecated node label: the warning checks below would pass blindly")
+	}
 	dc, err := dynamic.NewForConfig(cp.Admin)
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +217,13 @@ func waitPods(t *testing.T, c kubernetes.Interface, sel string, n int) []corev1.
 					have = append(have, p.Name)
 				}
 			}
-			t.Fatalf("pods %q: have %v (err %v), want %d", sel, have, err, n)
+			var events []string
+			if ev, err := c.CoreV1().Events(releaseNS).List(t.Context(), metav1.ListOptions{}); err == nil {
+				for _, e := range ev.Items {
+					events = append(events, fmt.Sprintf("%s %s/%s: %s %s", e.LastTimestamp.Format(time.TimeOnly), e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message))
+				}
+			}
+			t.Fatalf("pods %q: have %v (err %v), want %d; events:\n  %s", sel, have, err, n, strings.Join(events, "\n  "))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -11,11 +11,18 @@
 # plane: about ten minutes on two cores (docs/operations.md).
 #
 # Usage: scripts/kube-build.sh            build if needed, print the dir
+#        scripts/kube-build.sh -n         print the dir if built, else fail
 #        KUBE_BIN_DIR=dir scripts/…       use that dir instead of the cache
 set -euo pipefail
+check_only=false
+[[ ${1:-} == -n ]] && check_only=true
 cd "$(dirname "$0")/.."
 mod=internal/testsupport/kube/build
-version=$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$mod/go.mod")
+version=$(cd "$mod" && go list -m -f "{{.Version}}" k8s.io/kubernetes 2>/dev/null || true)
+if [[ ! $version =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+  echo "kube-build: no k8s.io/kubernetes version in $mod/go.mod" >&2
+  exit 1
+fi
 key=$(cat "$mod/go.mod" "$mod/go.sum" scripts/kube-build.sh | sha256sum | cut -c1-16)
 dir=${KUBE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/switchboard/kube/$version-$key}
 tools=(etcd kube-apiserver kube-controller-manager)
@@ -25,6 +32,10 @@ ready() {
 if ready; then
   echo "$dir"
   exit 0
+fi
+if $check_only; then
+  echo "$dir: no build of Kubernetes $version yet" >&2
+  exit 3
 fi
 mkdir -p "$dir"
 # Concurrent runs (two test commands at once) build once.

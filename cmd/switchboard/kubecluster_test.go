@@ -332,9 +332,9 @@ func TestKubeMembership(t *testing.T) {
 	}
 	k := &cluster{
 		t: t, bin: bin, ns: ns, cp: cp, audio: audio,
-		http:  &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: ns.DialContext}},
-		pods:  map[string]*podProc{},
-		gen:   map[int]int{},
+		http: &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: ns.DialContext}},
+		pods: map[string]*podProc{},
+		gen:  map[int]int{},
 	}
 	defer k.http.CloseIdleConnections()
 	defer func() {

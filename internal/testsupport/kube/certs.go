@@ -19,13 +19,13 @@ import (
 // serving certificate and the admin's client certificate, and the key
 // that signs ServiceAccount tokens.
 type pki struct {
-	caPEM                      []byte
-	serverCert, serverKey      string // files
-	caFile                     string
-	adminCertPEM, adminKeyPEM  []byte
-	saKey                      string // file: private key, signs and verifies tokens
-	ca                         *x509.Certificate
-	caKey                      crypto.Signer
+	caPEM                     []byte
+	serverCert, serverKey     string // files
+	caFile                    string
+	adminCertPEM, adminKeyPEM []byte
+	saKey                     string // file: private key, signs and verifies tokens
+	ca                        *x509.Certificate
+	caKey                     crypto.Signer
 }
 
 func newPKI(dir string, ips []net.IP) (*pki, error) {

@@ -28,7 +28,7 @@ import (
 // Controllers are the kube-controller-manager controllers a control plane
 // runs: those that act on the chart's objects (workloads and their pods,
 // EndpointSlices of Services, ServiceAccounts, garbage collection of what
-// an uninstall leaves, namespaces, PodDisruptionBudget status). The node
+// an uninstall leaves, namespaces, PodDisruptionBudget status, HPAs). The node
 // lifecycle controller is left out: there is no kubelet to renew a Node's
 // lease, and it would evict every pod.
 var Controllers = []string{
@@ -42,6 +42,8 @@ var Controllers = []string{
 	"garbage-collector-controller",
 	"namespace-controller",
 	"disruption-controller",
+	// Keeps an HPA's target at minReplicas even without a metrics API.
+	"horizontal-pod-autoscaler-controller",
 	"root-ca-certificate-publisher-controller",
 }
 
@@ -168,7 +170,6 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",
-		"--concurrent-endpointslice-syncs=5",
 		"--root-ca-file="+cp.pki.caFile)
 	// The ServiceAccount controller gives every namespace its "default"
 	// ServiceAccount: once it exists, the controllers are running.
@@ -303,7 +304,7 @@ func (p *proc) stop() {
 func (cp *ControlPlane) stop() {
 	if cp.t.Failed() {
 		for _, n := range []string{"kube-controller-manager", "kube-apiserver", "etcd"} {
-			cp.t.Logf("%s log (tail):\n%s", n, cp.Logs(n, 25))
+			cp.t.Logf("%s log (tail):\n%s", n, cp.Logs(n, logTail))
 		}
 	}
 	cp.kcm.stop()
@@ -353,3 +354,12 @@ func WaitCRDs(t testing.TB, c apiextensionsclient.Interface, names ...string) {
 		}
 	}
 }
+
+// logTail is how many lines of each component's log a failed test shows
+// (env SWITCHBOARD_KUBE_LOG_LINES overrides it).
+var logTail = func() int {
+	if n, err := strconv.Atoi(os.Getenv("SWITCHBOARD_KUBE_LOG_LINES")); err == nil && n > 0 {
+		return n
+	}
+	return 25
+}()

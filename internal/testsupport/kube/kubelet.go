@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,16 +22,31 @@ import (
 
 // What a kubelet does for a pod, done through the API (there is none).
 
-// CreateNode registers a Node named name with address addr, as a kubelet
-// does when it joins; pods bound to it get addr as their hostIP.
+// CreateNode registers a Node named name with address addr and reports
+// it Ready, as a kubelet does when it joins; pods bound to it get addr as
+// their hostIP. The API server's TaintNodesByCondition admission taints a
+// new Node not-ready; the node lifecycle controller (not run here) lifts
+// the taint once the kubelet reports Ready, and so does CreateNode.
 func CreateNode(ctx context.Context, c kubernetes.Interface, name string, addr netip.Addr) error {
-	_, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{
+	n, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name}},
-		Status: corev1.NodeStatus{
-			Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr.String()}},
-			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}},
-		},
 	}, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	now := metav1.Now()
+	n.Status = corev1.NodeStatus{
+		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr.String()}, {Type: corev1.NodeHostName, Address: name}},
+		Conditions: []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			LastHeartbeatTime: now, LastTransitionTime: now,
+		}},
+	}
+	if n, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeNotReady })
+	_, err = c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
 	return err
 }
 
