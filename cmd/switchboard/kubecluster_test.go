@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/switchboard-rtc/switchboard/internal/membership"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/kube"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
@@ -70,9 +71,12 @@ type podProc struct {
 	proc *child
 }
 
+// propagation is one change's way: from the API write (since) to the
+// EndpointSlices (as the test's own reads saw them) to the relay's table
+// (as its log line's time says).
 type propagation struct {
-	what string
-	took time.Duration
+	what        string
+	slice, took time.Duration
 }
 
 // startNS runs cmd (inside the namespace) as a child of the test.
@@ -161,7 +165,7 @@ func (k *cluster) probeReady(pp *podProc) time.Time {
 		resp, err := k.http.Get(url)
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if probeOK(resp.StatusCode) {
 				break
 			}
 		}
@@ -171,7 +175,7 @@ func (k *cluster) probeReady(pp *podProc) time.Time {
 		default:
 		}
 		if time.Now().After(deadline) {
-			k.t.Fatalf("%s: %s not ready (%v):\n%s", pp.name, url, err, pp.proc.log.Tail(20))
+			k.t.Fatalf("%s: %s not ready (%v):\n%s", pp.name, url, err, pp.proc.log.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -242,12 +246,19 @@ func (k *cluster) want(what string, since time.Time, ordinals ...int) {
 		want[uint32(o)] = netip.AddrPortFrom(k.podIP(o), 4000)
 	}
 	deadline := time.Now().Add(time.Minute)
+	var sliceAt time.Time
 	for {
+		if sliceAt.IsZero() {
+			if maps.Equal(k.sliceMembers(), want) {
+				sliceAt = time.Now()
+			}
+		}
 		got, at := k.membership()
-		if maps.Equal(got, want) {
-			took := at.Sub(since)
-			k.figures = append(k.figures, propagation{what, took})
-			k.t.Logf("%-46s → relay membership %v after %v", what, slices.Sorted(maps.Keys(got)), took.Round(time.Millisecond))
+		if maps.Equal(got, want) && !sliceAt.IsZero() {
+			p := propagation{what, sliceAt.Sub(since), at.Sub(since)}
+			k.figures = append(k.figures, p)
+			k.t.Logf("%-44s → EndpointSlices after %v, relay membership %v after %v", what,
+				p.slice.Round(time.Millisecond), slices.Sorted(maps.Keys(got)), p.took.Round(time.Millisecond))
 			return
 		}
 		select {
@@ -256,10 +267,27 @@ func (k *cluster) want(what string, since time.Time, ordinals ...int) {
 		default:
 		}
 		if time.Now().After(deadline) {
-			k.t.Fatalf("%s: relay membership %v, want %v\nrelay log:\n%s\nslices: %s", what, got, want, k.relay.log.Tail(30), k.slices())
+			k.t.Fatalf("%s: relay membership %v, want %v\nrelay log:\n%s\nslices: %s", what, got, want, k.relay.log.Tail(6000), k.slices())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// sliceMembers is the membership the hop Service's EndpointSlices give
+// now, read with the admin credential (nil if the read fails).
+func (k *cluster) sliceMembers() map[uint32]netip.AddrPort {
+	ctx, cancel := context.WithTimeout(k.t.Context(), 2*time.Second)
+	defer cancel()
+	l, err := k.cp.Client.DiscoveryV1().EndpointSlices(kubeNS).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + kubeHopSvc})
+	if err != nil {
+		return nil
+	}
+	eps := make([]*discoveryv1.EndpointSlice, len(l.Items))
+	for i := range l.Items {
+		eps[i] = &l.Items[i]
+	}
+	m, _ := membership.KubeEntries(eps, "hop", 0)
+	return m
 }
 
 // slices describes the hop Service's EndpointSlices, for failures.
@@ -282,7 +310,7 @@ func (k *cluster) call(ordinal int) {
 	cmd := k.ns.Command(k.bin, "call", url, "-audio", k.audio, "-duration", "1s")
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), `"audio_echoed": true`) {
-		k.t.Fatalf("call to transceiver %d through the relay: %v\n%s\nrelay log:\n%s", ordinal, err, out, k.relay.log.Tail(20))
+		k.t.Fatalf("call to transceiver %d through the relay: %v\n%s\nrelay log:\n%s", ordinal, err, out, k.relay.log.Tail(4000))
 	}
 }
 
@@ -340,7 +368,7 @@ func TestKubeMembership(t *testing.T) {
 	defer func() {
 		if t.Failed() {
 			for name, p := range k.pods {
-				t.Logf("%s log:\n%s", name, p.proc.log.Tail(20))
+				t.Logf("%s log:\n%s", name, p.proc.log.Tail(4000))
 			}
 		}
 	}()
@@ -451,8 +479,15 @@ func TestKubeMembership(t *testing.T) {
 	k.want("scale 3→2: pod 3 gone", since, 1, 2)
 	k.call(2)
 
+	// Until now the relay's ServiceAccount was never refused.
+	if n := k.relay.log.Count("forbidden"); n > 0 {
+		t.Errorf("the relay was refused by RBAC %d times:\n%s", n, k.relay.log.String())
+	}
+
 	// The API server restarts under the relay's watch; changes made after
-	// it is back still arrive.
+	// it is back still arrive. (A freshly started API server refuses
+	// requests until its RBAC caches have loaded: the relay's first watch
+	// may be "forbidden" once, and it retries.)
 	if err := cp.RestartAPIServer(2 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -471,19 +506,16 @@ func TestKubeMembership(t *testing.T) {
 
 	k.director()
 
-	if strings.Contains(k.relay.log.String(), "forbidden") {
-		t.Errorf("the relay was refused by RBAC:\n%s", k.relay.log.String())
-	}
-	var sum time.Duration
-	var worst propagation
+	t.Logf("relay refused while the API server restarted: %d times", k.relay.log.Count("forbidden"))
+	var steady []time.Duration
 	for _, f := range k.figures[1:] {
-		sum += f.took
-		if f.took > worst.took {
-			worst = f
+		if !strings.Contains(f.what, "restarted") {
+			steady = append(steady, f.took)
 		}
 	}
-	t.Logf("membership propagation: %d changes, mean %v, worst %v (%s)", len(k.figures)-1,
-		(sum / time.Duration(len(k.figures)-1)).Round(time.Millisecond), worst.took.Round(time.Millisecond), worst.what)
+	slices.Sort(steady)
+	t.Logf("membership propagation, API write → relay table: %d changes, median %v, max %v; after an API server restart: see above",
+		len(steady), steady[len(steady)/2].Round(time.Millisecond), steady[len(steady)-1].Round(time.Millisecond))
 }
 
 // director plays the kubelet for the chart's director pod: its
@@ -539,7 +571,7 @@ func (k *cluster) director() {
 		resp, err := k.http.Get(url + "/ready")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if probeOK(resp.StatusCode) {
 				break
 			}
 		}
@@ -549,14 +581,17 @@ func (k *cluster) director() {
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("director not ready (%v):\n%s", err, d.log.Tail(20))
+			t.Fatalf("director not ready (%v):\n%s", err, d.log.Tail(4000))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	for i := range 2 {
 		cmd := k.ns.Command(k.bin, "call", url+"/v1/calls", "-audio", k.audio, "-duration", "1s")
 		if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), `"audio_echoed": true`) {
-			t.Fatalf("call %d through the director: %v\n%s\ndirector log:\n%s", i, err, out, d.log.Tail(20))
+			t.Fatalf("call %d through the director: %v\n%s\ndirector log:\n%s", i, err, out, d.log.Tail(4000))
 		}
 	}
 }
+
+// probeOK is the kubelet's reading of an HTTP probe: 200 to 399 passes.
+func probeOK(code int) bool { return code >= 200 && code < 400 }
