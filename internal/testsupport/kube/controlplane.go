@@ -277,7 +277,7 @@ func (cp *ControlPlane) start(name string, args ...string) *proc {
 		cmd = exec.Command(bin, args...)
 	}
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		cp.t.Fatalf("%s: %v", name, err)
 	}
