@@ -70,7 +70,7 @@ type session struct {
 	offer      *peer.Offer   // the offer answered; guarded by imu after an ICE restart
 	cert       *certificate  // the DTLS certificate presented
 	setup      string        // the answer's a=setup: "active" or "passive"
-	sped       bool          // the answer has a=ice-options:goog-sped-v1 (Config.SPED)
+	sped       bool          // the answer has the offer's SPED a=ice-options (Config.SPED)
 	outSSRC    uint32        // the SSRC of the audio sent to the client
 	cname      string        // its RTCP CNAME
 	opusPT     uint8         // the Opus payload type, the offer's
