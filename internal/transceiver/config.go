@@ -164,8 +164,9 @@ type Config struct {
 	DTLSVersion string `yaml:"dtls_version"`
 	// SPED answers an offer whose a=ice-options lists sped, googspedv1 or
 	// goog-sped-v1 (Chromium with its WebRTC-IceHandshakeDtls field
-	// trial; peer.Offer.SPED) with the same options: the transceiver is
-	// then the DTLS server, with DTLS 1.3 whatever DTLSVersion says, and
+	// trial; peer.Offer.SPED) with the same options when DTLSVersion is
+	// 1.3 (SPED runs only with it): the transceiver is then the DTLS
+	// server, and
 	// the handshake rides in the ICE checks and their responses
 	// (internal/peer sped.go), a round trip sooner when the client's
 	// ClientHello fits in one datagram (docs/interop.md, "DTLS in the ICE

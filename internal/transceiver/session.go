@@ -182,9 +182,10 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	}
 	o := info.offer
 	role := info.dtlsRole
-	// SPED (the DTLS handshake in the ICE checks) when the offer has it
-	// and lets the transceiver be the DTLS server (peer sped.go).
-	sess.sped = len(o.SPED) > 0 && s.cfg.SPED && role != peer.DTLSClient
+	// SPED (the DTLS handshake in the ICE checks) when the offer has it,
+	// lets the transceiver be the DTLS server (peer sped.go) and DTLS 1.3,
+	// which SPED needs, is allowed: an operator who pins 1.2 gets 1.2.
+	sess.sped = len(o.SPED) > 0 && s.cfg.SPED && s.cfg.dtlsVersion == peer.DTLS13 && role != peer.DTLSClient
 	if sess.sped {
 		role = peer.DTLSServer
 	}
