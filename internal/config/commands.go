@@ -79,7 +79,7 @@ func (c *Demo) Flags() *flag.FlagSet {
 	fs.BoolVar(&c.TCP, "tcp", true, "listen for ICE-TCP clients on the -relay address (TCP) and offer it in answers as a passive TCP candidate, for networks that drop UDP")
 	fs.IntVar(&c.Ptime, "ptime", demo.DefaultPtime, "ms of audio per RTP packet to and from the browser: 20 or 10 (as the transceiver's -ptime)")
 	fs.StringVar(&c.DTLS, "dtls-version", transceiver.DefaultDTLSVersion, "highest DTLS version negotiated: 1.2 or 1.3 (as the transceiver's -dtls-version)")
-	fs.BoolVar(&c.SPED, "sped", transceiver.DefaultSPED, "answer offers with goog-sped-v1 with it: DTLS 1.3 in the ICE checks (as the transceiver's -sped)")
+	fs.BoolVar(&c.SPED, "sped", transceiver.DefaultSPED, "answer offers whose a=ice-options has sped, googspedv1 or goog-sped-v1 with it: DTLS 1.3 in the ICE checks (as the transceiver's -sped)")
 	registerParrotFlags(fs, &c.TurnDetection, &c.ReplyDelay)
 	c.Log.RegisterFlags(fs, "text", "the -http address")
 	describe(fs, "demo [flags]",
@@ -210,7 +210,7 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 	listVar(fs, &t.TrustedProxies, "trusted-proxies", "comma-separated CIDR prefixes of proxies (director, load balancer) whose X-Forwarded-For names the client")
 	fs.StringVar(&t.DTLSRole, "dtls-role", transceiver.DefaultDTLSRole, "DTLS role in answers to actpass offers: client (active) or server (passive, no HelloVerify)")
 	fs.StringVar(&t.DTLSVersion, "dtls-version", transceiver.DefaultDTLSVersion, "highest DTLS version negotiated: 1.2 or 1.3 (a client without 1.3 gets 1.2)")
-	fs.BoolVar(&t.SPED, "sped", transceiver.DefaultSPED, "answer offers with a=ice-options:goog-sped-v1 (Chromium's WebRTC-IceHandshakeDtls) with it: the DTLS 1.3 handshake rides in the ICE checks, a round trip sooner (the transceiver is then the DTLS server)")
+	fs.BoolVar(&t.SPED, "sped", transceiver.DefaultSPED, "answer offers whose a=ice-options has sped, googspedv1 or goog-sped-v1 (Chromium's WebRTC-IceHandshakeDtls) with it: the DTLS 1.3 handshake rides in the ICE checks, a round trip sooner (the transceiver is then the DTLS server)")
 	fs.StringVar(&c.HTTP, "http", transceiver.DefaultHTTPAddr, "address of the signaling API, /metrics, /live and /ready")
 	fs.DurationVar(&c.Drain, "drain-timeout", transceiver.DefaultDrainTimeout, "on SIGTERM, how long live sessions may run on before they are ended")
 	fs.BoolVar(&t.Direct, "direct", false, "clients send straight to -listen (no relay, no internal hop); -advertise defaults to -listen")

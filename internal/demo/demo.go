@@ -77,7 +77,7 @@ type Config struct {
 	// DTLSVersion is the transceiver's highest DTLS version
 	// (transceiver.Config.DTLSVersion: "1.2" or "1.3"; "": its default).
 	DTLSVersion string
-	// NoSPED answers offers with a=ice-options:goog-sped-v1 without it
+	// NoSPED answers offers with SPED's a=ice-options (sped, googspedv1) without them
 	// (transceiver.Config.SPED off): a plain DTLS handshake after ICE.
 	NoSPED bool
 }

@@ -129,7 +129,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_setup_failures_total", Help: "Sessions whose setup failed, by where it stopped: ice no_check (no authenticated check), ice failed (checks stopped), dtls no_dtls (checks, no DTLS from the client), dtls timeout (handshake incomplete), dtls failed, sctp timeout (connected, data channels' SCTP not up; the session goes on).",
 		}, []string{"phase", "reason"}),
 		dtlsHandshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_dtls_handshakes_total", Help: "Completed DTLS handshakes, by the version negotiated (1.2, 1.3) and whether the handshake ran inside the ICE checks (in_stun: SPED, goog-sped-v1).",
+			Name: "switchboard_transceiver_dtls_handshakes_total", Help: "Completed DTLS handshakes, by the version negotiated (1.2, 1.3) and whether the handshake ran inside the ICE checks (in_stun: SPED, a=ice-options sped or googspedv1).",
 		}, []string{"version", "in_stun"}),
 		rtt: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_rtt_seconds", Help: "Round-trip time to clients, from RTCP receiver reports (LSR/DLSR, RFC 3550 6.4.1).",
@@ -204,7 +204,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		}, []string{"reason"}),
 		peerDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_peer_dropped_total",
-			Help: "Client datagrams the WebRTC read loop dropped, by reason: unknown_packet (not STUN, DTLS or RTP, RFC 7983), stun_malformed, stun_not_request (a response), stun_indication (a keepalive some clients send), stun_unknown_ufrag (no such session, or an ICE restart's old ufrag), stun_bad_username, stun_bad_integrity, stun_bad_fingerprint, unknown_address (DTLS or SRTP from an address no authenticated check came from), dtls_queue_full, srtp_not_ready, srtp_auth (SRTP or SRTCP that does not authenticate, or a replay), rtp_queue_full (the session's media reader is behind).",
+			Help: "Client datagrams the WebRTC read loop dropped, by reason: unknown_packet (not STUN, DTLS or RTP, RFC 7983), stun_malformed, stun_not_request (a response), stun_indication (a keepalive some clients send), stun_unknown_ufrag (no such session, or an ICE restart's old ufrag), stun_bad_username, stun_bad_integrity, stun_bad_fingerprint, unknown_address (DTLS or SRTP from an address no authenticated check came from), dtls_queue_full, srtp_not_ready, srtp_auth (SRTP or SRTCP that does not authenticate, or a replay), rtp_queue_full (the session's media reader is behind), sped_malformed (a check's DTLS-IN-STUN that is not DTLS, or a bad DTLS-IN-STUN-ACK).",
 		}, []string{"reason"}),
 		dcRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_data_channels_refused_total", Help: "Data channels a client opened beyond the per-session limit (4), closed at once.",

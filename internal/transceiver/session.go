@@ -70,7 +70,7 @@ type session struct {
 	offer      *peer.Offer   // the offer answered; guarded by imu after an ICE restart
 	cert       *certificate  // the DTLS certificate presented
 	setup      string        // the answer's a=setup: "active" or "passive"
-	sped       bool          // the answer has a=ice-options:goog-sped-v1 (Config.SPED)
+	sped       bool          // the answer has the offer's SPED a=ice-options (Config.SPED)
 	outSSRC    uint32        // the SSRC of the audio sent to the client
 	cname      string        // its RTCP CNAME
 	opusPT     uint8         // the Opus payload type, the offer's
@@ -183,9 +183,10 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	}
 	o := info.offer
 	role := info.dtlsRole
-	// SPED (the DTLS handshake in the ICE checks) when the offer has it
-	// and lets the transceiver be the DTLS server (peer sped.go).
-	sess.sped = len(o.SPED) > 0 && s.cfg.SPED && role != peer.DTLSClient
+	// SPED (the DTLS handshake in the ICE checks) when the offer has it,
+	// lets the transceiver be the DTLS server (peer sped.go) and DTLS 1.3,
+	// which SPED needs, is allowed: an operator who pins 1.2 gets 1.2.
+	sess.sped = len(o.SPED) > 0 && s.cfg.SPED && s.cfg.dtlsVersion == peer.DTLS13 && role != peer.DTLSClient
 	if sess.sped {
 		role = peer.DTLSServer
 	}
