@@ -365,8 +365,12 @@ func TestTentativeTurnReplyPlaysOnStop(t *testing.T) {
 	if stop.at.Sub(replyAt) < 200*time.Millisecond {
 		t.Fatalf("the backend sent its reply only %v before the stop: nothing was held", stop.at.Sub(replyAt))
 	}
-	if first.Before(stop.at.Add(-20*time.Millisecond)) || first.After(stop.at.Add(60*time.Millisecond)) {
-		t.Errorf("the held reply's first packet reached the client %v from the stop; want it sent with the stop (−20 to +60 ms)", first.Sub(stop.at))
+	// Not before the stop (the packet and the message leave together;
+	// either may arrive first), and at once after it (a bound a loaded
+	// machine's scheduling stays within, well under the 300 ms the reply
+	// was held).
+	if first.Before(stop.at.Add(-20*time.Millisecond)) || first.After(stop.at.Add(150*time.Millisecond)) {
+		t.Errorf("the held reply's first packet reached the client %v from the stop; want it sent with the stop (−20 to +150 ms)", first.Sub(stop.at))
 	}
 	if ms := b.waitType(t, bridge.TypeOutputStopped, 1).ctl.PlayedMs; ms != 1000 {
 		t.Errorf("output.stopped played_ms %d, want 1000", ms)
@@ -384,7 +388,7 @@ func TestTentativeTurnReplyPlaysOnStop(t *testing.T) {
 	for _, h := range []struct {
 		stage    string
 		min, max float64
-	}{{"backend", 0.19, 0.35}, {"client", 0.49, 0.65}} {
+	}{{"backend", 0.19, 0.45}, {"client", 0.49, 0.75}} {
 		if n, v := histogramSample(t, s.reg, "switchboard_transceiver_turn_reply_seconds", h.stage); n != 1 || v < h.min || v > h.max {
 			t.Errorf("turn_reply_seconds{stage=%s}: %d samples, %.3f s; want one from %v to %v s", h.stage, n, v, h.min, h.max)
 		}
@@ -605,8 +609,8 @@ func TestRealInterruptionClears(t *testing.T) {
 		t.Errorf("interruptions_total{resumed} = %v, want 0", v)
 	}
 	// The onset to the edge's pause: the detector's delay in a quiet room.
-	if n, v := histogramSample(t, s.reg, "switchboard_transceiver_interruption_quiet_seconds", ""); n != 1 || v <= 0 || v > 0.2 {
-		t.Errorf("interruption_quiet_seconds: %d samples, %.3f s; want one under 200 ms", n, v)
+	if n, v := histogramSample(t, s.reg, "switchboard_transceiver_interruption_quiet_seconds", ""); n != 1 || v <= 0 || v > 0.3 {
+		t.Errorf("interruption_quiet_seconds: %d samples, %.3f s; want one under 300 ms", n, v)
 	}
 }
 
@@ -647,7 +651,7 @@ func TestIdleTimeout(t *testing.T) {
 	audioEnd := stopped.at.Add(-playoutGrace)
 	after := second.at.Sub(audioEnd)
 	t.Logf("second timeout %v after the reply's audio ended (timeout 1.5 s)", after.Round(time.Millisecond))
-	if after < 1300*time.Millisecond || after > 1800*time.Millisecond {
+	if after < 1200*time.Millisecond || after > 1900*time.Millisecond {
 		t.Errorf("second timeout %v after the reply's audio ended; want about 1.5 s (the speech ended %d ms before the reply did)", after, replyMs+vad.DefaultSilenceDurationMs)
 	}
 	evs := clientEventsOf(c, "input_audio_buffer.timeout_triggered")
