@@ -261,9 +261,15 @@ func (m *mediaPath) speechStarted(ev vad.Event) {
 	m.client.speechStarted(ev.AudioMs)
 }
 
-// interrupt clears the output queue for the user's turn. turnMu held.
+// interrupt clears the output queue for the user's turn. A reply already
+// gone (speech paused it and the backend or the client cleared it, or
+// it ended) leaves nothing to clear: no second output.cleared. turnMu
+// held.
 func (m *mediaPath) interrupt() {
 	m.turns.overReply, m.turns.resumed = false, false
+	if m.q.Idle() {
+		return
+	}
 	m.clearOutput(clearSourceTurn)
 	m.metrics.interruptions.WithLabelValues(interruptionCleared).Inc()
 }

@@ -675,3 +675,46 @@ func TestIdleTimeout(t *testing.T) {
 // playoutGrace is the run's grace after its last audio (docs/bridge.md
 // §6.2): output.stopped comes that long after the reply's audio ended.
 const playoutGrace = 200 * time.Millisecond
+
+// TestPausedReplyClearedByBackend: with resume_false_interruption, speech
+// over the reply pauses it, and the backend then clears the reply itself
+// (it cuts its reply on input.speech_started, as many do). When that
+// speech goes on to have the voiced time of a turn there is nothing left
+// to clear: the edge sends no second output.cleared (the client no second
+// output_audio_buffer.cleared), as a speech start with no run clears
+// nothing (docs/bridge.md §4.8).
+func TestPausedReplyClearedByBackend(t *testing.T) {
+	sc := utterances(t, "Tell me about the weather tomorrow.", "Wait, stop right there please.")
+	s, c, b := startTurnTaking(t, resumingTurns(), func(b *recBackend, ctl bridge.Control) {
+		switch {
+		case ctl.Type == bridge.TypeInputSpeechStopped && b.replies == 0:
+			b.reply(tone(6 * time.Second))
+		case ctl.Type == bridge.TypeOutputPaused:
+			_ = b.sc.SendControl(context.Background(), bridge.Control{Type: bridge.TypeOutputClear})
+		}
+	}, nil)
+	m := newMic(t, c)
+	m.askAndListen(sc, b)
+	m.say(sc, 1)
+	m.silence(1000)
+	b.waitType(t, bridge.TypeInputSpeechStopped, 2)
+	time.Sleep(200 * time.Millisecond) // a second clear's messages would be in
+	b.log(t)
+	want := []string{
+		bridge.TypeInputSpeechStarted, bridge.TypeInputSpeechStopped, bridge.TypeOutputStarted,
+		bridge.TypeInputSpeechStarted, bridge.TypeOutputPaused, "output.mark:mark_1:cleared", bridge.TypeOutputCleared,
+		bridge.TypeInputSpeechStopped,
+	}
+	if got := b.types(); !slices.Equal(got, want) {
+		t.Fatalf("backend messages %q, want %q", got, want)
+	}
+	if got := typesOf(clientEventsOf(c, "output_audio_buffer.cleared")); len(got) != 1 {
+		t.Errorf("client events %q, want one output_audio_buffer.cleared", got)
+	}
+	if v := counterValue(t, s.reg, "switchboard_transceiver_output_clears_total", "turn"); v != 0 {
+		t.Errorf("output_clears_total{turn} = %v, want 0: the backend cleared the reply", v)
+	}
+	if v := counterValue(t, s.reg, "switchboard_transceiver_output_clears_total", "backend"); v != 1 {
+		t.Errorf("output_clears_total{backend} = %v, want 1", v)
+	}
+}
