@@ -403,10 +403,13 @@ func (m *mediaPath) speechStopped(ev vad.Event) {
 
 // turnWall returns the wall time of position ms on the input clock: the
 // detector has been fed up to its PositionMs by the frames at hand, which
-// came at turns.now (the client's audio comes in real time).
+// came at turns.now (the client's audio comes in real time). Never after
+// turns.now: the stop that closes an utterance when the setting changes
+// comes with the detector already gone (PositionMs 0), at the current
+// position.
 func (m *mediaPath) turnWall(ms int64) time.Time {
 	t := &m.turns
-	return t.now.Add(-time.Duration(t.in.PositionMs()-ms) * time.Millisecond)
+	return t.now.Add(-time.Duration(max(t.in.PositionMs()-ms, 0)) * time.Millisecond)
 }
 
 // reportPlayoutLocked reports the playout events queued so far, before a

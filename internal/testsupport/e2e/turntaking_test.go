@@ -718,3 +718,36 @@ func TestPausedReplyClearedByBackend(t *testing.T) {
 		t.Errorf("output_clears_total{backend} = %v, want 1", v)
 	}
 }
+
+// TestTurnSwitchMidUtteranceReplyLatency: a backend that changes its
+// turn detection while the user is talking gets input.speech_stopped at
+// once, at the current position (docs/bridge.md §4.8), and answers it;
+// the turn's latencies count from that moment: never negative, never
+// from a moment still to come.
+func TestTurnSwitchMidUtteranceReplyLatency(t *testing.T) {
+	sc := utterances(t, "Tell me about the weather tomorrow and the day after that.")
+	raw, _ := json.Marshal(vad.DefaultTurnDetection())
+	s, c, b := startTurnTaking(t, vad.DefaultTurnDetection(), func(b *recBackend, ctl bridge.Control) {
+		switch {
+		case ctl.Type == bridge.TypeInputSpeechStarted && b.replies == 0:
+			_ = b.sc.SendControl(context.Background(), bridge.Control{Type: bridge.TypeInputTurnDetection, TurnDetection: raw})
+		case ctl.Type == bridge.TypeInputSpeechStopped && b.replies == 0:
+			b.reply(tone(300 * time.Millisecond))
+		}
+	}, nil)
+	m := newMic(t, c)
+	m.silence(400)
+	m.say(sc, 0)
+	m.silenceUntil(3000, func() bool { return len(replyPackets(t, c)) > 0 })
+	m.silence(200)
+	b.log(t)
+	stop := b.waitType(t, bridge.TypeInputSpeechStopped, 1)
+	if stop.frames >= len(m.sentAt) {
+		t.Fatalf("the first stop came after %d of %d packets: not mid-utterance", stop.frames, len(m.sentAt))
+	}
+	for _, stage := range []string{"backend", "client"} {
+		if n, v := histogramSample(t, s.reg, "switchboard_transceiver_turn_reply_seconds", stage); n < 1 || v < 0 || v > float64(n)*0.5 {
+			t.Errorf("turn_reply_seconds{stage=%s}: %d samples summing to %.3f s; want each from 0 to 0.5 s (the reply answered the stop at once)", stage, n, v)
+		}
+	}
+}
