@@ -210,6 +210,9 @@ func (m *mediaPath) reportTurns(evs []vad.Event, err error) {
 	m.watchInterruption()
 	if err != nil {
 		m.log.Warn("turn detection failed; switched off", "err", err)
+		m.turnMu.Lock()
+		m.idle.set(0, time.Time{}) // its idle timeout goes with it
+		m.turnMu.Unlock()
 	}
 }
 
