@@ -186,8 +186,8 @@ func (a *parrotAgent) serveSession(sc *bridge.ServerConn) {
 		_ = sc.End(context.Background(), bridge.ReasonError)
 		return
 	}
-	defer s.close()
 	reason, err := s.run()
+	s.close() // a delayed reply's timer is done with s.replies
 	attrs := []any{"replies", s.replies, "ignored", sc.Ignored()}
 	logSessionEnd(log, attrs, reason, err)
 }
