@@ -147,8 +147,8 @@ func TestMeasure(t *testing.T) {
 }
 
 // checkPhases checks what physics guarantees of one result: every phase
-// happened, in order (answer ≤ ICE ≤ DTLS ≤ first audio at the backend ≤
-// first echo at the client), the answer took at least one RTT and the
+// happened, in order (answer ≤ ICE ≤ DTLS ≤ first echo at the client, and
+// answer ≤ first audio at the backend ≤ first echo), the answer took at least one RTT and the
 // first audio at least two.
 func checkPhases(t *testing.T, r Result, rtt time.Duration) {
 	t.Helper()
