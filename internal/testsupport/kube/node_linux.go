@@ -315,38 +315,62 @@ func (n *Node) ImportImage(ref string, files []ImageFile, cfg ImageConfig) {
 func (n *Node) startDNS() {
 	n.t.Helper()
 	n.ns.AddAddr(n.DNS)
-	hosts := n.write("dns/hosts", "")
+	hosts := n.path("dns", "hosts")
+	records := func() (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		svcs, err := n.cp.Client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return "", err
+		}
+		var b strings.Builder
+		for _, s := range svcs.Items {
+			if ip := s.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
+				fmt.Fprintf(&b, "%s %s.%s.svc.cluster.local\n", ip, s.Name, s.Namespace)
+			}
+		}
+		return b.String(), nil
+	}
+	last, err := records()
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.write("dns/hosts", last)
 	p := n.start("dnsmasq", "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null",
 		"--no-resolv", "--no-hosts", "--no-negcache", "--addn-hosts="+hosts,
 		"--listen-address="+n.DNS.String(), "--bind-interfaces",
 		"--local=/cluster.local/", "--domain-needed", "--user=root", "--group=root",
 		"--pid-file="+n.path("dns", "dnsmasq.pid"), "--log-facility=-")
+	// Until dnsmasq has set up its handlers, SIGHUP would end it: wait
+	// for its first answer before the updates below signal it.
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return n.ns.DialContext(ctx, network, netip.AddrPortFrom(n.DNS, 53).String())
+	}}
+	if err := n.cp.waitFor(time.Minute, "dnsmasq", p, func(ctx context.Context) (bool, error) {
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := r.LookupHost(qctx, "kubernetes.default.svc.cluster.local")
+		var dnsErr *net.DNSError
+		return err == nil || errors.As(err, &dnsErr) && dnsErr.IsNotFound, err // an answer, yes or no
+	}); err != nil {
+		n.t.Fatal(err)
+	}
 	n.stopSync, n.syncDone = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(n.syncDone)
-		last := ""
 		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			svcs, err := n.cp.Client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
-			cancel()
-			if err == nil {
-				var b strings.Builder
-				for _, s := range svcs.Items {
-					if ip := s.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
-						fmt.Fprintf(&b, "%s %s.%s.svc.cluster.local\n", ip, s.Name, s.Namespace)
-					}
-				}
-				if b.String() != last {
-					last = b.String()
-					if os.WriteFile(hosts, []byte(last), 0o644) == nil {
-						_ = p.cmd.Process.Signal(syscall.SIGHUP) // dnsmasq reads its hosts files again
-					}
-				}
-			}
 			select {
 			case <-n.stopSync:
 				return
 			case <-time.After(250 * time.Millisecond):
+			}
+			rec, err := records()
+			if err != nil || rec == last {
+				continue
+			}
+			last = rec
+			if os.WriteFile(hosts, []byte(rec), 0o644) == nil {
+				_ = p.cmd.Process.Signal(syscall.SIGHUP) // dnsmasq reads its hosts files again
 			}
 		}
 	}()
@@ -491,6 +515,20 @@ func (n *Node) PodLog(pod *corev1.Pod, lines int) string {
 	return b.String()
 }
 
+// KillContainer kills a container's processes with SIGKILL (its
+// status's containerID, containerd://<id>), as a crash would: the
+// kubelet sees it exit and restarts it by the pod's restartPolicy.
+func (n *Node) KillContainer(containerID string) error {
+	id, ok := strings.CutPrefix(containerID, "containerd://")
+	if !ok {
+		return fmt.Errorf("container %q: not a containerd:// id", containerID)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := n.ctr(ctx, "tasks", "kill", "--all", "--signal", "SIGKILL", id)
+	return err
+}
+
 // Logs returns the tail of a node component's log ("containerd",
 // "kubelet", "kube-proxy", "kube-scheduler", "dnsmasq").
 func (n *Node) Logs(name string, lines int) string { return n.cp.Logs(name, lines) }
@@ -511,10 +549,11 @@ func (n *Node) stop() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	n.procs["kube-scheduler"].stop()
 	if n.procs["kubelet"] != nil {
 		n.deletePods(ctx)
 	}
-	for _, name := range []string{"kube-scheduler", "kube-proxy", "kubelet"} {
+	for _, name := range []string{"kube-proxy", "kubelet"} {
 		n.procs[name].stop()
 	}
 	var ids []string
@@ -535,23 +574,26 @@ func (n *Node) stop() {
 	removeCgroups(ids)
 }
 
-// deletePods deletes every pod (grace period 1 s) and waits until the
-// kubelet has stopped their containers.
+// deletePods deletes the pods bound to the node (grace period 1 s) and
+// waits until the kubelet has removed them and stopped their containers.
+// The scheduler is stopped first: the controllers' replacements stay
+// pending.
 func (n *Node) deletePods(ctx context.Context) {
 	one := int64(1)
-	pods, err := n.cp.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		n.t.Logf("node cleanup: list pods: %v", err)
-		return
-	}
-	for _, p := range pods.Items {
-		_ = n.cp.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &one})
-	}
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
-		left, err := n.cp.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-		out, cerr := n.ctr(ctx, "tasks", "ls", "-q")
-		if err == nil && cerr == nil && len(left.Items) == 0 && len(bytes.TrimSpace(out)) == 0 {
+		pods, err := n.cp.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name})
+		if err != nil {
+			n.t.Logf("node cleanup: list pods: %v", err)
+			return
+		}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil {
+				_ = n.cp.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &one})
+			}
+		}
+		out, err := n.ctr(ctx, "tasks", "ls", "-q")
+		if err == nil && len(pods.Items) == 0 && len(bytes.TrimSpace(out)) == 0 {
 			return
 		}
 		time.Sleep(250 * time.Millisecond)

@@ -56,5 +56,8 @@ func (n *Node) DialContext(context.Context, string, string) (net.Conn, error) {
 // PodLog is empty outside Linux.
 func (n *Node) PodLog(*corev1.Pod, int) string { return "" }
 
+// KillContainer fails outside Linux.
+func (n *Node) KillContainer(string) error { return errNotLinux }
+
 // Logs is empty outside Linux.
 func (n *Node) Logs(string, int) string { return "" }
