@@ -81,6 +81,9 @@ type Node struct {
 	clients  int
 	stopSync chan struct{}
 	syncDone chan struct{}
+	// varLibKubelet: whether /var/lib/kubelet existed before the kubelet
+	// ran (its device plugin socket's place is fixed there).
+	varLibKubelet bool
 }
 
 // NodeOptions configure a node.
@@ -120,6 +123,8 @@ func StartNode(t testing.TB, cp *ControlPlane, opts NodeOptions) *Node {
 		t:       t, cp: cp, ns: cp.ns, dir: t.TempDir(), procs: map[string]*proc{},
 	}
 	n.Socket = filepath.Join(n.dir, "containerd.sock")
+	_, err := os.Stat(devicePluginDir)
+	n.varLibKubelet = err == nil
 	t.Cleanup(n.stop)
 
 	// The namespace routes between pods, the clients' links and itself.
@@ -536,7 +541,8 @@ func (n *Node) Logs(name string, lines int) string { return n.cp.Logs(name, line
 // stop deletes every pod through the kubelet, stops the node's
 // processes, and removes what containerd, runc and the kubelet left:
 // containers and their shims, mounts under the node's directory,
-// cgroups of its containers, the kubelet's log links. The bridge,
+// cgroups of its containers, the kubelet's log links, libcni's cache
+// of their networks. The bridge,
 // veths and kube-proxy's rules go with the network namespace.
 func (n *Node) stop() {
 	t := n.t
@@ -572,7 +578,18 @@ func (n *Node) stop() {
 	}
 	removeLogLinks("/var/log/containers", n.dir)
 	removeCgroups(ids)
+	removeCNICache(ids)
+	// The kubelet's device plugin socket is not under its root directory.
+	_ = os.Remove(filepath.Join(devicePluginDir, "kubelet.sock"))
+	if !n.varLibKubelet {
+		_ = os.Remove(devicePluginDir)
+		_ = os.Remove(filepath.Dir(devicePluginDir))
+	}
 }
+
+// devicePluginDir is where every kubelet listens for device plugins,
+// whatever its --root-dir: two nodes on one machine share it.
+const devicePluginDir = "/var/lib/kubelet/device-plugins"
 
 // deletePods deletes the pods bound to the node (grace period 1 s) and
 // waits until the kubelet has removed them and stopped their containers.
@@ -690,6 +707,18 @@ func removeLogLinks(dir, target string) {
 		p := filepath.Join(dir, e.Name())
 		if dest, err := os.Readlink(p); err == nil && strings.HasPrefix(dest, target+"/") {
 			_ = os.Remove(p)
+		}
+	}
+}
+
+// removeCNICache removes the results libcni caches in
+// /var/lib/cni/results for the containers' networks (for a sandbox the
+// kubelet did not tear down; one it did has none left).
+func removeCNICache(ids []string) {
+	for _, id := range ids {
+		files, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", "*-"+id+"-*"))
+		for _, f := range files {
+			_ = os.Remove(f)
 		}
 	}
 }
