@@ -42,7 +42,12 @@ func runDemo(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, NoTCP: !cfg.TCP, Logger: log, Pprof: cfg.Log.Pprof, Agent: cfg.Mode, Ptime: cfg.Ptime, DTLSVersion: cfg.DTLS, NoSPED: !cfg.SPED})
+	parrot, err := cfg.ParrotOptions()
+	if err != nil {
+		return err
+	}
+	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, NoTCP: !cfg.TCP, Logger: log, Pprof: cfg.Log.Pprof, Agent: cfg.Mode, Ptime: cfg.Ptime,
+		DTLSVersion: cfg.DTLS, NoSPED: !cfg.SPED, Parrot: parrot})
 	if err != nil {
 		return err
 	}
@@ -325,7 +330,11 @@ func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	backend, err := agent.NewMode(cfg.Mode, cfg.Format, log)
+	opts, err := cfg.ParrotOptions()
+	if err != nil {
+		return err
+	}
+	backend, err := agent.NewMode(cfg.Mode, cfg.Format, log, opts)
 	if err != nil {
 		return err
 	}

@@ -79,6 +79,7 @@ type session struct {
 	media      *mediaPath              // codecs, turn detection and paced playout (media.go)
 	client     *clientEvents           // the oai-events channel (events.go)
 	reports    *rtcpreport.Interceptor // the session's RTCP reports (reports.go)
+	quality    callQuality             // the client's reports about our audio, summed up (reports.go)
 	created    time.Time
 	ctx        context.Context // cancelled when the session ends
 	cancel     context.CancelFunc
@@ -550,5 +551,6 @@ func (sess *session) teardown(reason string) {
 	sess.imu.Unlock()
 	s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
 	s.byTrans.endedOn(sess)
-	sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
+	attrs := append([]any{"reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond)}, sess.observeQuality()...)
+	sess.log.Info("session ended", attrs...)
 }
