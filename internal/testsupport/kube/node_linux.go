@@ -82,8 +82,12 @@ type Node struct {
 	stopSync chan struct{}
 	syncDone chan struct{}
 	// varLibKubelet: whether /var/lib/kubelet existed before the kubelet
-	// ran (its device plugin socket's place is fixed there).
-	varLibKubelet bool
+	// ran (its device plugin socket's place is fixed there); likewise
+	// /var/log/containers, where it links the containers' logs.
+	varLibKubelet, varLogContainers bool
+	// hostRules: the Kubernetes rules of the root network namespace's
+	// firewall before the node started (kubeRules), normally none.
+	hostRules map[string][]string
 }
 
 // NodeOptions configure a node.
@@ -125,6 +129,11 @@ func StartNode(t testing.TB, cp *ControlPlane, opts NodeOptions) *Node {
 	n.Socket = filepath.Join(n.dir, "containerd.sock")
 	_, err := os.Stat(devicePluginDir)
 	n.varLibKubelet = err == nil
+	_, err = os.Stat(containerLogLinks)
+	n.varLogContainers = err == nil
+	if n.hostRules, err = kubeRules(rootNetNS); err != nil {
+		t.Fatalf("a real node: snapshotting the host's firewall: %v", err)
+	}
 	t.Cleanup(n.stop)
 
 	// The namespace routes between pods, the clients' links and itself.
@@ -141,6 +150,8 @@ func StartNode(t testing.TB, cp *ControlPlane, opts NodeOptions) *Node {
 	n.startProxy(opts.Verbosity)
 	n.start("kube-scheduler", filepath.Join(cp.bins, "kube-scheduler"),
 		"--kubeconfig="+cp.AdminKubeconfig, "--leader-elect=false", "--secure-port=0")
+	n.checkInNetNS()
+	n.checkHostFirewall("while the node runs")
 	return n
 }
 
@@ -408,6 +419,10 @@ cgroupsPerQOS: false
 enforceNodeAllocatable: []
 # Check, do not set, the host's kernel tunables.
 protectKernelDefaults: true
+# No KUBE-IPTABLES-HINT, KUBE-KUBELET-CANARY or KUBE-FIREWALL chains:
+# kube-proxy runs in nftables mode and needs none of them, and the
+# kubelet re-creates them every minute in whatever namespace it runs in.
+makeIPTablesUtilChains: false
 clusterDNS: [%s]
 clusterDomain: cluster.local
 resolvConf: %s
@@ -422,7 +437,8 @@ serializeImagePulls: false
 `, n.IP, n.Socket, n.DNS, resolv, n.path("pod-logs")))
 	p := n.start("kubelet", filepath.Join(n.cp.bins, "kubelet"),
 		"--config="+cfg, "--kubeconfig="+n.cp.AdminKubeconfig,
-		"--root-dir="+n.path("kubelet", "root"), "--hostname-override="+n.Name,
+		"--root-dir="+n.path("kubelet", "root"), "--cert-dir="+n.path("kubelet", "pki"),
+		"--hostname-override="+n.Name,
 		"--node-ip="+n.IP.String(), "--v="+strconv.Itoa(v))
 	if err := n.cp.waitFor(startTimeout, "node "+n.Name+" Ready", p, func(ctx context.Context) (bool, error) {
 		node, err := n.cp.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
@@ -576,7 +592,10 @@ func (n *Node) stop() {
 	if err := unmountUnder(n.dir); err != nil {
 		t.Errorf("node cleanup: %v", err)
 	}
-	removeLogLinks("/var/log/containers", n.dir)
+	removeLogLinks(containerLogLinks, n.dir)
+	if !n.varLogContainers {
+		_ = os.Remove(containerLogLinks) // only if empty: another node's links stay
+	}
 	removeCgroups(ids)
 	removeCNICache(ids)
 	// The kubelet's device plugin socket is not under its root directory.
@@ -585,7 +604,14 @@ func (n *Node) stop() {
 		_ = os.Remove(devicePluginDir)
 		_ = os.Remove(filepath.Dir(devicePluginDir))
 	}
+	if n.hostRules != nil {
+		n.checkHostFirewall("after the node stopped")
+	}
 }
+
+// containerLogLinks is where the kubelet links each container's log,
+// whatever its podLogsDir.
+const containerLogLinks = "/var/log/containers"
 
 // devicePluginDir is where every kubelet listens for device plugins,
 // whatever its --root-dir: two nodes on one machine share it.
