@@ -24,9 +24,9 @@ import (
 // and is removed at once (removeKubeRules), since other tests share the
 // host.
 
-// rootNetNS is the host's network namespace: PID 1's, whatever
-// namespace this process is in.
-const rootNetNS = "/proc/1/ns/net"
+// rootNetNS is the host's network namespace: the test process's own
+// (PID 1's may be unreadable even to root in a sandbox).
+var rootNetNS = fmt.Sprintf("/proc/%d/ns/net", os.Getpid())
 
 // kubeRules returns, per family ("ip", "ip6", "nft"), the lines of the
 // ruleset of the network namespace at path nsPath (rootNetNS, or
