@@ -877,12 +877,14 @@ func quantile(d []time.Duration, q float64) time.Duration {
 const (
 	floodRSSBound = 64 << 20              // RSS growth of the whole test process during the flood
 	floodP99Bound = 20 * time.Millisecond // p99 echo latency during the flood minus before it
-	// floodP99BoundRace is floodP99Bound in -race builds, which CI runs
-	// next to other packages' tests (the chaos suite's processes among
-	// them) on two cores: a CI run saw +54 ms there with every datagram
-	// echoed. It still catches a flood that holds the sessions' packets
-	// behind it; floodGapBound catches a stall.
-	floodP99BoundRace = 150 * time.Millisecond
+	// floodP50BoundRace replaces floodP99Bound in -race builds, which CI
+	// runs next to other packages' tests (the chaos suite's processes and
+	// browsers among them) on two cores: there the p99 measures the
+	// machine (CI runs saw +54 ms and +244 ms with the median at 2.3 ms
+	// and every session echoed on). A flood that holds the sessions'
+	// packets behind it moves their median; floodGapBound catches a
+	// stall.
+	floodP50BoundRace = 25 * time.Millisecond
 	floodGapBound     = time.Second // longest time a real session goes without an echo
 )
 
@@ -893,7 +895,8 @@ const (
 // (SWITCHBOARD_FLOOD_FULL=1): 1,000,000 requests from 100,000 source ports
 // (100 source IPs x 1,000 ports, 10 each); default: 100,000 from 10,000.
 // It asserts that the table stays within its caps, RSS growth stays under
-// floodRSSBound, the sessions' p99 moves less than floodP99Bound, no
+// floodRSSBound, the sessions' p99 moves less than floodP99Bound (their
+// median less than floodP50BoundRace under -race), no
 // session goes floodGapBound without an echo, and the relay sends nothing
 // to anyone but the sessions.
 func TestFloodWithLiveSessions(t *testing.T) {
@@ -1050,12 +1053,11 @@ func TestFloodWithLiveSessions(t *testing.T) {
 	if rss1-rss0 > floodRSSBound {
 		t.Errorf("RSS grew %d MiB during the flood, bound %d MiB", (rss1-rss0)>>20, floodRSSBound>>20)
 	}
-	p99Bound := floodP99Bound
-	if raceBuild() {
-		p99Bound = floodP99BoundRace
-	}
-	if during99-before99 > p99Bound {
-		t.Errorf("p99 moved from %v to %v during the flood, bound +%v", before99, during99, p99Bound)
+	switch {
+	case raceBuild() && during50-before50 > floodP50BoundRace:
+		t.Errorf("p50 moved from %v to %v during the flood, bound +%v (-race)", before50, during50, floodP50BoundRace)
+	case !raceBuild() && during99-before99 > floodP99Bound:
+		t.Errorf("p99 moved from %v to %v during the flood, bound +%v", before99, during99, floodP99Bound)
 	}
 	if st.ToClientBytes != uint64(clientBytes) {
 		t.Errorf("the relay sent %d bytes to clients, the real sessions received %d: something else was sent to", st.ToClientBytes, clientBytes)
