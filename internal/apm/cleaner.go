@@ -35,7 +35,8 @@ type Cleaner struct {
 	measured bool
 
 	near, ref []int16 // one 10 ms frame each
-	frames    int64   // near frames processed
+	frames    int64   // near frames seen
+	processed int64   // near frames the module processed
 	closed    bool
 }
 
@@ -43,6 +44,11 @@ type Cleaner struct {
 // handed to the module, which is told that delay (set_stream_delay_ms):
 // the module's delay-agnostic search looks both ways from there.
 const alignMarginMs = 40
+
+// echoTailMs is how long after the echo delay the echo of the last audio
+// played can still be heard: the room's reverberation and the client's
+// playout of its last packet, with margin.
+const echoTailMs = 500
 
 // nearBaseCreep is how fast the near clock's base moves later when no
 // arrival is earlier, in seconds per second: 2 ms/s follows a path that
@@ -140,30 +146,44 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 		// before it as the echo delay (less the margin).
 		at := int64((c.nearBase + float64(pos)/rate) * rate)
 		pos += int64(c.frame)
+		// The module runs while the echo of something played can still
+		// be in the input: from the first far-end audio to the echo
+		// delay and the room's tail after the last. In between (the user
+		// talks, nobody does) the frame passes as it is, unless noise
+		// suppression is on, and the module's state waits unchanged.
+		echo := false
 		if c.cfg.EchoCancellation {
 			c.est.push(energy(c.near), c.farEnergy(at))
 			if d, ok := c.est.estimate(); ok {
 				c.delayMs, c.measured = d*10, true
 			}
-			c.readFar(c.ref, at-int64((c.delayMs-alignMarginMs)*c.cfg.Rate/1000))
-			if err := c.proc.render(c.ref); err != nil {
+			echo = c.farHead > 0 && at-int64((c.delayMs+echoTailMs)*c.cfg.Rate/1000) < c.farHead
+		}
+		if echo || c.cfg.NoiseReduction != "" {
+			var nearDB float64
+			if echo {
+				nearDB = dB(energy(c.near))
+				c.readFar(c.ref, at-int64((c.delayMs-alignMarginMs)*c.cfg.Rate/1000))
+			} else {
+				clear(c.ref)
+			}
+			if c.cfg.EchoCancellation {
+				if err := c.proc.render(c.ref); err != nil {
+					return err
+				}
+			}
+			if err := c.proc.capture(c.near, alignMarginMs); err != nil {
 				return err
 			}
-		}
-		var nearDB float64
-		if c.cfg.EchoCancellation {
-			nearDB = dB(energy(c.near))
-		}
-		if err := c.proc.capture(c.near, alignMarginMs); err != nil {
-			return err
-		}
-		if c.cfg.EchoCancellation {
-			early, late := 2, 8
-			if !c.measured {
-				early, late = 12, 14 // the initial delay is a guess
+			if echo {
+				early, late := 2, 8
+				if !c.measured {
+					early, late = 12, 14 // the initial delay is a guess
+				}
+				loudest, aligned := c.est.farAround(c.delayMs/10, early, late)
+				c.gate.frame(c.near, nearDB, loudest, aligned)
 			}
-			loudest, aligned := c.est.farAround(c.delayMs/10, early, late)
-			c.gate.frame(c.near, nearDB, loudest, aligned)
+			c.processed++
 		}
 		for i, v := range c.near {
 			binary.LittleEndian.PutUint16(f[2*i:], uint16(v))
@@ -211,9 +231,11 @@ type Stats struct {
 	// Echo holds the module's measurements; valid when
 	// Config.EchoCancellation.
 	Echo EchoStats
-	// Frames is the 10 ms frames processed; Gated, those the echo gate
-	// attenuated as echo left over.
-	Frames, Gated int64
+	// Frames is the 10 ms input frames seen; Processed, those the
+	// module processed (with echo cancellation alone, only those that
+	// can hold echo); Gated, those the echo gate attenuated as echo left
+	// over.
+	Frames, Processed, Gated int64
 	// CouplingDB is the echo gate's estimate of the echo path's loss:
 	// the input's level over the far end's, dB (0 until measured).
 	CouplingDB float64
@@ -221,7 +243,7 @@ type Stats struct {
 
 // Stats returns what c measured so far.
 func (c *Cleaner) Stats() Stats {
-	s := Stats{DelayMs: c.delayMs, Measured: c.measured, Frames: c.frames, Gated: c.gate.gated, CouplingDB: c.gate.coupling}
+	s := Stats{DelayMs: c.delayMs, Measured: c.measured, Frames: c.frames, Processed: c.processed, Gated: c.gate.gated, CouplingDB: c.gate.coupling}
 	if c.cfg.EchoCancellation && !c.closed {
 		s.Echo, _ = c.proc.echoStats()
 	}
