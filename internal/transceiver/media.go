@@ -102,6 +102,9 @@ type mediaPath struct {
 	decLast     audio.DecoderStats
 
 	turns turns // turn detection (turns.go)
+	// clean is input cleaning (clean.go): echo cancellation and noise
+	// suppression before turn detection.
+	clean cleaning
 	// turnMu orders a barge-in's input.speech_started before the
 	// playout events its clear causes (speechStarted, drainEvents).
 	turnMu sync.Mutex
@@ -187,9 +190,10 @@ func (m *mediaPath) startPlayout() { m.q.Resume() }
 // PCM formats; each frame, once written, goes to turn detection.
 func (m *mediaPath) toBackend(pkt *rtp.Packet) error {
 	m.applyTurns(pkt.Payload)
+	m.applyCleaning()
 	t := &m.turns
-	var now time.Time // the detector's wall time: read only when it is on
-	if t.in.Detector() != nil {
+	var now time.Time // the detector's and cleaner's wall time: read only when one is on
+	if t.in.Detector() != nil || m.clean.c != nil {
 		now = time.Now()
 	}
 	if m.dec == nil {
@@ -200,10 +204,16 @@ func (m *mediaPath) toBackend(pkt *rtp.Packet) error {
 		return nil
 	}
 	for _, f := range m.dec.Push(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload) {
-		if err := m.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM, Concealed: f.Concealed}); err != nil {
+		toBE, toDet := m.cleanFrame(f.Timestamp, f.PCM, now)
+		if err := m.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: toBE, Concealed: f.Concealed}); err != nil {
 			return err
 		}
-		m.reportTurns(t.in.Frame(t.evs[:0], f.Timestamp, f.PCM, now))
+		m.reportTurns(t.in.Frame(t.evs[:0], f.Timestamp, toDet, now))
+	}
+	if m.clean.c != nil {
+		// Cleaning works on whole frames: the detector hears them whole.
+		m.countDecoder()
+		return nil
 	}
 	// A 10 ms packet's audio is heard now, not with the packet that
 	// completes its frame (vad.Input.Partial); the backend still gets

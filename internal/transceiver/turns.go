@@ -96,6 +96,15 @@ func (m *mediaPath) setTurnDetection(raw json.RawMessage, from string) {
 		m.refuse(refusedTurnDetection, bridge.ErrCodeTurnDetection, fmt.Sprintf("%s: %v; turn detection unchanged", from, err))
 		return
 	}
+	var interrupt bool
+	if td != nil {
+		interrupt = td.InterruptResponse
+	} else {
+		raw = nil
+	}
+	if !m.setCleaning(raw, interrupt, from) {
+		return
+	}
 	m.turns.next.Store(&turnSwitch{cfg: td})
 }
 
@@ -222,4 +231,7 @@ func (m *mediaPath) switchTurns(cfg *vad.TurnDetection, frameMs int) {
 }
 
 // stopTurns frees the detector when the track goroutine ends.
-func (m *mediaPath) stopTurns() { m.turns.in.Close() }
+func (m *mediaPath) stopTurns() {
+	m.turns.in.Close()
+	m.stopCleaning()
+}
