@@ -114,6 +114,9 @@ type cleaning struct {
 	pcm      []int16       // decoded far end
 	pcmBytes []byte
 	scratch  []byte // the detector's copy of a frame the backend gets raw
+	early    []byte // the cleaned first half of the frame at earlyTS (cleanPartial)
+	earlyTS  uint32
+	hasEarly bool
 	ts       uint32 // the last input frame's timestamp, and unwrapped
 	ext      int64
 	started  bool
@@ -229,12 +232,49 @@ func (m *mediaPath) applyCleaning() {
 // session's rate, its packet in at now) and returns the audio for the
 // backend and for the detector: pcm itself when cleaning is off. With
 // noise reduction or backend_audio the backend gets the cleaned frame,
-// else the frame as it came and the detector a cleaned copy.
+// else the frame as it came and the detector a cleaned copy. A first
+// half that cleanPartial already cleaned is not cleaned again.
 func (m *mediaPath) cleanFrame(ts uint32, pcm []byte, now time.Time) (backend, detector []byte) {
 	cl := &m.clean
 	if cl.c == nil {
 		return pcm, pcm
 	}
+	out := pcm
+	if !cl.set.backendAudio && cl.set.noise == "" {
+		cl.scratch = append(cl.scratch[:0], pcm...)
+		out = cl.scratch
+	}
+	done := 0
+	if cl.hasEarly && cl.earlyTS == ts && len(cl.early) < len(out) {
+		done = copy(out, cl.early)
+	}
+	cl.hasEarly = false
+	if !m.cleanRun(ts, out[done:], done/2, now) {
+		return pcm, pcm
+	}
+	return out, out
+}
+
+// cleanPartial cleans the first half of a frame that the decoder has
+// assembled so far (audio.Decoder.Partial: 10 ms packets) for the
+// detector, and keeps it for the frame; empty pcm passes.
+func (m *mediaPath) cleanPartial(ts uint32, pcm []byte, now time.Time) []byte {
+	cl := &m.clean
+	if cl.c == nil || len(pcm) == 0 {
+		return pcm
+	}
+	cl.early = append(cl.early[:0], pcm...)
+	if !m.cleanRun(ts, cl.early, 0, now) {
+		return pcm
+	}
+	cl.earlyTS, cl.hasEarly = ts, true
+	return cl.early
+}
+
+// cleanRun cleans pcm in place: the audio off samples after the frame at
+// ts. It reports false when cleaning failed, and switched it off.
+func (m *mediaPath) cleanRun(ts uint32, pcm []byte, off int, now time.Time) bool {
+	cl := &m.clean
 	if cl.on.Load() {
 		cl.played.drain(m.playedFar)
 	}
@@ -244,20 +284,15 @@ func (m *mediaPath) cleanFrame(ts uint32, pcm []byte, now time.Time) (backend, d
 		cl.ext += int64(int32(ts - cl.ts))
 		cl.ts = ts
 	}
-	out := pcm
-	if !cl.set.backendAudio && cl.set.noise == "" {
-		cl.scratch = append(cl.scratch[:0], pcm...)
-		out = cl.scratch
+	if len(pcm) == 0 {
+		return true
 	}
-	if err := cl.c.Process(out, cl.ext, now); err != nil {
+	if err := cl.c.Process(pcm, cl.ext+int64(off), now); err != nil {
 		m.log.Warn("input cleaning failed; switched off", "err", err)
 		m.stopCleaning()
-		return pcm, pcm
+		return false
 	}
-	if &out[0] == &pcm[0] {
-		return out, out
-	}
-	return pcm, out
+	return true
 }
 
 // playedFar decodes one packet sent to the client into the cleaner's far
@@ -290,5 +325,5 @@ func (m *mediaPath) stopCleaning() {
 		cl.c.Close()
 		cl.c = nil
 	}
-	cl.dec, cl.set, cl.started = nil, cleanSetting{}, false
+	cl.dec, cl.set, cl.started, cl.hasEarly = nil, cleanSetting{}, false, false
 }

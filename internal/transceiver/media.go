@@ -210,17 +210,12 @@ func (m *mediaPath) toBackend(pkt *rtp.Packet) error {
 		}
 		m.reportTurns(t.in.Frame(t.evs[:0], f.Timestamp, toDet, now))
 	}
-	if m.clean.c != nil {
-		// Cleaning works on whole frames: the detector hears them whole.
-		m.countDecoder()
-		return nil
-	}
 	// A 10 ms packet's audio is heard now, not with the packet that
 	// completes its frame (vad.Input.Partial); the backend still gets
 	// whole frames, so a turn message may lead the frame holding its
 	// position by up to 10 ms.
 	p := m.dec.Partial()
-	m.reportTurns(t.in.Partial(t.evs[:0], p.Timestamp, p.PCM, now))
+	m.reportTurns(t.in.Partial(t.evs[:0], p.Timestamp, m.cleanPartial(p.Timestamp, p.PCM, now), now))
 	m.countDecoder()
 	return nil
 }
