@@ -45,6 +45,17 @@ type Cleaner struct {
 // the module's delay-agnostic search looks both ways from there.
 const alignMarginMs = 40
 
+// The reference stays where it is while the measured delay moves less
+// than realignEarlyMs earlier or realignLateMs later than the delay in
+// use: the module's filter (128 ms, from alignMarginMs before the
+// expected echo) and its own delay-agnostic search follow such a drift,
+// where every move of the reference would make its filter converge
+// again.
+const (
+	realignEarlyMs = 30
+	realignLateMs  = 60
+)
+
 // echoTailMs is how long after the echo delay the echo of the last audio
 // played can still be heard: the room's reverberation and the client's
 // playout of its last packet, with margin.
@@ -83,11 +94,12 @@ func New(cfg Config) (*Cleaner, error) {
 // Config returns the Cleaner's configuration, defaults filled.
 func (c *Cleaner) Config() Config { return c.cfg }
 
-// Played records pcm (PCM16 little-endian, whole 10 ms frames) as sent to
-// the client at at. Audio sent right after the previous packet (within
-// 30 ms of where that one ended) continues it sample for sample, as the
-// client's jitter buffer plays it; after a gap it is placed at its send
-// time, silence before it.
+// Played records pcm (PCM16 little-endian, whole 10 ms frames) as played
+// to the client from at on: the caller gives each packet the time the
+// client plays it at, up to a constant (its send time, taken from its
+// RTP timestamp within its run so that packets sent late by a busy clock
+// stay back to back). Audio recorded for the same time again replaces
+// the earlier; a gap is silence.
 func (c *Cleaner) Played(at time.Time, pcm []byte) error {
 	if c.closed {
 		return ErrClosed
@@ -98,20 +110,18 @@ func (c *Cleaner) Played(at time.Time, pcm []byte) error {
 	if !c.hasOrigin {
 		c.origin, c.hasOrigin = at, true
 	}
-	pos := int64(at.Sub(c.origin).Seconds() * float64(c.cfg.Rate))
-	slack := int64(c.cfg.Rate * 30 / 1000)
-	switch {
-	case pos > c.farHead+slack:
-		for ; c.farHead < pos; c.farHead++ {
-			c.far[c.farHead&c.farMask] = 0
-		}
-	case pos < c.farHead-int64(len(c.far))/2:
-		return nil // far behind the clock: nothing sane to place
+	pos := int64(math.Round(at.Sub(c.origin).Seconds() * float64(c.cfg.Rate)))
+	if pos < c.farHead-int64(len(c.far))/2 {
+		return nil // long gone
+	}
+	for ; c.farHead < pos; c.farHead++ {
+		c.far[c.farHead&c.farMask] = 0
 	}
 	for i := 0; i+1 < len(pcm); i += 2 {
-		c.far[c.farHead&c.farMask] = int16(binary.LittleEndian.Uint16(pcm[i:]))
-		c.farHead++
+		c.far[pos&c.farMask] = int16(binary.LittleEndian.Uint16(pcm[i:]))
+		pos++
 	}
+	c.farHead = max(c.farHead, pos)
 	return nil
 }
 
@@ -154,7 +164,7 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 		echo := false
 		if c.cfg.EchoCancellation {
 			c.est.push(energy(c.near), c.farEnergy(at))
-			if d, ok := c.est.estimate(); ok {
+			if d, ok := c.est.estimate(); ok && (!c.measured || d*10 < c.delayMs-realignEarlyMs || d*10 > c.delayMs+realignLateMs) {
 				c.delayMs, c.measured = d*10, true
 			}
 			echo = c.farHead > 0 && at-int64((c.delayMs+echoTailMs)*c.cfg.Rate/1000) < c.farHead
@@ -176,7 +186,7 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 				return err
 			}
 			if echo {
-				early, late := 2, 8
+				early, late := 2, 12
 				if !c.measured {
 					early, late = 12, 14 // the initial delay is a guess
 				}
@@ -404,7 +414,7 @@ func (e *delayEstimator) farAround(lag, early, late int) (loudest, aligned float
 // from levels only.
 type echoGate struct {
 	coupling float64 // dB: input over far end, a low percentile while the far end plays
-	floor    float64 // dB: the output's noise floor, a low percentile
+	floor    float64 // dB: the output's noise floor, a low percentile while no echo can be heard
 	gated    int64
 }
 
@@ -430,7 +440,11 @@ func (g *echoGate) frame(x []int16, nearDB, farDB, alignedDB float64) {
 	}
 	p := energy(x)
 	out := dB(p)
-	quantile(&g.floor, out, gateFloorQuantile, gateStepDB)
+	if farDB <= -85 {
+		// The floor is learnt where no echo can be: a long reply's
+		// residual must not become the level gated frames are set to.
+		quantile(&g.floor, out, gateFloorQuantile, gateStepDB)
+	}
 	if farDB <= -85 || out >= farDB+g.coupling-gateMarginDB || out <= g.floor {
 		return
 	}

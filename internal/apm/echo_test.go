@@ -3,6 +3,7 @@ package apm
 import (
 	"encoding/binary"
 	"fmt"
+	"gopkg.in/hraban/opus.v2"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -81,7 +82,7 @@ func runEcho(t testing.TB, cfg Config, far, near []float64, jitterMs int) ([]flo
 	for k := 0; (k+1)*fl <= len(near); k++ {
 		at := t0.Add(time.Duration(k) * 20 * time.Millisecond)
 		if (k+1)*fl <= len(far) {
-			if err := c.Played(at.Add(time.Duration(rng.IntN(2000))*time.Microsecond), fb[2*k*fl:2*(k+1)*fl]); err != nil {
+			if err := c.Played(at, fb[2*k*fl:2*(k+1)*fl]); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -113,8 +114,49 @@ func power(x []float64, from, to int) float64 {
 func TestEchoCancellation(t *testing.T) {
 	speechgen.Require(t)
 	for _, rate := range []int{16000, 24000} {
-		t.Run(fmt.Sprint(rate), func(t *testing.T) { echoCase(t, rate) })
+		for _, codec := range []bool{false, true} {
+			name := fmt.Sprint(rate)
+			if codec {
+				name += "/opus"
+			}
+			t.Run(name, func(t *testing.T) { echoCase(t, rate, codec) })
+		}
 	}
+}
+
+// opusTrip codes x with libopus (VoIP, 20 ms, 32 kbit/s, as a browser
+// sends) and decodes it, at rate Hz.
+func opusTrip(t testing.TB, x []float64, rate int) []float64 {
+	t.Helper()
+	enc, err := opus.NewEncoder(rate, 1, opus.AppVoIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = enc.SetBitrate(32000)
+	dec, err := opus.NewDecoder(rate, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := rate / 50
+	out := make([]float64, 0, len(x))
+	in := make([]int16, fl)
+	pcm := make([]int16, fl)
+	buf := make([]byte, 1275)
+	for k := 0; (k+1)*fl <= len(x); k++ {
+		for i := range in {
+			in[i] = int16(max(-32768, min(32767, math.Round(x[k*fl+i]))))
+		}
+		n, err := enc.Encode(in, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := dec.Decode(buf[:n], pcm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, toFloat(pcm[:m])...)
+	}
+	return append(out, make([]float64, len(x)-len(out))...)
 }
 
 // userTurns are the user's utterances over the replies, and where they
@@ -128,7 +170,7 @@ var userTurns = []struct {
 	{"Hold on a second.", 12000},
 }
 
-func echoCase(t *testing.T, rate int) {
+func echoCase(t *testing.T, rate int, codec bool) {
 	sc, err := speechgen.NewScript(rate, 500, 600,
 		"Sure, I can help with that. Your table for two is booked for eight tonight.",
 		"Is there anything else you would like me to do for you today?",
@@ -138,7 +180,14 @@ func echoCase(t *testing.T, rate int) {
 		t.Fatal(err)
 	}
 	far := toFloat(sc.Samples)
-	echo := echoPath(far, rate, 150, 300, 0.5)
+	played := far
+	if codec {
+		// What the client plays is the transceiver's Opus, decoded; the
+		// reference is what the transceiver sent, decoded the same way.
+		played = opusTrip(t, far, rate)
+		far = played
+	}
+	echo := echoPath(played, rate, 150, 300, 0.5)
 	user := make([]float64, len(far))
 	var onsets []int
 	for _, u := range userTurns {
@@ -157,6 +206,10 @@ func echoCase(t *testing.T, rate int) {
 	near := make([]float64, len(far))
 	for i := range near {
 		near[i] = echo[i] + user[i]
+	}
+	if codec {
+		// The client's microphone, coded by its own encoder.
+		echo, near, user = opusTrip(t, echo, rate), opusTrip(t, near, rate), opusTrip(t, user, rate)
 	}
 	cleanEcho, c := runEcho(t, Config{Rate: rate, EchoCancellation: true}, far, echo, 15)
 	st := c.Stats()

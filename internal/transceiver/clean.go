@@ -44,6 +44,12 @@ const defaultEchoCancellation = true
 // dropped far end.
 const playedSlots = 100
 
+// playedSlack is how far a packet's send time may be from where its RTP
+// timestamp puts it before the far end's timeline starts again: a clock
+// that fell this far behind (or a jump the timestamps do not show) has
+// changed what the client plays.
+const playedSlack = 500 * time.Millisecond
+
 // cleanSetting is a turn_detection's cleaning members, decoded.
 type cleanSetting struct {
 	echo         bool   // cancel echo
@@ -117,9 +123,13 @@ type cleaning struct {
 	early    []byte // the cleaned first half of the frame at earlyTS (cleanPartial)
 	earlyTS  uint32
 	hasEarly bool
-	ts       uint32 // the last input frame's timestamp, and unwrapped
-	ext      int64
-	started  bool
+	// The far end's timeline: the send time of RTP timestamp 0, the
+	// earliest seen (inRun: one was).
+	runBase time.Time
+	inRun   bool
+	ts      uint32 // the last input frame's timestamp, and unwrapped
+	ext     int64
+	started bool
 }
 
 // playedRing hands the packets the clock's worker sent to the track
@@ -133,10 +143,11 @@ type playedRing struct {
 
 type playedPkt struct {
 	at      time.Time
+	ts      uint32 // RTP timestamp (48 kHz)
 	payload []byte
 }
 
-func (r *playedRing) push(at time.Time, payload []byte) {
+func (r *playedRing) push(at time.Time, ts uint32, payload []byte) {
 	r.mu.Lock()
 	if r.n == playedSlots {
 		r.head = (r.head + 1) % playedSlots
@@ -144,18 +155,18 @@ func (r *playedRing) push(at time.Time, payload []byte) {
 		r.lost++
 	}
 	s := &r.slots[(r.head+r.n)%playedSlots]
-	s.at, s.payload = at, append(s.payload[:0], payload...)
+	s.at, s.ts, s.payload = at, ts, append(s.payload[:0], payload...)
 	r.n++
 	r.mu.Unlock()
 }
 
 // drain calls f on each packet in order and empties the ring.
-func (r *playedRing) drain(f func(at time.Time, payload []byte)) {
+func (r *playedRing) drain(f func(at time.Time, ts uint32, payload []byte)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for ; r.n > 0; r.n-- {
 		s := &r.slots[r.head]
-		f(s.at, s.payload)
+		f(s.at, s.ts, s.payload)
 		r.head = (r.head + 1) % playedSlots
 	}
 }
@@ -163,9 +174,9 @@ func (r *playedRing) drain(f func(at time.Time, payload []byte)) {
 // cleanPlayed records a packet sent to the client (SendPacket, the clock's
 // worker): only a copy and the time, the decoding is the track
 // goroutine's.
-func (m *mediaPath) cleanPlayed(payload []byte, at time.Time) {
+func (m *mediaPath) cleanPlayed(payload []byte, ts uint32, at time.Time) {
 	if m.clean.on.Load() {
-		m.clean.played.push(at, payload)
+		m.clean.played.push(at, ts, payload)
 	}
 }
 
@@ -295,16 +306,33 @@ func (m *mediaPath) cleanRun(ts uint32, pcm []byte, off int, now time.Time) bool
 	return true
 }
 
-// playedFar decodes one packet sent to the client into the cleaner's far
-// end. A packet that does not decode (none should: the transceiver's own
-// encoder made it, or a backend's Opus that playAudio checked) is left
-// out: the far end is silence there.
-func (m *mediaPath) playedFar(at time.Time, payload []byte) {
+// playedFar decodes one packet sent to the client (at at, RTP timestamp
+// ts) into the cleaner's far end. A packet that does not decode (none
+// should: the transceiver's own encoder made it, or a backend's Opus that
+// playAudio checked) is left out: the far end is silence there.
+//
+// The far end is placed where the client's jitter buffer plays it: by
+// its RTP timestamp, from the earliest send time seen for timestamp 0,
+// not by when each packet left: after a stall the clock sends the packets
+// it owes together, and a receiver still plays them one after the other;
+// a timestamp that jumps is a gap the receiver plays as silence. Only a
+// packet more than playedSlack off that timeline starts it again.
+func (m *mediaPath) playedFar(at time.Time, ts uint32, payload []byte) {
 	cl := &m.clean
 	n, err := cl.dec.Decode(payload, cl.pcm)
 	if err != nil || n == 0 {
 		return
 	}
+	// The run's base: the earliest send time less the timestamp's time
+	// seen in it; a packet the clock sent late (it was busy) does not
+	// move it.
+	base := at.Add(-time.Duration(ts) * time.Second / opusClockRate)
+	if !cl.inRun || base.Sub(cl.runBase) > playedSlack || cl.runBase.Sub(base) > playedSlack {
+		cl.runBase, cl.inRun = base, true
+	} else if base.Before(cl.runBase) {
+		cl.runBase = base
+	}
+	nominal := cl.runBase.Add(time.Duration(ts) * time.Second / opusClockRate)
 	// Whole 10 ms frames: every Opus packet is a multiple of 2.5 ms, and
 	// the transceiver's are 10 or 20 ms.
 	frame := m.dec.Rate() / 100
@@ -313,17 +341,17 @@ func (m *mediaPath) playedFar(at time.Time, payload []byte) {
 	for i, v := range cl.pcm[:n] {
 		binary.LittleEndian.PutUint16(b[2*i:], uint16(v))
 	}
-	_ = cl.c.Played(at, b)
+	_ = cl.c.Played(nominal, b)
 }
 
 // stopCleaning frees the cleaner (the track goroutine, and its end).
 func (m *mediaPath) stopCleaning() {
 	cl := &m.clean
 	cl.on.Store(false)
-	cl.played.drain(func(time.Time, []byte) {})
+	cl.played.drain(func(time.Time, uint32, []byte) {})
 	if cl.c != nil {
 		cl.c.Close()
 		cl.c = nil
 	}
-	cl.dec, cl.set, cl.started, cl.hasEarly = nil, cleanSetting{}, false, false
+	cl.dec, cl.set, cl.started, cl.hasEarly, cl.inRun = nil, cleanSetting{}, false, false, false
 }

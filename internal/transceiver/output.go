@@ -216,7 +216,7 @@ func (m *mediaPath) SendPacket(p *playout.Packet) {
 	}
 	now := time.Now()
 	m.sent.Sent(pkt.SequenceNumber, pkt.Timestamp, len(pkt.Payload), now)
-	m.cleanPlayed(pkt.Payload, now)
+	m.cleanPlayed(pkt.Payload, pkt.Timestamp, now)
 }
 
 // Playout events (output.* to the backend, output_audio_buffer.* to the

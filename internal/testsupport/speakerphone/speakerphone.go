@@ -4,8 +4,10 @@
 // back into its microphone, later and quieter.
 //
 // Received Opus packets are decoded at 48 kHz and laid on a playout
-// timeline as a jitter buffer plays them (back to back; after a gap, at
-// their arrival time). The microphone, captured at wall time t, picks up
+// timeline as a jitter buffer plays them: by RTP timestamp, from the
+// earliest arrival seen for timestamp 0, so that packets that came late or
+// in a burst still play back to back and a timestamp jump is silence; a
+// packet more than 500 ms off that timeline starts it again. The microphone, captured at wall time t, picks up
 // the playout of t minus the echo delay, scaled by the gain. The delay
 // moves between Config.MinDelay and Config.MaxDelay and back (a triangle
 // of Config.DriftPeriod), as a jitter buffer's target and an audio
@@ -52,6 +54,10 @@ type Speakerphone struct {
 	head    int64     // timeline position after the last sample laid
 	origin  time.Time
 	started bool
+	// The playout timeline: the arrival time of RTP timestamp 0, the
+	// earliest seen (inRun: one was).
+	runBase time.Time
+	inRun   bool
 }
 
 // ringSamples is the playout the model keeps: 4 s.
@@ -78,37 +84,44 @@ func New(cfg Config) (*Speakerphone, error) {
 	return &Speakerphone{cfg: cfg, gain: math.Pow(10, cfg.GainDB/20), dec: dec, pcm: make([]int16, Rate*120/1000), play: make([]float64, ringSamples)}, nil
 }
 
-// Received plays an Opus packet that arrived at at.
-func (s *Speakerphone) Received(payload []byte, at time.Time) {
+// Received plays an Opus packet with RTP timestamp ts (48 kHz) that
+// arrived at at.
+func (s *Speakerphone) Received(payload []byte, ts uint32, at time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n, err := s.dec.Decode(payload, s.pcm)
-	if err != nil {
+	if err != nil || n == 0 {
 		return
 	}
 	if !s.started {
 		s.origin, s.started = at, true
 	}
-	pos := int64(at.Sub(s.origin).Seconds() * Rate)
-	// A packet that arrives more than 60 ms after the playout ran dry
-	// starts a new run at its arrival; one that comes early or on time
-	// continues the run (the jitter buffer absorbs it).
-	if pos > s.head+Rate*60/1000 {
-		for ; s.head < pos; s.head++ {
-			s.play[s.head%ringSamples] = 0
-		}
+	base := at.Add(-time.Duration(ts) * time.Second / Rate)
+	if !s.inRun || base.Sub(s.runBase) > runSlack || s.runBase.Sub(base) > runSlack {
+		s.runBase, s.inRun = base, true
+	} else if base.Before(s.runBase) {
+		s.runBase = base
 	}
-	for _, v := range s.pcm[:n] {
-		s.play[s.head%ringSamples] = float64(v)
-		s.head++
+	nominal := s.runBase.Add(time.Duration(ts) * time.Second / Rate)
+	pos := int64(nominal.Sub(s.origin).Seconds() * Rate)
+	for ; s.head < pos; s.head++ {
+		s.play[s.head%ringSamples] = 0
 	}
+	for i, v := range s.pcm[:n] {
+		s.play[(pos+int64(i))%ringSamples] = float64(v)
+	}
+	s.head = max(s.head, pos+int64(n))
 }
+
+// runSlack is how far off its run's timeline a packet may arrive before
+// it starts a new run.
+const runSlack = 500 * time.Millisecond
 
 // Delay returns the echo delay at elapsed time into the call.
 func (s *Speakerphone) Delay(elapsed time.Duration) time.Duration {
 	p := s.cfg.DriftPeriod
 	ph := float64(elapsed%p) / float64(p) // 0..1
-	tri := 1 - math.Abs(2*ph-1)            // 0 → 1 → 0
+	tri := 1 - math.Abs(2*ph-1)           // 0 → 1 → 0
 	return s.cfg.MinDelay + time.Duration(tri*float64(s.cfg.MaxDelay-s.cfg.MinDelay))
 }
 

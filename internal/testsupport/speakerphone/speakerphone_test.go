@@ -33,7 +33,7 @@ func TestEchoDelayAndGain(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.Received(buf[:n], t0.Add(time.Duration(k)*20*time.Millisecond))
+		s.Received(buf[:n], uint32(k*960), t0.Add(time.Duration(k)*20*time.Millisecond))
 	}
 	// Capture from 0 to 1.5 s: silence before the delay, the tone after.
 	mic := make([]int16, 960)
