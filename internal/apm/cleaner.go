@@ -31,6 +31,9 @@ type Cleaner struct {
 
 	est      delayEstimator
 	gate     echoGate
+	// farPlayedMs counts the far end's active audio, ms, up to the
+	// warm-up's end.
+	farPlayedMs int
 	delayMs  int // the delay in use, ms
 	measured bool
 
@@ -55,6 +58,12 @@ const (
 	realignEarlyMs = 30
 	realignLateMs  = 60
 )
+
+// gateWarmupMs is how much far-end audio the echo gate acts on before
+// the echo delay is measured: a speakerphone's echo is found within
+// about a second of the first reply; a client with no echo has its
+// barge-in judged by the gate for this long only.
+const gateWarmupMs = 3000
 
 // echoTailMs is how long after the echo delay the echo of the last audio
 // played can still be heard: the room's reverberation and the client's
@@ -185,7 +194,16 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 			if err := c.proc.capture(c.near, alignMarginMs); err != nil {
 				return err
 			}
-			if echo {
+			// The gate acts once the echo has been found in the input
+			// (the estimator locked on it), and before that while the
+			// far end has played less than gateWarmupMs: the first
+			// syllables of the first reply come back before any
+			// estimate can. A client that cancels its own echo has
+			// frames gated only in that warm-up.
+			if c.est.farNow() {
+				c.farPlayedMs += 10
+			}
+			if echo && (c.measured || c.farPlayedMs <= gateWarmupMs) {
 				early, late := 2, 12
 				if !c.measured {
 					early, late = 12, 14 // the initial delay is a guess
@@ -304,6 +322,11 @@ func (e *delayEstimator) init(maxLag int) {
 
 // dB of a mean power of 16-bit samples, relative to full scale, floored.
 func dB(p float64) float64 { return 10 * math.Log10(p/(32768*32768)+1e-9) }
+
+// farNow reports whether the newest far-end frame pushed is active.
+func (e *delayEstimator) farNow() bool {
+	return e.n > 0 && e.farActive[(e.n-1)%int64(len(e.far))]
+}
 
 func (e *delayEstimator) push(nearPow, farPow float64) {
 	i := e.n

@@ -276,3 +276,56 @@ func reports(t testing.TB, rate int, x []float64) []int64 {
 }
 
 func dBFS(p float64) float64 { return 10 * math.Log10(p/(32768*32768)+1e-12) }
+
+// TestNoEchoClient: a client that cancels its own echo (a headset, a
+// browser's canceller) sends only the user. With echo cancellation on
+// (the transceiver's default) the replies play and nothing of them comes
+// back: the echo is never found, and past the gate's warm-up
+// (gateWarmupMs of the far end) the user is heard at most one frame
+// (20 ms) later than without cleaning (the canceller's suppressor while
+// the agent talks); within it, up to 80 ms later.
+func TestNoEchoClient(t *testing.T) {
+	speechgen.Require(t)
+	const rate = 24000
+	sc, err := speechgen.NewScript(rate, 500, 600,
+		"Sure, I can help with that. Your table for two is booked for eight tonight.",
+		"Is there anything else you would like me to do for you today?",
+		"The weather tomorrow looks sunny with a light breeze from the west.",
+		"I have sent the confirmation to your email address.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	far := toFloat(sc.Samples)
+	user := make([]float64, len(far))
+	for _, u := range userTurns {
+		s, err := speechgen.Say(u.text, rate)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range s {
+			if at := u.atMs*rate/1000 + i; at < len(user) {
+				user[at] += float64(v)
+			}
+		}
+	}
+	got, c := runEcho(t, Config{Rate: rate, EchoCancellation: true}, far, user, 15)
+	base, cleaned := reports(t, rate, user), reports(t, rate, got)
+	st := c.Stats()
+	t.Logf("no echo: starts reported at %v ms uncleaned, %v ms cleaned; echo measured %v, %d frames gated", base, cleaned, st.Measured, st.Gated)
+	if st.Measured {
+		t.Errorf("an echo delay of %d ms was measured where there is no echo", st.DelayMs)
+	}
+	if len(cleaned) != len(base) {
+		t.Fatalf("cleaned %d starts, uncleaned %d", len(cleaned), len(base))
+	}
+	for i := range base {
+		d := cleaned[i] - base[i]
+		limit := int64(20)
+		if userTurns[i].atMs < 500+gateWarmupMs {
+			limit = 80
+		}
+		if d > limit {
+			t.Errorf("utterance %d (at %d ms): heard %d ms later cleaned, limit %d", i+1, userTurns[i].atMs, d, limit)
+		}
+	}
+}
