@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -321,7 +322,11 @@ func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	backend, err := agent.NewMode(cfg.Mode, cfg.Format, log)
+	var td json.RawMessage
+	if cfg.TurnDetection != "" {
+		td = json.RawMessage(cfg.TurnDetection)
+	}
+	backend, err := agent.NewModeTurns(cfg.Mode, cfg.Format, td, log)
 	if err != nil {
 		return err
 	}

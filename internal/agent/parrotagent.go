@@ -373,11 +373,28 @@ const (
 // for the echo). It returns an error naming the modes or formats when
 // either is not one of them.
 func NewMode(mode, format string, logger *slog.Logger) (http.Handler, error) {
+	return NewModeTurns(mode, format, nil, logger)
+}
+
+// NewModeTurns is NewMode with the turn_detection object the agent's
+// hello asks for (nil: the mode's own: the parrot's defaults, none for
+// the echo). The parrot takes OpenAI's members (vad.TurnDetection); the
+// echo passes the object as it is, cleaning members included
+// (docs/bridge.md §4.8).
+func NewModeTurns(mode, format string, td json.RawMessage, logger *slog.Logger) (http.Handler, error) {
 	switch mode {
 	case "", ModeParrot:
-		return NewParrotAgent(ParrotAgentConfig{Logger: logger, Format: format})
+		cfg := ParrotAgentConfig{Logger: logger, Format: format}
+		if td != nil {
+			var t vad.TurnDetection
+			if err := json.Unmarshal(td, &t); err != nil {
+				return nil, fmt.Errorf("agent: turn_detection: %w", err)
+			}
+			cfg.TurnDetection = &t
+		}
+		return NewParrotAgent(cfg)
 	case ModeEcho:
-		return NewEchoConfig(EchoConfig{Logger: logger, Format: format})
+		return NewEchoConfig(EchoConfig{Logger: logger, Format: format, TurnDetection: td})
 	}
 	return nil, fmt.Errorf("agent: mode %q: want %s or %s", mode, ModeParrot, ModeEcho)
 }

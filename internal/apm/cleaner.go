@@ -29,13 +29,13 @@ type Cleaner struct {
 	nearBase    float64 // seconds since origin
 	hasNearBase bool
 
-	est      delayEstimator
-	gate     echoGate
+	est  delayEstimator
+	gate echoGate
 	// farPlayedMs counts the far end's active audio, ms, up to the
 	// warm-up's end.
 	farPlayedMs int
-	delayMs  int // the delay in use, ms
-	measured bool
+	delayMs     int // the delay in use, ms
+	measured    bool
 
 	near, ref []int16 // one 10 ms frame each
 	frames    int64   // near frames seen

@@ -230,7 +230,10 @@ type Agent struct {
 	Listen string `yaml:"listen"`
 	Mode   string `yaml:"mode"`
 	Format string `yaml:"format"`
-	Log    Log    `yaml:",inline"`
+	// TurnDetection is the turn_detection JSON object the agent's hello
+	// asks for ("": the mode's own).
+	TurnDetection string `yaml:"turn_detection"`
+	Log           Log    `yaml:",inline"`
 }
 
 // Flags returns the agent's flag set, bound to c.
@@ -239,6 +242,7 @@ func (c *Agent) Flags() *flag.FlagSet {
 	fs.StringVar(&c.Listen, "listen", agent.DefaultListenAddr, "HTTP address serving the bridge (WebSocket) at /v1/bridge, and /live")
 	fs.StringVar(&c.Mode, "mode", agent.ModeParrot, "parrot (turn detection at the edge; replies with what the user said) or echo (sends every frame back)")
 	fs.StringVar(&c.Format, "format", "", "audio format: parrot pcm16/24000/1 (default) or pcm16/16000/1; echo opus/48000/2 (default), pcm16/24000/1 or pcm16/16000/1")
+	fs.StringVar(&c.TurnDetection, "turn-detection", "", `turn_detection JSON object the agent's hello asks for (docs/bridge.md §4.8), e.g. {"type":"server_vad","interrupt_response":false,"echo_cancellation":{}}; default: the parrot's defaults, none for the echo`)
 	c.Log.RegisterFlags(fs, "json", "the -listen address")
 	describe(fs, "agent [flags]",
 		"The reference backend: serves the bridge protocol (docs/bridge.md) at\n"+
