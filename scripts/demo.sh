@@ -6,4 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh build
+# go run says nothing while it compiles: a minute or more the first time.
+echo "scripts/demo.sh: compiling and starting the demo (the first time takes a minute or two)..." >&2
 exec go run ./cmd/switchboard demo "$@"

@@ -38,7 +38,7 @@ func TestSmoke(t *testing.T) {
 		t.Skip("taskset not installed")
 	}
 	opt := Defaults(true)
-	opt.Systems = []string{"raw", "relay", "naive"}
+	opt.Systems = []string{"raw", "raw-nolock", "relay", "relay-nobatch", "naive"}
 	if _, err := exec.LookPath("turnserver"); err == nil {
 		opt.Systems = append(opt.Systems, "coturn")
 	}

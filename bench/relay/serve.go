@@ -44,14 +44,15 @@ const (
 
 // Serve runs one Go system under test until stdin reaches EOF (the parent
 // closes it) or ctx ends. It prints "READY <public> <internal>" once
-// listening. args: -system raw|relay|naive, -sink, -secret, -batch, -lock.
+// listening. args: -system raw|relay|naive, -sink, -secret, -batch (raw,
+// relay), -lock (raw).
 func Serve(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("bench serve", flag.ContinueOnError)
 	system := fs.String("system", "", "raw, relay or naive")
 	sink := fs.String("sink", "", "the sink's (fake transceiver's) UDP address")
 	secret := fs.String("secret", "", "token fleet secret, hex (relay)")
 	batch := fs.Int("batch", relay.DefaultBatch, "datagrams per recvmmsg/sendmmsg (raw, relay)")
-	lock := fs.Bool("lock", true, "runtime.LockOSThread in the read loops (raw, relay)")
+	lock := fs.Bool("lock", true, "runtime.LockOSThread in the read loops (raw; the relay's are always pinned)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -83,7 +84,7 @@ func Serve(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		r, err := relay.New(relay.Config{
 			PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: benchCluster,
-			Workers: runtime.GOMAXPROCS(0), Batch: *batch, NoThreadLock: !*lock,
+			Workers: runtime.GOMAXPROCS(0), Batch: *batch,
 		}, keys, members, nil, nil)
 		if err != nil {
 			return err

@@ -56,7 +56,7 @@ func chromiumPath() (string, error) {
 
 // startBrowser starts headless Chromium with a fake microphone that plays
 // the harness's tone, with the flags of the demo's browser test
-// (internal/demo/browser_test.go).
+// (internal/testsupport/e2e/browser_test.go).
 func startBrowser(log *slog.Logger, audio *callclient.WAV) (*browser, error) {
 	bin, err := chromiumPath()
 	if err != nil {

@@ -27,7 +27,7 @@
 // for signaling's connection. The relay carries each RFC 4571 frame over
 // the internal hop as for UDP (docs/relay.md, "ICE-TCP"). Chromium selects
 // UDP where UDP works, so with Options.Client "chromium" the path is
-// skipped; internal/demo TestBrowsersOverTCP runs the browsers where UDP
+// skipped; internal/testsupport/e2e TestBrowsersOverTCP runs the browsers where UDP
 // is dropped.
 //
 // For "turn" the client has the TURN server in its ICE servers and the

@@ -152,8 +152,8 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 	case PathTCP:
 		if e.browser != nil {
 			// Chromium here has UDP, which it prefers: its TCP calls are
-			// measured where UDP is dropped (internal/demo TestBrowsersOverTCP).
-			return nil, "skipped for chromium: it selects UDP where UDP works; see internal/demo TestBrowsersOverTCP", nil
+			// measured where UDP is dropped (internal/testsupport/e2e TestBrowsersOverTCP).
+			return nil, "skipped for chromium: it selects UDP where UDP works; see internal/testsupport/e2e TestBrowsersOverTCP", nil
 		}
 		st, err := e.behindRelayTCP(cfg, id, delay)
 		return st, "client gathers TCP only; the proxy does not delay the TCP handshake (see the package comment)", err

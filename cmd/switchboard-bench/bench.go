@@ -92,7 +92,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newFlagSet("relay", stderr)
 	quick := fs.Bool("quick", false, "smoke run: one run, short steps (about a minute)")
 	runs := fs.Int("runs", 0, "runs per system (median); 0 means 3, or 1 with -quick")
-	systems := fs.String("systems", "", "comma-separated systems: raw, relay, relay-nobatch, relay-nolock, naive, coturn (default all)")
+	systems := fs.String("systems", "", "comma-separated systems: raw, raw-nolock, relay, relay-nobatch, naive, coturn (default all)")
 	sessions := fs.Int("sessions", 2000, "sessions in the voice step")
 	loadCPU := fs.Int("load-cpu", 0, "CPU for the load generator")
 	sutCPU := fs.Int("sut-cpu", 1, "CPU for the system under test")

@@ -109,11 +109,18 @@ func TestCommandLine(t *testing.T) {
 				"switchboard relay: -metrics: listen tcp " + busyTCP, "relay running"},
 			{[]string{"relay", "-public", busyUDP, "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-workers", "2", "-metrics", ""},
 				"switchboard relay: -public: public socket: udpio: " + busyUDP + " is in use by another process", "relay running"},
+			{[]string{"relay", "-public", "127.0.0.1:0", "-internal", "127.0.0.1:0", "-members", "1=127.0.0.1:4000", "-metrics", "", "-tcp", busyTCP},
+				"switchboard relay: -tcp: TCP listener: listen tcp " + busyTCP, "relay running"},
 			{[]string{"agent", "-listen", busyTCP}, "switchboard agent: -listen: listen tcp " + busyTCP, "http listening"},
 			{[]string{"demo", "-http", busyTCP, "-relay", "127.0.0.1:0"},
 				"the page's address (-http): listen tcp " + busyTCP, "demo running"},
 			{[]string{"demo", "-http", "127.0.0.1:0", "-relay", busyUDP},
 				"the relay's address (-relay): relay: public socket: udpio: " + busyUDP + " is in use by another process", "demo running"},
+			// The same, for a newcomer who left the quick start's demo running.
+			{[]string{"demo", "-http", busyTCP, "-relay", "127.0.0.1:0"},
+				"address already in use (is a demo already running, in another terminal? Stop it, or give -http another address)", "demo running"},
+			{[]string{"demo", "-http", "127.0.0.1:0", "-relay", busyUDP},
+				"(is a demo already running, in another terminal? Stop it, or give -relay another address)", "demo running"},
 		} {
 			r := runBinary(t, bin, tt.args...)
 			if r.code != 1 || !strings.Contains(r.stderr, tt.want) {

@@ -190,7 +190,7 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	r, err := relay.New(cfg.Relay, keys, members, reg, log)
 	if err != nil {
-		return socketFlag(err, "relay: public socket", "-public", "relay: internal socket", "-internal")
+		return socketFlag(err, "relay: public socket", "-public", "relay: internal socket", "-internal", "relay: TCP listener", "-tcp")
 	}
 	defer r.Close()
 	var ops net.Listener
@@ -199,7 +199,11 @@ func runRelay(ctx context.Context, args []string, _ io.Writer) error {
 			return err
 		}
 	}
-	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "tcp", r.TCPAddr().String(), "members", members.Len())
+	tcp := "off"
+	if r.TCPAddr().IsValid() {
+		tcp = r.TCPAddr().String()
+	}
+	log.Info("relay running", "public", r.PublicAddr().String(), "internal", r.InternalAddr().String(), "tcp", tcp, "members", members.Len())
 	if !r.TCPAddr().IsValid() {
 		return serveOps(ctx, ops, reg, cfg.Log.Pprof, r.Ready, log)
 	}

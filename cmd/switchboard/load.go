@@ -88,6 +88,7 @@ Flags:`)
 		opts.Audio = w
 	}
 	enc := json.NewEncoder(stdout)
+	enc.SetEscapeHTML(false) // errors quote SDP and addresses: "<", ">" and "&" as they are
 	var encMu sync.Mutex
 	if jsonl {
 		opts.OnSession = func(r callclient.SessionResult) {
@@ -126,7 +127,6 @@ Flags:`)
 	encMu.Lock()
 	defer encMu.Unlock()
 	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false)
 	if err := enc.Encode(sum); err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"regexp"
 	"strings"
@@ -173,5 +174,25 @@ func TestLoadMarkAndVanish(t *testing.T) {
 	}
 	if sum.Sessions != 3 || sum.OK != 3 || sum.Vanished != 3 || sum.PacketsSent != 0 || sum.MarkGapMS != nil {
 		t.Fatalf("vanish summary %+v", sum)
+	}
+}
+
+// TestLoadSessionLinesKeepBrackets: -sessions-json prints each session's
+// error as it is, as the summary does; its lines were encoded before the
+// encoder stopped escaping, so a refusal quoting "<" and ">" read
+// \u003c and \u003e there.
+func TestLoadSessionLinesKeepBrackets(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "offer refused: <no a=fingerprint> & more", http.StatusBadRequest)
+	}))
+	defer srv.Close()
+	var out bytes.Buffer
+	err := runLoad(context.Background(), []string{srv.URL + "/v1/calls", "-sessions", "1", "-progress", "0", "-sessions-json"}, &out)
+	if err == nil {
+		t.Fatalf("load against a server refusing every offer succeeded:\n%s", out.String())
+	}
+	first, _, _ := strings.Cut(out.String(), "\n")
+	if !strings.Contains(first, "<no a=fingerprint> & more") || strings.Contains(out.String(), `\u003c`) {
+		t.Errorf("output escapes the refusal's brackets:\n%s", out.String())
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/httpapi"
 )
 
-// MintPath is where MintHandler is served.
-const MintPath = "/v1/client_tokens"
+// MintPath is where MintHandler is served (httpapi.MintPath).
+const MintPath = httpapi.MintPath
 
 // MintHandler serves POST MintPath for the application's server:
 //

@@ -149,14 +149,15 @@ func parseClosePayload(p []byte) (uint16, string) {
 	return binary.BigEndian.Uint16(p), truncReason(strings.ToValidUTF8(string(reason), "\uFFFD"))
 }
 
-// DropReason is why a v2 endpoint dropped something it received.
-type DropReason int
+// DropReason is why a v2 endpoint dropped something it received. Its
+// String is the reason label of drop counters; the zero value is no drop.
+type DropReason uint8
 
 // Drop reasons, counted in MuxStats.
 const (
 	// DropMalformed: a record that does not parse (ErrRecord); the rest
 	// of its batch is dropped with it (counted once).
-	DropMalformed DropReason = iota
+	DropMalformed DropReason = iota + 1
 	// DropUnknownKind: a record kind this version does not know
 	// (ignored, for forward compatibility).
 	DropUnknownKind
@@ -172,25 +173,34 @@ const (
 	// DropTextMessage: a WebSocket text message (v2 sends only binary
 	// batches).
 	DropTextMessage
-	numDropReasons
+	// NumDropReasons is one more than the largest DropReason.
+	NumDropReasons
 )
 
-var dropReasonNames = [numDropReasons]string{"malformed", "unknown_kind", "unknown_session", "closed_session", "queue_full", "text_message"}
+var dropNames = [NumDropReasons]string{
+	0:                  "none",
+	DropMalformed:      "malformed",
+	DropUnknownKind:    "unknown_kind",
+	DropUnknownSession: "unknown_session",
+	DropClosedSession:  "closed_session",
+	DropQueueFull:      "queue_full",
+	DropTextMessage:    "text_message",
+}
 
 // String returns the reason's name, e.g. "malformed", as used for the
 // "reason" label of drop counters.
 func (r DropReason) String() string {
-	if r < 0 || r >= numDropReasons {
-		return fmt.Sprintf("DropReason(%d)", int(r))
+	if r < NumDropReasons {
+		return dropNames[r]
 	}
-	return dropReasonNames[r]
+	return "unknown"
 }
 
 // DropReasons lists every DropReason, for creating counters up front.
 func DropReasons() []DropReason {
-	r := make([]DropReason, numDropReasons)
-	for i := range r {
-		r[i] = DropReason(i)
+	r := make([]DropReason, 0, NumDropReasons-1)
+	for i := DropReason(1); i < NumDropReasons; i++ {
+		r = append(r, i)
 	}
 	return r
 }
@@ -199,7 +209,7 @@ func DropReasons() []DropReason {
 // connections opened with the same Pool or AcceptOptions. The zero value
 // is ready; methods are safe for concurrent use.
 type MuxStats struct {
-	drops         [numDropReasons]atomic.Uint64
+	drops         [NumDropReasons]atomic.Uint64
 	batches       atomic.Uint64
 	records       atomic.Uint64
 	writeTimeouts atomic.Uint64
@@ -209,7 +219,7 @@ type MuxStats struct {
 
 // Drops returns how many received items were dropped for reason r.
 func (s *MuxStats) Drops(r DropReason) uint64 {
-	if r < 0 || r >= numDropReasons {
+	if r >= NumDropReasons {
 		return 0
 	}
 	return s.drops[r].Load()

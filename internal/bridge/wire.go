@@ -176,11 +176,15 @@ func parseText(b []byte) (inMsg, error) {
 	return m, nil
 }
 
-// Session end reasons used by the transceiver. Peers must accept any
-// string: the list will grow.
+// Session end reasons, every one the transceiver or a backend gives
+// (docs/bridge.md §4.6); the transceiver also tells the client and labels
+// its metrics with them. Peers must accept any string: the list will grow.
 const (
 	ReasonClientHangup = "client_hangup" // the client closed the peer connection or data channel
 	ReasonICEFailed    = "ice_failed"    // ICE failed or consent expired
+	ReasonSetupTimeout = "setup_timeout" // ICE and DTLS did not connect within the transceiver's setup timeout
+	ReasonNoCheck      = "no_check"      // the client sent no authenticated connectivity check within the check timeout
+	ReasonBackendGone  = "backend_gone"  // the backend closed the bridge (told the client, not the backend)
 	ReasonShutdown     = "shutdown"      // the sender is draining or stopping
 	ReasonError        = "error"         // the sender hit an internal error
 	ReasonDone         = "done"          // the backend finished the conversation

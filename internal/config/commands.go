@@ -157,8 +157,7 @@ func (c *Relay) Flags() *flag.FlagSet {
 			"Transceivers come from -membership: a static -members list, a Kubernetes\n"+
 			"Service's EndpointSlices, or a Redis registry.")
 	return done(fs,
-		FileOnly{"batch", fmt.Sprintf("datagrams per recvmmsg/sendmmsg of each read loop; 1: one per system call, 64 KiB datagrams (default %d)", relay.DefaultBatch)},
-		FileOnly{"no_thread_lock", "leave the read loops unpinned from their OS threads; for measurement only (default false)"},
+		FileOnly{"batch", fmt.Sprintf("datagrams per recvmmsg/sendmmsg of each read loop, 1 to 1024 (default %d)", relay.DefaultBatch)},
 	)
 }
 

@@ -520,8 +520,9 @@ func yamlKeys(t reflect.Type, keys []string) []string {
 var (
 	// unknownField: a key that dst has no field for.
 	unknownField = regexp.MustCompile(`^line (\d+): field (\S+) not found in type .+$`)
-	// badType: a value that does not decode into its field's type.
-	badType = regexp.MustCompile("^line (\\d+): cannot unmarshal !!(\\w+) (?:`(.*)` )?into (\\S+)$")
+	// badType: a value that does not decode into its field's type (a
+	// type yaml.v3 names by its literal has spaces: "struct { Cluster …").
+	badType = regexp.MustCompile("^line (\\d+): cannot unmarshal !!(\\w+) (?:`(.*)` )?into (.+)$")
 	// syntaxLine: a syntax error, with the line yaml.v3 gives, if any.
 	syntaxLine = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
 )
@@ -587,7 +588,7 @@ func goKind(t string) string {
 		return "a number"
 	case strings.HasPrefix(t, "[]"):
 		return "a list"
-	case strings.HasPrefix(t, "map["):
+	case strings.HasPrefix(t, "map[") || strings.HasPrefix(t, "struct {"):
 		return "a mapping"
 	}
 	return "a " + t

@@ -519,6 +519,7 @@ func TestFileErrorsSayWhatToFix(t *testing.T) {
 		{"bad unit", "drain_timeout: 5x\n", `line 1: drain_timeout: "5x" is not a duration: write a number with a unit, such as 60s`},
 		{"not a number", "id: 1\nmax_sessions: many\n", `line 2: max_sessions: "many" is not a whole number`},
 		{"list for a string", "id: 1\nadvertise:\n  - 127.0.0.1:3478\n", "line 3: advertise: got a list, want a string"},
+		{"list for a section", "id: 1\nauth: [a]\n", "line 2: auth: got a list, want a mapping"},
 		{"tab indent", "id: 1\nauth:\n\tsigning_key: x\n", "line 3: a tab in the indentation: YAML indents with spaces only"},
 		{"unclosed list", "id: 1\nallow_relays: [10.0.0.0/8\nadvertise: 127.0.0.1:3478\n", "line 2: did not find expected ',' or ']'"},
 		{"unclosed quote", "id: 1\nadvertise: \"127.0.0.1:3478\nhttp: 127.0.0.1:8080\n", `line 2: the " that opens a value is never closed`},
@@ -536,6 +537,31 @@ func TestFileErrorsSayWhatToFix(t *testing.T) {
 			}
 			if tt.name == "no near key" && strings.Contains(err.Error(), "did you mean") {
 				t.Errorf("error %v suggests a key far from the one given", err)
+			}
+		})
+	}
+}
+
+// TestDirectorFileErrors: the director's YAML mistakes are worded as the
+// transceiver's are; a list where its regions mapping goes named the Go
+// type of a region ("cannot unmarshal !!seq into map[string]struct {
+// Cluster string …"), since that type has spaces in its name.
+func TestDirectorFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct{ name, body, want string }{
+		{"list for regions", "regions: []\n", "line 1: regions: got a list, want a mapping"},
+		{"list for a region", "regions:\n  eu: [a]\n", "line 2: regions.eu: got a list, want a mapping"},
+		{"misspelt key", "default_region: eu\nclustres: {}\n", `line 2: unknown key "clustres" (did you mean clusters?)`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(dir, "director.yaml")
+			if err := os.WriteFile(p, []byte(tt.body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var cfg Director
+			err := Parse(cfg.Flags(), []string{"-config", p}, &cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "struct") {
+				t.Fatalf("error %v, want %q", err, tt.want)
 			}
 		})
 	}

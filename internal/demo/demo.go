@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,10 +75,10 @@ type Config struct {
 
 // Demo is a running demo.
 type Demo struct {
-	// Set once.
+	// Set once (relay: but for FailOverRelay).
 	relay *relay.Relay
 	trx   *transceiver.Server
-	// What the relay was made with, for a test's restart (fault_test.go).
+	// What the relay was made with, for FailOverRelay (fortest.go).
 	keys    *token.Keyring
 	members *membership.Table
 	rcfg    relay.Config
@@ -127,7 +128,7 @@ func Start(cfg Config) (*Demo, error) {
 	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
-		return nil, fmt.Errorf("demo: the page's address (-http): %w", err)
+		return nil, fmt.Errorf("demo: the page's address (-http): %w%s", err, inUse(err, "-http"))
 	}
 	// The bridge on a port of its own, as a separate agent would be: a
 	// flood of the page's port does not take the transceiver's way to its
@@ -154,7 +155,7 @@ func Start(cfg Config) (*Demo, error) {
 	if err != nil {
 		_ = ln.Close()
 		_ = bln.Close()
-		return nil, fmt.Errorf("demo: the relay's address (-relay): %w", err)
+		return nil, fmt.Errorf("demo: the relay's address (-relay): %w%s", err, inUse(err, "-relay"))
 	}
 	internal := rly.InternalAddr()
 	var advertiseTCP string
@@ -267,4 +268,13 @@ func (d *Demo) Close() error {
 		err = rerr
 	}
 	return err
+}
+
+// inUse says what to do about err when it is an address in use (a demo
+// left running in another terminal, most often): "" for other errors.
+func inUse(err error, flag string) string {
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return ""
+	}
+	return " (is a demo already running, in another terminal? Stop it, or give " + flag + " another address)"
 }

@@ -6,8 +6,6 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestMain checks for leaked goroutines after all tests. The browser test
-// stops Chromium and every chromedp goroutine in its cleanup (chromedp.Cancel,
-// then the allocator's cancel, which waits for the process and its output
-// readers), so no goroutine needs to be ignored.
+// TestMain checks for leaked goroutines after all tests. (The browser
+// tests that call the demo are in internal/testsupport/e2e.)
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

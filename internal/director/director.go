@@ -222,16 +222,13 @@ func (d *Director) Region(r *http.Request) (region, source string) {
 //	DELETE /v1/calls/{ref}                 proxied to the owning transceiver
 //	PATCH  /v1/calls/{ref}                 proxied to the owning transceiver
 //	POST   /v1/client_tokens               API key → client token (Config.Auth)
+//	GET    /live, /ready                   probes
+//
+// The Locations it hands out are /v1/calls/{ref}; /v1/realtime/calls/{ref}
+// is served the same (httpapi.Signaling).
 func (d *Director) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/calls", d.handleOffer)
-	mux.HandleFunc("POST /v1/realtime/calls", d.handleOffer)
-	mux.HandleFunc("DELETE /v1/calls/{ref}", d.handleSession)
-	mux.HandleFunc("PATCH /v1/calls/{ref}", d.handleSession)
-	mux.Handle("POST "+auth.MintPath, d.auth.MintHandler())
-	mux.HandleFunc("GET /live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	return httpapi.CORS(mux)
+	return httpapi.Signaling{Offer: d.handleOffer, Patch: d.handleSession, Delete: d.handleSession,
+		Mint: d.auth.MintHandler()}.Handler()
 }
 
 func (d *Director) handleOffer(w http.ResponseWriter, r *http.Request) {
@@ -333,8 +330,8 @@ func (d *Director) rewriteLocation(up *upstream) func(*http.Response) error {
 			}
 		}
 		loc := resp.Header.Get("Location")
-		if id, ok := strings.CutPrefix(loc, "/v1/calls/"); ok && id != "" && !strings.Contains(id, "/") {
-			resp.Header.Set("Location", "/v1/calls/"+up.name+"~"+id)
+		if id, ok := strings.CutPrefix(loc, httpapi.CallsPath+"/"); ok && id != "" && !strings.Contains(id, "/") {
+			resp.Header.Set("Location", httpapi.CallsPath+"/"+up.name+"~"+id)
 		}
 		return nil
 	}
@@ -355,13 +352,13 @@ func validSessionID(id string) bool {
 }
 
 func (d *Director) handleSession(w http.ResponseWriter, r *http.Request) {
-	name, id, ok := strings.Cut(r.PathValue("ref"), "~")
+	name, id, ok := strings.Cut(r.PathValue("id"), "~")
 	up := d.upstreams[name]
 	if !ok || up == nil || !validSessionID(id) {
 		httpapi.WriteError(w, http.StatusNotFound, "not_found", "no such session")
 		return
 	}
-	r.URL.Path = "/v1/calls/" + id
+	r.URL.Path = httpapi.CallsPath + "/" + id
 	r.URL.RawPath = ""
 	up.proxy.ServeHTTP(w, r)
 }

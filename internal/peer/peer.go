@@ -51,12 +51,15 @@ type PacketConn interface {
 // reason label of the metric the caller counts drops in.
 type DropReason uint8
 
+// dropNone is the zero value: a handler kept the datagram.
+const dropNone DropReason = 0
+
 // Reasons a datagram is dropped.
 const (
 	// DropUnknownPacket: the first byte is none of STUN, DTLS, RTP/RTCP
 	// (RFC 7983 §7), or the datagram is empty (RFC 7983 does not say; no
 	// protocol it names sends one).
-	DropUnknownPacket DropReason = iota
+	DropUnknownPacket DropReason = iota + 1
 	// DropSTUNMalformed: a STUN message that does not decode.
 	DropSTUNMalformed
 	// DropSTUNNotRequest: a STUN message other than a Binding request (a
@@ -93,14 +96,26 @@ const (
 	// and, unauthenticated, refreshes nothing). Counted apart from
 	// stun_not_request, which it would swamp.
 	DropSTUNIndication
-	// NumDropReasons is the number of reasons.
+	// NumDropReasons is one more than the largest DropReason; Drops has
+	// this length.
 	NumDropReasons
 )
 
 var dropNames = [NumDropReasons]string{
-	"unknown_packet", "stun_malformed", "stun_not_request", "stun_unknown_ufrag", "stun_bad_username",
-	"stun_bad_integrity", "stun_bad_fingerprint", "unknown_address", "dtls_queue_full", "srtp_not_ready",
-	"srtp_auth", "rtp_queue_full", "stun_indication",
+	dropNone:               "none",
+	DropUnknownPacket:      "unknown_packet",
+	DropSTUNMalformed:      "stun_malformed",
+	DropSTUNNotRequest:     "stun_not_request",
+	DropSTUNUnknownUfrag:   "stun_unknown_ufrag",
+	DropSTUNBadUsername:    "stun_bad_username",
+	DropSTUNBadIntegrity:   "stun_bad_integrity",
+	DropSTUNBadFingerprint: "stun_bad_fingerprint",
+	DropUnknownAddress:     "unknown_address",
+	DropDTLSQueueFull:      "dtls_queue_full",
+	DropSRTPNotReady:       "srtp_not_ready",
+	DropSRTPAuth:           "srtp_auth",
+	DropRTPQueueFull:       "rtp_queue_full",
+	DropSTUNIndication:     "stun_indication",
 }
 
 // String returns the reason's metric label, e.g. "stun_bad_integrity".
@@ -319,9 +334,6 @@ func (e *Endpoint) handle(rd *reader, b []byte, addr netip.AddrPort) {
 		e.drop(DropUnknownPacket)
 	}
 }
-
-// dropNone: a handler kept the datagram.
-const dropNone = NumDropReasons
 
 // session returns the session that learned addr, or nil.
 func (e *Endpoint) session(addr netip.AddrPort) *Session {

@@ -171,7 +171,10 @@ func TestCandidateLapses(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newServer(t)
-			sess := liteSession(t, s, func(c *SessionConfig) { c.candidateTTL = tc.ttl })
+			sess := liteSession(t, s)
+			if tc.ttl != 0 {
+				sess.setCandidateTTL(tc.ttl)
+			}
 			sel, other := newSock(t), newSock(t)
 			checkFrom(t, sel, s.addr(), check(t, user, pwd, true))
 			p := keySession(t, sess)

@@ -145,8 +145,6 @@ type SessionConfig struct {
 	// channel closes with the session.
 	OnDataChannel func(*datachannel.DataChannel)
 
-	// candidateTTL, if not 0, replaces candidateTTL (tests).
-	candidateTTL time.Duration
 	// flightInterval, if not 0, replaces the DTLS retransmission timeout
 	// the session computes (Session.flightInterval; tests).
 	flightInterval time.Duration
@@ -203,7 +201,7 @@ type Session struct {
 	candN    int                   // slots filled
 	candNext int
 	candGen  *credentials
-	candTTL  time.Duration // candidateTTL, or SessionConfig.candidateTTL
+	candTTL  time.Duration // candidateTTL; tests shorten it (export_test.go)
 
 	// Consent state, the sweeper's alone.
 	silent, failed bool
@@ -253,9 +251,6 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 		cfg.HandshakeTimeout = 30 * time.Second
 	}
 	s := &Session{e: e, cfg: cfg, rtpq: make(chan *[]byte, cfg.RTPQueue), rdline: deadline.New(), done: make(chan struct{}), candTTL: candidateTTL}
-	if cfg.candidateTTL > 0 {
-		s.candTTL = cfg.candidateTTL
-	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.dtls = newFeed(s)
 	s.dtls.resendDelay = resendDelay

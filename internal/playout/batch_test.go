@@ -38,7 +38,10 @@ func (b *logBatcher) SendPacket(*playout.Packet) { b.add("send") }
 func TestBatchedClockBracketsTicks(t *testing.T) {
 	const queues, packets = 3, 4
 	b := &logBatcher{done: make(chan struct{}), want: queues * packets}
-	c := playout.NewBatchedClock(1, b)
+	c, err := playout.NewClock(playout.ClockConfig{Workers: 1, Batcher: b})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for range queues {
 		q := c.NewQueue(b, playout.QueueConfig{})
 		for range packets {

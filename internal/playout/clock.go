@@ -11,18 +11,15 @@ import (
 
 // Clock is the shared media clock: Workers worker goroutines that drain
 // the active queues, each queue once per Tick (ClockConfig.Tick), on the
-// shared tick grid. Create it with NewClock or NewClockConfig and Close
-// it when done.
+// shared tick grid. Create it with NewClock and Close it when done.
 //
 // A run's first packet leaves at once (a push into an idle queue wakes
 // its worker); its later packets leave at the tick at or before their
 // time, so up to a tick early and never late: early packets cost a
 // receiver's jitter buffer nothing, late ones raise its delay
-// (docs/bridge.md §6.1). Cutting the tick into quarter-tick slots,
-// each run on the slot it started in, was measured and dropped: later
-// packets within 5 ms of their time did not shorten the reply heard in
-// Chromium and cost a third more pacing CPU (docs/benchmarks.md, and the
-// git history of this file).
+// (docs/bridge.md §6.1). Runs share the tick grid rather than each
+// keeping its own phase: docs/benchmarks.md (turn-taking, the
+// quarter-tick ablation) says what that would cost.
 type Clock struct {
 	// Set once (start before the workers start).
 	start   time.Time
@@ -30,12 +27,8 @@ type Clock struct {
 	samples int64         // the tick at 48 kHz
 	workers []*worker
 	batcher Batcher // nil: none
-	// tickStarts, set by benchmarks before the start, makes runs start
-	// at the first tick after their audio came, as before a run's first
-	// packet left at once: the baseline of BenchmarkFirstPacket.
-	tickStarts bool
-	stop       chan struct{}
-	wg         sync.WaitGroup
+	stop    chan struct{}
+	wg      sync.WaitGroup
 
 	next      atomic.Uint32 // round-robin worker assignment
 	late      atomic.Uint64 // ticks a worker missed because it was still busy
@@ -55,11 +48,7 @@ type ClockStats struct {
 	CaughtUp uint64
 }
 
-// NewClock starts a clock with the given number of workers (0: one per
-// CPU, runtime.GOMAXPROCS) and the default tick, Tick.
-func NewClock(workers int) *Clock { return NewBatchedClock(workers, nil) }
-
-// ClockConfig configures NewClockConfig.
+// ClockConfig configures NewClock.
 type ClockConfig struct {
 	// Workers is the number of worker goroutines (0: one per CPU,
 	// runtime.GOMAXPROCS).
@@ -71,8 +60,8 @@ type ClockConfig struct {
 	// 10 ms clock leave every other tick.
 	// A run's first packet does not wait for a tick (docs/bridge.md §6.1).
 	Tick time.Duration
-	// Batcher, if set, brackets every round of work of every worker (see
-	// NewBatchedClock).
+	// Batcher, if set, brackets every round of work of every worker:
+	// see Batcher.
 	Batcher Batcher
 }
 
@@ -80,23 +69,32 @@ type ClockConfig struct {
 // packet per session per tick.
 const TickShort = 10 * time.Millisecond
 
-// ErrTick is returned by NewClockConfig for a Tick it does not take.
+// ErrTick is returned by NewClock for a Tick it does not take.
 var ErrTick = errors.New("playout: clock tick must be 10ms or 20ms")
 
-// NewClockConfig starts a clock configured by cfg. It returns ErrTick for
-// a tick other than TickShort or Tick.
-func NewClockConfig(cfg ClockConfig) (*Clock, error) {
-	switch cfg.Tick {
-	case 0:
-		cfg.Tick = Tick
-	case TickShort, Tick:
-	default:
-		return nil, fmt.Errorf("%w, not %v", ErrTick, cfg.Tick)
+// NewClock starts a clock configured by cfg. It returns ErrTick for a
+// tick other than TickShort or Tick.
+func NewClock(cfg ClockConfig) (*Clock, error) {
+	tick, err := checkTick(cfg.Tick)
+	if err != nil {
+		return nil, err
 	}
-	c := newClock(cfg.Workers, cfg.Tick)
+	c := newClock(cfg.Workers, tick)
 	c.batcher = cfg.Batcher
 	c.startWorkers()
 	return c, nil
+}
+
+// checkTick returns tick, or Tick for 0, or ErrTick for one the clock
+// does not take.
+func checkTick(tick time.Duration) (time.Duration, error) {
+	switch tick {
+	case 0:
+		return Tick, nil
+	case TickShort, Tick:
+		return tick, nil
+	}
+	return 0, fmt.Errorf("%w, not %v", ErrTick, tick)
 }
 
 // Batcher brackets each round of a worker's work (a tick's queues, and
@@ -106,15 +104,6 @@ func NewClockConfig(cfg ClockConfig) (*Clock, error) {
 type Batcher interface {
 	Hold()
 	Flush()
-}
-
-// NewBatchedClock is NewClock with every round of every worker bracketed
-// by b's Hold and Flush (nil: none).
-func NewBatchedClock(workers int, b Batcher) *Clock {
-	c := newClock(workers, Tick)
-	c.batcher = b
-	c.startWorkers()
-	return c
 }
 
 func (c *Clock) startWorkers() {
@@ -207,7 +196,7 @@ func (w *worker) run() {
 	defer t.Stop()
 	for {
 		var fire <-chan time.Time
-		if len(w.queues) > 0 || w.c.tickStarts {
+		if len(w.queues) > 0 {
 			t.Reset(time.Until(w.c.start.Add(time.Duration(w.last+1) * w.c.period)))
 			fire = t.C
 		}
@@ -232,13 +221,6 @@ func (w *worker) run() {
 // serve starts the queues that became active, at timeline position at
 // (48 kHz samples since the clock's start, now), then plays tick n.
 func (w *worker) serve(n, at int64) {
-	if w.c.tickStarts {
-		if n <= w.last {
-			w.playTick(n)
-			return
-		}
-		at = n * w.c.samples
-	}
 	w.runStarts(at)
 	w.playTick(n)
 }
@@ -263,9 +245,6 @@ func (w *worker) runStarts(at int64) {
 	}
 	w.spare = starts[:0]
 }
-
-// active returns how many queues are playing on the worker.
-func (w *worker) active() int { return len(w.queues) }
 
 // playTick plays tick n, if it is after the last one played. A queue
 // whose turns the worker missed (it was too busy to play them in time)

@@ -25,7 +25,10 @@ func BenchmarkClockCPU(b *testing.B) {
 	for _, n := range []int{0, 100, 400} {
 		b.Run(sessionsName(n), func(b *testing.B) {
 			for b.Loop() {
-				c := playout.NewClock(2)
+				c, err := playout.NewClock(playout.ClockConfig{Workers: 2})
+				if err != nil {
+					b.Fatal(err)
+				}
 				payload := make([]byte, 120)
 				queues := make([]*playout.Queue, n)
 				for i := range queues {

@@ -1,20 +1,15 @@
 package playout
 
-import (
-	"fmt"
-	"time"
-)
+import "time"
 
 // NewManualClock returns a clock whose ticks are played only by RunTick:
 // no goroutine, no timer. For tests and benchmarks that need a
-// deterministic timeline.
-func NewManualClock(workers int) *Clock { return newClock(workers, Tick) }
-
-// NewManualClockTick is NewManualClock with another tick (TickShort or
-// Tick).
-func NewManualClockTick(workers int, tick time.Duration) (*Clock, error) {
-	if tick != TickShort && tick != Tick {
-		return nil, fmt.Errorf("%w, not %v", ErrTick, tick)
+// deterministic timeline. workers 0 means one per CPU; tick is TickShort
+// or Tick (0: Tick), else ErrTick.
+func NewManualClock(workers int, tick time.Duration) (*Clock, error) {
+	tick, err := checkTick(tick)
+	if err != nil {
+		return nil, err
 	}
 	return newClock(workers, tick), nil
 }

@@ -139,7 +139,10 @@ func pacing(b *testing.B, n int) {
 			}
 		}
 	}()
-	c := playout.NewClock(0)
+	c, err := playout.NewClock(playout.ClockConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
 	defer c.Close()
 	sinks := make([]*udpSink, n)
 	queues := make([]*playout.Queue, n)

@@ -15,7 +15,7 @@
 // costs no timer and no wake-up, and an idle clock none at all. At each
 // tick a worker walks its queues and sends what is due through each
 // queue's Sink, so the sends of many sessions happen together on one
-// goroutine, and a Batcher (NewBatchedClock) can send them together (the
+// goroutine, and a Batcher (ClockConfig.Batcher) can send them together (the
 // transceiver's hop socket: one sendmmsg per batch). A push into an idle
 // queue (or Resume) wakes the queue's worker, which sends the new run's
 // first packet at once, in a round of its own (bracketed by the Batcher
@@ -34,8 +34,8 @@
 // and every later packet of the run that is queued in time leaves at the
 // tick at or before its own position, up to one tick early, never after:
 // a receiver that times the run from its first packet (WebRTC's NetEq)
-// never sees it late, however the run's phase falls against the clock's
-// (see Clock for the quarter-tick slots measured instead). A packet that
+// never sees it late, however the run's phase falls against the clock's.
+// A packet that
 // comes after its position (a backend streaming in real time delivers
 // each frame at about its time, after the tick before it) leaves at the
 // queue's first turn after it comes, and goes on from the run's timeline

@@ -609,7 +609,10 @@ func TestTickAllocs(t *testing.T) {
 // TestClockRuns drives a real clock: a short reply plays and stops, and
 // Close leaves no goroutine (goleak in TestMain).
 func TestClockRuns(t *testing.T) {
-	c := NewClock(2)
+	c, err := NewClock(ClockConfig{Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer c.Close()
 	rec := make(chan struct{}, 100)
 	q := c.NewQueue(sinkFunc(func(*Packet) { rec <- struct{}{} }), QueueConfig{})

@@ -111,7 +111,7 @@ func TestShortTickLateWorker(t *testing.T) {
 	}
 }
 
-func TestNewClockConfigTick(t *testing.T) {
+func TestNewClockTick(t *testing.T) {
 	for _, tc := range []struct {
 		tick, want time.Duration
 		err        error
@@ -123,7 +123,7 @@ func TestNewClockConfigTick(t *testing.T) {
 		{40 * time.Millisecond, 0, ErrTick},
 	} {
 		t.Run(tc.tick.String(), func(t *testing.T) {
-			c, err := NewClockConfig(ClockConfig{Workers: 1, Tick: tc.tick})
+			c, err := NewClock(ClockConfig{Workers: 1, Tick: tc.tick})
 			if !errors.Is(err, tc.err) {
 				t.Fatalf("err %v, want %v", err, tc.err)
 			}

@@ -22,59 +22,27 @@ import (
 // flowcache_value.go, the value encoding. Names: the flow cache is this
 // feature of the relay; its FlowStore is where the flows are kept.
 //
-// A relay with Config.FlowStore writes every confirmed flow (client →
-// transceiver address, transceiver id, server ufrag) to a store shared by
-// the cluster's relays, and when DTLS, RTP or RTCP arrives from a client
-// it has no flow for (a restarted relay, or one the load balancer just
-// moved the client to), it asks the store instead of dropping the datagram
-// as not_stun_on_miss. Nothing of this runs on the forwarding path of a
-// flow the relay has; the miss path only enqueues.
+// A relay with Config.FlowStore writes every confirmed flow to a store
+// shared by the cluster's relays, and asks it, instead of dropping the
+// datagram as not_stun_on_miss, when DTLS, RTP or RTCP comes from a client
+// it has no flow for. docs/relay.md, "Flow cache", says how writes,
+// lookups and back-off work, with their bounds and timings. Its
+// invariants:
 //
-// Writes: the flow table calls onConfirm when a flow is confirmed (first
-// answer, ICE restart promotion, relearn, restore); that puts the client on
-// a bounded channel (non-blocking; when full the flow waits for the next
-// refresh pass). The writer goroutine drains it, reads each flow back from
-// the table and writes the batch with one Put (a Redis pipeline), so a
-// confirmed flow is in the store within one Redis round trip of its
-// confirmation. Every refresh interval (IdleTimeout/2) it rewrites, in
-// batches, every confirmed flow with traffic since the previous pass; each
-// entry lives ttl (2×IdleTimeout). Flows the relay expires are not deleted:
-// with several relays behind the VIP, a flow idle here may be live on
-// another relay, and the TTL removes dead ones.
-//
-// Lookups: on a miss the read loop copies the datagram into a buffer of a
-// preallocated pool and parks it in the hold table under the client
-// (holdTable: set-associative, fixed size, no allocation). The first
-// datagram of a client also puts the client on the lookup channel
-// (bounded, non-blocking). One source IP (IPv6: /64) has at most
-// perSource clients waiting for a lookup and perSourceBufs held datagrams
-// (sourceHash, as the limiter), so one source cannot fill the table or the
-// pool. The resolver goroutine drains that channel and reads the batch with
-// one Get (MGET), bounded by its own getTimeout: clients whose hold time
-// has passed are not sent (flow_cache_timeout), nor those with less time
-// left than a Get has been taking. A hit whose transceiver is still a
-// member with the same id and address, and whose held datagram arrived the
-// way the cached flow did (through the same Global Relay, or both direct),
-// becomes a confirmed flow (the same caps as any new flow apply) and the
-// held datagrams go to the transceiver with the hop header, in arrival
-// order, from an internal socket. A miss is remembered (negative entry)
-// for a short time, so a client's stream costs one lookup, not one per
-// datagram; so is a restore a cap refused, for less time. Both apply
-// only to datagrams that come the way the looked-up one did (the same
-// Global Relay, or direct): anyone can send one with the client's
-// address, and one sent another way must not keep the client's own from
-// a lookup; while a lookup is out, datagrams that come another way than
-// the first are dropped (stale), not held. A client whose
-// bucket is full takes the slot of the negative entry expiring first.
-// Datagrams whose answer comes after hold are dropped
-// (flow_cache_timeout); every held datagram ends forwarded or counted
-// under a DropReason.
-//
-// Down: a failed Get or Put (an error from the store, or no answer within
-// getTimeout or putTimeout) backs every lookup and write off (100 ms
-// doubling to 5 s); meanwhile misses are dropped at once as
-// flow_cache_down. The state is a gauge and a log line at most once per
-// logEvery. The relay forwards everything else as without a cache.
+//   - Nothing of this runs on the forwarding path of a flow the relay has;
+//     the miss path only copies into a preallocated buffer and enqueues
+//     (no I/O, no allocation, no waiting for the store).
+//   - Every held datagram ends forwarded or counted under a DropReason.
+//   - A restored flow's transceiver is a member now, with the same id and
+//     address: the relay never sends to an address outside the membership
+//     table.
+//   - A remembered answer applies only to datagrams that come the way the
+//     looked-up one did (the same Global Relay, or direct): anyone can send
+//     one with the client's address, and one sent another way must not
+//     keep the client's own from a lookup.
+//   - Flows the relay expires are not deleted from the store: with several
+//     relays behind the VIP, a flow idle here may be live on another; the
+//     entries' TTL removes dead ones.
 
 // FlowStore is the flow cache's store: flows shared by a cluster's relays,
 // keyed by client address; internal/flowstore is the Redis one. The values are

@@ -54,6 +54,13 @@ func (g *gatedCache) Get(ctx context.Context, clients []netip.AddrPort, values [
 	return g.FlowStore.Get(ctx, clients, values)
 }
 
+// withCache returns the default tuning with the flow cache's parameters p.
+func withCache(p cacheParams) tuning {
+	t := defaultTuning
+	t.cache = p
+	return t
+}
+
 // newCacheRelay starts a relay with cache store for the members of e (the
 // env's transceiver 7), logging to log (nil: nowhere).
 func newCacheRelay(t *testing.T, e *env, store FlowStore, p *cacheParams, log *slog.Logger) *Relay {
@@ -65,13 +72,12 @@ func newCacheRelay(t *testing.T, e *env, store FlowStore, p *cacheParams, log *s
 // is the store).
 func newCacheRelayWith(t *testing.T, e *env, cfg Config, p *cacheParams, log *slog.Logger) *Relay {
 	t.Helper()
-	if p == nil {
-		p = &cacheParams{}
-		*p = defaultCacheParams
+	tune := defaultTuning
+	if p != nil {
+		tune.cache = *p
 	}
 	cfg.PublicAddr, cfg.InternalAddr, cfg.Cluster, cfg.Workers = "127.0.0.1:0", "127.0.0.1:0", testCluster, 2
-	cfg.cacheParams = p
-	r, err := New(cfg, e.keys, e.members, prometheus.NewRegistry(), log)
+	r, err := start(cfg, e.keys, e.members, prometheus.NewRegistry(), log, tune)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +223,7 @@ func TestFlowCacheHoldBounds(t *testing.T) {
 	p := defaultCacheParams
 	p.bufs, p.buckets, p.perClient = 64, 16, 4
 	gated := &gatedCache{FlowStore: newCache(t, srv.Addr), gate: make(chan struct{})}
-	f := newFixture(t, Config{FlowStore: gated, cacheParams: &p})
+	f := newTunedFixture(t, Config{FlowStore: gated}, withCache(p))
 	fc := f.r.fc
 	rtp := mediaPkt(1)
 	const clients, each = 2000, 10
@@ -570,7 +576,7 @@ func TestFlowCacheHoldPerSource(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := defaultCacheParams
 			p.perSource, p.sourceBufs = 8, 12
-			f := newFixture(t, Config{FlowStore: &gatedCache{FlowStore: nopCache{}, gate: make(chan struct{})}, cacheParams: &p})
+			f := newTunedFixture(t, Config{FlowStore: &gatedCache{FlowStore: nopCache{}, gate: make(chan struct{})}}, withCache(p))
 			fc := f.r.fc
 			held := 0
 			for i := range 1000 {
@@ -681,7 +687,7 @@ func TestFlowCacheSlowStore(t *testing.T) {
 			p := defaultCacheParams
 			p.getTimeout = 300 * time.Millisecond
 			store := &slowStore{delay: tt.delay}
-			f := newFixture(t, Config{FlowStore: store, cacheParams: &p})
+			f := newTunedFixture(t, Config{FlowStore: store}, withCache(p))
 			fc := f.r.fc
 			ctx, cancel := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
@@ -904,13 +910,15 @@ func TestFlowCacheSpoofedPathDoesNotBlock(t *testing.T) {
 // request still gets through.
 func TestFlowCacheRestoreKeepsNewFlow(t *testing.T) {
 	f := newFixture(t, Config{FlowStore: nopCache{}})
-	f.r.flows.restoreGap = func() {
-		if to, _, drop := f.pub(c1, f.good(8)); drop != dropNone || to != t8 {
-			t.Fatalf("admit: %v %v", to, drop)
-		}
+	// restore's lookup finds no flow; then admit's lands before its insert.
+	if _, ok := f.r.flows.get(keyOf(c1)); ok {
+		t.Fatal("a flow before restore")
+	}
+	if to, _, drop := f.pub(c1, f.good(8)); drop != dropNone || to != t8 {
+		t.Fatalf("admit: %v %v", to, drop)
 	}
 	uf := []byte(mint(t, f.keys, testCluster, 7, f.now))
-	dst, drop := f.r.flows.restore(c1, t7, netip.AddrPort{}, 7, uf, f.r.mono(f.now))
+	dst, drop := f.r.flows.insertRestored(c1, t7, netip.AddrPort{}, 7, uf, f.r.mono(f.now))
 	if drop != dropNone || dst != t8 {
 		t.Fatalf("restore: %v %v, want the admitted flow's %v", dst, drop, t8)
 	}
@@ -936,7 +944,7 @@ func TestFlowCacheRedisTimeout(t *testing.T) {
 	store := newCache(t, srv.Addr)
 	p := defaultCacheParams
 	p.getTimeout = 100 * time.Millisecond
-	f := newFixture(t, Config{FlowStore: store, cacheParams: &p})
+	f := newTunedFixture(t, Config{FlowStore: store}, withCache(p))
 	fc := f.r.fc
 	// Connected before the pause.
 	if err := store.Get(context.Background(), []netip.AddrPort{c1}, make([][]byte, 1)); err != nil {

@@ -172,9 +172,6 @@ type flowTable struct {
 	// becomes confirmed or is re-pointed confirmed (the flow cache's
 	// writer queue, flowcache.go). It must not block. Set before use.
 	onConfirm func(addrKey)
-	// restoreGap, if set (tests), runs in restore between its lock-free
-	// lookup and its insert: where admit's pending flow may land.
-	restoreGap func()
 }
 
 func newFlowTable(max int) *flowTable {
@@ -419,16 +416,19 @@ func (t *flowTable) confirm(k addrKey, h uint64, dst addrKey) {
 // Binding request got there first): dst is where client's datagrams go.
 func (t *flowTable) restore(client, to, via netip.AddrPort, transceiver uint32, ufrag []byte, now int64) (dst netip.AddrPort, drop DropReason) {
 	k := keyOf(client)
-	h := t.hash(&k)
-	if v, ok := t.lookup(k, h, now); ok {
+	if v, ok := t.lookup(k, t.hash(&k), now); ok {
 		return v.dst.addrPort(), dropNone
 	}
-	if t.restoreGap != nil {
-		t.restoreGap()
-	}
-	// Insert only: a flow made since the lookup above (admit's pending
-	// one, whose Binding request went to its transceiver) is kept, not
-	// overwritten and confirmed to the cached destination.
+	return t.insertRestored(client, to, via, transceiver, ufrag, now)
+}
+
+// insertRestored is restore after its lock-free lookup found no flow:
+// insert only, so that a flow made since (admit's pending one, whose
+// Binding request went to its transceiver) is kept, not overwritten and
+// confirmed to the cached destination.
+func (t *flowTable) insertRestored(client, to, via netip.AddrPort, transceiver uint32, ufrag []byte, now int64) (dst netip.AddrPort, drop DropReason) {
+	k := keyOf(client)
+	h := t.hash(&k)
 	cur, existed, drop := t.put(client, to, via, transceiver, ufrag, now, true)
 	if drop != dropNone {
 		return dst, drop

@@ -82,6 +82,12 @@ type fixture struct {
 
 func newFixture(tb testing.TB, cfg Config) *fixture {
 	tb.Helper()
+	return newTunedFixture(tb, cfg, defaultTuning)
+}
+
+// newTunedFixture is newFixture with the relay's tuning given.
+func newTunedFixture(tb testing.TB, cfg Config, tune tuning) *fixture {
+	tb.Helper()
 	keys := testKeyring(tb, 1, 0xAA)
 	keys.MaxAge = time.Hour
 	members, err := membership.NewTable(map[uint32]netip.AddrPort{7: t7, 8: t8})
@@ -93,7 +99,7 @@ func newFixture(tb testing.TB, cfg Config) *fixture {
 	}
 	cfg.Cluster = testCluster
 	cfg.Workers = 1
-	r, err := newRelay(cfg, keys, members, nil)
+	r, err := newRelay(cfg, keys, members, nil, tune)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func TestGlobalRelayRoutesByCluster(t *testing.T) {
 	keys := testKeyring(t, 1, 0xAA)
 	relay1, relay2 := netip.MustParseAddrPort("198.18.0.1:3478"), netip.MustParseAddrPort("198.18.0.2:3478")
 	tab, _ := membership.NewTable(map[uint32]netip.AddrPort{1: relay1, 2: relay2})
-	r, err := newRelay(Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Ingress: true, Workers: 1}, keys, tab, nil)
+	r, err := newRelay(Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Ingress: true, Workers: 1}, keys, tab, nil, defaultTuning)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -345,6 +345,3 @@ func (l *limiter) release(k *addrKey) {
 		}
 	}
 }
-
-// pendingOf returns the pending count of client k's source slot (tests).
-func (l *limiter) pendingOf(k addrKey) int { return int(l.slotOf(&k).Load() & limField) }

@@ -23,8 +23,7 @@ type worker struct {
 	// Set once by New, never mutated.
 	id               int
 	public, internal *net.UDPConn
-	// The batched loops' (Config.Batch > 1) receive batches, over their
-	// slots, and send batches; nil for the unbatched loops.
+	// The loops' receive batches, over their slots, and send batches.
 	pubIn, pubOut, intIn, intOut *udpio.Batch
 	pubSlots, intSlots           [][]byte
 
@@ -35,12 +34,9 @@ type worker struct {
 }
 
 // newWorker makes worker id over its two sockets, with the batches of its
-// loops when batch > 1, so that a socket a batch cannot use fails New.
+// loops, so that a socket a batch cannot use fails New.
 func newWorker(id int, public, internal *net.UDPConn, batch int) (*worker, error) {
 	w := &worker{id: id, public: public, internal: internal}
-	if batch <= 1 {
-		return w, nil
-	}
 	w.pubSlots, w.intSlots = newSlots(batch), newSlots(batch)
 	reads := make([][]byte, batch)
 	for i, s := range w.pubSlots {
@@ -72,21 +68,11 @@ func newSlots(n int) [][]byte {
 	return bufs
 }
 
-// lockThread pins the calling read loop to its OS thread unless the config
-// says not to; the returned func undoes it.
-func (r *Relay) lockThread() func() {
-	if r.cfg.NoThreadLock {
-		return func() {}
-	}
-	runtime.LockOSThread()
-	return runtime.UnlockOSThread
-}
-
 // Read errors. A read that fails for another reason than a closed socket
 // is counted (DropReadError) and the loop waits before the next one: 1 ms
 // after the first error of a run, doubling up to maxReadBackoff, so a
 // persistent error costs a few system calls a second, not a spinning
-// core. A run of errors that lasts Config.readErrorLimit with no read in
+// core. A run of errors that lasts defaultReadErrorLimit with no read in
 // between stops the loop and makes the relay not ready (Relay.Ready), as
 // a socket that cannot be read is lost to the clients the kernel hashes
 // to it.
@@ -127,9 +113,9 @@ func (r *Relay) readFailed(w *worker, socket string, b *readBackoff, err error) 
 		return true
 	}
 	w.c.drops[DropReadError].Add(1)
-	wait, giveUp := b.failed(time.Now(), r.cfg.readErrorLimit)
+	wait, giveUp := b.failed(time.Now(), r.tune.readErrorLimit)
 	if giveUp {
-		err = fmt.Errorf("relay: worker %d's %s read loop stopped: reads failed for %v: %w", w.id, socket, r.cfg.readErrorLimit, err)
+		err = fmt.Errorf("relay: worker %d's %s read loop stopped: reads failed for %v: %w", w.id, socket, r.tune.readErrorLimit, err)
 		if r.failed.CompareAndSwap(nil, &err) {
 			r.log.Error("relay: a read loop stopped after persistent errors; the relay is not ready", "err", err)
 		}
@@ -145,85 +131,22 @@ func (r *Relay) readFailed(w *worker, socket string, b *readBackoff, err error) 
 	}
 }
 
-// publicLoop is the unbatched (Config.Batch 1) public read loop.
-func (r *Relay) publicLoop(w *worker) {
-	defer r.wg.Done()
-	defer r.lockThread()()
-	buf := make([]byte, hop.MaxHeaderLen+maxDatagram)
-	var backoff readBackoff
-	for {
-		n, from, err := w.public.ReadFromUDPAddrPort(buf[hop.MaxHeaderLen:])
-		if err != nil {
-			if r.readFailed(w, "public", &backoff, err) {
-				return
-			}
-			continue
-		}
-		backoff.ok()
-		from = canonical(from)
-		to, out, drop := r.handlePublic(from, buf[:hop.MaxHeaderLen+n], time.Now())
-		if drop != dropNone {
-			w.c.drops[drop].Add(1)
-			continue
-		}
-		if out == nil {
-			continue // held for the flow cache
-		}
-		if _, err := w.internal.WriteToUDPAddrPort(out, to); err != nil {
-			w.c.drops[DropWriteError].Add(1)
-			continue
-		}
-		w.c.packets[toTransceiver].Add(1)
-		w.c.bytes[toTransceiver].Add(uint64(n))
-	}
-}
-
-// internalLoop is the unbatched (Config.Batch 1) internal read loop.
-func (r *Relay) internalLoop(w *worker) {
-	defer r.wg.Done()
-	defer r.lockThread()()
-	buf := make([]byte, hop.MaxHeaderLen+maxDatagram)
-	var backoff readBackoff
-	for {
-		n, from, err := w.internal.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			if r.readFailed(w, "internal", &backoff, err) {
-				return
-			}
-			continue
-		}
-		backoff.ok()
-		to, out, drop := r.handleInternal(canonical(from), buf[:n], time.Now())
-		if drop != dropNone {
-			w.c.drops[drop].Add(1)
-			continue
-		}
-		if out == nil {
-			continue // taken by a TCP client's connection (tcp.go)
-		}
-		if _, err := w.public.WriteToUDPAddrPort(out, to); err != nil {
-			w.c.drops[DropWriteError].Add(1)
-			continue
-		}
-		w.c.packets[toClient].Add(1)
-		w.c.bytes[toClient].Add(uint64(len(out)))
-	}
-}
-
 // publicBatchLoop reads up to Config.Batch client datagrams per recvmmsg,
 // each into its own slot after hop.MaxHeaderLen bytes of headroom, decides
 // each one, and sends the forwards to transceivers with one sendmmsg.
 // Counters are updated once per batch.
 func (r *Relay) publicBatchLoop(w *worker) {
 	defer r.wg.Done()
-	defer r.lockThread()()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	r.forwardBatches(w, "public", w.pubIn, w.pubOut, w.pubSlots, hop.MaxHeaderLen, toTransceiver, r.handlePublic)
 }
 
 // internalBatchLoop is publicBatchLoop for the internal socket.
 func (r *Relay) internalBatchLoop(w *worker) {
 	defer r.wg.Done()
-	defer r.lockThread()()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	r.forwardBatches(w, "internal", w.intIn, w.intOut, w.intSlots, 0, toClient, r.handleInternal)
 }
 

@@ -17,10 +17,12 @@ func TestPersistentReadError(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		batch int
-	}{{"batched", 0}, {"unbatched", 1}} {
+	}{{"batched", 0}, {"batch=1", 1}} {
 		t.Run(tt.name, func(t *testing.T) {
 			const limit = 300 * time.Millisecond
-			e := newEnv(t, Config{Workers: 1, Batch: tt.batch, readErrorLimit: limit}, nil)
+			tune := defaultTuning
+			tune.readErrorLimit = limit
+			e := newTunedEnv(t, Config{Workers: 1, Batch: tt.batch}, nil, tune)
 			if err := e.r.Ready(); err != nil {
 				t.Fatalf("a new relay is not ready: %v", err)
 			}

@@ -44,7 +44,6 @@ type misconfigLog struct {
 	sample [NumDropReasons]atomic.Uint64
 
 	// Owned by the sweeper goroutine.
-	every  time.Duration             // MisconfigLogInterval, shorter in tests
 	seen   [NumDropReasons]uint64    // the counters at the last line of each reason
 	logged [NumDropReasons]time.Time // when the last line of each reason was written
 	first  [NumDropReasons]bool      // whether a line was written yet
@@ -55,10 +54,7 @@ type misconfigLog struct {
 // sweeper.
 func (r *Relay) watchDrops(now time.Time) {
 	m := &r.misconfig
-	every := m.every
-	if every <= 0 {
-		every = MisconfigLogInterval
-	}
+	every := r.tune.misconfigEvery
 	for _, reason := range misconfigReasons {
 		var n uint64
 		for _, w := range r.workers {

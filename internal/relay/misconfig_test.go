@@ -28,8 +28,10 @@ func TestRelayLogsMisconfiguration(t *testing.T) {
 		t.Fatal(err)
 	}
 	const every = 300 * time.Millisecond
-	r, err := New(Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: testCluster, Workers: 1,
-		PendingTimeout: 40 * time.Millisecond, misconfigEvery: every}, keys, members, prometheus.NewRegistry(), log)
+	tune := defaultTuning
+	tune.misconfigEvery = every
+	r, err := start(Config{PublicAddr: "127.0.0.1:0", InternalAddr: "127.0.0.1:0", Cluster: testCluster, Workers: 1,
+		PendingTimeout: 40 * time.Millisecond}, keys, members, prometheus.NewRegistry(), log, tune)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -91,6 +91,12 @@ type env struct {
 
 func newEnv(t *testing.T, cfg Config, extra map[uint32]netip.AddrPort) *env {
 	t.Helper()
+	return newTunedEnv(t, cfg, extra, defaultTuning)
+}
+
+// newTunedEnv is newEnv with the relay's tuning given.
+func newTunedEnv(t *testing.T, cfg Config, extra map[uint32]netip.AddrPort, tune tuning) *env {
+	t.Helper()
 	e := &env{reg: prometheus.NewRegistry(), keys: testKeyring(t, 1, 0xAA), tr: udp(t), now: time.Now()}
 	m := map[uint32]netip.AddrPort{7: addrOf(e.tr)}
 	for id, ap := range extra {
@@ -104,7 +110,7 @@ func newEnv(t *testing.T, cfg Config, extra map[uint32]netip.AddrPort) *env {
 	if cfg.Workers == 0 {
 		cfg.Workers = 2
 	}
-	if e.r, err = New(cfg, e.keys, e.members, e.reg, nil); err != nil {
+	if e.r, err = start(cfg, e.keys, e.members, e.reg, nil, tune); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -306,7 +312,7 @@ func TestRelayWriteError(t *testing.T) {
 
 // TestRelayTooBig: the relay forwards client datagrams up to hop.MaxPayload,
 // the path's one limit, and drops longer ones from either side as too_big,
-// in the batched and the unbatched loops alike (so that nothing the
+// with batches of 64 and of 1 alike (so that nothing the
 // transceiver would drop crosses the hop).
 func TestRelayTooBig(t *testing.T) {
 	for _, batch := range []int{1, DefaultBatch} {

@@ -741,7 +741,7 @@ func TestKeyRotationThroughRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	relayWith := func(k *token.Keyring) *Relay {
-		r, err := newRelay(Config{PublicAddr: ":0", InternalAddr: ":0", Cluster: testCluster}, k, members, nil)
+		r, err := newRelay(Config{PublicAddr: ":0", InternalAddr: ":0", Cluster: testCluster}, k, members, nil, defaultTuning)
 		if err != nil {
 			t.Fatal(err)
 		}

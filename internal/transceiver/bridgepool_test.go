@@ -87,7 +87,7 @@ func TestBridgeV2SharedConnection(t *testing.T) {
 		_ = c.Close() // the backend's process dies
 	}
 	mu.Unlock()
-	gone := s.metrics.sessionsEnded.WithLabelValues(ReasonBackendGone)
+	gone := s.metrics.sessionsEnded.WithLabelValues(bridge.ReasonBackendGone)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for testutil.ToFloat64(gone) < n {

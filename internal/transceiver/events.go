@@ -11,6 +11,8 @@ import (
 
 	"github.com/pion/datachannel"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
 )
 
 // eventsReadSize is the first read buffer of a data channel; a larger
@@ -65,7 +67,7 @@ func (sess *session) readDataChannel(dc *datachannel.DataChannel, forward bool) 
 			if sess.ctx.Err() == nil && !sess.ending.Load() {
 				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
 			}
-			sess.end(ReasonBackendGone)
+			sess.end(bridge.ReasonBackendGone)
 			return
 		}
 	}

@@ -43,17 +43,8 @@ const maxOfferBytes = 64 << 10
 // Errors are JSON: {"error":{"code":"...","message":"..."}}. CORS allows
 // any origin, so a page served elsewhere can call it.
 func (s *Server) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/calls", s.handleOffer)
-	mux.HandleFunc("POST /v1/realtime/calls", s.handleOffer)
-	mux.HandleFunc("DELETE /v1/calls/{id}", s.handleDelete)
-	mux.HandleFunc("DELETE /v1/realtime/calls/{id}", s.handleDelete)
-	mux.HandleFunc("PATCH /v1/calls/{id}", s.handlePatch)
-	mux.HandleFunc("PATCH /v1/realtime/calls/{id}", s.handlePatch)
-	mux.Handle("POST "+auth.MintPath, s.auth.MintHandler())
-	mux.HandleFunc("GET /live", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	mux.HandleFunc("GET /ready", s.handleReady)
-	return httpapi.CORS(mux)
+	return httpapi.Signaling{Offer: s.handleOffer, Patch: s.handlePatch, Delete: s.handleDelete,
+		Mint: s.auth.MintHandler(), Ready: s.handleReady}.Handler()
 }
 
 func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
@@ -131,7 +122,7 @@ func (s *Server) handleOffer(w http.ResponseWriter, r *http.Request) {
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/sdp")
-	h.Set("Location", "/v1/calls/"+id)
+	h.Set("Location", httpapi.CallsPath+"/"+id)
 	h.Set("ETag", etag(id, 1))
 	w.WriteHeader(http.StatusCreated)
 	_, _ = io.WriteString(w, answer)

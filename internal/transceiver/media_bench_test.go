@@ -83,7 +83,7 @@ func BenchmarkMediaPath(b *testing.B) {
 					}
 				}
 			}
-			clock, err := playout.NewManualClockTick(1, time.Duration(tc.ptime)*time.Millisecond)
+			clock, err := playout.NewManualClock(1, time.Duration(tc.ptime)*time.Millisecond)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -156,7 +156,10 @@ func TestMediaPathAllocs(t *testing.T) {
 	}
 	dec, _ := audio.NewDecoder(24000)
 	pcmEnc, _ := audio.NewEncoder(24000, 0)
-	clock := playout.NewManualClock(1)
+	clock, err := playout.NewManualClock(1, playout.Tick)
+	if err != nil {
+		t.Fatal(err)
+	}
 	sink := &nopSink{}
 	q := clock.NewQueue(sink, playout.QueueConfig{})
 	wire := make([]byte, 0, 2048)

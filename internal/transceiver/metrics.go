@@ -58,7 +58,7 @@ type metrics struct {
 // peerDrop counts one datagram the peer endpoint dropped (its
 // Config.OnDrop, on its read loop).
 func (m *metrics) peerDrop(r peer.DropReason) {
-	if r < peer.NumDropReasons {
+	if r > 0 && r < peer.NumDropReasons {
 		m.peerDrops[r].Inc()
 	}
 }
@@ -212,7 +212,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		m.bridgeErrors.WithLabelValues(op)
 	}
 	m.rtcpDropped.WithLabelValues(rtcpMalformed)
-	for r := range peer.NumDropReasons {
+	for r := peer.DropReason(1); r < peer.NumDropReasons; r++ {
 		m.peerDrops[r] = m.peerDropped.WithLabelValues(r.String())
 	}
 	if reg == nil {

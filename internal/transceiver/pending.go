@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/netip"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
 )
 
 // Offers that never connect.
@@ -42,10 +44,6 @@ var (
 	// ErrPending: MaxPending sessions are not yet connected (HTTP 503).
 	ErrPending = errors.New("transceiver: too many sessions are not yet connected")
 )
-
-// ReasonNoCheck: the session's client sent no authenticated connectivity
-// check within Config.CheckTimeout.
-const ReasonNoCheck = "no_check"
 
 // Reasons an offer is refused, the values of offers_refused_total's label.
 const (
@@ -138,6 +136,6 @@ func (sess *session) watchChecks() {
 			return
 		}
 		sess.setupFailed(phaseICE, failNoCheck) // logged, rate-limited: a firewall fails every call
-		sess.end(ReasonNoCheck)
+		sess.end(bridge.ReasonNoCheck)
 	})
 }

@@ -120,9 +120,14 @@ func TestPendingBounds(t *testing.T) {
 	for (s.Sessions() > 0 || b.open.Load() > 0) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if s.Sessions() != 0 || s.Pending() != 0 || b.ended(ReasonNoCheck) != 5 || b.open.Load() != 0 {
+	if s.Sessions() != 0 || s.Pending() != 0 || b.ended(bridge.ReasonNoCheck) != 5 || b.open.Load() != 0 {
 		t.Fatalf("after the check timeout: %d sessions, %d pending, backend told no_check %d times, %d backend sessions open",
-			s.Sessions(), s.Pending(), b.ended(ReasonNoCheck), b.open.Load())
+			s.Sessions(), s.Pending(), b.ended(bridge.ReasonNoCheck), b.open.Load())
+	}
+	// Each is a setup failure at the first phase (issue 28: a firewall
+	// shows as ice/no_check, not as a bare setup timeout).
+	if n := testutil.ToFloat64(s.metrics.setupFailures.WithLabelValues(phaseICE, failNoCheck)); n != 5 {
+		t.Fatalf("setup failures ice/no_check: %v, want 5", n)
 	}
 	// A client that connects leaves the pending count, and having checked
 	// it outlives the check timeout.
@@ -135,8 +140,8 @@ func TestPendingBounds(t *testing.T) {
 		t.Fatalf("%d pending with one connected session, want 0", s.Pending())
 	}
 	time.Sleep(s.cfg.CheckTimeout + 500*time.Millisecond)
-	if s.Sessions() != 1 || b.ended(ReasonNoCheck) != 5 {
-		t.Fatalf("%d sessions, %d ended no_check: a session that checked was ended", s.Sessions(), b.ended(ReasonNoCheck))
+	if s.Sessions() != 1 || b.ended(bridge.ReasonNoCheck) != 5 {
+		t.Fatalf("%d sessions, %d ended no_check: a session that checked was ended", s.Sessions(), b.ended(bridge.ReasonNoCheck))
 	}
 }
 

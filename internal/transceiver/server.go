@@ -171,7 +171,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	// Each tick's paced packets leave together (hop.Conn.Hold, Flush).
-	if s.clock, err = playout.NewClockConfig(playout.ClockConfig{Tick: cfg.clockTick(), Batcher: s.udp}); err != nil {
+	if s.clock, err = playout.NewClock(playout.ClockConfig{Tick: cfg.clockTick(), Batcher: s.udp}); err != nil {
 		s.cancel()
 		s.peer.Close()
 		_ = sock.Close()

@@ -22,14 +22,6 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/rtcpreport"
 )
 
-// Session end reasons added to the bridge's list.
-const (
-	// ReasonSetupTimeout: ICE and DTLS did not connect within Config.SetupTimeout.
-	ReasonSetupTimeout = "setup_timeout"
-	// ReasonBackendGone: the backend closed the bridge.
-	ReasonBackendGone = "backend_gone"
-)
-
 // MetaRegion is the session metadata key holding the client's region,
 // taken from RegionHeader; it selects the advertised ingress.
 const MetaRegion = "region"
@@ -373,7 +365,7 @@ func (sess *session) fromClient() {
 			if sess.ctx.Err() == nil && !sess.ending.Load() {
 				sess.srv.metrics.bridgeErrors.WithLabelValues("send").Inc()
 			}
-			sess.end(ReasonBackendGone)
+			sess.end(bridge.ReasonBackendGone)
 			return
 		}
 		sess.srv.probe.toBackend.leave(pkt.SSRC, pkt.SequenceNumber)
@@ -487,7 +479,7 @@ func (sess *session) fromBackend() {
 				sess.log.Info("backend bridge closed", "err", err)
 				sess.srv.metrics.bridgeErrors.WithLabelValues("recv").Inc()
 			}
-			sess.end(ReasonBackendGone)
+			sess.end(bridge.ReasonBackendGone)
 			return
 		}
 		switch {

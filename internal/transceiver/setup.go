@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/peer"
 )
 
@@ -150,7 +151,7 @@ func (sess *session) setupTimedOut() {
 	default:
 		sess.setupFailed(phaseDTLS, failTimeout)
 	}
-	sess.end(ReasonSetupTimeout)
+	sess.end(bridge.ReasonSetupTimeout)
 }
 
 // observeSetupPhase records the phase that ended at end, begun at start

@@ -1,6 +1,11 @@
 // Package e2e runs whole calls across separately constructed parts (relay,
 // transceiver, echo agent, each with its own sockets and HTTP servers) over
-// real loopback sockets, with a real Pion client.
+// real loopback sockets, with real clients: Pion, and in the *_browser_test
+// files headless Chromium, Firefox ESR and GStreamer against the demo
+// (internal/demo) as a fixture, some in network namespaces. Whole calls
+// across the parts and every browser test live here; a package's own
+// tests stay with it, and the binary's command line is tested in
+// cmd/switchboard (docs/design.md §8.2).
 package e2e
 
 import (

@@ -11,7 +11,7 @@
 // needs root and iproute2's ip.
 //
 // There is no remote-control protocol here: the page Firefox opens drives
-// itself and reports over HTTP (internal/demo's interop page, bench/setup's
+// itself and reports over HTTP (internal/testsupport/e2e's interop page, bench/setup's
 // call page).
 package firefox
 

@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/demo"
 
 	"github.com/chromedp/chromedp"
 
@@ -33,7 +35,7 @@ const screenshotEnv = "SWITCHBOARD_DEMO_SCREENSHOT"
 
 func TestBrowserCall(t *testing.T) {
 	chromium := chromiumPath(t)
-	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+	wav, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +46,7 @@ func TestBrowserCall(t *testing.T) {
 
 	// Cleanups run last-registered first, so the browser (registered below)
 	// stops before the demo closes.
-	d := startTestDemo(t, Config{
+	d := startTestDemo(t, demo.Config{
 		HTTPAddr:  "127.0.0.1:0",
 		RelayAddr: "127.0.0.1:0",
 		Agent:     agent.ModeEcho, // the test hears its own audio back
@@ -381,7 +383,7 @@ func metricLines(ctx context.Context, name string) string {
 }
 
 // waitSessions waits up to 5 s for the transceiver to hold n sessions.
-func waitSessions(t *testing.T, d *Demo, n int, when string) {
+func waitSessions(t *testing.T, d *demo.Demo, n int, when string) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for d.Transceiver().Sessions() != n {
@@ -473,11 +475,11 @@ func deref[T any](p *T) T {
 // buffer and shown only if the test fails (its goroutines must not call
 // t.Log once the test has returned). A cleanup closes it, then runs after
 // (if not nil), then shows the log.
-func startTestDemo(t *testing.T, cfg Config, level slog.Level, after func()) *Demo {
+func startTestDemo(t *testing.T, cfg demo.Config, level slog.Level, after func()) *demo.Demo {
 	t.Helper()
 	var serverLog logbuf.Buffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&serverLog, &slog.HandlerOptions{Level: level}))
-	d, err := Start(cfg)
+	d, err := demo.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

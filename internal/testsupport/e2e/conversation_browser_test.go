@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"os"
@@ -8,9 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/demo"
+
 	"github.com/chromedp/chromedp"
 
-	"github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
+	speechgen "github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
 
 	"log/slog"
 )
@@ -48,13 +50,13 @@ func (t talkState) eventTypes() []string {
 // reply to play out (Chromium loops the file).
 func conversationScript(t *testing.T) string {
 	t.Helper()
-	speech.Require(t)
-	sc, err := speech.NewScript(48000, 800, 0,
+	speechgen.Require(t)
+	sc, err := speechgen.NewScript(48000, 800, 0,
 		"The quick brown fox jumps over the lazy dog, twice.")
 	if err != nil {
 		t.Fatal(err)
 	}
-	over, err := speech.NewScript(48000, 1500, 4000, "Hold on, stop there.")
+	over, err := speechgen.NewScript(48000, 1500, 4000, "Hold on, stop there.")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +77,7 @@ func conversationScript(t *testing.T) string {
 func TestBrowserConversation(t *testing.T) {
 	chromium := chromiumPath(t)
 	wav := conversationScript(t)
-	d := startTestDemo(t, Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0"}, slog.LevelInfo, nil)
+	d := startTestDemo(t, demo.Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0"}, slog.LevelInfo, nil)
 	ctx := startBrowser(t, chromium, wav)
 	if err := chromedp.Do(ctx, chromedp.Navigate(d.URL()+"/")); err != nil {
 		t.Fatal(err)

@@ -1,15 +1,16 @@
-package demo
+package e2e
 
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"net/url"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/demo"
 
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 )
@@ -20,38 +21,34 @@ import (
 // connections for the old relay's TCP address to the new one (a DNAT rule
 // in its output hook, as kube-proxy sends a Service's new connections to
 // the endpoints that are left), then closes the old relay, and returns
-// when it closed it. Connections the old relay held are reset; only new
-// connections reach the new relay. The new relay registers no metrics.
+// when it closed it (demo.FailOverRelay). Connections the old relay held
+// are reset; only new connections reach the new relay. The new relay
+// registers no metrics.
 //
 // A relay restarted in place is not what a client behind a VIP sees:
 // Chromium reconnects a closed ICE-TCP connection at once, and a port
 // that refuses that attempt ends its TCP path.
-func (d *Demo) failoverRelay(t *testing.T, ns string) time.Time {
+func failoverRelay(t *testing.T, d *demo.Demo, ns string) time.Time {
 	t.Helper()
-	old := d.relay
-	vip := old.TCPAddr()
-	cfg := d.rcfg
-	cfg.PublicAddr = netip.AddrPortFrom(old.PublicAddr().Addr(), 0).String()
-	cfg.TCPAddr = netip.AddrPortFrom(vip.Addr(), 0).String()
-	r, err := relay.New(cfg, d.keys, d.members, nil, d.log)
-	if err != nil {
-		t.Fatalf("start the second relay: %v", err)
-	}
-	rules := fmt.Sprintf(`table ip sbvip {
+	vip := d.Relay().TCPAddr()
+	err := d.FailOverRelay(func(r *relay.Relay) error {
+		rules := fmt.Sprintf(`table ip sbvip {
 	chain out {
 		type nat hook output priority -100; policy accept;
 		ip daddr %s tcp dport %d counter dnat to %s
 	}
 }
 `, vip.Addr(), vip.Port(), r.TCPAddr())
-	cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(rules)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		_ = r.Close()
-		t.Fatalf("nft: %v\n%s", err, out)
+		cmd := exec.Command("ip", "netns", "exec", ns, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(rules)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("nft: %v\n%s", err, out)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	d.relay = r
-	_ = old.Close()
 	return time.Now()
 }
 
@@ -63,7 +60,7 @@ func (d *Demo) failoverRelay(t *testing.T, ns string) time.Time {
 // token, and the call goes on. The audio gap is reported.
 func TestChromiumTCPRelayRestart(t *testing.T) {
 	chromiumBin := chromiumPath(t)
-	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+	wav, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +76,7 @@ func TestChromiumTCPRelayRestart(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	killed := d.failoverRelay(t, ns)
+	killed := failoverRelay(t, d, ns)
 	var back time.Duration
 	for time.Since(killed) < 15*time.Second {
 		if st := d.Relay().Stats(); st.TCP.ToClientFrames > 0 && st.TCP.ToTransceiverFrames > 0 {

@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"context"
@@ -123,7 +123,7 @@ func runIn(t *testing.T, name string, cmd *exec.Cmd, home string) {
 func TestBrowsersOverTCP(t *testing.T) {
 	chromiumBin := chromiumPath(t)
 	firefoxBin := firefoxPath(t)
-	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+	wav, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/demo"
 
 	"github.com/chromedp/chromedp"
 
@@ -115,7 +117,7 @@ type inboundStats struct {
 // output_audio_buffer.cleared.
 func TestBrowserPCMPlayoutAndClear(t *testing.T) {
 	chromium := chromiumPath(t)
-	wavPath, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+	wavPath, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +131,7 @@ func TestBrowserPCMPlayoutAndClear(t *testing.T) {
 			backend.reply = binary.LittleEndian.AppendUint16(backend.reply, uint16(int16((int(w.Samples[i])+int(w.Samples[i+1]))/2)))
 		}
 	}
-	d := startTestDemo(t, Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Backend: backend}, slog.LevelInfo, backend.wg.Wait)
+	d := startTestDemo(t, demo.Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Backend: backend}, slog.LevelInfo, backend.wg.Wait)
 	ctx := startBrowser(t, chromium, wavPath)
 	if err := chromedp.Do(ctx, chromedp.Navigate(d.URL()+"/")); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"context"
@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/demo"
 
 	"github.com/chromedp/chromedp"
 
@@ -102,9 +104,9 @@ func startInteropPageOn(t *testing.T, addr string) (string, <-chan interopResult
 
 // startInteropDemo starts the demo on ip (HTTP and relay), with its log
 // kept for failures.
-func startInteropDemo(t *testing.T, ip string) *Demo {
+func startInteropDemo(t *testing.T, ip string) *demo.Demo {
 	t.Helper()
-	return startTestDemo(t, Config{
+	return startTestDemo(t, demo.Config{
 		HTTPAddr:  net.JoinHostPort(ip, "0"),
 		RelayAddr: net.JoinHostPort(ip, "0"),
 		Agent:     agent.ModeEcho, // the clients check they hear their audio back
@@ -114,7 +116,7 @@ func startInteropDemo(t *testing.T, ip string) *Demo {
 // waitInterop waits for the page's result and checks the call: connected,
 // data-channel echo, more than 50 audio packets back with sound in them,
 // and the relay forwarding both ways.
-func waitInterop(t *testing.T, d *Demo, results <-chan interopResult, timeout time.Duration) interopResult {
+func waitInterop(t *testing.T, d *demo.Demo, results <-chan interopResult, timeout time.Duration) interopResult {
 	t.Helper()
 	var r interopResult
 	select {
@@ -156,7 +158,7 @@ func waitInterop(t *testing.T, d *Demo, results <-chan interopResult, timeout ti
 // page's origin). The server learns the client's address from its checks.
 func TestOpenAISnippetChromium(t *testing.T) {
 	chromiumBin := chromiumPath(t)
-	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+	wav, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}

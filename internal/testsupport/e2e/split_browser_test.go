@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"net"
@@ -29,7 +29,7 @@ func TestSplitDeploymentPage(t *testing.T) {
 	chromium := chromiumPath(t)
 	wav := conversationScript(t)
 	bin := filepath.Join(t.TempDir(), "switchboard")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/switchboard").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/switchboard-rtc/switchboard/cmd/switchboard").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	freeTCP := func() string {

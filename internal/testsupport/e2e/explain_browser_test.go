@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchboard-rtc/switchboard/internal/demo"
 
 	"github.com/chromedp/chromedp"
 
@@ -26,6 +28,30 @@ const errorBoxJS = `(() => ({hidden: document.getElementById("error").hidden,
 	hint: document.getElementById("error-hint").textContent,
 	state: window.switchboard.state, error: window.switchboard.error, sbHint: window.switchboard.hint,
 	callDisabled: document.getElementById("call").disabled}))()`
+
+// brokenFlagsJS returns every command-line flag ("-backend") in the
+// page's hints, error and data-channel echo that the browser breaks across
+// two lines, at any width of the page from a phone's to a desktop's: a
+// line broke after the hyphen of "-backend" at the test's own width.
+const brokenFlagsJS = `(() => {
+	const main = document.querySelector("main"), saved = main.style.width, bad = [];
+	for (let w = 260; w <= 760; w += 4) {
+		main.style.width = w + "px";
+		for (const id of ["error-message", "error-hint", "hint", "echo"]) {
+			const walk = document.createTreeWalker(document.getElementById(id), NodeFilter.SHOW_TEXT);
+			for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+				for (const m of n.data.matchAll(/(^|[\s(])(-[a-z][a-z-]*)/g)) {
+					const r = document.createRange(), at = m.index + m[1].length;
+					r.setStart(n, at);
+					r.setEnd(n, at + m[2].length);
+					if (r.getClientRects().length > 1) bad.push(w + " px: " + m[2]);
+				}
+			}
+		}
+	}
+	main.style.width = saved;
+	return bad;
+})()`
 
 type errorBox struct {
 	Hidden       bool
@@ -44,7 +70,7 @@ type errorBox struct {
 // attribute).
 func TestPageExplainsItself(t *testing.T) {
 	chromium := chromiumPath(t)
-	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+	wav, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +102,7 @@ func TestPageExplainsItself(t *testing.T) {
 
 	t.Run("backend down", func(t *testing.T) {
 		down := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "down", http.StatusServiceUnavailable) })
-		d := startTestDemo(t, Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Backend: down}, slog.LevelInfo, nil)
+		d := startTestDemo(t, demo.Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Backend: down}, slog.LevelInfo, nil)
 		ctx, console := startBrowserConsole(t, chromium, wav)
 		if err := chromedp.Do(ctx, chromedp.Navigate(d.URL()+"/")); err != nil {
 			t.Fatal(err)
@@ -92,6 +118,13 @@ func TestPageExplainsItself(t *testing.T) {
 			!strings.Contains(b.Hint, "The agent behind the server is down: is the backend running at the transceiver's -backend URL") ||
 			b.State != "failed" || b.CallDisabled || deref(b.SbHint) != b.Hint {
 			t.Errorf("backend down: %+v", b)
+		}
+		broken, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](brokenFlagsJS))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(broken) > 0 {
+			t.Errorf("flags broken across lines (page width: flag): %q", broken)
 		}
 		for _, m := range console() {
 			if strings.Contains(m, "Content Security Policy") || strings.Contains(m, "Refused to") {

@@ -1,4 +1,4 @@
-package demo
+package e2e
 
 import (
 	"bytes"
@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/demo"
+
 	"github.com/chromedp/chromedp"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
@@ -28,11 +30,11 @@ import (
 // with its dead peer connection, Call doing nothing and Hang up disabled.
 func TestBrowserCallFailed(t *testing.T) {
 	chromium := chromiumPath(t)
-	wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+	wav, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := startTestDemo(t, Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", NoTCP: true, Agent: agent.ModeEcho}, slog.LevelDebug, nil)
+	d := startTestDemo(t, demo.Config{HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", NoTCP: true, Agent: agent.ModeEcho}, slog.LevelDebug, nil)
 
 	// A bound socket nobody reads: checks sent to it get no answer and no
 	// ICMP error, as with a relay that vanished.
