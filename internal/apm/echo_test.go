@@ -275,8 +275,6 @@ func reports(t testing.TB, rate int, x []float64) []int64 {
 	return at
 }
 
-func dBFS(p float64) float64 { return 10 * math.Log10(p/(32768*32768)+1e-12) }
-
 // TestNoEchoClient: a client that cancels its own echo (a headset, a
 // browser's canceller) sends only the user. With echo cancellation on
 // (the transceiver's default) the replies play and nothing of them comes
