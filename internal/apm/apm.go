@@ -74,7 +74,17 @@ type Config struct {
 	// InitialDelayMs is the echo delay assumed until the estimator has
 	// measured one (0: DefaultInitialDelayMs).
 	InitialDelayMs int
+	// GuardFirstReply makes the echo gate act before the echo delay is
+	// measured, for the far end's first GuardMs of audio: a speakerphone's
+	// first reply then starts no turn, at the cost of up to about 80 ms
+	// on interruptions in that time for a client that has no echo (a
+	// headset, a browser's own canceller). Off, the gate acts once the
+	// echo is found in the input (about 1.5 s of the first reply).
+	GuardFirstReply bool
 }
+
+// GuardMs is how much far-end audio Config.GuardFirstReply covers.
+const GuardMs = 3000
 
 // DefaultInitialDelayMs is the echo delay a Cleaner assumes before it
 // has measured one: a client's typical jitter buffer, audio output and

@@ -59,12 +59,6 @@ const (
 	realignLateMs  = 60
 )
 
-// gateWarmupMs is how much far-end audio the echo gate acts on before
-// the echo delay is measured: a speakerphone's echo is found within
-// about a second of the first reply; a client with no echo has its
-// barge-in judged by the gate for this long only.
-const gateWarmupMs = 3000
-
 // echoTailMs is how long after the echo delay the echo of the last audio
 // played can still be heard: the room's reverberation and the client's
 // playout of its last packet, with margin.
@@ -195,15 +189,15 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 				return err
 			}
 			// The gate acts once the echo has been found in the input
-			// (the estimator locked on it), and before that while the
-			// far end has played less than gateWarmupMs: the first
-			// syllables of the first reply come back before any
-			// estimate can. A client that cancels its own echo has
-			// frames gated only in that warm-up.
+			// (the estimator locked on it): a client that cancels its
+			// own echo has no frame gated. With GuardFirstReply it acts
+			// before that too, while the far end has played less than
+			// GuardMs: the first syllables of the first reply come back
+			// before any estimate can.
 			if c.est.farNow() {
 				c.farPlayedMs += 10
 			}
-			if echo && (c.measured || c.farPlayedMs <= gateWarmupMs) {
+			if echo && (c.measured || c.cfg.GuardFirstReply && c.farPlayedMs <= GuardMs) {
 				early, late := 2, 12
 				if !c.measured {
 					early, late = 12, 14 // the initial delay is a guess

@@ -211,9 +211,21 @@ func echoCase(t *testing.T, rate int, codec bool) {
 		// The client's microphone, coded by its own encoder.
 		echo, near, user = opusTrip(t, echo, rate), opusTrip(t, near, rate), opusTrip(t, user, rate)
 	}
-	cleanEcho, c := runEcho(t, Config{Rate: rate, EchoCancellation: true}, far, echo, 15)
+	cfg := Config{Rate: rate, EchoCancellation: true, GuardFirstReply: true}
+	cleanEcho, c := runEcho(t, cfg, far, echo, 15)
 	st := c.Stats()
-	cleanNear, _ := runEcho(t, Config{Rate: rate, EchoCancellation: true}, far, near, 15)
+	cleanNear, _ := runEcho(t, cfg, far, near, 15)
+	// Without the first reply's guard, only the first reply's echo
+	// starts turns: before the delay is measured, and while the gate
+	// learns the coupling.
+	unguarded, _ := runEcho(t, Config{Rate: rate, EchoCancellation: true}, far, echo, 15)
+	u := reports(t, rate, unguarded)
+	t.Logf("without GuardFirstReply, starts on the echo alone at %v ms (the first reply ends at %d ms)", u, sc.Utterances[0].EndMs)
+	for _, at := range u {
+		if at > int64(sc.Utterances[0].EndMs)+300 {
+			t.Errorf("without GuardFirstReply, a start on the echo alone at %d ms, after the first reply", at)
+		}
+	}
 	from := 2 * rate
 	erle := 10 * math.Log10(power(echo, from, len(echo))/power(cleanEcho, from, len(cleanEcho)))
 	t.Logf("%d Hz: echo alone: ERLE %.1f dB after the first 2 s (the module's own: %d dB, ERL %d dB); delay %d ms (measured %v, module's correction %d ms); %d of %d frames gated",
@@ -278,10 +290,10 @@ func reports(t testing.TB, rate int, x []float64) []int64 {
 // TestNoEchoClient: a client that cancels its own echo (a headset, a
 // browser's canceller) sends only the user. With echo cancellation on
 // (the transceiver's default) the replies play and nothing of them comes
-// back: the echo is never found, and past the gate's warm-up
-// (gateWarmupMs of the far end) the user is heard at most one frame
+// back: the echo is never found, and the user is heard at most one frame
 // (20 ms) later than without cleaning (the canceller's suppressor while
-// the agent talks); within it, up to 80 ms later.
+// the agent talks); with GuardFirstReply, in the far end's first GuardMs,
+// up to 80 ms later.
 func TestNoEchoClient(t *testing.T) {
 	speechgen.Require(t)
 	const rate = 24000
@@ -306,24 +318,30 @@ func TestNoEchoClient(t *testing.T) {
 			}
 		}
 	}
-	got, c := runEcho(t, Config{Rate: rate, EchoCancellation: true}, far, user, 15)
-	base, cleaned := reports(t, rate, user), reports(t, rate, got)
-	st := c.Stats()
-	t.Logf("no echo: starts reported at %v ms uncleaned, %v ms cleaned; echo measured %v, %d frames gated", base, cleaned, st.Measured, st.Gated)
-	if st.Measured {
-		t.Errorf("an echo delay of %d ms was measured where there is no echo", st.DelayMs)
-	}
-	if len(cleaned) != len(base) {
-		t.Fatalf("cleaned %d starts, uncleaned %d", len(cleaned), len(base))
-	}
-	for i := range base {
-		d := cleaned[i] - base[i]
-		limit := int64(20)
-		if userTurns[i].atMs < 500+gateWarmupMs {
-			limit = 80
+	base := reports(t, rate, user)
+	for _, guard := range []bool{false, true} {
+		got, c := runEcho(t, Config{Rate: rate, EchoCancellation: true, GuardFirstReply: guard}, far, user, 15)
+		cleaned := reports(t, rate, got)
+		st := c.Stats()
+		t.Logf("no echo, GuardFirstReply %v: starts reported at %v ms uncleaned, %v ms cleaned; echo measured %v, %d frames gated", guard, base, cleaned, st.Measured, st.Gated)
+		if st.Measured {
+			t.Errorf("an echo delay of %d ms was measured where there is no echo", st.DelayMs)
 		}
-		if d > limit {
-			t.Errorf("utterance %d (at %d ms): heard %d ms later cleaned, limit %d", i+1, userTurns[i].atMs, d, limit)
+		if !guard && st.Gated != 0 {
+			t.Errorf("%d frames gated with no echo and no guard", st.Gated)
+		}
+		if len(cleaned) != len(base) {
+			t.Fatalf("cleaned %d starts, uncleaned %d", len(cleaned), len(base))
+		}
+		for i := range base {
+			d := cleaned[i] - base[i]
+			limit := int64(20)
+			if guard && userTurns[i].atMs < 500+GuardMs {
+				limit = 80
+			}
+			if d > limit {
+				t.Errorf("guard %v, utterance %d (at %d ms): heard %d ms later cleaned, limit %d", guard, i+1, userTurns[i].atMs, d, limit)
+			}
 		}
 	}
 }

@@ -29,7 +29,7 @@ import (
 // its hello or an input.turn_detection), which the detector's own parser
 // ignores:
 //
-//	"echo_cancellation": {"backend_audio": false}   (null: off; absent: defaultEchoCancellation)
+//	"echo_cancellation": {"backend_audio": false, "guard_first_reply": false}   (null: off; absent: defaultEchoCancellation)
 //	"noise_reduction":   {"type": "near_field"}     (or "far_field"; null or absent: off)
 
 // defaultEchoCancellation says whether a PCM session whose turn detection
@@ -54,6 +54,7 @@ const playedSlack = 500 * time.Millisecond
 type cleanSetting struct {
 	echo         bool   // cancel echo
 	backendAudio bool   // the backend gets the cleaned audio too
+	guard        bool   // the echo gate guards the first reply (apm.Config.GuardFirstReply)
 	noise        string // apm.NearField, apm.FarField or "" (off)
 }
 
@@ -78,12 +79,13 @@ func parseCleaning(raw json.RawMessage, interrupt bool) (cleanSetting, error) {
 		cs.echo = false
 	default:
 		var ec struct {
-			BackendAudio bool `json:"backend_audio"`
+			BackendAudio    bool `json:"backend_audio"`
+			GuardFirstReply bool `json:"guard_first_reply"`
 		}
 		if err := json.Unmarshal(cm.EchoCancellation, &ec); err != nil {
 			return cleanSetting{}, fmt.Errorf("%w: echo_cancellation must be an object such as {\"backend_audio\":false}, or null for off: %v", apm.ErrConfig, err)
 		}
-		cs.echo, cs.backendAudio = true, ec.BackendAudio
+		cs.echo, cs.backendAudio, cs.guard = true, ec.BackendAudio, ec.GuardFirstReply
 	}
 	if cm.NoiseReduction != nil && !isNull(cm.NoiseReduction) {
 		var nr struct {
@@ -219,7 +221,7 @@ func (m *mediaPath) applyCleaning() {
 		return
 	}
 	rate := m.dec.Rate()
-	c, err := apm.New(apm.Config{Rate: rate, EchoCancellation: cs.echo, NoiseReduction: cs.noise})
+	c, err := apm.New(apm.Config{Rate: rate, EchoCancellation: cs.echo, NoiseReduction: cs.noise, GuardFirstReply: cs.guard})
 	if err != nil {
 		m.log.Warn("input cleaning unavailable", "err", err)
 		m.refuse(refusedTurnDetection, bridge.ErrCodeTurnDetection, fmt.Sprintf("input cleaning: %v", err))

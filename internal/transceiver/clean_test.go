@@ -25,6 +25,7 @@ func TestParseCleaning(t *testing.T) {
 		{"on, backend audio", `{"echo_cancellation":{"backend_audio":true}}`, false, cleanSetting{echo: true, backendAudio: true}, false},
 		{"near field", `{"echo_cancellation":null,"noise_reduction":{"type":"near_field"}}`, true, cleanSetting{noise: apm.NearField}, false},
 		{"far field and echo", `{"echo_cancellation":{},"noise_reduction":{"type":"far_field"}}`, false, cleanSetting{echo: true, noise: apm.FarField}, false},
+		{"guard", `{"echo_cancellation":{"guard_first_reply":true}}`, false, cleanSetting{echo: true, guard: true}, false},
 		{"noise null", `{"noise_reduction":null}`, false, cleanSetting{}, false},
 		{"bad type", `{"noise_reduction":{"type":"studio"}}`, false, cleanSetting{}, true},
 		{"no type", `{"noise_reduction":{}}`, false, cleanSetting{}, true},

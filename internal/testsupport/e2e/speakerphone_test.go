@@ -60,9 +60,10 @@ type phoneResult struct {
 // 150–300 ms later, the delay drifting, 6 dB down) talks to a PCM
 // backend that replies again and again, asking for turn detection with
 // interruption. Four sessions: the echo alone without cleaning (today)
-// and with the transceiver's echo cancellation; the user interrupting
-// each reply one second in, with no echo and no cleaning (today's onset
-// time), and over the echo with cancellation (the default).
+// and with the transceiver's echo cancellation (its first reply guarded);
+// the user interrupting each reply one second in, with no echo and no
+// cleaning (today's onset time), and over the echo with cancellation
+// (the default: the first reply unguarded).
 //
 // It checks what must hold on a loaded machine: the echo cuts most
 // replies off without cleaning, fewer with it (ERLE at least 10 dB), and
@@ -75,7 +76,7 @@ func TestSpeakerphone(t *testing.T) {
 	n := *speakerphoneReplies
 	off := json.RawMessage(`{"echo_cancellation":null}`)
 	today := phoneCall(t, phoneRun{echo: true, cleaning: off, replies: n})
-	cleaned := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{"backend_audio":true}}`), replies: n})
+	cleaned := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{"backend_audio":true,"guard_first_reply":true}}`), replies: n})
 	t.Logf("echo alone, %d replies: cut off by their own echo: %d without cleaning, %d with echo cancellation; ERLE (the echo the client added over what the backend got) %.1f dB", n, today.cutOff, cleaned.cutOff, cleaned.erle)
 	if today.cutOff < (n+1)/2 {
 		t.Errorf("without cleaning only %d of %d replies were cut off by their echo: the test's echo proves nothing", today.cutOff, n)
