@@ -8,6 +8,7 @@ require (
 	github.com/golang-jwt/jwt/v5 v5.3.1
 	github.com/pion/datachannel v1.6.3
 	github.com/pion/dtls/v3 v3.1.15
+	github.com/pion/dtls/v4 v4.0.1
 	github.com/pion/ice/v4 v4.4.8
 	github.com/pion/interceptor v0.1.51
 	github.com/pion/logging v0.2.4

@@ -666,6 +666,8 @@ var transceiverSettings = []struct{ value, flag string }{
 	{"transceiver.outputBitrate", "output-bitrate"},
 	{"transceiver.outputComplexity", "output-complexity"},
 	{"transceiver.ptime", "ptime"},
+	{"transceiver.dtlsVersion", "dtls-version"},
+	{"transceiver.sped", "sped"},
 }
 
 // checkHTTPListen: the agent and the director, where the render runs

@@ -220,6 +220,8 @@ func customValues() map[string]any {
 			"consentTimeout":      "20s",
 			"outputComplexity":    8,
 			"ptime":               10,
+			"dtlsVersion":         "1.2",
+			"sped":                false,
 			"hpa":                 map[string]any{"enabled": false},
 			"ingress": map[string]any{
 				"enabled":   true,

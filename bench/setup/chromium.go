@@ -27,6 +27,14 @@ const (
 	ClientPion     = "pion"
 	ClientChromium = "chromium"
 	ClientFirefox  = "firefox"
+	// ClientChromiumSPED is Chromium with its field trial
+	// WebRTC-IceHandshakeDtls (chromium.SPEDFieldTrial): it offers SPED
+	// and carries its DTLS handshake in its ICE checks.
+	ClientChromiumSPED = "chromium-sped"
+	// ClientChromiumSPEDNoPQ is ClientChromiumSPED without its
+	// post-quantum key share (chromium.NoPQDTLS): a ClientHello of one
+	// datagram, the case SPED saves its round trip in.
+	ClientChromiumSPEDNoPQ = "chromium-sped-nopq"
 )
 
 // errNoChromium: no Chromium binary on PATH.
@@ -56,8 +64,8 @@ func chromiumPath() (string, error) {
 
 // startBrowser starts headless Chromium with a fake microphone that plays
 // the harness's tone, with the flags of the demo's browser test
-// (internal/testsupport/e2e/browser_test.go).
-func startBrowser(log *slog.Logger, audio *callclient.WAV) (*browser, error) {
+// (internal/testsupport/e2e/browser_test.go), and extra options.
+func startBrowser(log *slog.Logger, audio *callclient.WAV, extra ...chromedp.ExecAllocatorOption) (*browser, error) {
 	bin, err := chromiumPath()
 	if err != nil {
 		return nil, err
@@ -73,6 +81,7 @@ func startBrowser(log *slog.Logger, audio *callclient.WAV) (*browser, error) {
 	}
 	b := &browser{dir: dir, output: &logbuf.Buffer{Max: 1 << 20}, log: log}
 	opts := chromium.Options(bin, wav, b.output)
+	opts = append(opts, extra...)
 	allocCtx, allocCancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(allocCtx,
 		chromedp.WithErrorf(func(format string, args ...any) { log.Debug("chromedp error: " + fmt.Sprintf(format, args...)) }),
@@ -154,8 +163,7 @@ const waitCallJS = `new Promise((resolve) => {
 })`
 
 // callChromium runs one call on st in a fresh tab and returns its phases.
-func (e *env) callChromium(ctx context.Context, st *stack) (sample, error) {
-	b := e.browser
+func (e *env) callChromium(ctx context.Context, st *stack, b *browser) (sample, error) {
 	tctx, tcancel := chromedp.NewContext(b.ctx)
 	defer func() {
 		// Closes the tab.

@@ -10,9 +10,11 @@ import (
 	"time"
 )
 
-// TestChromiumSmoke runs one call from headless Chromium on direct and
-// relay per DTLS role with a small RTT and checks that the phases are sane
-// (present, ordered, within physical bounds). It asserts no performance.
+// TestChromiumSmoke runs one call from headless Chromium through the relay
+// per DTLS role and version, and one from Chromium with
+// WebRTC-IceHandshakeDtls (SPED), with a small RTT, and checks that the
+// phases are sane (present, ordered, within physical bounds). It asserts
+// no performance.
 // Without chromium it is skipped, except in CI (CI set), where it fails.
 func TestChromiumSmoke(t *testing.T) {
 	if _, err := chromiumPath(); err != nil {
@@ -22,7 +24,7 @@ func TestChromiumSmoke(t *testing.T) {
 		t.Skip("chromium is not installed (Debian: apt-get install chromium)")
 	}
 	const rtt = 10 * time.Millisecond
-	opts := Options{RTT: rtt, Runs: 1, Paths: []string{PathDirect, PathRelay}, Client: ClientChromium}
+	opts := Options{RTT: rtt, Runs: 1, Paths: []string{PathRelay}, Clients: []string{ClientChromium, ClientChromiumSPED}, DTLSVersions: []string{"1.2", "1.3"}}
 	if testing.Verbose() {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
@@ -32,8 +34,8 @@ func TestChromiumSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 4 {
-		t.Fatalf("%d results, want 4 (2 paths × 2 roles)", len(res))
+	if len(res) != 5 {
+		t.Fatalf("%d results, want 5 (2 roles × 2 versions, and SPED)", len(res))
 	}
 	for _, r := range res {
 		if !strings.HasPrefix(r.Client, "Chromium") {
@@ -46,7 +48,7 @@ func TestChromiumSmoke(t *testing.T) {
 		checkPhases(t, r, rtt)
 	}
 	md := Markdown(res, opts)
-	for _, want := range []string{"| direct | client |", "| relay | server |", "Chromium"} {
+	for _, want := range []string{"| relay | client, 1.2 |", "| relay | server, 1.3 |", "| relay | SPED (server, 1.3) |", "with WebRTC-IceHandshakeDtls"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("Markdown lacks %q:\n%s", want, md)
 		}
@@ -64,6 +66,15 @@ func TestExpectedChromium(t *testing.T) {
 	}
 	if got, want := expectedChromium(PathTURN, RoleServer), (Expected{2, 1, 2, 4, 4.5, 5}); got != want {
 		t.Errorf("turn: %+v, want %+v", got, want)
+	}
+	if got, want := expectedFor(ClientChromium, PathRelay, RoleServer, "1.3", false), (Expected{0, 1, 2, 3, 3.5, 4}); got != want {
+		t.Errorf("relay, role server, DTLS 1.3: %+v, want %+v", got, want)
+	}
+	if got, want := expectedFor(ClientChromiumSPEDNoPQ, PathRelay, RoleServer, "1.3", false), (Expected{0, 1, 2, 2, 2.5, 3}); got != want {
+		t.Errorf("relay, SPED: %+v, want %+v", got, want)
+	}
+	if got, want := expectedFor(ClientChromiumSPED, PathRelay, RoleServer, "1.3", false), (Expected{0, 1, 2, 3, 3.5, 4}); got != want {
+		t.Errorf("relay, SPED with a ClientHello of two datagrams: %+v, want %+v", got, want)
 	}
 	if _, err := (Options{Client: "lynx"}).withDefaults(); !errors.Is(err, ErrOptions) {
 		t.Errorf("client lynx: %v, want ErrOptions", err)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/firefox"
 )
 
@@ -55,7 +57,8 @@ func TestFirefoxSmoke(t *testing.T) {
 		checkPhases(t, r, rtt)
 	}
 	md := Markdown(res, opts)
-	for _, want := range []string{"| direct | client |", "| relay | client |", "Firefox", "From the answer"} {
+	v := transceiver.DefaultDTLSVersion
+	for _, want := range []string{"| direct | client, " + v + " |", "| relay | client, " + v + " |", "Firefox", "From the answer"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("Markdown lacks %q:\n%s", want, md)
 		}

@@ -11,7 +11,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/switchboard-rtc/switchboard/internal/callclient"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/chromium"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 )
 
 // Path names.
@@ -72,10 +76,22 @@ type Options struct {
 	CallTimeout time.Duration
 	// Client is "pion" (default: callclient in this process),
 	// "chromium" (headless Chromium running the demo page, internal/web;
-	// see chromium.go) or "firefox" (headless Firefox ESR running it, in a
-	// network namespace: firefox.go). ClientICETick and
-	// ClientSkipHelloVerify apply to Pion only.
+	// see chromium.go), "chromium-sped" (the same with its field trial
+	// WebRTC-IceHandshakeDtls: DTLS 1.3 in the ICE checks, internal/peer
+	// sped.go) or "firefox" (headless Firefox ESR running it, in a network
+	// namespace: firefox.go). ClientICETick and ClientSkipHelloVerify apply
+	// to Pion only. Clients, if set, replaces it.
 	Client string
+	// Clients are several of Client's values, measured in one run, their
+	// calls interleaved with the paths', roles' and versions'. Firefox's
+	// stacks listen on the host end of its network namespace, the others'
+	// on 127.0.0.1.
+	Clients []string
+	// DTLSVersions are the transceiver's -dtls-version settings measured
+	// on every path and role ("1.2", "1.3"); default the transceiver's
+	// default. "chromium-sped" runs once per path whatever the roles and
+	// versions: SPED makes the transceiver the DTLS server with DTLS 1.3.
+	DTLSVersions []string
 	// Loss is the probability (0–1) that the media proxy in front of the
 	// path drops a datagram, each way independently (signaling is not
 	// impaired). Default 0.
@@ -140,8 +156,22 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Client == "" {
 		o.Client = ClientPion
 	}
-	if o.Client != ClientPion && o.Client != ClientChromium && o.Client != ClientFirefox {
-		return o, fmt.Errorf("%w: client %q is not pion, chromium or firefox", ErrOptions, o.Client)
+	if len(o.Clients) == 0 {
+		o.Clients = []string{o.Client}
+	}
+	for _, c := range o.Clients {
+		if !slices.Contains([]string{ClientPion, ClientChromium, ClientChromiumSPED, ClientChromiumSPEDNoPQ, ClientFirefox}, c) {
+			return o, fmt.Errorf("%w: client %q is not pion, chromium, chromium-sped, chromium-sped-nopq or firefox", ErrOptions, c)
+		}
+	}
+	o.Client = o.Clients[0]
+	if len(o.DTLSVersions) == 0 {
+		o.DTLSVersions = []string{transceiver.DefaultDTLSVersion}
+	}
+	for _, v := range o.DTLSVersions {
+		if v != "1.2" && v != "1.3" {
+			return o, fmt.Errorf("%w: DTLS version %q is not 1.2 or 1.3", ErrOptions, v)
+		}
 	}
 	if o.Audio == 0 {
 		o.Audio = 300 * time.Millisecond
@@ -244,6 +274,61 @@ func expectedChromium(path, role string) Expected {
 	return e
 }
 
+// expectedSPED is the model for headless Chromium with
+// WebRTC-IceHandshakeDtls against a transceiver that answers SPED
+// (internal/peer sped.go): its ClientHello rides its first check, the
+// transceiver's DTLS 1.3 ServerHello…Finished flight the Binding response
+// to it, and Chromium, the DTLS 1.3 client, is connected as it takes that
+// response, when its ICE is writable too: ICE and DTLS at 2 RTT, the first
+// audio at the backend half a round trip later. Through TURN as without
+// SPED (the check and its response ride the relay).
+func expectedSPED(path string) Expected {
+	e := Expected{Signaling: 1, ICE: 2, DTLS: 2}
+	if path == PathTURN {
+		e.Gathering = 2
+	}
+	e.FirstAudioBackend = e.DTLS + 0.5
+	e.FirstAudioClient = e.FirstAudioBackend + 0.5
+	return e
+}
+
+// isSPED reports whether a client offers SPED.
+func isSPED(client string) bool {
+	return client == ClientChromiumSPED || client == ClientChromiumSPEDNoPQ
+}
+
+// expectedFor is the model of a client, path, transceiver role and
+// DTLS version setting. With DTLS 1.3 a browser's handshake is a round
+// trip shorter in role server (the DTLS 1.3 client is done once it takes
+// the server's first flight) and as long in role client (the browser, as
+// server, waits for the transceiver's Finished either way); Pion has no
+// DTLS 1.3.
+func expectedFor(client, path, role, version string, clientHelloVerify bool) Expected {
+	switch client {
+	case ClientChromiumSPED:
+		// Chromium 156's ClientHello carries a post-quantum key share and
+		// spans two datagrams: the first rides its first check, the
+		// second leaves once that check's response made its ICE
+		// writable, so the ServerHello flight comes a round trip later.
+		e := expectedSPED(path)
+		e.DTLS++
+		e.FirstAudioBackend++
+		e.FirstAudioClient++
+		return e
+	case ClientChromiumSPEDNoPQ:
+		return expectedSPED(path)
+	case ClientChromium, ClientFirefox:
+		e := expectedChromium(path, role)
+		if version == "1.3" && role == RoleServer {
+			e.DTLS = e.ICE + 1
+			e.FirstAudioBackend = e.DTLS + 0.5
+			e.FirstAudioClient = e.FirstAudioBackend + 0.5
+		}
+		return e
+	}
+	return expected(path, role, clientHelloVerify)
+}
+
 // expectedFirefox is the model for headless Firefox ESR (firefox.go):
 // every check carries USE-CANDIDATE, so its ICE connects on its first
 // check's answer, at 2 RTT; the rest is Chromium's model (its DTLS server
@@ -256,6 +341,12 @@ func expectedFirefox(path, role string) Expected { return expectedChromium(path,
 type Result struct {
 	Path     string
 	DTLSRole string
+	// DTLSVersion is the transceiver's -dtls-version setting ("1.3" for
+	// chromium-sped, which SPED implies).
+	DTLSVersion string
+	// Kind is the Options client that ran the calls ("pion", "chromium",
+	// "chromium-sped", "firefox"); Client names it for a reader.
+	Kind string
 	// Runs is the number of calls attempted (warm-up excluded); Failures
 	// how many of them failed or missed a phase. Stats cover the others.
 	Runs, Failures int
@@ -289,8 +380,10 @@ type sample struct {
 	signaling, ice, dtls, dc, backend, client, gathering float64
 }
 
-// Run measures the paths, each with each DTLS role, and returns one Result
-// per path and role in the order of opts.Paths then opts.DTLSRoles. A path
+// Run measures the paths, each with each DTLS role and version, with each
+// client, and returns one Result per client, path, role and version in the
+// order of opts.Clients, opts.Paths, opts.DTLSRoles then opts.DTLSVersions
+// (chromium-sped: one per path). A path
 // that cannot run (turn without turnserver outside CI, global) yields a
 // Result with a Note and no runs. It returns an error for invalid options,
 // a stack that cannot be built, or a cancelled ctx.
@@ -312,60 +405,85 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 		samples []sample
 	}
 	var configs []*config
-	results := make([]Result, 0, len(opts.Paths)*len(opts.DTLSRoles))
-	for _, p := range opts.Paths {
-		for _, role := range opts.DTLSRoles {
-			exp := expected(p, role, !opts.ClientSkipHelloVerify)
-			switch opts.Client {
-			case ClientChromium:
-				exp = expectedChromium(p, role)
-			case ClientFirefox:
-				exp = expectedFirefox(p, role)
+	var results []Result
+	for _, cl := range opts.Clients {
+		for _, p := range opts.Paths {
+			if isSPED(cl) {
+				results = append(results, Result{Path: p, DTLSRole: RoleServer, DTLSVersion: "1.3", Kind: cl, Client: cl, Expected: expectedFor(cl, p, RoleServer, "1.3", false)})
+				continue
 			}
-			results = append(results, Result{Path: p, DTLSRole: role, Client: opts.Client, Expected: exp})
+			for _, role := range opts.DTLSRoles {
+				for _, v := range opts.DTLSVersions {
+					exp := expectedFor(cl, p, role, v, !opts.ClientSkipHelloVerify)
+					results = append(results, Result{Path: p, DTLSRole: role, DTLSVersion: v, Kind: cl, Client: cl, Expected: exp})
+				}
+			}
 		}
 	}
-	if opts.Client == ClientChromium {
-		b, err := startBrowser(log, env.audio)
-		if errors.Is(err, errNoChromium) && os.Getenv("CI") == "" {
-			for i := range results {
-				results[i].Note = "skipped: chromium is not installed (Debian: apt-get install chromium)"
-			}
-			log.Warn("chromium is not installed; every path skipped")
-			return results, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		env.browser = b
-		env.defer_(b.close)
+	skip := func(kind, note string) {
 		for i := range results {
-			results[i].Client = b.version
-		}
-	}
-	if opts.Client == ClientFirefox {
-		d, err := startFirefox(log)
-		if note := firefoxSkip(err); note != "" {
-			for i := range results {
+			if results[i].Kind == kind {
 				results[i].Note = note
 			}
-			log.Warn("firefox cannot run here; every path skipped", "err", err)
-			return results, nil
+		}
+	}
+	name := func(kind, version string) {
+		for i := range results {
+			if results[i].Kind == kind {
+				results[i].Client = version
+			}
+		}
+	}
+	for _, kind := range []string{ClientChromium, ClientChromiumSPED, ClientChromiumSPEDNoPQ} {
+		if !slices.Contains(opts.Clients, kind) {
+			continue
+		}
+		var extra []chromedp.ExecAllocatorOption
+		suffix := ""
+		switch kind {
+		case ClientChromiumSPED:
+			extra, suffix = []chromedp.ExecAllocatorOption{chromium.FieldTrials(chromium.SPEDFieldTrial)}, " with WebRTC-IceHandshakeDtls"
+		case ClientChromiumSPEDNoPQ:
+			extra = []chromedp.ExecAllocatorOption{chromium.FieldTrials(chromium.SPEDFieldTrial), chromium.NoPQDTLS()}
+			suffix = " with WebRTC-IceHandshakeDtls, without WebRtcPqcForDtls"
+		}
+		b, err := startBrowser(log, env.audio, extra...)
+		if errors.Is(err, errNoChromium) && os.Getenv("CI") == "" {
+			skip(kind, "skipped: chromium is not installed (Debian: apt-get install chromium)")
+			log.Warn("chromium is not installed; its paths skipped")
+			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		env.firefox, env.host = d, d.ns.HostIP
-		env.defer_(d.close)
-		for i := range results {
-			results[i].Client = d.version
+		env.browsers[kind] = b
+		env.defer_(b.close)
+		name(kind, b.version+suffix)
+	}
+	if slices.Contains(opts.Clients, ClientFirefox) {
+		d, err := startFirefox(log)
+		if note := firefoxSkip(err); note != "" {
+			skip(ClientFirefox, note)
+			log.Warn("firefox cannot run here; its paths skipped", "err", err)
+		} else if err != nil {
+			return nil, err
+		} else {
+			env.firefox, env.fxHost = d, d.ns.HostIP
+			env.defer_(d.close)
+			name(ClientFirefox, d.version)
 		}
 	}
 	for i := range results {
 		r := &results[i]
-		st, note, err := env.newStack(r.Path, r.DTLSRole)
+		if r.Note != "" {
+			continue // its client cannot run here
+		}
+		st, note, err := env.newStack(r.Path, r.DTLSRole, r.DTLSVersion, r.Kind)
 		if err != nil {
-			return nil, fmt.Errorf("setupbench: %s path, DTLS role %s: %w", r.Path, r.DTLSRole, err)
+			return nil, fmt.Errorf("setupbench: %s client, %s path, DTLS role %s, version %s: %w", r.Kind, r.Path, r.DTLSRole, r.DTLSVersion, err)
+		}
+		if st != nil {
+			st.kind = r.Kind
 		}
 		if st == nil {
 			r.Note = note
@@ -377,12 +495,12 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 	}
 
 	for _, c := range configs {
-		log.Info("warm-up call", "path", c.res.Path, "dtls_role", c.res.DTLSRole)
+		log.Info("warm-up call", "client", c.res.Kind, "path", c.res.Path, "dtls_role", c.res.DTLSRole, "dtls_version", c.res.DTLSVersion)
 		if _, err := env.call(ctx, c.st); err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			log.Warn("warm-up call failed", "path", c.res.Path, "dtls_role", c.res.DTLSRole, "err", err)
+			log.Warn("warm-up call failed", "client", c.res.Kind, "path", c.res.Path, "dtls_role", c.res.DTLSRole, "dtls_version", c.res.DTLSVersion, "err", err)
 		}
 	}
 	for i := range opts.Runs {
@@ -397,10 +515,10 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 				if len(c.res.Errors) < 3 {
 					c.res.Errors = append(c.res.Errors, err.Error())
 				}
-				log.Warn("call failed", "path", c.res.Path, "dtls_role", c.res.DTLSRole, "run", i+1, "err", err)
+				log.Warn("call failed", "client", c.res.Kind, "path", c.res.Path, "dtls_role", c.res.DTLSRole, "dtls_version", c.res.DTLSVersion, "run", i+1, "err", err)
 				continue
 			}
-			log.Debug("call", "path", c.res.Path, "dtls_role", c.res.DTLSRole, "run", i+1,
+			log.Debug("call", "client", c.res.Kind, "path", c.res.Path, "dtls_role", c.res.DTLSRole, "dtls_version", c.res.DTLSVersion, "run", i+1,
 				"signaling_ms", s.signaling, "ice_ms", s.ice, "dtls_ms", s.dtls,
 				"backend_ms", s.backend, "client_ms", s.client, "gathering_ms", s.gathering)
 			c.samples = append(c.samples, s)
@@ -432,12 +550,12 @@ func Run(ctx context.Context, opts Options) ([]Result, error) {
 	return results, nil
 }
 
-// call runs one call on st and returns its phases.
+// call runs one call on st, with st's client, and returns its phases.
 func (e *env) call(ctx context.Context, st *stack) (sample, error) {
-	if e.browser != nil {
-		return e.callChromium(ctx, st)
-	}
-	if e.firefox != nil {
+	switch st.kind {
+	case ClientChromium, ClientChromiumSPED, ClientChromiumSPEDNoPQ:
+		return e.callChromium(ctx, st, e.browsers[st.kind])
+	case ClientFirefox:
 		return e.callFirefox(ctx, st)
 	}
 	rep, err := callclient.Run(ctx, callclient.Options{

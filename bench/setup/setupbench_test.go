@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+
 	"go.uber.org/goleak"
 )
 
@@ -44,7 +46,8 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	md := Markdown(res, opts)
-	for _, want := range []string{"| direct | client |", "| relay | server |", "| global | client |", "| tcp | client |", "≤ 3 RTT", "Relay over direct"} {
+	v := transceiver.DefaultDTLSVersion
+	for _, want := range []string{"| pion | direct | client, " + v + " |", "| pion | relay | server, " + v + " |", "| pion | global | client, " + v + " |", "| pion | tcp | client, " + v + " |", "≤ 3 RTT", "Relay over direct"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("Markdown lacks %q:\n%s", want, md)
 		}
@@ -60,7 +63,7 @@ func TestOptions(t *testing.T) {
 	if o.RTT != 50*time.Millisecond || o.Runs != 10 || len(o.Paths) != 5 || len(o.DTLSRoles) != 2 || o.ClientICETick != DefaultClientICETick {
 		t.Errorf("defaults %+v", o)
 	}
-	for _, bad := range []Options{{Paths: []string{"ipoac"}}, {DTLSRoles: []string{"both"}}, {RTT: -1}, {Runs: -1}} {
+	for _, bad := range []Options{{Paths: []string{"ipoac"}}, {DTLSRoles: []string{"both"}}, {RTT: -1}, {Runs: -1}, {Clients: []string{"lynx"}}, {DTLSVersions: []string{"1.0"}}} {
 		if _, err := Run(t.Context(), bad); !errors.Is(err, ErrOptions) {
 			t.Errorf("%+v: err %v, want ErrOptions", bad, err)
 		}

@@ -48,11 +48,13 @@ type env struct {
 	turn      *coturn.Server // started on first use
 	turnPass  string         // the TURN user's password, random per run
 	turnErr   error
-	browser   *browser // Options.Client "chromium"
+	browsers  map[string]*browser // by client: "chromium", "chromium-sped"
 	firefox   *firefoxDriver
-	// host is the address the client reaches the stacks' proxies on:
-	// 127.0.0.1, or the host end of Firefox's network namespace.
+	// host is the address the client of the stack being built reaches
+	// its proxies on: 127.0.0.1, or for Firefox fxHost, the host end of
+	// its network namespace (newStack sets it).
 	host    string
+	fxHost  string
 	nextID  uint32
 	closers []func() // run in reverse order
 }
@@ -74,6 +76,7 @@ func newEnv(opts Options) (*env, error) {
 		backend:   newBackend(),
 		audio:     tone(300 * time.Millisecond),
 		host:      "127.0.0.1",
+		browsers:  map[string]*browser{},
 	}
 	e.backendHS = httptest.NewServer(e.backend)
 	e.closers = append(e.closers, func() {
@@ -92,8 +95,10 @@ func (e *env) close() {
 
 func (e *env) defer_(f func()) { e.closers = append(e.closers, f) }
 
-// stack is one path with one DTLS role, ready for calls.
+// stack is one path with one DTLS role and version, for one client,
+// ready for calls.
 type stack struct {
+	kind       string // the client (Options.Clients)
 	url        string // signaling URL, through the TCP proxy
 	page       string // the demo page, same origin as url (no CORS preflight)
 	iceServers []webrtc.ICEServer
@@ -103,7 +108,11 @@ type stack struct {
 
 // newStack builds a path. It returns a nil stack and a note when the path
 // cannot run here.
-func (e *env) newStack(path, role string) (*stack, string, error) {
+func (e *env) newStack(path, role, version, kind string) (*stack, string, error) {
+	e.host = "127.0.0.1" // a browser's page there is a secure context
+	if kind == ClientFirefox {
+		e.host = e.fxHost
+	}
 	half := e.opts.RTT / 2
 	delay := impair.Config{Delay: half, Loss: e.opts.Loss}
 	if e.opts.DropFlight != "" {
@@ -116,8 +125,12 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 		Cluster:    cluster,
 		BackendURL: "ws" + strings.TrimPrefix(e.backendHS.URL, "http") + "/v1/bridge",
 		DTLSRole:   role,
+		// As in production: an offer with SPED's option gets it, the
+		// others are not affected.
+		DTLSVersion: version,
+		SPED:        true,
 	}
-	st := &stack{}
+	st := &stack{kind: kind}
 	var note string
 	switch path {
 	case PathGlobal:
@@ -150,7 +163,7 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 		return st, "", err
 
 	case PathTCP:
-		if e.browser != nil {
+		if kind == ClientChromium || isSPED(kind) {
 			// Chromium here has UDP, which it prefers: its TCP calls are
 			// measured where UDP is dropped (internal/testsupport/e2e TestBrowsersOverTCP).
 			return nil, "skipped for chromium: it selects UDP where UDP works; see internal/testsupport/e2e TestBrowsersOverTCP", nil
@@ -159,7 +172,7 @@ func (e *env) newStack(path, role string) (*stack, string, error) {
 		return st, "client gathers TCP only; the proxy does not delay the TCP handshake (see the package comment)", err
 
 	case PathTURN:
-		if e.firefox != nil {
+		if kind == ClientFirefox {
 			// Its calls timed out with no ICE connected (cause not
 			// looked into): coturn listens and relays on 127.0.0.1 here,
 			// and Firefox, in its namespace, uses no loopback address.

@@ -125,24 +125,28 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func runBenchSetup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("setup", stderr)
 	rtt := fs.Duration("rtt", 50*time.Millisecond, "round-trip time added between client and server (half each way)")
-	runs := fs.Int("runs", 10, "calls per path and DTLS role (median)")
+	runs := fs.Int("runs", 10, "calls per client, path, DTLS role and version (median)")
 	paths := fs.String("paths", "", "comma-separated paths: direct, relay, global, tcp (ICE-TCP through the relay), turn (default all)")
 	roles := fs.String("roles", "", "comma-separated transceiver DTLS roles: client, server (default both)")
 	skipHVR := fs.Bool("client-skip-hello-verify", false, "the client, as DTLS server, sends no HelloVerifyRequest (as browsers)")
-	client := fs.String("client", setupbench.ClientPion, "client: pion (callclient), chromium (headless Chromium running the demo page) or firefox (headless Firefox ESR running it, in a network namespace: needs root)")
+	client := fs.String("client", setupbench.ClientPion, "comma-separated clients, measured in one run: pion (callclient), chromium (headless Chromium running the demo page), chromium-sped (the same with its WebRTC-IceHandshakeDtls field trial: DTLS 1.3 in the ICE checks), chromium-sped-nopq (also without its post-quantum key share) or firefox (headless Firefox ESR running it, in a network namespace: needs root)")
+	versions := fs.String("dtls-versions", "", "comma-separated transceiver -dtls-version settings: 1.2, 1.3 (default the transceiver's)")
 	loss := fs.Float64("loss", 0, "probability (0-1) that the media proxy drops a datagram, each way")
 	dropFlight := fs.String("drop-flight", "", "drop each call's first DTLS datagram: to_client or to_server (not on the turn path)")
 	audio := fs.Duration("audio", 300*time.Millisecond, "audio the Pion client sends per call (longer under loss: see bench/setup Options.Audio)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	opts := setupbench.Options{RTT: *rtt, Runs: *runs, ClientSkipHelloVerify: *skipHVR, Client: *client, Loss: *loss, DropFlight: *dropFlight, Audio: *audio,
+	opts := setupbench.Options{RTT: *rtt, Runs: *runs, ClientSkipHelloVerify: *skipHVR, Clients: strings.Split(*client, ","), Loss: *loss, DropFlight: *dropFlight, Audio: *audio,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	if *paths != "" {
 		opts.Paths = strings.Split(*paths, ",")
 	}
 	if *roles != "" {
 		opts.DTLSRoles = strings.Split(*roles, ",")
+	}
+	if *versions != "" {
+		opts.DTLSVersions = strings.Split(*versions, ",")
 	}
 	res, err := setupbench.Run(ctx, opts)
 	if err != nil {

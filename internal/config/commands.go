@@ -60,6 +60,8 @@ type Demo struct {
 	TCP   bool   `yaml:"tcp"`
 	Mode  string `yaml:"mode"`
 	Ptime int    `yaml:"ptime"`
+	DTLS  string `yaml:"dtls_version"`
+	SPED  bool   `yaml:"sped"`
 	Log   Log    `yaml:",inline"`
 }
 
@@ -71,6 +73,8 @@ func (c *Demo) Flags() *flag.FlagSet {
 	fs.StringVar(&c.Relay, "relay", demo.DefaultRelayAddr, "relay public UDP address (advertised in answers); the relay's ICE-TCP listener takes the same address, TCP")
 	fs.BoolVar(&c.TCP, "tcp", true, "listen for ICE-TCP clients on the -relay address (TCP) and offer it in answers as a passive TCP candidate, for networks that drop UDP")
 	fs.IntVar(&c.Ptime, "ptime", demo.DefaultPtime, "ms of audio per RTP packet to and from the browser: 20 or 10 (as the transceiver's -ptime)")
+	fs.StringVar(&c.DTLS, "dtls-version", transceiver.DefaultDTLSVersion, "highest DTLS version negotiated: 1.2 or 1.3 (as the transceiver's -dtls-version)")
+	fs.BoolVar(&c.SPED, "sped", transceiver.DefaultSPED, "answer offers with goog-sped-v1 with it: DTLS 1.3 in the ICE checks (as the transceiver's -sped)")
 	c.Log.RegisterFlags(fs, "text", "the -http address")
 	describe(fs, "demo [flags]",
 		"Runs a relay, a transceiver, the reference agent (-mode) and a web page in\n"+
@@ -199,6 +203,8 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 	fs.DurationVar(&t.CheckTimeout, "check-timeout", transceiver.DefaultCheckTimeout, "end a session whose client sent no authenticated connectivity check this long after the answer")
 	listVar(fs, &t.TrustedProxies, "trusted-proxies", "comma-separated CIDR prefixes of proxies (director, load balancer) whose X-Forwarded-For names the client")
 	fs.StringVar(&t.DTLSRole, "dtls-role", transceiver.DefaultDTLSRole, "DTLS role in answers to actpass offers: client (active) or server (passive, no HelloVerify)")
+	fs.StringVar(&t.DTLSVersion, "dtls-version", transceiver.DefaultDTLSVersion, "highest DTLS version negotiated: 1.2 or 1.3 (a client without 1.3 gets 1.2)")
+	fs.BoolVar(&t.SPED, "sped", transceiver.DefaultSPED, "answer offers with a=ice-options:goog-sped-v1 (Chromium's WebRTC-IceHandshakeDtls) with it: the DTLS 1.3 handshake rides in the ICE checks, a round trip sooner (the transceiver is then the DTLS server)")
 	fs.StringVar(&c.HTTP, "http", transceiver.DefaultHTTPAddr, "address of the signaling API, /metrics, /live and /ready")
 	fs.DurationVar(&c.Drain, "drain-timeout", transceiver.DefaultDrainTimeout, "on SIGTERM, how long live sessions may run on before they are ended")
 	fs.BoolVar(&t.Direct, "direct", false, "clients send straight to -listen (no relay, no internal hop); -advertise defaults to -listen")

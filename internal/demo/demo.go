@@ -71,6 +71,12 @@ type Config struct {
 	// ms (transceiver.Config.Ptime: 20 or 10; 0: the transceiver's
 	// default, 20). A bad value fails Start with the transceiver's error.
 	Ptime int
+	// DTLSVersion is the transceiver's highest DTLS version
+	// (transceiver.Config.DTLSVersion: "1.2" or "1.3"; "": its default).
+	DTLSVersion string
+	// NoSPED answers offers with a=ice-options:goog-sped-v1 without it
+	// (transceiver.Config.SPED off): a plain DTLS handshake after ICE.
+	NoSPED bool
 }
 
 // Demo is a running demo.
@@ -171,6 +177,8 @@ func Start(cfg Config) (*Demo, error) {
 		AllowRelays:  []string{netip.PrefixFrom(internal.Addr(), internal.Addr().BitLen()).String()},
 		BackendURL:   "ws://" + bln.Addr().String() + "/v1/bridge",
 		Ptime:        cfg.Ptime,
+		DTLSVersion:  cfg.DTLSVersion,
+		SPED:         !cfg.NoSPED,
 	}, keys, reg, log.With("component", "transceiver"))
 	if err != nil {
 		_ = rly.Close()

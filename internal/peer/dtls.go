@@ -13,14 +13,17 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pion/dtls/v3"
+	"github.com/pion/dtls/v4"
+	"github.com/pion/dtls/v4/pkg/crypto/elliptic"
+	"github.com/pion/dtls/v4/pkg/protocol"
 	"github.com/pion/srtp/v3"
 )
 
 // DTLS-SRTP (RFC 5763, RFC 5764).
 //
 // The session's DTLS connection runs over its feed (feed.go) with the
-// Endpoint's certificate, offering the SRTP protection profiles Pion
+// session's certificate, DTLS 1.2 (RFC 6347) or, up to Config.DTLSVersion,
+// 1.3 (RFC 9147), offering the SRTP protection profiles Pion
 // offers (AEAD AES-256-GCM, AEAD AES-128-GCM, AES-128-CM-HMAC-SHA1-80, RFC
 // 7714 and RFC 5764 §4.1.2) and asking for the extended master secret (RFC
 // 7627). The client's certificate is self-signed; it is trusted only when it
@@ -42,6 +45,13 @@ var srtpProfiles = []dtls.SRTPProtectionProfile{
 	dtls.SRTP_AEAD_AES_128_GCM,
 	dtls.SRTP_AES128_CM_HMAC_SHA1_80,
 }
+
+// Key exchange groups, most preferred first (above): the server's, the
+// client's.
+var (
+	dtlsServerGroups = []elliptic.Curve{elliptic.X25519, elliptic.P256, elliptic.P384, elliptic.X25519MLKEM768}
+	dtlsClientGroups = []elliptic.Curve{elliptic.X25519, elliptic.P256, elliptic.P384}
+)
 
 // replayWindow is the SRTP and SRTCP replay window, in packets (RFC 3711
 // §3.3.2 asks for at least 64), as Pion's SRTP sessions keep.
@@ -69,6 +79,13 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 		// decides which go (feed.go, "Retransmission pacing").
 		dtls.WithFlightInterval(s.flightInterval()),
 		dtls.WithDisableRetransmitBackoff(true),
+		dtls.WithMinVersion(protocol.Version1_2),
+	}
+	if s.cfg.SPED {
+		// Each datagram must fit in a Binding message (sped.go).
+		shared = append(shared, dtls.WithMaxVersion(protocol.Version1_3), dtls.WithMTU(spedMTU))
+	} else {
+		shared = append(shared, dtls.WithMaxVersion(e.cfg.DTLSVersion.protocol()))
 	}
 	var conn *dtls.Conn
 	var err error
@@ -79,14 +96,18 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 		for _, o := range shared {
 			opts = append(opts, o)
 		}
-		conn, err = dtls.ClientWithOptions(s.dtls, raddr, opts...)
+		opts = append(opts, dtls.WithEllipticCurves(dtlsClientGroups...))
+		conn, err = dtls.Client(s.dtls, raddr, opts...)
 	} else {
 		opts := make([]dtls.ServerOption, 0, len(shared)+2)
 		for _, o := range shared {
 			opts = append(opts, o)
 		}
-		opts = append(opts, dtls.WithClientAuth(dtls.RequireAnyClientCert), dtls.WithInsecureSkipVerifyHello(e.cfg.InsecureSkipHelloVerify))
-		conn, err = dtls.ServerWithOptions(s.dtls, raddr, opts...)
+		// The skip covers DTLS 1.2's HelloVerifyRequest and DTLS 1.3's
+		// cookie HelloRetryRequest alike (RFC 9147 §5.1).
+		opts = append(opts, dtls.WithClientAuth(dtls.RequireAnyClientCert), dtls.WithInsecureSkipVerifyHello(e.cfg.InsecureSkipHelloVerify),
+			dtls.WithEllipticCurves(dtlsServerGroups...))
+		conn, err = dtls.Server(s.dtls, raddr, opts...)
 	}
 	if err != nil {
 		return nil, err
@@ -106,6 +127,9 @@ func (s *Session) handshake() (*dtls.Conn, error) {
 	if err != nil {
 		_ = conn.Close()
 		return nil, err
+	}
+	if st, ok := conn.ConnectionState(); ok {
+		s.dtlsVersion.Store(uint32(versionOf(st.NegotiatedVersion())))
 	}
 	return conn, nil
 }

@@ -282,10 +282,23 @@ func newFeed(s *Session) *feed {
 func (f *feed) handshaken() {
 	f.readyOnce.Do(func() { close(f.ready) })
 	f.forgetFirst()
+	if sp := f.s.sped; sp != nil {
+		sp.handshaken()
+	}
 }
 
-// push queues a copy of b and reports whether it fit. Read loop only.
+// push queues a copy of b, a DTLS datagram from the client, and reports
+// whether it fit. Read loop only.
 func (f *feed) push(b []byte) bool {
+	if sp := f.s.sped; sp != nil {
+		sp.received(b)
+	}
+	return f.enqueue(b)
+}
+
+// enqueue is push without telling SPED (sped.onCheck, which has). Read
+// loop only.
+func (f *feed) enqueue(b []byte) bool {
 	select {
 	case <-f.done:
 		return true // closed: nothing reads, nothing to count
@@ -394,8 +407,13 @@ func (f *feed) WriteTo(p []byte, _ net.Addr) (int, error) {
 		return 0, errNoAddress
 	}
 	f.keepFirst(p)
-	if !f.isReady() && f.rtx.suppress(time.Now()) {
-		return len(p), nil // a retransmission the pacing holds back
+	if !f.isReady() {
+		if f.rtx.suppress(time.Now()) {
+			return len(p), nil // a retransmission the pacing holds back
+		}
+		if sp := f.s.sped; sp != nil && sp.written(f.s, p) {
+			return len(p), nil // in a Binding response (sped.go)
+		}
 	}
 	return f.s.e.conn.WriteToAddrPort(p, a)
 }

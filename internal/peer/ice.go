@@ -2,7 +2,6 @@ package peer
 
 import (
 	"bytes"
-	"net"
 	"net/netip"
 
 	"github.com/pion/stun/v4"
@@ -111,19 +110,20 @@ func (e *Endpoint) handleSTUN(rd *reader, b []byte, addr netip.AddrPort) {
 		start, nominatedFirst = s.checked(addr, use, cred)
 	}
 
-	res := &rd.res
-	res.Reset()
-	res.WriteHeader()
-	ip := addr.Addr().Unmap()
-	err = res.Build(
-		stun.NewType(stun.MethodBinding, stun.ClassSuccessResponse),
-		stun.NewTransactionIDSetter(m.TransactionID),
-		&stun.XORMappedAddress{IP: net.IP(ip.AsSlice()), Port: int(addr.Port())},
-		cred.integrity,
-		stun.Fingerprint,
-	)
-	if err == nil {
-		_, _ = e.conn.WriteToAddrPort(res.Raw, addr)
+	// SPED (sped.go): the check's DTLS feeds the handshake, from a fresh
+	// check from the selected address only; its response carries the
+	// ACK and, maybe, a datagram of the session's handshake, or waits for
+	// the handshake's answer to the check's DTLS.
+	var sp spedReply
+	if s.sped != nil {
+		sp = s.sped.onCheck(s, m, addr, cred, fresh && addr == s.remote())
+	}
+	if sp.hold {
+		s.sped.hold(s)
+	} else if err := bindingResponse(&rd.res, m.TransactionID, addr, cred, sp); err == nil {
+		if _, err := e.conn.WriteToAddrPort(rd.res.Raw, addr); err == nil && sp.data != nil {
+			e.spedOut.Add(1)
+		}
 	}
 	switch {
 	case start:

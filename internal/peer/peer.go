@@ -15,8 +15,8 @@
 // to the socket directly (Session.WriteRTP, WriteRTCP), so a socket that
 // batches sends (internal/hop) batches them.
 //
-// Per session it runs pion/dtls's three goroutines (the handshake state
-// machine, the record reader and its read watcher), pion/sctp's three (read,
+// Per session it runs pion/dtls's two goroutines (v4: the handshake state
+// machine and the record reader), pion/sctp's three (read,
 // write, timers) and one of its own that drives the handshake and then
 // accepts data channels (docs/benchmarks.md, "Goroutines and memory per
 // session"); the caller adds its media reader (ReadRTP) and whatever reads
@@ -27,6 +27,7 @@ package peer
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -34,6 +35,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pion/dtls/v4/pkg/protocol"
 	"github.com/pion/logging"
 	"github.com/switchboard-rtc/switchboard/internal/stunpeek"
 )
@@ -164,6 +166,58 @@ func (r MoveReason) String() string {
 	return "unknown"
 }
 
+// DTLSVersion is a DTLS protocol version.
+type DTLSVersion uint8
+
+// DTLS versions.
+const (
+	// DTLS12 is DTLS 1.2 (RFC 6347).
+	DTLS12 DTLSVersion = iota + 1
+	// DTLS13 is DTLS 1.3 (RFC 9147).
+	DTLS13
+)
+
+// String returns the version as "1.2" or "1.3"; "" for the zero value.
+func (v DTLSVersion) String() string {
+	switch v {
+	case DTLS12:
+		return "1.2"
+	case DTLS13:
+		return "1.3"
+	}
+	return ""
+}
+
+// ParseDTLSVersion parses "1.2" or "1.3".
+func ParseDTLSVersion(s string) (DTLSVersion, error) {
+	switch s {
+	case "1.2":
+		return DTLS12, nil
+	case "1.3":
+		return DTLS13, nil
+	}
+	return 0, fmt.Errorf("peer: DTLS version %q: want 1.2 or 1.3", s)
+}
+
+// protocol is v as pion/dtls names it; the zero value is DTLS 1.2.
+func (v DTLSVersion) protocol() protocol.Version {
+	if v == DTLS13 {
+		return protocol.Version1_3
+	}
+	return protocol.Version1_2
+}
+
+// versionOf is the DTLSVersion of a negotiated pion/dtls version, or 0.
+func versionOf(p protocol.Version) DTLSVersion {
+	switch p {
+	case protocol.Version1_2:
+		return DTLS12
+	case protocol.Version1_3:
+		return DTLS13
+	}
+	return 0
+}
+
 // Config configures an Endpoint.
 type Config struct {
 	// Conn is the shared socket. Required. The Endpoint reads it until a
@@ -173,6 +227,10 @@ type Config struct {
 	// round trip when a session is the DTLS server (RFC 6347 §4.2.1 makes
 	// it optional; ICE has already proved the path).
 	InsecureSkipHelloVerify bool
+	// DTLSVersion is the highest DTLS version sessions negotiate: DTLS12
+	// (the zero value), or DTLS13, which takes DTLS 1.3 (RFC 9147) with a
+	// client that offers it and DTLS 1.2 with one that does not.
+	DTLSVersion DTLSVersion
 	// ConsentTick is how often the sweeper looks at how long each
 	// session's client has been silent. Default 1 s.
 	ConsentTick time.Duration
@@ -209,6 +267,9 @@ type Endpoint struct {
 
 	drops [NumDropReasons]atomic.Uint64
 	moves [NumMoveReasons]atomic.Uint64
+	// SPED's DTLS datagrams (sped.go): taken from checks, sent in
+	// Binding responses.
+	spedIn, spedOut atomic.Uint64
 
 	closeOnce sync.Once
 }
@@ -220,6 +281,13 @@ func New(cfg Config) (*Endpoint, error) {
 	}
 	if cfg.ConsentTick <= 0 {
 		cfg.ConsentTick = time.Second
+	}
+	switch cfg.DTLSVersion {
+	case 0:
+		cfg.DTLSVersion = DTLS12
+	case DTLS12, DTLS13:
+	default:
+		return nil, fmt.Errorf("peer: Config.DTLSVersion %d is neither DTLS12 nor DTLS13", cfg.DTLSVersion)
 	}
 	if cfg.MaxPayload <= 0 {
 		cfg.MaxPayload = 1500
@@ -272,6 +340,22 @@ func (e *Endpoint) Moves() [NumMoveReasons]uint64 {
 		m[i] = e.moves[i].Load()
 	}
 	return m
+}
+
+// SPEDStats are an Endpoint's counts of DTLS datagrams carried in the ICE
+// checks (SPED, sped.go).
+type SPEDStats struct {
+	// In: the clients' DTLS datagrams taken from their checks (fresh,
+	// from the selected address) into the handshake.
+	In uint64
+	// Out: the sessions' own DTLS datagrams sent inside Binding
+	// responses.
+	Out uint64
+}
+
+// SPEDStats returns the Endpoint's SPED counts.
+func (e *Endpoint) SPEDStats() SPEDStats {
+	return SPEDStats{In: e.spedIn.Load(), Out: e.spedOut.Load()}
 }
 
 func (e *Endpoint) drop(r DropReason) {

@@ -199,3 +199,27 @@ func TestLargeDataChannelMessages(t *testing.T) {
 	_ = sess.Close()
 	wg.Wait()
 }
+
+// TestPionClientWithDTLS13: an Endpoint that offers DTLS 1.3 serves a
+// client that has only DTLS 1.2 (pion/dtls v3, Pion's webrtc), in either
+// DTLS role: the handshake falls back to 1.2 (RFC 9147 §C) and media
+// flows.
+func TestPionClientWithDTLS13(t *testing.T) {
+	for _, role := range []DTLSRole{DTLSClient, DTLSServer} {
+		t.Run(map[DTLSRole]string{DTLSClient: "as DTLS client", DTLSServer: "as DTLS server"}[role], func(t *testing.T) {
+			s := newServer(t, func(c *Config) { c.DTLSVersion = DTLS13 })
+			c := newClient(t, true)
+			sess, parts := connect(t, s, c, func(sc *SessionConfig) { sc.Role = role })
+			waitState(t, parts, StateConnected)
+			if v := sess.DTLSVersion(); v != DTLS12 {
+				t.Errorf("negotiated DTLS %q, want 1.2", v)
+			}
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go echoRTP(sess, &wg)
+			sendUntilEcho(t, c, 1)
+			_ = sess.Close()
+			wg.Wait()
+		})
+	}
+}

@@ -425,6 +425,9 @@ func connect(t *testing.T, s *server, c *client, mutate ...func(*SessionConfig))
 		OnDataChannel: func(dc *datachannel.DataChannel) { parts.dcs <- dc },
 	}
 	sess := newSession(t, s, cfg, mutate...)
+	if sess.cfg.Role == DTLSServer { // a mutate's choice
+		setup = "passive"
+	}
 	parts.more = func() string {
 		return sessionNow(sess) + clientNow(c) + kernelDrops(append(clientPorts(c), s.addr().Port())...)
 	}

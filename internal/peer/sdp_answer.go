@@ -30,6 +30,10 @@ type AnswerParams struct {
 	MaxMessageSize    int    // ours
 	Ptime             int    // ms; 0: no a=ptime line (branch ptime may set 10)
 	SCTPInit          []byte // our a=sctp-init payload when answering SNAP; nil: none
+	// SPED adds a=ice-options (session level) with the offer's SPED
+	// options (Offer.SPED): the session takes the DTLS handshake inside
+	// the ICE checks (sped.go). Only for an offer that has one.
+	SPED bool
 }
 
 // opusFmtp is the a=fmtp of the answer's Opus (RFC 7587 §6.1), the
@@ -113,6 +117,9 @@ func Answer(o *Offer, p AnswerParams) (string, error) {
 			sdp.NewAttribute("ice-pwd", p.ICEPwd),
 			sdp.NewAttribute("fingerprint", p.Fingerprint.String()),
 		},
+	}
+	if p.SPED {
+		sd.Attributes = append(sd.Attributes, sdp.NewAttribute("ice-options", strings.Join(o.SPED, " ")))
 	}
 
 	var group []string
@@ -201,6 +208,8 @@ func (p *AnswerParams) check(o *Offer) error {
 		return fmt.Errorf("setup %q: want active or passive", p.Setup)
 	case o.Setup == "active" && p.Setup != "passive", o.Setup == "passive" && p.Setup != "active":
 		return fmt.Errorf("setup %s answers the offer's a=setup:%s; the roles must differ (RFC 4145 §4)", p.Setup, o.Setup)
+	case p.SPED && len(o.SPED) == 0:
+		return errors.New("SPED (a=ice-options:sped or googspedv1) answers only an offer that has it")
 	}
 	if !p.Candidate.IsValid() || p.Candidate.Port() == 0 || p.Candidate.Addr().Zone() != "" || p.Candidate.Addr().IsUnspecified() {
 		return fmt.Errorf("candidate %v: want an address and a port, without a zone", p.Candidate)

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -20,6 +21,12 @@ type Offer struct {
 	Data             int           // index in Sections of the application (SCTP) section, -1 when none
 	Bundle           []string      // the mids of the BUNDLE group served, if any (bundleGroup)
 	SCTPInit         []byte        // a=sctp-init (SCTP SNAP, a Pion extension) payload when offered; nil otherwise
+	// SPED lists the ICE options of SPED (spedOptions: "sped",
+	// "googspedv1", "goog-sped-v1") that the first bundled section's
+	// a=ice-options (its own, else the session's; RFC 8839 §5.6) has, in
+	// that order: the client can carry its DTLS handshake in its ICE checks
+	// (sped.go). Nil: none.
+	SPED []string
 }
 
 // Section is one m-section of the offer.
@@ -172,6 +179,14 @@ func ParseOffer(offer string) (*Offer, error) {
 		}
 		if n == 0 {
 			o.Fingerprints = fps
+		}
+		if n == 0 {
+			opts := strings.Fields(sessionOrMedia(&sd, m, "ice-options"))
+			for _, so := range spedOptions {
+				if slices.Contains(opts, so) {
+					o.SPED = append(o.SPED, so)
+				}
+			}
 		}
 		s := sessionOrMedia(&sd, m, sdp.AttrKeyConnectionSetup)
 		if n == 0 {

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/tls"
 	"errors"
 	"net/netip"
@@ -10,7 +11,7 @@ import (
 	"time"
 
 	"github.com/pion/datachannel"
-	"github.com/pion/dtls/v3"
+	"github.com/pion/dtls/v4"
 	"github.com/pion/rtcp"
 	"github.com/pion/rtp"
 	"github.com/pion/sctp"
@@ -145,11 +146,20 @@ type SessionConfig struct {
 	// channel closes with the session.
 	OnDataChannel func(*datachannel.DataChannel)
 
+	// SPED takes the DTLS handshake inside the ICE checks (sped.go): the
+	// offer and the answer have a=ice-options sped/googspedv1. It needs
+	// Role DTLSServer and an ECDSA Certificate (a handshake datagram must
+	// fit in a Binding message), and negotiates up to DTLS 1.3 whatever
+	// Config.DTLSVersion says: only DTLS 1.3 saves the round trip.
+	SPED bool
+
 	// flightInterval, if not 0, replaces the DTLS retransmission timeout
 	// the session computes (Session.flightInterval; tests).
 	flightInterval time.Duration
 	// resendDelay, if not 0, replaces resendDelay; negative: none (tests).
 	resendDelay time.Duration
+	// spedWait, if not 0, replaces spedResponseWait (tests).
+	spedWait time.Duration
 }
 
 // credentials are a session's current ICE credentials.
@@ -165,6 +175,7 @@ type Session struct {
 	e      *Endpoint
 	cfg    SessionConfig
 	dtls   *feed
+	sped   *sped // nil unless SessionConfig.SPED
 	rtpq   chan *[]byte
 	rdline *deadline.Deadline
 	ctx    context.Context // cancelled by Close
@@ -182,9 +193,12 @@ type Session struct {
 	nomAt    atomic.Int64                   // unix ns of the first nomination; 0: none yet
 	dtlsAt   atomic.Int64                   // unix ns the DTLS handshake completed; 0: not yet
 	sctpUp   atomic.Bool                    // the SCTP association is up
-	keys     atomic.Pointer[srtpKeys]
-	media    atomic.Bool // SRTP or SRTCP from the client has authenticated
-	closing  atomic.Bool
+	// dtlsVersion is the negotiated DTLSVersion, set as the handshake
+	// completes; 0 before.
+	dtlsVersion atomic.Uint32
+	keys        atomic.Pointer[srtpKeys]
+	media       atomic.Bool // SRTP or SRTCP from the client has authenticated
+	closing     atomic.Bool
 
 	// The transaction IDs of the last checks, the read loop's alone
 	// (Session.replayed).
@@ -240,6 +254,10 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 		return nil, errors.New("peer: a session needs a DTLS certificate")
 	case len(cfg.Fingerprints) == 0:
 		return nil, errors.New("peer: a session needs the remote certificate's fingerprint")
+	case cfg.SPED && cfg.Role != DTLSServer:
+		return nil, errors.New("peer: a SPED session is the DTLS server (a=setup:passive)")
+	case cfg.SPED && !isECDSA(cfg.Certificate):
+		return nil, errors.New("peer: a SPED session needs an ECDSA certificate: an RSA one does not fit in a Binding message")
 	}
 	if cfg.RTPQueue <= 0 {
 		cfg.RTPQueue = 16
@@ -253,6 +271,9 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 	s := &Session{e: e, cfg: cfg, rtpq: make(chan *[]byte, cfg.RTPQueue), rdline: deadline.New(), done: make(chan struct{}), candTTL: candidateTTL}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.dtls = newFeed(s)
+	if cfg.SPED {
+		s.sped = &sped{}
+	}
 	s.dtls.resendDelay = resendDelay
 	if cfg.resendDelay != 0 {
 		s.dtls.resendDelay = cfg.resendDelay
@@ -524,6 +545,27 @@ func (s *Session) SetupRTT() (time.Duration, bool) {
 	return time.Duration(c - a), true
 }
 
+// SPED reports whether a DTLS datagram of the client's came inside one
+// of its checks (SessionConfig.SPED, sped.go).
+func (s *Session) SPED() bool {
+	if s.sped == nil {
+		return false
+	}
+	s.sped.mu.Lock()
+	defer s.sped.mu.Unlock()
+	return s.sped.used
+}
+
+// isECDSA reports whether c's key is ECDSA.
+func isECDSA(c tls.Certificate) bool {
+	_, ok := c.PrivateKey.(*ecdsa.PrivateKey)
+	return ok
+}
+
+// DTLSVersion returns the DTLS version the handshake negotiated, or 0
+// before it has completed.
+func (s *Session) DTLSVersion() DTLSVersion { return DTLSVersion(s.dtlsVersion.Load()) }
+
 // SetupPhase is how far a session's setup has come (Session.SetupPhase):
 // where a setup that failed stopped.
 type SetupPhase uint8
@@ -670,6 +712,9 @@ func (s *Session) Close() error {
 			_ = conn.Close()
 		}
 		_ = s.dtls.Close()
+		if s.sped != nil {
+			s.sped.close()
+		}
 		s.e.forget(s)
 		if started {
 			<-s.done

@@ -8,6 +8,7 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/audio"
 	"github.com/switchboard-rtc/switchboard/internal/auth"
+	"github.com/switchboard-rtc/switchboard/internal/peer"
 	"github.com/switchboard-rtc/switchboard/internal/playout"
 	"github.com/switchboard-rtc/switchboard/internal/rtcpreport"
 	"github.com/switchboard-rtc/switchboard/internal/trusted"
@@ -30,7 +31,15 @@ const (
 	DefaultBackendURL = "ws://127.0.0.1:8081/v1/bridge"
 	// DefaultDTLSRole is the role taken in answers to actpass offers:
 	// "client" (a=setup:active, RFC 8842 §5.3).
-	DefaultDTLSRole     = "client"
+	DefaultDTLSRole = "client"
+	// DefaultSPED is Config.SPED's default, which the flag -sped starts
+	// from. (A Config built in code sets SPED itself: false is off.)
+	DefaultSPED = true
+	// DefaultDTLSVersion is Config.DTLSVersion's default: DTLS 1.3, which
+	// Chromium and Firefox take (a round trip sooner than 1.2 in role
+	// server, as soon or sooner in role client) and the other clients
+	// answer with 1.2 (docs/benchmarks.md, "Call setup"; docs/interop.md).
+	DefaultDTLSVersion  = "1.3"
 	DefaultSetupTimeout = 30 * time.Second
 	DefaultMaxSessions  = 10000
 	// DefaultHTTPAddr serves the signaling API, /metrics, /live and
@@ -148,6 +157,18 @@ type Config struct {
 	// offer with a=setup:active or passive gets the complementary role
 	// (offer.go).
 	DTLSRole string `yaml:"dtls_role"`
+	// DTLSVersion is the highest DTLS version the transceiver negotiates:
+	// "1.2" (RFC 6347) or "1.3" (RFC 9147; a client without it gets 1.2).
+	// Default DefaultDTLSVersion (docs/benchmarks.md, "Call setup",
+	// measures both with every client).
+	DTLSVersion string `yaml:"dtls_version"`
+	// SPED answers an offer that lists a=ice-options:goog-sped-v1
+	// (Chromium with its WebRTC-IceHandshakeDtls field trial) with it: the
+	// transceiver is then the DTLS server, with DTLS 1.3 whatever
+	// DTLSVersion says, and the handshake rides in the ICE checks and
+	// their responses (internal/peer sped.go), a round trip sooner.
+	// Default true (DefaultSPED).
+	SPED bool `yaml:"sped"`
 	// Auth turns on signaling authentication (internal/auth, docs/design.md §6):
 	// offers need a client token minted at POST /v1/client_tokens with an
 	// API key; PATCH and DELETE need the session's token or an API key.
@@ -180,6 +201,8 @@ type Config struct {
 	Ptime int `yaml:"ptime"`
 
 	advertise netip.AddrPort
+	// dtlsVersion is DTLSVersion parsed.
+	dtlsVersion peer.DTLSVersion
 	// advertiseTCP is AdvertiseTCP parsed; invalid: none.
 	advertiseTCP netip.AddrPort
 	allow        trusted.Prefixes
@@ -254,6 +277,12 @@ func (c *Config) Validate() error {
 	case "client", "server":
 	default:
 		return fmt.Errorf("transceiver: dtls_role %q must be client or server", c.DTLSRole)
+	}
+	if c.DTLSVersion == "" {
+		c.DTLSVersion = DefaultDTLSVersion
+	}
+	if c.dtlsVersion, err = peer.ParseDTLSVersion(c.DTLSVersion); err != nil {
+		return fmt.Errorf("transceiver: dtls_version %q must be 1.2 or 1.3 (the highest DTLS version negotiated; a client without 1.3 gets 1.2 either way)", c.DTLSVersion)
 	}
 	if c.SetupTimeout <= 0 {
 		c.SetupTimeout = DefaultSetupTimeout

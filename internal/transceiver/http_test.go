@@ -240,6 +240,8 @@ func TestConfigValidate(t *testing.T) {
 		{"bad trusted proxy", func(c *Config) { c.TrustedProxies = []string{"director"} }, "trusted_proxies"},
 		{"output bitrate too low", func(c *Config) { c.OutputBitrate = 500 }, "output_bitrate"},
 		{"output queue too short", func(c *Config) { c.OutputQueueMax = time.Millisecond }, "output_queue_max"},
+		{"dtls 1.3", func(c *Config) { c.DTLSVersion = "1.3" }, ""},
+		{"dtls 1.0", func(c *Config) { c.DTLSVersion = "1.0" }, "dtls_version"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -253,7 +255,7 @@ func TestConfigValidate(t *testing.T) {
 				if c.SetupTimeout == 0 || c.MaxSessions == 0 || c.Cluster == 0 || c.ConsentTimeout != DefaultConsentTimeout ||
 					c.DisconnectedTimeout != DefaultDisconnectedTimeout || c.CheckTimeout != DefaultCheckTimeout ||
 					c.MaxPending != DefaultMaxPending || c.MaxPendingPerClient != DefaultMaxPendingPerClient ||
-					c.OutputBitrate != 32000 || c.OutputQueueMax != time.Minute {
+					c.OutputBitrate != 32000 || c.OutputQueueMax != time.Minute || c.dtlsVersion == 0 {
 					t.Fatalf("defaults not filled: %+v", c)
 				}
 				return

@@ -22,6 +22,9 @@ type metrics struct {
 	setupPhase *prometheus.HistogramVec
 	// setupFailures counts sessions that failed a setup phase, by reason.
 	setupFailures *prometheus.CounterVec
+	// dtlsHandshakes counts completed DTLS handshakes by the version
+	// negotiated and whether they ran in the ICE checks (SPED).
+	dtlsHandshakes *prometheus.CounterVec
 	// Call quality from the client's RTCP receiver reports (RFC 3550 §6.4.1)
 	// about the audio the transceiver sends.
 	rtt, jitter prometheus.Histogram
@@ -106,6 +109,9 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		setupFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_setup_failures_total", Help: "Sessions whose setup failed, by where it stopped: ice no_check (no authenticated check), ice failed (checks stopped), dtls no_dtls (checks, no DTLS from the client), dtls timeout (handshake incomplete), dtls failed, sctp timeout (connected, data channels' SCTP not up; the session goes on).",
 		}, []string{"phase", "reason"}),
+		dtlsHandshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_dtls_handshakes_total", Help: "Completed DTLS handshakes, by the version negotiated (1.2, 1.3) and whether the handshake ran inside the ICE checks (in_stun: SPED, goog-sped-v1).",
+		}, []string{"version", "in_stun"}),
 		rtt: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_rtt_seconds", Help: "Round-trip time to clients, from RTCP receiver reports (LSR/DLSR, RFC 3550 6.4.1).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 12),
@@ -208,6 +214,11 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for _, ph := range []string{phaseCheck, phaseDTLS, phaseFirstAudio} {
 		m.setupPhase.WithLabelValues(ph)
 	}
+	for _, v := range []peer.DTLSVersion{peer.DTLS12, peer.DTLS13} {
+		for _, in := range []string{"false", "true"} {
+			m.dtlsHandshakes.WithLabelValues(v.String(), in)
+		}
+	}
 	for _, op := range []string{"dial", "send", "recv"} {
 		m.bridgeErrors.WithLabelValues(op)
 	}
@@ -230,6 +241,13 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	pionSuppressed := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_pion_log_suppressed_total", Help: "Pion log lines dropped over the per-scope limit (20 at once, then 5 a second).",
 	}, func() float64 { return float64(s.pion.Suppressed()) })
+	const spedHelp = "DTLS datagrams carried in the ICE checks (SPED), by direction: from_client (taken from clients' checks into the handshake), to_client (sent inside Binding responses)."
+	spedIn := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "switchboard_transceiver_sped_datagrams_total", Help: spedHelp, ConstLabels: prometheus.Labels{"direction": "from_client"},
+	}, func() float64 { return float64(s.PeerSPED().In) })
+	spedOut := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "switchboard_transceiver_sped_datagrams_total", Help: spedHelp, ConstLabels: prometheus.Labels{"direction": "to_client"},
+	}, func() float64 { return float64(s.PeerSPED().Out) })
 	socketDropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "switchboard_transceiver_socket_dropped_total", Help: "Datagrams the kernel dropped at the transceiver's UDP socket (internal hop, or clients with -direct) because its receive buffer was full: they never reached the transceiver (Linux SO_MEMINFO; 0 elsewhere).",
 	}, func() float64 {
@@ -240,7 +258,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		return float64(s.sockDrops.Load())
 	})
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
-		m.setup, m.setupPhase, m.setupFailures, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped)
+		m.setup, m.setupPhase, m.setupFailures, m.dtlsHandshakes, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
+		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped, spedIn, spedOut)
 	return m
 }

@@ -49,6 +49,43 @@ func TestAnswerDTLSRole(t *testing.T) {
 	}
 }
 
+// TestAnswerSPED: with Config.SPED an actpass offer whose a=ice-options
+// lists SPED's options is answered a=setup:passive with the same options
+// (internal/peer sped.go); without it, or for an offer without them, the
+// configured role and no option. A plain client still connects (it sends
+// its checks without SPED's attributes).
+func TestAnswerSPED(t *testing.T) {
+	iceOptions := regexp.MustCompile(`(?m)^a=ice-options:.*\r?$`)
+	withSPED := func(o string) string {
+		return strings.Replace(o, "a=ice-ufrag:", "a=ice-options:trickle sped googspedv1\r\na=ice-ufrag:", 1)
+	}
+	for _, tc := range []struct {
+		name       string
+		sped       bool
+		offer      func(string) string
+		setup, opt string
+	}{
+		{"offer with sped", true, withSPED, "passive", "a=ice-options:sped googspedv1"},
+		{"sped off", false, withSPED, "active", ""},
+		{"plain offer", true, func(o string) string { return o }, "active", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, url := directServer(t, func(c *Config) { c.SPED = tc.sped })
+			c := dialLive(t, url, tc.offer)
+			for _, l := range setupLine.FindAllString(c.answer, -1) {
+				if strings.TrimSpace(l) != "a=setup:"+tc.setup {
+					t.Fatalf("answer has %q, want a=setup:%s:\n%s", l, tc.setup, c.answer)
+				}
+			}
+			got := strings.TrimSpace(strings.Join(iceOptions.FindAllString(c.answer, -1), ";"))
+			if got != tc.opt {
+				t.Fatalf("answer's ice-options %q, want %q", got, tc.opt)
+			}
+			waitFor(t, c.connected, 10*time.Second, "the client's connection")
+		})
+	}
+}
+
 // TestOfferRefused: offers that could only fail later are refused at once
 // with a 400 that says why.
 func TestOfferRefused(t *testing.T) {

@@ -159,6 +159,7 @@ func New(cfg Config, keys *token.Keyring, reg prometheus.Registerer, log *slog.L
 		// round trip when we are the DTLS server (RFC 6347 §4.2.1 makes
 		// it optional).
 		InsecureSkipHelloVerify: true,
+		DTLSVersion:             cfg.dtlsVersion,
 		ConsentTick:             consentTick,
 		MaxPayload:              hop.MaxPayload, // the path's one datagram limit
 		OnDrop:                  s.metrics.peerDrop,
@@ -191,6 +192,15 @@ func (s *Server) HopStats() hop.ConnStats {
 		return hop.ConnStats{}
 	}
 	return s.conn.Stats()
+}
+
+// PeerSPED returns the WebRTC endpoint's counts of DTLS datagrams carried
+// in the ICE checks (peer.Endpoint.SPEDStats).
+func (s *Server) PeerSPED() peer.SPEDStats {
+	if s.peer == nil {
+		return peer.SPEDStats{}
+	}
+	return s.peer.SPEDStats()
 }
 
 // PeerMoves returns how many times the WebRTC endpoint moved sessions'

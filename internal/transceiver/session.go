@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,6 +70,7 @@ type session struct {
 	offer      *peer.Offer   // the offer answered; guarded by imu after an ICE restart
 	cert       *certificate  // the DTLS certificate presented
 	setup      string        // the answer's a=setup: "active" or "passive"
+	sped       bool          // the answer has a=ice-options:goog-sped-v1 (Config.SPED)
 	outSSRC    uint32        // the SSRC of the audio sent to the client
 	cname      string        // its RTCP CNAME
 	opusPT     uint8         // the Opus payload type, the offer's
@@ -180,6 +182,12 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	}
 	o := info.offer
 	role := info.dtlsRole
+	// SPED (the DTLS handshake in the ICE checks) when the offer has it
+	// and lets the transceiver be the DTLS server (peer sped.go).
+	sess.sped = len(o.SPED) > 0 && s.cfg.SPED && role != peer.DTLSClient
+	if sess.sped {
+		role = peer.DTLSServer
+	}
 	if role == 0 {
 		role = peer.DTLSClient
 		if s.cfg.DTLSRole == "server" {
@@ -202,6 +210,7 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 		Fingerprints:        o.Fingerprints,
 		Data:                o.Data >= 0,
 		RemoteSCTPInit:      o.SCTPInit,
+		SPED:                sess.sped,
 		DisconnectedTimeout: s.cfg.DisconnectedTimeout,
 		FailedTimeout:       s.cfg.ConsentTimeout,
 		RTPQueue:            mediaQueue,
@@ -286,6 +295,7 @@ func (sess *session) answer(o *peer.Offer, ufrag, pwd string) (string, error) {
 		MaxMessageSize: eventsMaxSize,
 		SCTPInit:       sess.peer.LocalSCTPInit(),
 		Ptime:          sess.srv.cfg.answerPtime(),
+		SPED:           sess.sped,
 	})
 	if err != nil {
 		return "", fmt.Errorf("transceiver: answer: %w", err)
@@ -439,6 +449,9 @@ func (sess *session) onPeerState(st peer.State) {
 			if p := sess.peerSession(); p != nil {
 				t := p.SetupTimes()
 				m.observeSetupPhase(phaseDTLS, t.Checked, t.DTLS)
+				v, inSTUN := p.DTLSVersion(), p.SPED()
+				m.dtlsHandshakes.WithLabelValues(v.String(), strconv.FormatBool(inSTUN)).Inc()
+				sess.log.Debug("DTLS connected", "version", v.String(), "in_stun", inSTUN)
 			}
 		}
 	case peer.StateDTLSFailed:

@@ -52,3 +52,23 @@ func Options(bin, fakeAudio string, output io.Writer) []chromedp.ExecAllocatorOp
 		chromedp.CombinedOutput(output),
 	}
 }
+
+// SPEDFieldTrial is the field trial that makes Chromium offer
+// a=ice-options:goog-sped-v1 and carry its DTLS handshake in its ICE
+// checks (libwebrtc's WebRTC-IceHandshakeDtls; internal/peer sped.go).
+const SPEDFieldTrial = "WebRTC-IceHandshakeDtls/Enabled/"
+
+// FieldTrials returns the option that forces libwebrtc field trials, e.g.
+// SPEDFieldTrial ("Name/Group/" pairs, concatenated).
+func FieldTrials(trials string) chromedp.ExecAllocatorOption {
+	return chromedp.Flag("force-fieldtrials", trials)
+}
+
+// NoPQDTLS turns off Chromium's post-quantum DTLS key share (its feature
+// WebRtcPqcForDtls, on in 156): with it Chromium's ClientHello carries an
+// X25519MLKEM768 share of 1,216 bytes and spans two datagrams, so that a
+// SPED handshake's ServerHello waits for the second, which Chromium sends
+// once its ICE is up, a round trip after its first check.
+func NoPQDTLS() chromedp.ExecAllocatorOption {
+	return chromedp.Flag("disable-features", "WebRtcPqcForDtls")
+}

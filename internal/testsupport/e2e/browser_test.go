@@ -214,15 +214,15 @@ func chromiumPath(t *testing.T) string {
 // returns a chromedp context for its one tab. A cleanup stops Chromium and
 // every goroutine of chromedp, and on failure logs the page's console,
 // exceptions, on-page log and Chromium's own output.
-func startBrowser(t *testing.T, chromiumBin, wav string) context.Context {
+func startBrowser(t *testing.T, chromiumBin, wav string, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
-	ctx, _ := startBrowserConsole(t, chromiumBin, wav)
+	ctx, _ := startBrowserConsole(t, chromiumBin, wav, extra...)
 	return ctx
 }
 
 // startBrowserConsole is startBrowser that also returns a func giving
 // the browser's console messages, exceptions and log entries so far.
-func startBrowserConsole(t *testing.T, chromiumBin, wav string) (context.Context, func() []string) {
+func startBrowserConsole(t *testing.T, chromiumBin, wav string, extra ...chromedp.ExecAllocatorOption) (context.Context, func() []string) {
 	t.Helper()
 	var (
 		output   logbuf.Buffer // Chromium's stdout and stderr
@@ -235,7 +235,7 @@ func startBrowserConsole(t *testing.T, chromiumBin, wav string) (context.Context
 		messages = append(messages, fmt.Sprintf(format, args...))
 	}
 
-	opts := append(chromium.Options(chromiumBin, wav, &output), chromedp.WindowSize(900, 1000))
+	opts := append(append(chromium.Options(chromiumBin, wav, &output), chromedp.WindowSize(900, 1000)), extra...)
 	allocCtx, allocCancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(allocCtx,
 		chromedp.WithErrorf(func(format string, args ...any) { note("chromedp error: "+format, args...) }),

@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -25,6 +27,7 @@ import (
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/chromium"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/logbuf"
 )
 
@@ -102,16 +105,28 @@ func startInteropPageOn(t *testing.T, addr string) (string, <-chan interopResult
 	return srv.URL, results
 }
 
-// startInteropDemo starts the demo on ip (HTTP and relay), with its log
-// kept for failures.
-func startInteropDemo(t *testing.T, ip string) *demo.Demo {
+// startInteropDemo starts the demo on ip (HTTP and relay), its
+// transceiver negotiating DTLS up to version ("1.2", "1.3"; "": the
+// default), with its log kept for failures.
+func startInteropDemo(t *testing.T, ip, version string) *demo.Demo {
 	t.Helper()
 	return startTestDemo(t, demo.Config{
-		HTTPAddr:  net.JoinHostPort(ip, "0"),
-		RelayAddr: net.JoinHostPort(ip, "0"),
-		Agent:     agent.ModeEcho, // the clients check they hear their audio back
+		HTTPAddr:    net.JoinHostPort(ip, "0"),
+		RelayAddr:   net.JoinHostPort(ip, "0"),
+		Agent:       agent.ModeEcho, // the clients check they hear their audio back
+		DTLSVersion: version,
 	}, slog.LevelDebug, nil)
 }
+
+// dtlsVersions are the transceiver's DTLS settings every interop client
+// is tried with, and the version each client then negotiates: Chromium 156
+// and Firefox ESR 153 take DTLS 1.3 when it is offered; GStreamer's
+// webrtcbin (OpenSSL's DTLS, 1.2 only) and Pion (pion/dtls v3) stay on 1.2.
+var dtlsVersions = []string{"1.2", "1.3"}
+
+// negotiated is the DTLS version a client negotiates with a transceiver
+// whose highest version is setting: the lower of the two.
+func negotiated(setting, clientMax string) string { return min(setting, clientMax) }
 
 // waitInterop waits for the page's result and checks the call: connected,
 // data-channel echo, more than 50 audio packets back with sound in them,
@@ -151,18 +166,64 @@ func waitInterop(t *testing.T, d *demo.Demo, results <-chan interopResult, timeo
 	return r
 }
 
+// dtlsHandshakes returns the demo's switchboard_transceiver_dtls_handshakes_total
+// that are not 0, by their labels ("1.3" or "1.3 in_stun"), from /metrics.
+func dtlsHandshakes(t *testing.T, d *demo.Demo) map[string]int {
+	t.Helper()
+	resp, err := http.Get(d.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`(?m)^switchboard_transceiver_dtls_handshakes_total\{in_stun="(\w+)",version="([\d.]+)"\} (\d+)$`)
+	got := map[string]int{}
+	for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+		n, _ := strconv.Atoi(m[3])
+		if n == 0 {
+			continue
+		}
+		k := m[2]
+		if m[1] == "true" {
+			k += " in_stun"
+		}
+		got[k] += n
+	}
+	return got
+}
+
+// checkDTLS checks that every DTLS handshake of the demo negotiated want
+// ("1.2", "1.3", or "1.3 in_stun" for SPED), and logs what they did.
+func checkDTLS(t *testing.T, d *demo.Demo, client, want string) {
+	t.Helper()
+	got := dtlsHandshakes(t, d)
+	t.Logf("%s: DTLS handshakes by version negotiated: %v", client, got)
+	if len(got) != 1 || got[want] == 0 {
+		t.Errorf("%s: DTLS handshakes %v, want all %s", client, got, want)
+	}
+}
+
 // TestOpenAISnippetChromium runs, in Chromium, a call shaped exactly as
 // OpenAI's Realtime browser snippet makes it: the offer is POSTed right
 // after setLocalDescription, before any candidate is gathered, to
 // …/realtime/calls?model=…, with a Bearer header (a CORS preflight from the
 // page's origin). The server learns the client's address from its checks.
 func TestOpenAISnippetChromium(t *testing.T) {
+	for _, v := range dtlsVersions {
+		t.Run("dtls"+v, func(t *testing.T) { testOpenAISnippetChromium(t, v) })
+	}
+}
+
+func testOpenAISnippetChromium(t *testing.T, version string) {
 	chromiumBin := chromiumPath(t)
 	wav, err := filepath.Abs(filepath.Join("..", "..", "..", "testdata", "speech.wav"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := startInteropDemo(t, "127.0.0.1")
+	d := startInteropDemo(t, "127.0.0.1", version)
 	page, results := startInteropPage(t)
 	ctx := startBrowser(t, chromiumBin, wav)
 	u := page + "/?shape=openai&api=" + url.QueryEscape(d.URL()+"/v1/realtime/calls")
@@ -170,9 +231,93 @@ func TestOpenAISnippetChromium(t *testing.T) {
 		t.Fatalf("navigate to %s: %v", u, err)
 	}
 	r := waitInterop(t, d, results, 60*time.Second)
+	checkDTLS(t, d, "chromium", negotiated(version, "1.3"))
 	if r.OfferCandidates != 0 {
 		t.Errorf("the offer carried %d candidates; the snippet's shape has none", r.OfferCandidates)
 	}
+}
+
+// TestChromiumSPED runs the OpenAI snippet's call from Chromium with its
+// field trial WebRTC-IceHandshakeDtls, which offers
+// a=ice-options:sped googspedv1 and carries the DTLS handshake in the ICE
+// checks: the answer has the options (a=setup:passive, the transceiver the
+// DTLS server), the handshake is DTLS 1.3 and the client's datagrams came
+// inside its checks (internal/peer sped.go). Chromium 156's ClientHello
+// carries a post-quantum key share and spans two datagrams; without it
+// (--disable-features=WebRtcPqcForDtls) the transceiver's whole first
+// flight rides the response to the first check. With the transceiver's
+// SPED off (NoSPED) the same browser gets a plain handshake.
+func TestChromiumSPED(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		off   bool
+		extra []chromedp.ExecAllocatorOption
+	}{
+		{"sped", false, nil},
+		{"sped without post-quantum key share", false, []chromedp.ExecAllocatorOption{chromium.NoPQDTLS()}},
+		{"sped off", true, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			chromiumBin := chromiumPath(t)
+			wav, err := filepath.Abs(filepath.Join("..", "..", "testdata", "speech.wav"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := startTestDemo(t, demo.Config{
+				HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Agent: agent.ModeEcho,
+				DTLSVersion: "1.2", // SPED sessions take 1.3 whatever the setting
+				NoSPED:      tc.off,
+			}, slog.LevelDebug, nil)
+			page, results := startInteropPage(t)
+			ctx := startBrowser(t, chromiumBin, wav, append(tc.extra, chromium.FieldTrials(chromium.SPEDFieldTrial))...)
+			u := page + "/?shape=openai&api=" + url.QueryEscape(d.URL()+"/v1/realtime/calls")
+			if err := chromedp.Do(ctx, chromedp.Navigate(u)); err != nil {
+				t.Fatalf("navigate to %s: %v", u, err)
+			}
+			waitInterop(t, d, results, 60*time.Second)
+			in, out := spedDatagrams(t, d)
+			t.Logf("DTLS datagrams in the checks: %d from the client, %d to it in Binding responses", in, out)
+			switch {
+			case tc.off:
+				checkDTLS(t, d, "chromium, SPED off", "1.2")
+				if in+out != 0 {
+					t.Errorf("SPED off, yet %d datagrams rode the checks", in+out)
+				}
+			default:
+				checkDTLS(t, d, "chromium with WebRTC-IceHandshakeDtls", "1.3 in_stun")
+				if in == 0 {
+					t.Error("no DTLS datagram of the client's came in a check")
+				}
+				if tc.extra != nil && out == 0 {
+					t.Error("the transceiver's first flight rode no Binding response")
+				}
+			}
+		})
+	}
+}
+
+// spedDatagrams returns the demo's switchboard_transceiver_sped_datagrams_total
+// from_client and to_client, from /metrics.
+func spedDatagrams(t *testing.T, d *demo.Demo) (in, out int) {
+	t.Helper()
+	resp, err := http.Get(d.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`(?m)^switchboard_transceiver_sped_datagrams_total\{direction="(\w+)"\} (\d+)$`).FindAllStringSubmatch(string(b), -1) {
+		n, _ := strconv.Atoi(m[2])
+		if m[1] == "from_client" {
+			in = n
+		} else {
+			out = n
+		}
+	}
+	return in, out
 }
 
 // firefoxPrefs make a headless Firefox ESR call on this machine: a fake
@@ -275,9 +420,15 @@ func clientNetns(t *testing.T) (ns, hostIP, clientIP string) {
 // namespace of its own (clientNetns), with the offer after ICE gathering,
 // as a WHIP client sends it, to /v1/calls.
 func TestFirefoxCall(t *testing.T) {
+	for _, v := range dtlsVersions {
+		t.Run("dtls"+v, func(t *testing.T) { testFirefoxCall(t, v) })
+	}
+}
+
+func testFirefoxCall(t *testing.T, version string) {
 	bin := firefoxPath(t)
 	ns, hostIP, _ := clientNetns(t)
-	d := startInteropDemo(t, hostIP)
+	d := startInteropDemo(t, hostIP, version)
 	page, results := startInteropPageOn(t, net.JoinHostPort(hostIP, "0"))
 	profile := t.TempDir()
 	var prefs strings.Builder
@@ -307,6 +458,7 @@ func TestFirefoxCall(t *testing.T) {
 		}
 	})
 	waitInterop(t, d, results, 90*time.Second)
+	checkDTLS(t, d, "firefox", negotiated(version, "1.3"))
 	if out, err := exec.Command(bin, "--version").Output(); err == nil {
 		t.Logf("%s", strings.TrimSpace(string(out)))
 	}
@@ -337,8 +489,14 @@ from gi.repository import Gst; Gst.init(None); assert Gst.ElementFactory.find("w
 // told to, so the script adds 127.0.0.1 to its agent (README, "Other
 // clients on the same host").
 func TestGStreamerCall(t *testing.T) {
+	for _, v := range dtlsVersions {
+		t.Run("dtls"+v, func(t *testing.T) { testGStreamerCall(t, v) })
+	}
+}
+
+func testGStreamerCall(t *testing.T, version string) {
 	py := gstPython(t)
-	d := startInteropDemo(t, "127.0.0.1")
+	d := startInteropDemo(t, "127.0.0.1", version)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, py, filepath.Join("testdata", "gst_call.py"), d.URL()+"/v1/calls",
@@ -368,4 +526,5 @@ func TestGStreamerCall(t *testing.T) {
 		t.Errorf("relay forwarded %d packets to the transceiver and %d to the client, want > 50 each",
 			rs.ToTransceiverPackets, rs.ToClientPackets)
 	}
+	checkDTLS(t, d, "gstreamer", "1.2") // OpenSSL's DTLS: 1.2 only
 }

@@ -66,7 +66,7 @@ func TestChromiumTCPRelayRestart(t *testing.T) {
 	}
 	ns, hostIP, _ := clientNetns(t)
 	dropUDP(t, ns)
-	d := startInteropDemo(t, hostIP)
+	d := startInteropDemo(t, hostIP, "")
 	page, results := startInteropPageOn(t, net.JoinHostPort(hostIP, "0"))
 	runChromiumIn(t, ns, chromiumBin, wav, page, page+"/?shape=complete&hold=12000&api="+url.QueryEscape(d.URL()+"/v1/calls"))
 	deadline := time.Now().Add(60 * time.Second)

@@ -135,7 +135,7 @@ func TestBrowsersOverTCP(t *testing.T) {
 				if !udp {
 					dropUDP(t, ns)
 				}
-				d := startInteropDemo(t, hostIP)
+				d := startInteropDemo(t, hostIP, "")
 				if !d.RelayTCPAddr().IsValid() {
 					t.Fatal("the demo's relay has no ICE-TCP listener")
 				}
