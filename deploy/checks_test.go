@@ -814,7 +814,7 @@ func checkRBAC(t *testing.T, r *rendered) {
 				bound = true
 			}
 			for _, verb := range rule.Verbs {
-				if !slices.Contains([]string{"get", "list", "watch"}, verb) {
+				if !slices.Contains([]string{"list", "watch"}, verb) {
 					t.Errorf("Role %s grants %q", role.Name, verb)
 				}
 			}

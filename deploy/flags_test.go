@@ -93,6 +93,9 @@ var agentFlagsNotInChart = map[string]string{
 	"format":     "-mode echo's default, opus/48000/2, is what the transceiver sends, returned unchanged",
 	"log-format": "the binary's default for servers is JSON, what a cluster's log pipeline reads",
 	"pprof":      "profiles stay off in a fleet; extraEnv SWITCHBOARD_PPROF=true on one pod to profile it",
+	// The parrot's: the chart runs -mode echo, which takes no turns.
+	"turn-detection": "the parrot's; the chart runs -mode echo, which takes no turns",
+	"reply-delay":    "the parrot's; the chart runs -mode echo, which takes no turns",
 }
 
 // directorFlagsNotInChart are the `switchboard director` flags the chart

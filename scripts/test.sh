@@ -5,9 +5,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh test
+# The Kubernetes control plane that the chart and membership tests run
+# (etcd, kube-apiserver, kube-controller-manager from pinned modules):
+# built in the background while vet and staticcheck run; cached, so only
+# a cold machine builds (docs/operations.md, "Verified on a real API
+# server").
+kube_out=$(mktemp)
+kube_log=$(mktemp)
+trap 'rm -f "$kube_out" "$kube_log"' EXIT
+scripts/kube-build.sh >"$kube_out" 2>"$kube_log" &
+kube_pid=$!
 go vet ./...
 # staticcheck, pinned (the module proxy serves it; nothing to install).
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+if ! wait "$kube_pid"; then
+  tail -n 40 "$kube_log"
+  echo "scripts/kube-build.sh failed" >&2
+  exit 1
+fi
+cat "$kube_log"
+SWITCHBOARD_KUBE_BIN=$(cat "$kube_out")
+export SWITCHBOARD_KUBE_BIN
 go test -race -count=1 -timeout 20m ./...
 # Each fuzz target briefly (longer runs: see docs/security.md).
 fuzztime=${FUZZTIME:-5s}
@@ -21,7 +39,7 @@ fuzz() {
   go test -run '^$' -fuzz "^$2\$" -fuzztime "$fuzztime" -fuzzminimizetime 200x "$1" >"$log" 2>&1
 }
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "$kube_out" "$kube_log"' EXIT
 for pkg in $(go list ./...); do
   for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
     echo "fuzz $pkg $target ($fuzztime)"

@@ -25,7 +25,14 @@
 // detection clears the reply: barge-in at the edge) and "backend" (the
 // agent runs the same detector on the PCM it receives and sends
 // output.clear; the edge still detects turns, with interrupt_response
-// false, so that the page gets the same events).
+// false, so that the page gets the same events). Two more exercise the
+// edge's turn-taking options (issue 25, turntaking.go): "tentative" (the
+// early pause: the agent prepares its reply during the pause, the edge
+// holds it until the turn ends) on the same script, whose sentences
+// include pauses the user goes on after, and "resume" (coughs and
+// backchannels over the agent's replies pause them and let them resume;
+// a real interruption still clears; an idle timeout after each first
+// reply) on a script of its own.
 package voicebench
 
 import (
@@ -50,6 +57,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchboard-rtc/switchboard/internal/agent"
 	"github.com/switchboard-rtc/switchboard/internal/audio"
@@ -74,6 +82,14 @@ const (
 	// written for low latency may do, and a client written for OpenAI
 	// does not.
 	ModeEdgeHint = "edge-hint"
+	// ModeTentative is ModeEdge with the early pause
+	// (Options.PauseMs): the agent answers input.speech_paused and the
+	// edge holds the reply until the stop.
+	ModeTentative = "tentative"
+	// ModeResume is ModeEdge with resume_false_interruption and the idle
+	// timeout (Options.IdleTimeout), on the script with coughs and
+	// backchannels over the replies.
+	ModeResume = "resume"
 )
 
 // Options configures Run.
@@ -98,6 +114,16 @@ type Options struct {
 	// machine load, which moves Chromium's jitter buffer more than most
 	// changes do.
 	Rounds int
+	// ReplyDelay is the parrot's delay from the turn event to its reply
+	// (agent.ParrotAgentConfig.ReplyDelay), in every mode: what a real
+	// pipeline takes. 0: it answers at once.
+	ReplyDelay time.Duration
+	// PauseMs is pause_duration_ms in ModeTentative (default
+	// DefaultPauseMs).
+	PauseMs int
+	// IdleTimeout is idle_timeout_ms in ModeResume (default
+	// DefaultIdleTimeout).
+	IdleTimeout time.Duration
 	// Logger gets progress; nil discards it.
 	Logger *slog.Logger
 }
@@ -124,6 +150,9 @@ type Mode struct {
 	// Loads are the 1-minute load averages at the start and end of each
 	// run.
 	Loads [][2]string
+	// Turns is what the turn-taking options did (ModeTentative,
+	// ModeResume; turntaking.go).
+	TurnTaking TurnTaking
 }
 
 // Split divides (b), per reply, ms. Up, Edge and Browser add up to (b)
@@ -188,6 +217,13 @@ var (
 		"What is the weather going to be like tomorrow?",
 		"I would like to change my delivery address.",
 	}
+	// pausedFirsts are the last cycles' first utterances: sentences with
+	// a pause inside ("|", continueMs) that the user goes on after (a
+	// tentative end of turn that is not the end).
+	pausedFirsts = []string{
+		"Please book a table for two|at seven tonight.",
+		"I would like to change|my delivery address.",
+	}
 	seconds = []string{"Wait, stop.", "Hold on a moment.", "No, listen.", "Sorry, one thing."}
 )
 
@@ -195,27 +231,50 @@ const (
 	leadMs       = 600  // silence before the first cycle
 	overMs       = 1100 // pause after the first utterance: the reply starts, then is cut
 	afterMs      = 3200 // pause after the second: its reply plays out
-	cyclesInFile = 4
+	cyclesInFile = 6    // the firsts, then the pausedFirsts
 )
+
+// continueMs is the pause inside some of the firsts ("|"): longer than
+// the early pause, shorter than the silence window, so the user goes on
+// after a tentative end of turn.
+const continueMs = 350
 
 // script builds the fake microphone's file: cyclesInFile cycles; Chromium
 // loops it. ends are where the cycles end, ms.
 func script() (sc *speech.Script, ends []int, err error) {
 	sc = &speech.Script{Rate: 48000, Samples: make([]int16, leadMs*48)}
 	for i := range cyclesInFile {
-		for j, text := range []string{firsts[i%len(firsts)], seconds[i%len(seconds)]} {
-			s, err := speech.Say(text, 48000)
-			if err != nil {
+		first := firsts[i%len(firsts)]
+		if i >= len(firsts) {
+			first = pausedFirsts[(i-len(firsts))%len(pausedFirsts)]
+		}
+		for j, text := range []string{first, seconds[i%len(seconds)]} {
+			if err := say(sc, text); err != nil {
 				return nil, nil, err
 			}
-			start := len(sc.Samples) / 48
-			sc.Samples = append(sc.Samples, s...)
-			sc.Utterances = append(sc.Utterances, speech.Utterance{StartMs: start, EndMs: len(sc.Samples) / 48, Text: text})
-			sc.Samples = append(sc.Samples, make([]int16, []int{overMs, afterMs}[j]*48)...)
+			sc.Pause([]int{overMs, afterMs}[j])
 		}
 		ends = append(ends, len(sc.Samples)/48)
 	}
 	return sc, ends, nil
+}
+
+// say appends text as one utterance of sc, its parts ("|") continueMs
+// apart.
+func say(sc *speech.Script, text string) error {
+	start := len(sc.Samples) * 1000 / sc.Rate
+	for i, part := range strings.Split(text, "|") {
+		if i > 0 {
+			sc.Pause(continueMs)
+		}
+		s, err := speech.Say(part, sc.Rate)
+		if err != nil {
+			return err
+		}
+		sc.Samples = append(sc.Samples, s...)
+	}
+	sc.Utterances = append(sc.Utterances, speech.Utterance{StartMs: start, EndMs: len(sc.Samples) * 1000 / sc.Rate, Text: text})
+	return nil
 }
 
 // Run runs the modes one after the other and returns what they measured.
@@ -236,9 +295,18 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		opts.Rounds = 1
 	}
 	for _, mode := range opts.Modes {
-		if mode != ModeEdge && mode != ModeBackend && mode != ModeEdgeHint {
-			return nil, fmt.Errorf("voicebench: mode %q: want %s, %s or %s", mode, ModeEdge, ModeEdgeHint, ModeBackend)
+		if !slices.Contains([]string{ModeEdge, ModeBackend, ModeEdgeHint, ModeTentative, ModeResume}, mode) {
+			return nil, fmt.Errorf("voicebench: mode %q: want %s, %s, %s, %s or %s", mode, ModeEdge, ModeEdgeHint, ModeBackend, ModeTentative, ModeResume)
 		}
+	}
+	if opts.PauseMs == 0 {
+		opts.PauseMs = DefaultPauseMs
+	}
+	if opts.IdleTimeout == 0 {
+		opts.IdleTimeout = DefaultIdleTimeout
+	}
+	if opts.ReplyDelay < 0 {
+		return nil, errors.New("voicebench: ReplyDelay must not be negative")
 	}
 	for _, pt := range opts.Ptimes {
 		if pt != 10 && pt != 20 {
@@ -249,18 +317,39 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	sc, ends, err := script()
-	if err != nil {
-		return nil, err
-	}
 	dir, err := os.MkdirTemp("", "voicebench-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	wav := filepath.Join(dir, "conversation.wav")
-	if err := sc.WriteWAV(wav); err != nil {
-		return nil, err
+	// The scripts the modes play, their files, and how long to listen:
+	// until the last cycle's last reply has played out.
+	scripts := map[string]*benchScript{}
+	for _, mode := range opts.Modes {
+		name := scriptOf(mode)
+		if scripts[name] != nil {
+			continue
+		}
+		bs := &benchScript{name: name, wav: filepath.Join(dir, name+".wav")}
+		if name == scriptBackchannel {
+			bs.sc, bs.ends, err = backchannelScript()
+		} else {
+			bs.sc, bs.ends, err = script()
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := bs.sc.WriteWAV(bs.wav); err != nil {
+			return nil, err
+		}
+		last := opts.Cycles - 1
+		listenMs := last/len(bs.ends)*(len(bs.sc.Samples)/48) + bs.ends[last%len(bs.ends)]
+		bs.listen = time.Duration(listenMs)*time.Millisecond + 2*time.Second
+		scripts[name] = bs
+	}
+	sc := scripts[scriptOf(opts.Modes[0])].sc
+	if cs := scripts[scriptConversation]; cs != nil {
+		sc = cs.sc
 	}
 	res := &Result{Opts: opts, Silence: vad.DefaultSilenceDurationMs, Browser: chromiumVersion(bin), EndLag: map[int][]float64{}}
 	for _, pt := range opts.Ptimes {
@@ -270,10 +359,6 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	res.Load[0] = loadAverage()
 	start := time.Now()
-	// Listen until the last cycle's second reply has played out.
-	last := opts.Cycles - 1
-	listenMs := last/cyclesInFile*(len(sc.Samples)/48) + ends[last%cyclesInFile]
-	listen := time.Duration(listenMs)*time.Millisecond + 2*time.Second
 	for _, mode := range opts.Modes {
 		for _, pt := range opts.Ptimes {
 			res.Modes = append(res.Modes, Mode{Name: mode, Ptime: pt})
@@ -283,8 +368,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		for i := range res.Modes {
 			row := &res.Modes[i]
 			load := loadAverage()
-			opts.Logger.Info("voice bench: mode", "mode", row.Name, "ptime", row.Ptime, "round", round+1, "listen", listen.Round(time.Second), "load", load)
-			m, err := runMode(ctx, opts, row.Name, row.Ptime, bin, wav, listen)
+			bs := scripts[scriptOf(row.Name)]
+			opts.Logger.Info("voice bench: mode", "mode", row.Name, "ptime", row.Ptime, "round", round+1, "listen", bs.listen.Round(time.Second), "load", load)
+			m, err := runMode(ctx, opts, row.Name, row.Ptime, bin, bs)
 			if err != nil {
 				return nil, fmt.Errorf("voicebench: %s, ptime %d: %w", row.Name, row.Ptime, err)
 			}
@@ -313,6 +399,7 @@ func (r *Mode) merge(m *Mode) {
 	s.QuietLead = append(s.QuietLead, o.QuietLead...)
 	s.JitterBuffer = append(s.JitterBuffer, o.JitterBuffer...)
 	s.JitterTarget = append(s.JitterTarget, o.JitterTarget...)
+	r.TurnTaking.merge(&m.TurnTaking)
 }
 
 // loadAverage returns the 1-minute load average (Linux), or "?".
@@ -444,6 +531,14 @@ type tracer struct {
 	stops   []stopAt
 	replies []time.Time // when the agent began sending each reply
 	leads   []float64   // each reply's quiet lead, ms
+	events  []traceAt   // every event but the frames, in order
+}
+
+// traceAt is one trace event and when it reached the tracer.
+type traceAt struct {
+	kind agent.TraceKind
+	ms   int64
+	at   time.Time
 }
 
 type stopAt struct {
@@ -455,6 +550,9 @@ func (tr *tracer) trace(ev agent.TraceEvent) {
 	now := time.Now()
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	if ev.Kind != agent.TraceFrame {
+		tr.events = append(tr.events, traceAt{ev.Kind, ev.Ms, now})
+	}
 	switch ev.Kind {
 	case agent.TraceFrame:
 		tr.frames[ev.Ms] = now
@@ -466,24 +564,35 @@ func (tr *tracer) trace(ev agent.TraceEvent) {
 	}
 }
 
-// agentLatencies returns, per stop followed by a reply before the next
-// stop, the time from the stop's arrival to the reply, ms.
+// agentLatencies returns, per turn the agent answered, the time from its
+// stop's arrival to the reply, ms: negative for a reply it prepared
+// during the turn's early pause (ModeTentative), sent before the stop. A
+// turn's reply is the first the agent began sending after the turn's
+// speech start and before the next one.
 func (tr *tracer) agentLatencies() []float64 {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	var out []float64
-	for i, s := range tr.stops {
-		for _, r := range tr.replies {
-			if r.Before(s.at) {
-				continue
+	var stop, reply time.Time
+	flush := func() {
+		if !stop.IsZero() && !reply.IsZero() {
+			out = append(out, float64(reply.Sub(stop))/float64(time.Millisecond))
+		}
+		stop, reply = time.Time{}, time.Time{}
+	}
+	for _, e := range tr.events {
+		switch e.kind {
+		case agent.TraceSpeechStarted:
+			flush()
+		case agent.TraceSpeechStopped:
+			stop = e.at
+		case agent.TraceReply:
+			if reply.IsZero() {
+				reply = e.at
 			}
-			if i+1 < len(tr.stops) && r.After(tr.stops[i+1].at) {
-				break
-			}
-			out = append(out, float64(r.Sub(s.at))/float64(time.Millisecond))
-			break
 		}
 	}
+	flush()
 	return out
 }
 
@@ -532,7 +641,8 @@ func (tr *tracer) arrivalLocked(ms int64) (time.Time, bool) {
 
 // runMode builds a stack (relay, transceiver, parrot agent, the page),
 // calls it from Chromium for listen, and reads the measurements.
-func runMode(ctx context.Context, opts Options, mode string, ptime int, bin, wav string, listen time.Duration) (*Mode, error) {
+func runMode(ctx context.Context, opts Options, mode string, ptime int, bin string, bs *benchScript) (*Mode, error) {
+	wav, listen := bs.wav, bs.listen
 	log := slog.New(minLevel{opts.Logger.Handler(), slog.LevelWarn})
 	var closers []func()
 	defer func() {
@@ -547,7 +657,9 @@ func runMode(ctx context.Context, opts Options, mode string, ptime int, bin, wav
 		return nil, err
 	}
 	tr := &tracer{frames: map[int64]time.Time{}}
-	parrot, err := agent.NewParrotAgent(agent.ParrotAgentConfig{Logger: log, OwnVAD: mode == ModeBackend, Trace: tr.trace})
+	td := modeTurnDetection(opts, mode)
+	parrot, err := agent.NewParrotAgent(agent.ParrotAgentConfig{Logger: log, OwnVAD: mode == ModeBackend, Trace: tr.trace,
+		TurnDetection: &td, ReplyDelay: opts.ReplyDelay})
 	if err != nil {
 		return nil, err
 	}
@@ -564,13 +676,14 @@ func runMode(ctx context.Context, opts Options, mode string, ptime int, bin, wav
 		return nil, err
 	}
 	closers = append(closers, func() { _ = px.Close() })
+	reg := prometheus.NewRegistry()
 	trx, err := transceiver.New(transceiver.Config{
 		ID: 1, Cluster: 7, ListenAddr: "127.0.0.1:0",
 		Advertise:   px.Addr().String(),
 		AllowRelays: []string{netip.PrefixFrom(rly.InternalAddr().Addr(), 32).String()},
 		BackendURL:  "ws" + strings.TrimPrefix(be.URL, "http") + "/v1/bridge",
 		Ptime:       ptime,
-	}, keys, nil, log)
+	}, keys, reg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -673,7 +786,9 @@ func runMode(ctx context.Context, opts Options, mode string, ptime int, bin, wav
 				m.Split.JitterTarget = append(m.Split.JitterTarget, (jb.After.Target-jb.Before.Target)/n*1000)
 			}
 		}
-		if t.Interrupted && t.QuietMs != nil {
+		if t.Interrupted && t.QuietMs != nil && t.Resumed {
+			m.TurnTaking.QuietFalse = append(m.TurnTaking.QuietFalse, *t.QuietMs) // a cough or a backchannel
+		} else if t.Interrupted && t.QuietMs != nil {
 			m.Quiet = append(m.Quiet, *t.QuietMs)
 			for _, ev := range talk.Events {
 				if ev.Type == "input_audio_buffer.speech_started" && ev.At >= t.OnsetAt {
@@ -683,6 +798,7 @@ func runMode(ctx context.Context, opts Options, mode string, ptime int, bin, wav
 			}
 		}
 	}
+	m.TurnTaking.measure(mode, opts, bs.sc, tr, &talk, reg)
 	opts.Logger.Info("voice bench: mode done", "mode", mode, "turns", m.Turns, "stops", len(m.StopAtBackend), "replies", len(m.Reply), "interruptions", len(m.Quiet))
 	return m, nil
 }
@@ -694,6 +810,7 @@ type pageTalk struct {
 		EndAt       *float64 `json:"endAt"`
 		ReplyMs     *float64 `json:"replyMs"`
 		Interrupted bool     `json:"interrupted"`
+		Resumed     bool     `json:"resumed"`
 		QuietMs     *float64 `json:"quietMs"`
 		StoppedAt   *float64 `json:"stoppedAt"`
 		StartedAt   *float64 `json:"startedAt"`
@@ -733,8 +850,12 @@ func (r *Result) Markdown(w io.Writer) {
 	if r.Opts.Rounds > 1 {
 		rounds = fmt.Sprintf(" in each of %d rounds (every row in turn, each round; rows pool their rounds)", r.Opts.Rounds)
 	}
-	fmt.Fprintf(w, "RTT %s added between Chromium and the relay (%s each way), %d cycles per mode%s (two user turns each, the second over the reply), silence window %d ms subtracted from (a) and (b); %s; %s in all.\n\n",
-		r.Opts.RTT, r.Opts.RTT/2, r.Opts.Cycles, rounds, r.Silence, r.Browser, r.Duration.Round(time.Second))
+	delay := ""
+	if r.Opts.ReplyDelay > 0 {
+		delay = fmt.Sprintf(", the parrot answering %v after the turn event", r.Opts.ReplyDelay)
+	}
+	fmt.Fprintf(w, "RTT %s added between Chromium and the relay (%s each way), %d cycles per mode%s (the conversation script: two user turns each, the second over the reply; resume's: six utterances each)%s, silence window %d ms subtracted from (a) and (b); %s; %s in all.\n\n",
+		r.Opts.RTT, r.Opts.RTT/2, r.Opts.Cycles, rounds, delay, r.Silence, r.Browser, r.Duration.Round(time.Second))
 	fmt.Fprintln(w, "| who cuts the reply | (a) speech end → stop at the backend, ms | (b) speech end → reply heard, ms | (c) user's onset → agent quiet in the page, ms | of which: onset → speech_started in the page, ms |")
 	fmt.Fprintln(w, "|---|---|---|---|---|")
 	cell := func(xs []float64) string {
@@ -746,7 +867,9 @@ func (r *Result) Markdown(w io.Writer) {
 	}
 	for _, m := range r.Modes {
 		name := map[string]string{ModeEdge: "edge (turn detection in the transceiver)", ModeBackend: "backend (its own VAD, output.clear)",
-			ModeEdgeHint: fmt.Sprintf("edge, the page's receiver with jitterBufferTarget %d ms", r.Opts.JitterBufferTarget.Milliseconds())}[m.Name]
+			ModeTentative: fmt.Sprintf("tentative (edge, early pause %d ms: the reply prepared during the pause)", r.Opts.PauseMs),
+			ModeResume:    "resume (edge, resume_false_interruption; coughs and backchannels over replies)",
+			ModeEdgeHint:  fmt.Sprintf("edge, the page's receiver with jitterBufferTarget %d ms", r.Opts.JitterBufferTarget.Milliseconds())}[m.Name]
 		fmt.Fprintf(w, "| %s%s | %s | %s | %s | %s |\n", name, r.ptimeNote(m), cell(m.StopAtBackend), cell(m.Reply), cell(m.Quiet), cell(m.Heard))
 	}
 	fmt.Fprintf(w, "| target (issue 12) | ≤ 30 | ≤ 1 RTT + 60 = %.0f | ≤ 1 RTT + 80 = %.0f | |\n", rtt+60, rtt+80)
@@ -765,6 +888,7 @@ func (r *Result) Markdown(w io.Writer) {
 	for _, pt := range r.Opts.Ptimes {
 		fmt.Fprintf(w, "\nThe detector's speech end minus the page's on the same audio (the script through Opus in %d ms packets, the detector in %d ms frames), per utterance: %s ms.\n", pt, min(pt, vad.Frame20ms), cell(r.EndLag[pt]))
 	}
+	r.markdownTurnTaking(w)
 	fmt.Fprintf(w, "Load average (1 min) at the start and the end: %s, %s.\n", r.Load[0], r.Load[1])
 	fmt.Fprintln(w, "\nPer row: the microphone's packets (the call's length over getStats packetsSent, per run, ms) and the load average (1 min) at the start and end of each run:")
 	fmt.Fprintln(w)

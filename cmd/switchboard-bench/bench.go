@@ -16,6 +16,7 @@ import (
 	relaybench "github.com/switchboard-rtc/switchboard/bench/relay"
 	"github.com/switchboard-rtc/switchboard/bench/setup"
 	voicebench "github.com/switchboard-rtc/switchboard/bench/voice"
+	"github.com/switchboard-rtc/switchboard/internal/vad"
 )
 
 // runBenchVoice is `switchboard-bench voice`: turn-taking latency heard in
@@ -25,11 +26,14 @@ func runBenchVoice(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs := newFlagSet("voice", stderr)
 	rtt := fs.Duration("rtt", 50*time.Millisecond, "round-trip time added between the browser and the relay (half each way)")
 	cycles := fs.Int("cycles", 20, "script cycles per mode; each has two user turns, the second over the agent's reply")
-	modes := fs.String("modes", "", "comma-separated: edge, edge-hint, backend (default edge,backend); edge-hint is edge with the page's receiver given -jitter-buffer-target")
+	modes := fs.String("modes", "", "comma-separated: edge, edge-hint, backend, tentative, resume (default edge,backend); edge-hint is edge with the page's receiver given -jitter-buffer-target; tentative is edge with the early pause (-pause); resume is edge with resume_false_interruption and the idle timeout (-idle-timeout), on a script with coughs and backchannels over the replies")
 	jbt := fs.Duration("jitter-buffer-target", 0, "RTCRtpReceiver.jitterBufferTarget the page sets in mode edge-hint")
 	ptimes := fs.String("ptime", "20", "comma-separated transceiver -ptime values (10, 20) each mode runs with, e.g. 20,10 to compare them")
 	rounds := fs.Int("rounds", 1, "run every mode at every ptime, in turn, this many times (-cycles each); rows pool their rounds, so compared configurations share the machine's load")
 	jsonOut := fs.String("json", "", "also write every measurement (per turn, per run) as JSON to this file")
+	replyDelay := fs.Duration("reply-delay", 0, "the parrot answers each turn this long after its event, as a real pipeline's latency (e.g. 400ms)")
+	pause := fs.Int("pause", voicebench.DefaultPauseMs, "pause_duration_ms, ms, in mode tentative")
+	idle := fs.Duration("idle-timeout", voicebench.DefaultIdleTimeout, "idle_timeout_ms in mode resume")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -47,7 +51,14 @@ func runBenchVoice(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if *jbt < 0 || *jbt > 4*time.Second {
 		return errors.New("-jitter-buffer-target must be from 0 to 4s (the range RTCRtpReceiver.jitterBufferTarget takes)")
 	}
+	if *replyDelay < 0 {
+		return errors.New("-reply-delay must not be negative")
+	}
+	if td := (vad.TurnDetection{Type: vad.TypeServerVAD, SilenceDurationMs: vad.DefaultSilenceDurationMs, PauseDurationMs: *pause, IdleTimeoutMs: int(idle.Milliseconds())}); *pause <= 0 || td.Validate() != nil {
+		return fmt.Errorf("-pause %d, -idle-timeout %v: %v (the pause must be positive)", *pause, *idle, td.Validate())
+	}
 	opts := voicebench.Options{RTT: *rtt, Cycles: *cycles, JitterBufferTarget: *jbt, Ptimes: pts, Rounds: *rounds,
+		ReplyDelay: *replyDelay, PauseMs: *pause, IdleTimeout: *idle,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	if *modes != "" {
 		opts.Modes = strings.Split(*modes, ",")

@@ -29,7 +29,7 @@ var benchmarks = []struct{ name, about string }{
 	{"relay", "the relay against a raw UDP loop, a naive Go proxy and coturn (-quick: about a minute)"},
 	{"setup", "call setup time over direct, relay, Global Relay, ICE-TCP and TURN paths"},
 	{"transceiver", "CPU, memory, goroutines and delay inside per session, N sessions as real processes"},
-	{"voice", "turn-taking in headless Chromium: speech end to reply, barge-in to silence (edge vs backend)"},
+	{"voice", "turn-taking in headless Chromium: speech end to reply, barge-in to silence (edge vs backend; tentative turns, false interruptions, idle timeouts)"},
 }
 
 func usage(w io.Writer) {

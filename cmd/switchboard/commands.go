@@ -43,7 +43,12 @@ func runDemo(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, NoTCP: !cfg.TCP, Logger: log, Pprof: cfg.Log.Pprof, Agent: cfg.Mode, Ptime: cfg.Ptime, DTLSVersion: cfg.DTLS, NoSPED: !cfg.SPED})
+	parrot, err := cfg.ParrotOptions()
+	if err != nil {
+		return err
+	}
+	d, err := demo.Start(demo.Config{HTTPAddr: cfg.HTTP, RelayAddr: cfg.Relay, NoTCP: !cfg.TCP, Logger: log, Pprof: cfg.Log.Pprof, Agent: cfg.Mode, Ptime: cfg.Ptime,
+		DTLSVersion: cfg.DTLS, NoSPED: !cfg.SPED, Parrot: parrot})
 	if err != nil {
 		return err
 	}
@@ -326,11 +331,20 @@ func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var td json.RawMessage
-	if cfg.TurnDetection != "" {
-		td = json.RawMessage(cfg.TurnDetection)
+	opts, err := cfg.ParrotOptions()
+	if err != nil {
+		return err
 	}
-	backend, err := agent.NewModeTurns(cfg.Mode, cfg.Format, td, log)
+	var backend http.Handler
+	if cfg.Mode == agent.ModeEcho && opts.TurnDetection != nil && opts.ReplyDelay == 0 {
+		// The echo takes no turns, but its hello may ask for turn
+		// detection and input cleaning as given (their members
+		// included, docs/bridge.md §4.8) while it sends every frame
+		// back: switchboard-bench transceiver measures their cost so.
+		backend, err = agent.NewEchoConfig(agent.EchoConfig{Logger: log, Format: cfg.Format, TurnDetection: json.RawMessage(cfg.TurnDetection)})
+	} else {
+		backend, err = agent.NewMode(cfg.Mode, cfg.Format, log, opts)
+	}
 	if err != nil {
 		return err
 	}

@@ -118,7 +118,7 @@ func TestConnectTimeoutSaysWhy(t *testing.T) {
 
 func mustAgent(t *testing.T, mode string) http.Handler {
 	t.Helper()
-	h, err := agent.NewMode(mode, "", slog.New(slog.DiscardHandler))
+	h, err := agent.NewMode(mode, "", slog.New(slog.DiscardHandler), agent.ParrotOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,12 +36,21 @@ type ParrotConfig struct {
 	// MaxUtteranceMs bounds what one reply replays, ms (0:
 	// DefaultMaxUtteranceMs); audio past it is dropped.
 	MaxUtteranceMs int
+	// PauseDurationMs is turn_detection.pause_duration_ms, the early
+	// pause the parrot asked the transceiver for: it prepares its reply at
+	// input.speech_paused (the utterance up to that pause's speech end),
+	// which the edge holds until the stop, and does not reply again at
+	// the stop. 0: it replies at the stop.
+	PauseDurationMs int
 }
 
 // Reply is what the parrot wants sent after an input.
 type Reply struct {
 	// Clear: send bridge.TypeOutputClear before anything else.
 	Clear bool
+	// Cancel: a reply not sent yet (one a pipeline is still preparing)
+	// is no longer wanted.
+	Cancel bool
 	// Audio, when not empty, is PCM16 little-endian mono at the session's
 	// rate to send at once, in as many bridge messages as it takes: one
 	// burst that the transceiver's playout paces. It aliases the
@@ -51,9 +60,11 @@ type Reply struct {
 
 // Parrot is the turn-taking logic of the reference parrot agent: it
 // listens; when the user stops talking it plays back what they said, in
-// one burst; when the user talks over it, it stops. It does no I/O: the
-// bridge loop feeds it input frames and control messages and sends what
-// it returns. Not safe for concurrent use.
+// one burst (prepared at the early pause, with PauseDurationMs); when the
+// user talks over it, it stops; an utterance that let its paused reply
+// resume (output.resumed: a cough, a backchannel) gets no reply. It does
+// no I/O: the bridge loop feeds it input frames and control messages and
+// sends what it returns. Not safe for concurrent use.
 //
 // Positions are on the session's input clock, in ms: an input frame's
 // timestamp (samples at Rate, from 0 at the stream's first sample, with
@@ -81,6 +92,11 @@ type Parrot struct {
 	utterStart int64 // byte position of the utterance's start
 	speaking   bool  // a reply was sent and has not been cleared or drained
 	dropped    int64 // bytes of utterance audio dropped by MaxUtteranceMs
+	// prepared: a reply to the utterance was returned at its early pause
+	// and not withdrawn (input.speech_resumed): the stop plays it.
+	prepared bool
+	// backchannel: the utterance let a reply it paused resume: not a turn.
+	backchannel bool
 }
 
 // NewParrot returns a Parrot, or an error naming the field of cfg to fix.
@@ -93,6 +109,9 @@ func NewParrot(cfg ParrotConfig) (*Parrot, error) {
 	}
 	if cfg.MaxUtteranceMs < 0 {
 		return nil, fmt.Errorf("agent: parrot max utterance %d ms: must not be negative", cfg.MaxUtteranceMs)
+	}
+	if cfg.PauseDurationMs < 0 || (cfg.PauseDurationMs > 0 && cfg.PauseDurationMs >= cfg.SilenceDurationMs) {
+		return nil, fmt.Errorf("agent: parrot pause duration %d ms: must be 0 or under the silence duration (%d ms)", cfg.PauseDurationMs, cfg.SilenceDurationMs)
 	}
 	if cfg.MaxUtteranceMs == 0 {
 		cfg.MaxUtteranceMs = DefaultMaxUtteranceMs
@@ -192,11 +211,11 @@ func (p *Parrot) trimHistory() {
 }
 
 // SpeechStarted takes input.speech_started: the user started talking at
-// audioMs. If a reply is out it is cut (Clear, unless the edge clears by
-// itself); the utterance is recorded from audioMs, or from the oldest
-// audio kept if that is later.
+// audioMs. A reply not sent yet is cancelled; if a reply is out it is cut
+// (Clear, unless the edge clears by itself); the utterance is recorded
+// from audioMs, or from the oldest audio kept if that is later.
 func (p *Parrot) SpeechStarted(audioMs int64) Reply {
-	var r Reply
+	r := Reply{Cancel: true} // a reply still being prepared answers what is no longer the last turn
 	if p.speaking {
 		r.Clear = !p.cfg.EdgeInterrupts
 		p.speaking = false
@@ -212,6 +231,7 @@ func (p *Parrot) SpeechStarted(audioMs int64) Reply {
 	p.utterStart = start
 	p.listening = true
 	p.dropped = 0
+	p.prepared, p.backchannel = false, false
 	if over := int64(len(p.buf)) - p.maxUtter; over > 0 {
 		// The start is further back than the cap reaches.
 		p.buf = p.buf[:p.maxUtter]
@@ -222,19 +242,25 @@ func (p *Parrot) SpeechStarted(audioMs int64) Reply {
 
 // SpeechStopped takes input.speech_stopped: the user's utterance ended
 // at audioMs (its silence window included). The reply is the utterance
-// from its start up to audioMs less the silence window, sent at once.
-// A stop without a start is ignored.
+// from its start up to audioMs less the silence window, sent at once;
+// none when it was prepared at the early pause (SpeechPaused: the edge
+// plays that one now) or when the utterance was a backchannel
+// (OutputResumed). A stop without a start is ignored.
 func (p *Parrot) SpeechStopped(audioMs int64) Reply {
 	if !p.listening {
 		return Reply{}
 	}
 	p.listening = false
-	end := min((clampMs(audioMs)-int64(p.cfg.SilenceDurationMs))*p.bytesPerMs, p.bufEnd())
-	start := max(p.utterStart, p.bufStart)
 	var r Reply
-	if end > start {
-		p.speaking = true
-		r.Audio = p.buf[start-p.bufStart : end-p.bufStart]
+	switch {
+	case p.backchannel:
+		// A cough or a backchannel over the reply, which goes on.
+	case p.prepared:
+		p.speaking = true // the reply prepared at the pause plays now
+	default:
+		if r.Audio = p.utterance(clampMs(audioMs) - int64(p.cfg.SilenceDurationMs)); r.Audio != nil {
+			p.speaking = true
+		}
 	}
 	if p.bufEnd() != p.next {
 		// Capped: start the history afresh at the clock (the reply
@@ -244,12 +270,59 @@ func (p *Parrot) SpeechStopped(audioMs int64) Reply {
 	return r
 }
 
+// utterance returns the utterance from its start to endMs on the input
+// clock, or nil if that is empty.
+func (p *Parrot) utterance(endMs int64) []byte {
+	end := min(endMs*p.bytesPerMs, p.bufEnd())
+	start := max(p.utterStart, p.bufStart)
+	if end <= start {
+		return nil
+	}
+	return p.buf[start-p.bufStart : end-p.bufStart]
+}
+
+// SpeechPaused takes input.speech_paused: with PauseDurationMs, the
+// reply to the utterance up to its speech end (audioMs less the early
+// pause) is prepared now: the edge holds it until the stop. The
+// utterance goes on being recorded (the user may go on). Without
+// PauseDurationMs, during a backchannel or with no utterance, nothing.
+func (p *Parrot) SpeechPaused(audioMs int64) Reply {
+	if !p.listening || p.backchannel || p.cfg.PauseDurationMs == 0 {
+		return Reply{}
+	}
+	r := Reply{Audio: p.utterance(clampMs(audioMs) - int64(p.cfg.PauseDurationMs))}
+	p.prepared = r.Audio != nil
+	return r
+}
+
+// SpeechResumed takes input.speech_resumed: the reply prepared at the
+// pause is withdrawn (the edge dropped what of it was sent); one not yet
+// sent is cancelled.
+func (p *Parrot) SpeechResumed(audioMs int64) Reply {
+	p.prepared = false
+	return Reply{Cancel: true}
+}
+
+// OutputResumed takes output.resumed: speech over the reply paused it and
+// went quiet before it was a turn; the reply goes on, and that utterance
+// gets no reply.
+func (p *Parrot) OutputResumed(playedMs int64) {
+	p.speaking = true
+	if p.listening {
+		p.backchannel = true
+	}
+}
+
 // clampMs bounds a position from the wire so that it converts to bytes
 // without overflow (2^40 ms is 35 years).
 func clampMs(ms int64) int64 { return min(max(ms, -1<<40), 1<<40) }
 
-// OutputCleared takes output.cleared: the reply, if any, is gone.
-func (p *Parrot) OutputCleared(playedMs int64) { p.speaking = false }
+// OutputCleared takes output.cleared: the reply, if any, is gone (and
+// speech that paused it is a turn).
+func (p *Parrot) OutputCleared(playedMs int64) {
+	p.speaking = false
+	p.backchannel = false
+}
 
 // OutputStopped takes output.stopped: the reply has been played out.
 func (p *Parrot) OutputStopped(playedMs int64) { p.speaking = false }
@@ -263,6 +336,13 @@ func (p *Parrot) Handle(msgType string, ms int64) (r Reply, ok bool) {
 		return p.SpeechStarted(ms), true
 	case bridge.TypeInputSpeechStopped:
 		return p.SpeechStopped(ms), true
+	case bridge.TypeInputSpeechPaused:
+		return p.SpeechPaused(ms), true
+	case bridge.TypeInputSpeechResumed:
+		return p.SpeechResumed(ms), true
+	case bridge.TypeOutputResumed:
+		p.OutputResumed(ms)
+		return Reply{}, true
 	case bridge.TypeOutputCleared:
 		p.OutputCleared(ms)
 		return Reply{}, true

@@ -213,6 +213,7 @@ func TestNewParrotErrors(t *testing.T) {
 		{ParrotConfig{Rate: 48000}, "rate 48000 Hz: must be 16000 or 24000"},
 		{ParrotConfig{Rate: 16000, SilenceDurationMs: -1}, "silence duration -1 ms"},
 		{ParrotConfig{Rate: 16000, MaxUtteranceMs: -5}, "max utterance -5 ms"},
+		{ParrotConfig{Rate: 16000, SilenceDurationMs: 500, PauseDurationMs: 500}, "pause duration 500 ms: must be 0 or under the silence duration (500 ms)"},
 	} {
 		if _, err := NewParrot(tt.cfg); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("NewParrot(%+v) = %v, want %q", tt.cfg, err, tt.want)
@@ -227,7 +228,7 @@ func FuzzParrot(f *testing.F) {
 	f.Add([]byte{0, 10, 1, 0, 5, 2, 0, 20, 3})
 	f.Add([]byte{1, 255, 255, 2, 0, 0, 4, 9, 9, 0, 1, 1})
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		p, err := NewParrot(ParrotConfig{Rate: 16000, SilenceDurationMs: 300, MaxUtteranceMs: 2000})
+		p, err := NewParrot(ParrotConfig{Rate: 16000, SilenceDurationMs: 300, MaxUtteranceMs: 2000, PauseDurationMs: 100})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -237,7 +238,7 @@ func FuzzParrot(f *testing.F) {
 			ops = ops[3:]
 			arg := int64(int16(uint16(a)<<8 | uint16(b)))
 			var r Reply
-			switch op % 6 {
+			switch op % 9 {
 			case 0: // a frame, maybe after a skip or from the past
 				ts += uint32(int32(arg) * 16)
 				n := int(a) * 4
@@ -257,6 +258,12 @@ func FuzzParrot(f *testing.F) {
 				if err := p.Audio(ts, make([]byte, 3)); err != ErrPCMLength {
 					t.Fatal("odd payload taken")
 				}
+			case 6:
+				r, _ = p.Handle(bridge.TypeInputSpeechPaused, arg*37)
+			case 7:
+				r, _ = p.Handle(bridge.TypeInputSpeechResumed, arg*37)
+			case 8:
+				r, _ = p.Handle(bridge.TypeOutputResumed, arg)
 			}
 			if len(r.Audio)%2 != 0 || len(r.Audio) > 2000*32 {
 				t.Fatalf("reply of %d bytes", len(r.Audio))
@@ -266,4 +273,68 @@ func FuzzParrot(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParrotPrepared: with an early pause the reply is the utterance up to
+// the pause's speech end, returned at the pause; a resume withdraws it
+// (Cancel), the next pause returns the longer utterance, and the stop
+// returns nothing more: the edge plays what was prepared.
+func TestParrotPrepared(t *testing.T) {
+	const rate = 24000
+	p := newTestParrot(t, ParrotConfig{Rate: rate, SilenceDurationMs: 500, EdgeInterrupts: true, PauseDurationMs: 200})
+	f := &feeder{t: t, p: p, rate: rate}
+	perMs := int64(rate / 1000)
+	f.frames(50) // 1 s of room
+	p.SpeechStarted(700)
+	f.frames(60) // to 2.2 s: speech to 2 s, then 200 ms of pause
+	r := p.SpeechPaused(2200)
+	if want := pcmAt(700*perMs, 1300*int(perMs)); !bytes.Equal(r.Audio, want) {
+		t.Fatalf("reply at the pause: %d bytes, want the utterance 700–2000 ms (%d bytes)", len(r.Audio), len(want))
+	}
+	f.frames(40) // the user goes on
+	if r := p.SpeechResumed(2300); !r.Cancel || r.Audio != nil {
+		t.Fatalf("SpeechResumed = %+v, want Cancel", r)
+	}
+	f.frames(30)
+	r = p.SpeechPaused(3600)
+	if want := pcmAt(700*perMs, 2700*int(perMs)); !bytes.Equal(r.Audio, want) {
+		t.Fatalf("reply at the second pause: %d bytes, want the utterance 700–3400 ms (%d bytes)", len(r.Audio), len(want))
+	}
+	f.frames(15)
+	if r := p.SpeechStopped(3900); r.Audio != nil || !p.Speaking() || p.Listening() {
+		t.Fatalf("stop after a prepared reply: %d bytes, speaking %v, listening %v; want none, true, false", len(r.Audio), p.Speaking(), p.Listening())
+	}
+}
+
+// TestParrotBackchannel: speech over the reply that let it resume
+// (output.resumed) gets no reply at its stop; speech that proved a turn
+// (output.cleared) does.
+func TestParrotBackchannel(t *testing.T) {
+	const rate = 16000
+	p := newTestParrot(t, ParrotConfig{Rate: rate, SilenceDurationMs: 500, EdgeInterrupts: true})
+	f := &feeder{t: t, p: p, rate: rate}
+	f.frames(50)
+	p.SpeechStarted(700)
+	f.frames(60)
+	if r, _ := p.Handle(bridge.TypeInputSpeechStopped, 2200); r.Audio == nil {
+		t.Fatal("no reply to the first turn")
+	}
+	// A cough over the reply: paused, resumed.
+	p.SpeechStarted(2500)
+	f.frames(40)
+	p.Handle(bridge.TypeOutputResumed, 600)
+	if !p.Speaking() {
+		t.Error("not speaking after output.resumed")
+	}
+	if r, _ := p.Handle(bridge.TypeInputSpeechStopped, 3000); r.Audio != nil {
+		t.Fatalf("a reply of %d bytes to a backchannel", len(r.Audio))
+	}
+	// A real interruption: paused, then cleared: a turn.
+	p.SpeechStarted(3300)
+	f.frames(50)
+	p.Handle(bridge.TypeOutputResumed, 900) // it went quiet once, then on
+	p.Handle(bridge.TypeOutputCleared, 900)
+	if r, _ := p.Handle(bridge.TypeInputSpeechStopped, 4300); r.Audio == nil {
+		t.Fatal("no reply to the interruption that was a turn")
+	}
 }

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/vad"
@@ -45,6 +47,15 @@ type ParrotAgentConfig struct {
 	Trace func(ev TraceEvent)
 	// MaxUtteranceMs bounds one reply, ms (0: DefaultMaxUtteranceMs).
 	MaxUtteranceMs int
+	// ReplyDelay makes the parrot answer like a real pipeline (speech
+	// recognition, a model, speech synthesis): each reply's first audio
+	// leaves this long after the turn event it answers, which is
+	// input.speech_paused when TurnDetection asks for an early pause
+	// (pause_duration_ms: the reply is prepared during the pause, and the
+	// edge holds it until the stop), input.speech_stopped otherwise. A
+	// reply withdrawn before then (input.speech_resumed, or the user
+	// talking again) is not sent. 0: at once.
+	ReplyDelay time.Duration
 }
 
 // TraceEvent is what ParrotAgentConfig.Trace reports.
@@ -71,7 +82,32 @@ const (
 	// TraceReply: the agent is about to send a reply's first audio; Ms
 	// is the reply's length.
 	TraceReply
+	// TraceSpeechPaused: input.speech_paused, Ms its audio_ms.
+	TraceSpeechPaused
+	// Playout reports from the transceiver, Ms their played_ms:
+	// output.started (0), output.paused, output.resumed, output.cleared,
+	// output.stopped.
+	TraceOutputStarted
+	TraceOutputPaused
+	TraceOutputResumed
+	TraceOutputCleared
+	TraceOutputStopped
+	// TraceTimeout: input.timeout_triggered, Ms its audio_ms.
+	TraceTimeout
 )
+
+// traceKinds maps the control messages the trace reports to its kinds.
+var traceKinds = map[string]TraceKind{
+	bridge.TypeInputSpeechStarted:    TraceSpeechStarted,
+	bridge.TypeInputSpeechStopped:    TraceSpeechStopped,
+	bridge.TypeInputSpeechPaused:     TraceSpeechPaused,
+	bridge.TypeOutputStarted:         TraceOutputStarted,
+	bridge.TypeOutputPaused:          TraceOutputPaused,
+	bridge.TypeOutputResumed:         TraceOutputResumed,
+	bridge.TypeOutputCleared:         TraceOutputCleared,
+	bridge.TypeOutputStopped:         TraceOutputStopped,
+	bridge.TypeInputTimeoutTriggered: TraceTimeout,
+}
 
 // parrotAgent is the handler returned by NewParrotAgent.
 type parrotAgent struct {
@@ -119,6 +155,9 @@ func NewParrotAgent(cfg ParrotAgentConfig) (http.Handler, error) {
 	if cfg.MaxUtteranceMs < 0 {
 		return nil, fmt.Errorf("agent: parrot max utterance %d ms: must not be negative", cfg.MaxUtteranceMs)
 	}
+	if cfg.ReplyDelay < 0 {
+		return nil, fmt.Errorf("agent: parrot reply delay %v: must not be negative", cfg.ReplyDelay)
+	}
 	a := &parrotAgent{cfg: cfg, td: td, rate: rate}
 	edge := td
 	if cfg.OwnVAD {
@@ -165,18 +204,29 @@ type parrotSession struct {
 	detBase    int64 // input ms of the detector's first frame
 	silence    []byte
 
-	seq      uint16
-	ts       uint32
-	replies  int
 	refusals int // error events sent for client events (refuseEvent)
+
+	// mu guards what sends use: the reader's goroutine sends, and so does
+	// a delayed reply's timer (ReplyDelay).
+	mu      sync.Mutex
+	seq     uint16
+	ts      uint32
+	replies int
+	pending *time.Timer    // a delayed reply not sent yet
+	timers  sync.WaitGroup // delayed replies being sent
 }
 
 func (a *parrotAgent) newSession(sc *bridge.ServerConn) (*parrotSession, error) {
+	pause := a.td.PauseDurationMs
+	if a.cfg.OwnVAD {
+		pause = 0 // its own detector has no early pause
+	}
 	p, err := NewParrot(ParrotConfig{
 		Rate:              a.rate,
 		SilenceDurationMs: a.td.SilenceDurationMs,
 		EdgeInterrupts:    !a.cfg.OwnVAD && a.td.InterruptResponse,
 		MaxUtteranceMs:    a.cfg.MaxUtteranceMs,
+		PauseDurationMs:   pause,
 	})
 	if err != nil {
 		return nil, err
@@ -195,6 +245,13 @@ func (s *parrotSession) close() {
 	if s.det != nil {
 		s.det.Close()
 	}
+	s.mu.Lock()
+	if s.pending != nil && s.pending.Stop() {
+		s.timers.Done()
+	}
+	s.pending = nil
+	s.mu.Unlock()
+	s.timers.Wait()
 }
 
 // run serves the session until the transceiver ends it (it returns its
@@ -225,7 +282,8 @@ func (s *parrotSession) run() (string, error) {
 				continue // OwnVAD: the edge's turns are not ours
 			}
 			ms := m.Control.AudioMs
-			if m.Control.Type == bridge.TypeOutputCleared || m.Control.Type == bridge.TypeOutputStopped {
+			switch m.Control.Type {
+			case bridge.TypeOutputCleared, bridge.TypeOutputStopped, bridge.TypeOutputPaused, bridge.TypeOutputResumed:
 				ms = m.Control.PlayedMs
 			}
 			s.trace(m.Control.Type, ms)
@@ -315,22 +373,28 @@ func (s *parrotSession) ownVAD(ctx context.Context, f *bridge.AudioFrame) error 
 	return nil
 }
 
-// trace reports a turn the agent acts on to Trace.
+// trace reports a turn the agent acts on, or a playout report, to Trace.
 func (s *parrotSession) trace(typ string, ms int64) {
 	if s.a.cfg.Trace == nil {
 		return
 	}
-	switch typ {
-	case bridge.TypeInputSpeechStarted:
-		s.a.cfg.Trace(TraceEvent{Session: s.id, Kind: TraceSpeechStarted, Ms: ms})
-	case bridge.TypeInputSpeechStopped:
-		s.a.cfg.Trace(TraceEvent{Session: s.id, Kind: TraceSpeechStopped, Ms: ms})
+	if k, ok := traceKinds[typ]; ok {
+		s.a.cfg.Trace(TraceEvent{Session: s.id, Kind: k, Ms: ms})
 	}
 }
 
-// send carries out r: output.clear first, then the reply's audio in one
-// burst, tagged with a fresh response id.
+// send carries out r: a pending delayed reply cancelled (r.Cancel, or any
+// newer reply or clear), output.clear, then the reply's audio in one
+// burst, tagged with a fresh response id: at once, or after ReplyDelay.
 func (s *parrotSession) send(ctx context.Context, r Reply) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.Cancel || r.Clear || len(r.Audio) > 0 {
+		if s.pending != nil && s.pending.Stop() {
+			s.timers.Done()
+		}
+		s.pending = nil
+	}
 	if r.Clear {
 		if err := s.sc.SendControl(ctx, bridge.Control{Type: bridge.TypeOutputClear}); err != nil {
 			return err
@@ -340,6 +404,28 @@ func (s *parrotSession) send(ctx context.Context, r Reply) error {
 	if len(audio) == 0 {
 		return nil
 	}
+	if d := s.a.cfg.ReplyDelay; d > 0 {
+		s.timers.Add(1)
+		var t *time.Timer
+		t = time.AfterFunc(d, func() {
+			defer s.timers.Done()
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.pending != t {
+				return // cancelled while it fired
+			}
+			s.pending = nil
+			_ = s.sendReplyLocked(ctx, audio) // a failed send ends the session's reader too
+		})
+		s.pending = t
+		return nil
+	}
+	return s.sendReplyLocked(ctx, audio)
+}
+
+// sendReplyLocked sends one reply's audio (PCM at the session's rate,
+// trimmed), tagged with a fresh response id. s.mu held.
+func (s *parrotSession) sendReplyLocked(ctx context.Context, audio []byte) error {
 	s.replies++
 	if s.a.cfg.Trace != nil {
 		s.a.cfg.Trace(TraceEvent{s.id, TraceReply, int64(len(audio) / 2 * 1000 / s.a.rate), quietLeadMs(audio, s.a.rate)})
@@ -368,33 +454,30 @@ const (
 	ModeEcho = "echo"
 )
 
-// NewMode returns the reference agent for mode (ModeParrot when empty) in
-// format (empty: the mode's default, PCM at 24 kHz for the parrot, Opus
-// for the echo). It returns an error naming the modes or formats when
-// either is not one of them.
-func NewMode(mode, format string, logger *slog.Logger) (http.Handler, error) {
-	return NewModeTurns(mode, format, nil, logger)
+// ParrotOptions are the parrot's settings that NewMode passes on
+// (ParrotAgentConfig's fields of the same names); the echo takes none.
+type ParrotOptions struct {
+	// TurnDetection is the turn_detection the parrot asks for; nil:
+	// OpenAI's server VAD defaults.
+	TurnDetection *vad.TurnDetection
+	// ReplyDelay delays each reply like a real pipeline's latency.
+	ReplyDelay time.Duration
 }
 
-// NewModeTurns is NewMode with the turn_detection object the agent's
-// hello asks for (nil: the mode's own: the parrot's defaults, none for
-// the echo). The parrot takes OpenAI's members (vad.TurnDetection); the
-// echo passes the object as it is, cleaning members included
-// (docs/bridge.md §4.8).
-func NewModeTurns(mode, format string, td json.RawMessage, logger *slog.Logger) (http.Handler, error) {
+// NewMode returns the reference agent for mode (ModeParrot when empty) in
+// format (empty: the mode's default, PCM at 24 kHz for the parrot, Opus
+// for the echo), the parrot with opts. It returns an error naming the
+// modes or formats when either is not one of them, and one saying so
+// when opts are set for the echo.
+func NewMode(mode, format string, logger *slog.Logger, opts ParrotOptions) (http.Handler, error) {
 	switch mode {
 	case "", ModeParrot:
-		cfg := ParrotAgentConfig{Logger: logger, Format: format}
-		if td != nil {
-			var t vad.TurnDetection
-			if err := json.Unmarshal(td, &t); err != nil {
-				return nil, fmt.Errorf("agent: turn_detection: %w", err)
-			}
-			cfg.TurnDetection = &t
-		}
-		return NewParrotAgent(cfg)
+		return NewParrotAgent(ParrotAgentConfig{Logger: logger, Format: format, TurnDetection: opts.TurnDetection, ReplyDelay: opts.ReplyDelay})
 	case ModeEcho:
-		return NewEchoConfig(EchoConfig{Logger: logger, Format: format, TurnDetection: td})
+		if opts != (ParrotOptions{}) {
+			return nil, fmt.Errorf("agent: mode %s takes no turns: a turn detection or reply delay is for mode %s", ModeEcho, ModeParrot)
+		}
+		return NewEchoConfig(EchoConfig{Logger: logger, Format: format})
 	}
 	return nil, fmt.Errorf("agent: mode %q: want %s or %s", mode, ModeParrot, ModeEcho)
 }

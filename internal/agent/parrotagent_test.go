@@ -264,3 +264,110 @@ func TestParrotRefusesClientEvents(t *testing.T) {
 		t.Errorf("first error event %v", errs[0])
 	}
 }
+
+// TestParrotAgentReplyDelay: with ReplyDelay and an early pause, the
+// parrot answers input.speech_paused that long after it, and not again at
+// the stop; a pause withdrawn (input.speech_resumed) before the delay is
+// over gets no reply at all.
+func TestParrotAgentReplyDelay(t *testing.T) {
+	td := vad.DefaultTurnDetection()
+	td.PauseDurationMs = 200
+	const delay = 300 * time.Millisecond
+	h, err := NewParrotAgent(ParrotAgentConfig{Logger: slog.New(slog.DiscardHandler), TurnDetection: &td, ReplyDelay: delay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := bridge.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/bridge", bridge.SessionStart{SessionID: "p3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var ts uint32
+	send := func(pcm []byte) {
+		for off := 0; off < len(pcm); off += 960 {
+			if err := c.SendAudio(ctx, bridge.AudioFrame{Timestamp: ts, Payload: pcm[off : off+960]}); err != nil {
+				t.Fatal(err)
+			}
+			ts += 480
+		}
+	}
+	ctl := func(typ string, ms int64) {
+		if err := c.SendControl(ctx, bridge.Control{Type: typ, AudioMs: ms}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The messages, read in the background (a Recv whose context ends
+	// closes the connection).
+	type msg struct {
+		kind string
+		at   time.Time
+	}
+	msgs := make(chan msg, 1024)
+	go func() {
+		defer close(msgs)
+		for {
+			m, err := c.Recv(context.Background())
+			if err != nil {
+				return
+			}
+			kind := "other"
+			switch {
+			case m.Audio != nil:
+				kind = "audio"
+			case m.Control != nil:
+				kind = m.Control.Type
+			}
+			msgs <- msg{kind, time.Now()}
+		}
+	}()
+	// next returns the next message's kind and how long after the call it
+	// came, or "" after wait without one.
+	next := func(wait time.Duration) (string, time.Duration) {
+		start := time.Now()
+		select {
+		case m := <-msgs:
+			return m.kind, m.at.Sub(start)
+		case <-time.After(wait):
+			return "", 0
+		}
+	}
+	// A pause withdrawn after 100 ms: nothing is sent.
+	send(pcmFrames(25, false))
+	send(pcmFrames(50, true))
+	send(pcmFrames(10, false))
+	ctl(bridge.TypeInputSpeechStarted, 200)
+	ctl(bridge.TypeInputSpeechPaused, 1700)
+	time.Sleep(delay / 3)
+	ctl(bridge.TypeInputSpeechResumed, 1800)
+	if kind, _ := next(2 * delay); kind != "" {
+		t.Fatalf("got %s after a withdrawn pause, want nothing", kind)
+	}
+	// The same utterance goes on and pauses again: the reply comes the
+	// delay after the pause, and the stop adds nothing.
+	send(pcmFrames(25, true))
+	send(pcmFrames(10, false))
+	ctl(bridge.TypeInputSpeechPaused, 2400)
+	kind, after := next(2 * delay)
+	if kind != bridge.TypeOutputResponse || after < delay-20*time.Millisecond {
+		t.Fatalf("after the pause: %s in %v, want output.response after about %v", kind, after, delay)
+	}
+	var n int
+	for {
+		kind, _ := next(100 * time.Millisecond)
+		if kind != "audio" {
+			break
+		}
+		n++
+	}
+	if n == 0 {
+		t.Fatal("no reply audio after its tag")
+	}
+	ctl(bridge.TypeInputSpeechStopped, 2700)
+	if kind, _ := next(2 * delay); kind != "" {
+		t.Fatalf("got %s after the stop of a turn answered at its pause, want nothing", kind)
+	}
+}

@@ -44,6 +44,30 @@ const (
 	// talking; AudioMs is the end of the utterance's audio, the silence
 	// window included.
 	TypeInputSpeechStopped = "input.speech_stopped"
+	// TypeInputSpeechPaused (transceiver → backend): the user has been
+	// silent for the turn detection's pause_duration_ms: a tentative end
+	// of turn. AudioMs is where the pause ran out. Audio the backend
+	// sends from now on is held at the edge until TypeInputSpeechStopped
+	// (it plays then) or TypeInputSpeechResumed (it is dropped)
+	// (docs/bridge.md §4.8).
+	TypeInputSpeechPaused = "input.speech_paused"
+	// TypeInputSpeechResumed (transceiver → backend): the user talked
+	// again after TypeInputSpeechPaused; the tentative turn is withdrawn
+	// and the audio held for it dropped. AudioMs is where the speech
+	// resumed.
+	TypeInputSpeechResumed = "input.speech_resumed"
+	// TypeInputTimeoutTriggered (transceiver → backend): neither the
+	// user nor the agent's reply has sounded for the turn detection's
+	// idle_timeout_ms. AudioMs is the input clock's position then.
+	TypeInputTimeoutTriggered = "input.timeout_triggered"
+	// TypeOutputPaused (transceiver → backend): speech over the agent's
+	// reply paused its playout (turn detection's
+	// resume_false_interruption); PlayedMs is what the run had sent.
+	TypeOutputPaused = "output.paused"
+	// TypeOutputResumed (transceiver → backend): that speech was too
+	// short to be a turn (a cough, a backchannel): the reply resumed
+	// where it paused. PlayedMs as for TypeOutputPaused.
+	TypeOutputResumed = "output.resumed"
 	// TypeInputTurnDetection (backend → transceiver) switches turn
 	// detection for the rest of the session: TurnDetection is OpenAI's
 	// turn_detection object, or JSON null for off.
@@ -97,7 +121,8 @@ type Control struct {
 	// ID is the response id (TypeOutputResponse).
 	ID string
 	// PlayedMs is milliseconds of audio sent to the client
-	// (TypeOutputCleared, TypeOutputStopped).
+	// (TypeOutputCleared, TypeOutputStopped, TypeOutputPaused,
+	// TypeOutputResumed).
 	PlayedMs int64
 	// Cleared marks a TypeOutputMark returned because a clear dropped it
 	// before its audio was played.
@@ -106,7 +131,9 @@ type Control struct {
 	// constants, Message is for people.
 	Code, Message string
 	// AudioMs is a position on the session's input clock, ms
-	// (TypeInputSpeechStarted, TypeInputSpeechStopped).
+	// (TypeInputSpeechStarted, TypeInputSpeechStopped,
+	// TypeInputSpeechPaused, TypeInputSpeechResumed,
+	// TypeInputTimeoutTriggered).
 	AudioMs int64
 	// TurnDetection is the turn_detection member of a
 	// TypeInputTurnDetection, as sent: a JSON object, or null (turn
@@ -145,7 +172,7 @@ func wireControl(ctl Control) (controlMsg, error) {
 	m := controlMsg{Type: ctl.Type}
 	switch ctl.Type {
 	case TypeOutputClear, TypeOutputStarted:
-	case TypeOutputCleared, TypeOutputStopped:
+	case TypeOutputCleared, TypeOutputStopped, TypeOutputPaused, TypeOutputResumed:
 		m.PlayedMs = &ctl.PlayedMs
 	case TypeOutputMark:
 		m.Name, m.Cleared = &ctl.Name, ctl.Cleared
@@ -153,7 +180,7 @@ func wireControl(ctl Control) (controlMsg, error) {
 		m.ID = &ctl.ID
 	case TypeError:
 		m.Code, m.Message = ctl.Code, ctl.Message
-	case TypeInputSpeechStarted, TypeInputSpeechStopped:
+	case TypeInputSpeechStarted, TypeInputSpeechStopped, TypeInputSpeechPaused, TypeInputSpeechResumed, TypeInputTimeoutTriggered:
 		m.AudioMs = &ctl.AudioMs
 	case TypeInputTurnDetection:
 		td := ctl.TurnDetection
@@ -190,12 +217,12 @@ func parseControl(m inMsg) (*Control, error) {
 			return nil, err
 		}
 		ctl.ID = *m.ID
-	case TypeOutputCleared, TypeOutputStopped:
+	case TypeOutputCleared, TypeOutputStopped, TypeOutputPaused, TypeOutputResumed:
 		if m.PlayedMs == nil {
 			return nil, fmt.Errorf("%w: %s without an integer \"played_ms\"", ErrProtocol, m.Type)
 		}
 		ctl.PlayedMs = *m.PlayedMs
-	case TypeInputSpeechStarted, TypeInputSpeechStopped:
+	case TypeInputSpeechStarted, TypeInputSpeechStopped, TypeInputSpeechPaused, TypeInputSpeechResumed, TypeInputTimeoutTriggered:
 		if m.AudioMs == nil {
 			return nil, fmt.Errorf("%w: %s without an integer \"audio_ms\"", ErrProtocol, m.Type)
 		}

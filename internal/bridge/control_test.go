@@ -31,6 +31,11 @@ func TestControlRoundTrip(t *testing.T) {
 	toBackend := []bridge.Control{
 		{Type: bridge.TypeInputSpeechStarted, AudioMs: 0},
 		{Type: bridge.TypeInputSpeechStopped, AudioMs: 2340},
+		{Type: bridge.TypeInputSpeechPaused, AudioMs: 2040},
+		{Type: bridge.TypeInputSpeechResumed, AudioMs: 2100},
+		{Type: bridge.TypeInputTimeoutTriggered, AudioMs: 9000},
+		{Type: bridge.TypeOutputPaused, PlayedMs: 640},
+		{Type: bridge.TypeOutputResumed, PlayedMs: 640},
 		{Type: bridge.TypeOutputStarted},
 		{Type: bridge.TypeOutputMark, Name: "m1"},
 		{Type: bridge.TypeOutputMark, Name: "m2", Cleared: true},
@@ -131,6 +136,11 @@ func TestControlMalformed(t *testing.T) {
 		`{"type":"output.cleared"}`,
 		`{"type":"input.speech_started"}`,
 		`{"type":"input.speech_stopped","audio_ms":"5"}`,
+		`{"type":"input.speech_paused"}`,
+		`{"type":"input.speech_resumed","audio_ms":1.5}`,
+		`{"type":"input.timeout_triggered"}`,
+		`{"type":"output.paused"}`,
+		`{"type":"output.resumed","played_ms":null}`,
 		`{"type":"input.turn_detection"}`,
 		`{"type":"input.turn_detection","turn_detection":"server_vad"}`,
 	} {

@@ -200,7 +200,8 @@ func (c *core) Recv(ctx context.Context) (Message, error) {
 			c.peerEnded.Store(true)
 			return Message{End: &SessionEnd{Reason: m.Reason}}, nil
 		case TypeOutputClear, TypeOutputCleared, TypeOutputMark, TypeOutputStarted, TypeOutputStopped, TypeOutputResponse, TypeError,
-			TypeInputSpeechStarted, TypeInputSpeechStopped, TypeInputTurnDetection:
+			TypeInputSpeechStarted, TypeInputSpeechStopped, TypeInputTurnDetection, TypeInputSpeechPaused, TypeInputSpeechResumed,
+			TypeInputTimeoutTriggered, TypeOutputPaused, TypeOutputResumed:
 			ctl, err := parseControl(m)
 			if err != nil {
 				return Message{}, c.protocolError(err)

@@ -19,8 +19,12 @@
 //   - {"type":"event","data":"<data-channel message as a string>"};
 //   - output control (Control, SendControl): output.clear, output.mark,
 //     output.response from the backend; output.started, output.stopped,
-//     output.cleared, output.mark and error from the transceiver, which
-//     paces the backend's audio;
+//     output.cleared, output.mark, output.paused, output.resumed and
+//     error from the transceiver, which paces the backend's audio;
+//   - turn detection: input.turn_detection from the backend;
+//     input.speech_started, input.speech_stopped, input.speech_paused,
+//     input.speech_resumed and input.timeout_triggered from the
+//     transceiver;
 //   - {"type":"session.end","reason":"…"}, followed by a WebSocket close
 //     with status 1000 (RFC 6455 §7.4.1).
 //

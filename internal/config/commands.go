@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/switchboard-rtc/switchboard/internal/playout"
 	"github.com/switchboard-rtc/switchboard/internal/relay"
 	"github.com/switchboard-rtc/switchboard/internal/transceiver"
+	"github.com/switchboard-rtc/switchboard/internal/vad"
 )
 
 // FlagSets returns a new flag set of each server subcommand, keyed by the
@@ -62,7 +64,10 @@ type Demo struct {
 	Ptime int    `yaml:"ptime"`
 	DTLS  string `yaml:"dtls_version"`
 	SPED  bool   `yaml:"sped"`
-	Log   Log    `yaml:",inline"`
+	// The parrot's turn detection (JSON) and reply delay (ParrotOptions).
+	TurnDetection string        `yaml:"turn_detection"`
+	ReplyDelay    time.Duration `yaml:"reply_delay"`
+	Log           Log           `yaml:",inline"`
 }
 
 // Flags returns the demo's flag set, bound to c.
@@ -74,7 +79,8 @@ func (c *Demo) Flags() *flag.FlagSet {
 	fs.BoolVar(&c.TCP, "tcp", true, "listen for ICE-TCP clients on the -relay address (TCP) and offer it in answers as a passive TCP candidate, for networks that drop UDP")
 	fs.IntVar(&c.Ptime, "ptime", demo.DefaultPtime, "ms of audio per RTP packet to and from the browser: 20 or 10 (as the transceiver's -ptime)")
 	fs.StringVar(&c.DTLS, "dtls-version", transceiver.DefaultDTLSVersion, "highest DTLS version negotiated: 1.2 or 1.3 (as the transceiver's -dtls-version)")
-	fs.BoolVar(&c.SPED, "sped", transceiver.DefaultSPED, "answer offers with goog-sped-v1 with it: DTLS 1.3 in the ICE checks (as the transceiver's -sped)")
+	fs.BoolVar(&c.SPED, "sped", transceiver.DefaultSPED, "answer offers whose a=ice-options has sped, googspedv1 or goog-sped-v1 with it: DTLS 1.3 in the ICE checks (as the transceiver's -sped)")
+	registerParrotFlags(fs, &c.TurnDetection, &c.ReplyDelay)
 	c.Log.RegisterFlags(fs, "text", "the -http address")
 	describe(fs, "demo [flags]",
 		"Runs a relay, a transceiver, the reference agent (-mode) and a web page in\n"+
@@ -204,7 +210,7 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 	listVar(fs, &t.TrustedProxies, "trusted-proxies", "comma-separated CIDR prefixes of proxies (director, load balancer) whose X-Forwarded-For names the client")
 	fs.StringVar(&t.DTLSRole, "dtls-role", transceiver.DefaultDTLSRole, "DTLS role in answers to actpass offers: client (active) or server (passive, no HelloVerify)")
 	fs.StringVar(&t.DTLSVersion, "dtls-version", transceiver.DefaultDTLSVersion, "highest DTLS version negotiated: 1.2 or 1.3 (a client without 1.3 gets 1.2)")
-	fs.BoolVar(&t.SPED, "sped", transceiver.DefaultSPED, "answer offers with a=ice-options:goog-sped-v1 (Chromium's WebRTC-IceHandshakeDtls) with it: the DTLS 1.3 handshake rides in the ICE checks, a round trip sooner (the transceiver is then the DTLS server)")
+	fs.BoolVar(&t.SPED, "sped", transceiver.DefaultSPED, "answer offers whose a=ice-options has sped, googspedv1 or goog-sped-v1 (Chromium's WebRTC-IceHandshakeDtls) with it: the DTLS 1.3 handshake rides in the ICE checks, a round trip sooner (the transceiver is then the DTLS server)")
 	fs.StringVar(&c.HTTP, "http", transceiver.DefaultHTTPAddr, "address of the signaling API, /metrics, /live and /ready")
 	fs.DurationVar(&c.Drain, "drain-timeout", transceiver.DefaultDrainTimeout, "on SIGTERM, how long live sessions may run on before they are ended")
 	fs.BoolVar(&t.Direct, "direct", false, "clients send straight to -listen (no relay, no internal hop); -advertise defaults to -listen")
@@ -235,10 +241,10 @@ type Agent struct {
 	Listen string `yaml:"listen"`
 	Mode   string `yaml:"mode"`
 	Format string `yaml:"format"`
-	// TurnDetection is the turn_detection JSON object the agent's hello
-	// asks for ("": the mode's own).
-	TurnDetection string `yaml:"turn_detection"`
-	Log           Log    `yaml:",inline"`
+	// The parrot's turn detection (JSON) and reply delay (ParrotOptions).
+	TurnDetection string        `yaml:"turn_detection"`
+	ReplyDelay    time.Duration `yaml:"reply_delay"`
+	Log           Log           `yaml:",inline"`
 }
 
 // Flags returns the agent's flag set, bound to c.
@@ -247,7 +253,7 @@ func (c *Agent) Flags() *flag.FlagSet {
 	fs.StringVar(&c.Listen, "listen", agent.DefaultListenAddr, "HTTP address serving the bridge (WebSocket) at /v1/bridge, and /live")
 	fs.StringVar(&c.Mode, "mode", agent.ModeParrot, "parrot (turn detection at the edge; replies with what the user said) or echo (sends every frame back)")
 	fs.StringVar(&c.Format, "format", "", "audio format: parrot pcm16/24000/1 (default) or pcm16/16000/1; echo opus/48000/2 (default), pcm16/24000/1 or pcm16/16000/1")
-	fs.StringVar(&c.TurnDetection, "turn-detection", "", `turn_detection JSON object the agent's hello asks for (docs/bridge.md §4.8), e.g. {"type":"server_vad","interrupt_response":false,"echo_cancellation":{}}; default: the parrot's defaults, none for the echo`)
+	registerParrotFlags(fs, &c.TurnDetection, &c.ReplyDelay)
 	c.Log.RegisterFlags(fs, "json", "the -listen address")
 	describe(fs, "agent [flags]",
 		"The reference backend: serves the bridge protocol (docs/bridge.md) at\n"+
@@ -256,6 +262,45 @@ func (c *Agent) Flags() *flag.FlagSet {
 			"said, stopping when talked over; -mode echo sends every audio frame and\n"+
 			"data-channel message back.")
 	return done(fs)
+}
+
+// ParrotOptions returns the parrot's settings from -turn-detection and
+// -reply-delay, or an error saying what to fix.
+func (c *Agent) ParrotOptions() (agent.ParrotOptions, error) {
+	return parrotOptions(c.TurnDetection, c.ReplyDelay)
+}
+
+// ParrotOptions returns the demo parrot's settings from -turn-detection
+// and -reply-delay, or an error saying what to fix.
+func (c *Demo) ParrotOptions() (agent.ParrotOptions, error) {
+	return parrotOptions(c.TurnDetection, c.ReplyDelay)
+}
+
+// registerParrotFlags adds -turn-detection and -reply-delay, the parrot's
+// settings, to fs.
+func registerParrotFlags(fs *flag.FlagSet, td *string, delay *time.Duration) {
+	fs.StringVar(td, "turn-detection", "", `parrot: the turn_detection it asks the transceiver for, OpenAI's JSON with Switchboard's members (docs/bridge.md 4.8), e.g. {"pause_duration_ms":200,"resume_false_interruption":true,"idle_timeout_ms":8000}; empty: OpenAI's server VAD defaults. echo (agent only, without -reply-delay): the turn_detection its hello asks for as given, input cleaning members included, e.g. {"interrupt_response":false,"echo_cancellation":{}}, while it still sends every frame back; empty: none`)
+	fs.DurationVar(delay, "reply-delay", 0, "parrot: answer each turn this long after its event (input.speech_paused with pause_duration_ms, else input.speech_stopped), as a real pipeline's latency")
+}
+
+func parrotOptions(td string, delay time.Duration) (agent.ParrotOptions, error) {
+	var o agent.ParrotOptions
+	if delay < 0 {
+		return o, fmt.Errorf("-reply-delay %v: must not be negative", delay)
+	}
+	o.ReplyDelay = delay
+	if td == "" {
+		return o, nil
+	}
+	t := vad.DefaultTurnDetection()
+	if err := json.Unmarshal([]byte(td), &t); err != nil {
+		return o, fmt.Errorf("-turn-detection: not a turn_detection JSON object (%v), e.g. {\"pause_duration_ms\":200}", err)
+	}
+	if err := t.Validate(); err != nil {
+		return o, fmt.Errorf("-turn-detection: %w", err)
+	}
+	o.TurnDetection = &t
+	return o, nil
 }
 
 // Director configures `switchboard director`.

@@ -610,3 +610,40 @@ func TestFlagErrorsAreOneLine(t *testing.T) {
 		t.Errorf("-h: %v, usage %q", err, out.String())
 	}
 }
+
+// TestParrotOptions: -turn-detection takes OpenAI's turn_detection JSON
+// with Switchboard's members, filling defaults; a bad one or a negative
+// -reply-delay is refused saying what to fix; the echo refuses either.
+func TestParrotOptions(t *testing.T) {
+	var c Agent
+	if err := Parse(c.Flags(), []string{"-turn-detection", `{"pause_duration_ms":200,"resume_false_interruption":true}`, "-reply-delay", "400ms"}, &c); err != nil {
+		t.Fatal(err)
+	}
+	o, err := c.ParrotOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.ReplyDelay.Milliseconds() != 400 || o.TurnDetection == nil || o.TurnDetection.PauseDurationMs != 200 ||
+		!o.TurnDetection.ResumeFalseInterruption || o.TurnDetection.SilenceDurationMs != 500 {
+		t.Fatalf("options %+v (turn detection %+v)", o, o.TurnDetection)
+	}
+	if _, err := agent.NewMode(agent.ModeEcho, "", nil, o); err == nil || !strings.Contains(err.Error(), "takes no turns") {
+		t.Errorf("echo with parrot options: %v", err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-turn-detection", `{"pause_duration_ms":600}`}, "-turn-detection: vad: invalid turn_detection: pause_duration_ms 600 is out of range"},
+		{[]string{"-turn-detection", `server_vad`}, "-turn-detection: not a turn_detection JSON object"},
+		{[]string{"-reply-delay", "-1s"}, "-reply-delay -1s: must not be negative"},
+	} {
+		var c Demo
+		if err := Parse(c.Flags(), tc.args, &c); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ParrotOptions(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

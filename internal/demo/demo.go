@@ -67,6 +67,9 @@ type Config struct {
 	// Pprof serves Go's profiles (net/http/pprof) at /debug/pprof/ on
 	// HTTPAddr. Off by default: keep it off public networks.
 	Pprof bool
+	// Parrot is the parrot agent's turn detection and reply delay
+	// (agent.ParrotOptions); the echo takes none.
+	Parrot agent.ParrotOptions
 	// Ptime is the transceiver's packet length to and from the browser,
 	// ms (transceiver.Config.Ptime: 20 or 10; 0: the transceiver's
 	// default, 20). A bad value fails Start with the transceiver's error.
@@ -74,7 +77,7 @@ type Config struct {
 	// DTLSVersion is the transceiver's highest DTLS version
 	// (transceiver.Config.DTLSVersion: "1.2" or "1.3"; "": its default).
 	DTLSVersion string
-	// NoSPED answers offers with a=ice-options:goog-sped-v1 without it
+	// NoSPED answers offers with SPED's a=ice-options (sped, googspedv1) without them
 	// (transceiver.Config.SPED off): a plain DTLS handshake after ICE.
 	NoSPED bool
 }
@@ -127,7 +130,7 @@ func Start(cfg Config) (*Demo, error) {
 	}
 	backend, page := cfg.Backend, web.Page{}
 	if backend == nil {
-		if backend, err = agent.NewMode(cfg.Agent, "", log.With("component", "agent")); err != nil {
+		if backend, err = agent.NewMode(cfg.Agent, "", log.With("component", "agent"), cfg.Parrot); err != nil {
 			return nil, fmt.Errorf("demo: %w", err)
 		}
 		page.Agent = cmp.Or(cfg.Agent, agent.ModeParrot)

@@ -161,8 +161,8 @@ const (
 // flightInterval is the DTLS handshake's retransmission timeout: 2.5 ×
 // SetupRTT within the bounds, or maxFlightInterval without it.
 func (s *Session) flightInterval() time.Duration {
-	if s.cfg.flightInterval > 0 {
-		return s.cfg.flightInterval
+	if s.flightFixed > 0 {
+		return s.flightFixed
 	}
 	rtt, ok := s.SetupRTT()
 	if !ok {

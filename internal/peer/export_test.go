@@ -10,3 +10,22 @@ func (s *Session) setCandidateTTL(d time.Duration) {
 	s.candTTL = d
 	s.e.mu.Unlock()
 }
+
+// setDTLSTimers fixes s's DTLS retransmission timeout (flightInterval; 0
+// keeps the computed one) and its first flight's resend delay
+// (resendDelay; negative: at once). Call it before the session's first
+// check, as setCandidateTTL.
+func (s *Session) setDTLSTimers(flight, resend time.Duration) {
+	s.e.mu.Lock()
+	s.flightFixed = flight
+	s.dtls.resendDelay = resend
+	s.e.mu.Unlock()
+}
+
+// setSPEDWait replaces spedResponseWait for s, a SPED session. Call it
+// before the session's first check.
+func (s *Session) setSPEDWait(d time.Duration) {
+	s.e.mu.Lock()
+	s.sped.wait = d
+	s.e.mu.Unlock()
+}

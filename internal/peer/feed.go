@@ -53,6 +53,8 @@ type feed struct {
 	held [][]byte
 
 	rtx pacing // the handshake's retransmissions (pacing)
+	// rekeyed: a DTLS 1.3 record in epoch 4 was written (lastFlight).
+	rekeyed atomic.Bool
 
 	// The first flight (resendFirst). heard is set by the read loop once
 	// any DTLS from the client has come; fmu guards the rest: first, the
@@ -60,7 +62,7 @@ type feed struct {
 	// the DTLS client), firstKeys the handshake fragment each starts
 	// with, and resends, how many times they were sent again.
 	heard       atomic.Bool
-	resendDelay time.Duration // resendDelay, or SessionConfig.resendDelay; set once
+	resendDelay time.Duration // resendDelay; tests change it (export_test.go)
 	fmu         sync.Mutex
 	first       [][]byte
 	firstKeys   []uint64
@@ -149,6 +151,40 @@ func (p *pacing) suppress(now time.Time) bool {
 // flight: twice the timeout.
 func maxRetransmitGap(timeout time.Duration) time.Duration { return 2 * timeout }
 
+// The DTLS 1.3 client's last flight.
+//
+// A DTLS 1.3 client's handshake is complete once it has sent its last
+// flight (Certificate to Finished), but it sends that flight again until
+// the server acknowledges it (RFC 9147 §5.8.3, §7), for as long as the
+// connection lives: with the library's backoff off, every timeout to a
+// server that went away. Those records are in the handshake epoch, 2 (RFC
+// 9147 §6.1; the unified header's low two bits, §4), as little else after
+// the handshake is (a server's ACK of a client flight sent again), and the
+// pacing holds every such record to the same schedule and bound as any
+// flight. The read loop does not tell the pacing about the server's DTLS
+// after the handshake (its application data would restart the schedule), so
+// a server that lost the flight and sends its own again gets it on that
+// schedule too. Application data in epoch 6 (three key updates later) has
+// the same two bits; epoch 4 (EE 00) comes first, and from then on nothing
+// is paced.
+
+// lastFlight reports whether p, written after the handshake, is a
+// retransmission of the DTLS 1.3 client's last flight: a record with a
+// unified header (first bits 001) in epoch 2 (low bits 10), before any
+// in epoch 4. WriteTo.
+func (f *feed) lastFlight(p []byte) bool {
+	if len(p) == 0 || p[0]&0xe0 != 0x20 || f.rekeyed.Load() {
+		return false
+	}
+	switch p[0] & 0x03 {
+	case 0:
+		f.rekeyed.Store(true) // epoch 4: a key update
+	case 2:
+		return true
+	}
+	return false
+}
+
 // The first flight.
 //
 // The DTLS client's first flight, its ClientHello, leaves right after the
@@ -171,18 +207,39 @@ const maxResends = 3
 // with a post-quantum key share spans two at the usual MTU.
 const maxFirst = 4
 
-// firstKey names the handshake fragment a datagram starts with, if it is
-// a plaintext DTLS handshake record (RFC 6347 §4.1 and §4.2.2: content
-// type 22, epoch 0; the handshake header's type, message_seq and
-// fragment_offset follow the 13-byte record header), so that the handshake
-// library's own retransmissions of a fragment already kept are told apart.
-func firstKey(b []byte) (uint64, bool) {
-	if len(b) < 13+12 || b[0] != 22 || b[3] != 0 || b[4] != 0 {
-		return 0, false
+// handshakeFragment is the handshake header (RFC 6347 §4.2.2, RFC 9147
+// §5.2) of a plaintext DTLS handshake record.
+type handshakeFragment struct {
+	typ             uint8 // msg_type: 1 ClientHello, 2 ServerHello, ...
+	epoch           uint16
+	length          int // of the whole message
+	seq             int // message_seq
+	offset, fragLen int // fragment_offset, fragment_length
+}
+
+// firstFragment reads the handshake header of b's first record, if that
+// is a plaintext DTLS handshake record (RFC 6347 §4.1: content type 22;
+// the 12-byte handshake header follows the 13-byte record header).
+func firstFragment(b []byte) (handshakeFragment, bool) {
+	if len(b) < 13+12 || b[0] != 22 {
+		return handshakeFragment{}, false
 	}
 	h := b[13:]
-	typ, seq, off := uint64(h[0]), uint64(h[4])<<8|uint64(h[5]), uint64(h[6])<<16|uint64(h[7])<<8|uint64(h[8])
-	return typ<<48 | seq<<24 | off, true
+	u24 := func(p []byte) int { return int(p[0])<<16 | int(p[1])<<8 | int(p[2]) }
+	return handshakeFragment{typ: h[0], epoch: uint16(b[3])<<8 | uint16(b[4]), length: u24(h[1:]),
+		seq: int(h[4])<<8 | int(h[5]), offset: u24(h[6:]), fragLen: u24(h[9:])}, true
+}
+
+// firstKey names the handshake fragment a datagram starts with, if it is
+// a plaintext handshake record of epoch 0 (firstFragment), by its type,
+// message_seq and fragment_offset, so that the handshake library's own
+// retransmissions of a fragment already kept are told apart.
+func firstKey(b []byte) (uint64, bool) {
+	f, ok := firstFragment(b)
+	if !ok || f.epoch != 0 {
+		return 0, false
+	}
+	return uint64(f.typ)<<48 | uint64(f.seq)<<24 | uint64(f.offset), true
 }
 
 // keepFirst keeps b as part of the first flight if no DTLS has come from
@@ -414,6 +471,8 @@ func (f *feed) WriteTo(p []byte, _ net.Addr) (int, error) {
 		if sp := f.s.sped; sp != nil && sp.written(f.s, p) {
 			return len(p), nil // in a Binding response (sped.go)
 		}
+	} else if f.lastFlight(p) && f.rtx.suppress(time.Now()) {
+		return len(p), nil // the DTLS 1.3 client's last flight again, held back
 	}
 	return f.s.e.conn.WriteToAddrPort(p, a)
 }

@@ -98,6 +98,11 @@ const (
 	// and, unauthenticated, refreshes nothing). Counted apart from
 	// stun_not_request, which it would swamp.
 	DropSTUNIndication
+	// DropSPEDMalformed: an authenticated check of a SPED session
+	// (sped.go) whose DTLS-IN-STUN is not a DTLS record, or whose
+	// DTLS-IN-STUN-ACK is not a list of 4-byte checksums: the attribute
+	// is ignored; the check itself is answered and taken.
+	DropSPEDMalformed
 	// NumDropReasons is one more than the largest DropReason; Drops has
 	// this length.
 	NumDropReasons
@@ -118,6 +123,7 @@ var dropNames = [NumDropReasons]string{
 	DropSRTPAuth:           "srtp_auth",
 	DropRTPQueueFull:       "rtp_queue_full",
 	DropSTUNIndication:     "stun_indication",
+	DropSPEDMalformed:      "sped_malformed",
 }
 
 // String returns the reason's metric label, e.g. "stun_bad_integrity".

@@ -152,14 +152,6 @@ type SessionConfig struct {
 	// fit in a Binding message), and negotiates up to DTLS 1.3 whatever
 	// Config.DTLSVersion says: only DTLS 1.3 saves the round trip.
 	SPED bool
-
-	// flightInterval, if not 0, replaces the DTLS retransmission timeout
-	// the session computes (Session.flightInterval; tests).
-	flightInterval time.Duration
-	// resendDelay, if not 0, replaces resendDelay; negative: none (tests).
-	resendDelay time.Duration
-	// spedWait, if not 0, replaces spedResponseWait (tests).
-	spedWait time.Duration
 }
 
 // credentials are a session's current ICE credentials.
@@ -217,6 +209,11 @@ type Session struct {
 	candGen  *credentials
 	candTTL  time.Duration // candidateTTL; tests shorten it (export_test.go)
 
+	// flightFixed, if not 0, is the DTLS retransmission timeout instead of
+	// the one the session computes (Session.flightInterval); tests fix it
+	// (export_test.go).
+	flightFixed time.Duration
+
 	// Consent state, the sweeper's alone.
 	silent, failed bool
 
@@ -272,12 +269,9 @@ func (e *Endpoint) NewSession(cfg SessionConfig) (*Session, error) {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.dtls = newFeed(s)
 	if cfg.SPED {
-		s.sped = &sped{}
+		s.sped = &sped{wait: spedResponseWait}
 	}
 	s.dtls.resendDelay = resendDelay
-	if cfg.resendDelay != 0 {
-		s.dtls.resendDelay = cfg.resendDelay
-	}
 	s.cred.Store(&credentials{localUfrag: cfg.LocalUfrag, remoteUfrag: cfg.RemoteUfrag, integrity: stun.NewShortTermIntegrity(cfg.LocalPwd)})
 	if cfg.Data && len(cfg.RemoteSCTPInit) > 0 {
 		snap, err := sctp.GenerateOutOfBandToken(s.sctpOptions(nil)...)

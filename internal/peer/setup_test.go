@@ -94,12 +94,11 @@ func TestClientHelloOnFirstCheck(t *testing.T) {
 	s := newServer(t)
 	states := make(chan State, 8)
 	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
-	liteSession(t, s, func(c *SessionConfig) {
+	sess := liteSession(t, s, func(c *SessionConfig) {
 		c.Role = DTLSClient
-		c.flightInterval = time.Hour // no retransmission by the timer
-		c.resendDelay = -1
 		c.OnState = func(st State) { states <- st }
 	})
+	sess.setDTLSTimers(time.Hour, -1) // no retransmission by the timer
 	bad, c := newSock(t), newSock(t)
 	// A check with the wrong pwd from another address: dropped, nothing
 	// sent.
@@ -169,12 +168,11 @@ func TestClientHelloOnFirstCheck(t *testing.T) {
 func TestOneClientHelloPerSession(t *testing.T) {
 	s := newServer(t)
 	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
-	liteSession(t, s, func(c *SessionConfig) {
+	sess := liteSession(t, s, func(c *SessionConfig) {
 		c.Role = DTLSClient
-		c.flightInterval = time.Hour
 		c.HandshakeTimeout = time.Hour
-		c.resendDelay = -1 // at once, so that earnings sees it
 	})
+	sess.setDTLSTimers(time.Hour, -1) // resend at once, so that earnings sees it
 	c, other := newSock(t), newSock(t)
 	first := check(t, user, pwd, false)
 	checkFrom(t, c, s.addr(), first)
@@ -213,12 +211,11 @@ func TestOneClientHelloPerSession(t *testing.T) {
 
 	// Once the client has sent DTLS, no more, even with budget left.
 	s2 := newServer(t)
-	liteSession(t, s2, func(c *SessionConfig) {
+	sess2 := liteSession(t, s2, func(c *SessionConfig) {
 		c.Role = DTLSClient
-		c.flightInterval = time.Hour
 		c.HandshakeTimeout = time.Hour
-		c.resendDelay = -1
 	})
+	sess2.setDTLSTimers(time.Hour, -1)
 	c2 := newSock(t)
 	first = check(t, user, pwd, false)
 	checkFrom(t, c2, s2.addr(), first)
@@ -244,12 +241,11 @@ func TestResendWaitsForDTLS(t *testing.T) {
 	const wait = 300 * time.Millisecond
 	for _, answered := range []bool{true, false} {
 		s := newServer(t)
-		liteSession(t, s, func(c *SessionConfig) {
+		sess := liteSession(t, s, func(c *SessionConfig) {
 			c.Role = DTLSClient
-			c.flightInterval = time.Hour
 			c.HandshakeTimeout = time.Hour
-			c.resendDelay = wait
 		})
+		sess.setDTLSTimers(time.Hour, wait)
 		c := newSock(t)
 		checkFrom(t, c, s.addr(), check(t, user, pwd, false))
 		hello := waitClientHello(t, c)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pion/stun/v4"
+	"github.com/switchboard-rtc/switchboard/internal/stunpeek"
 )
 
 // SPED: the DTLS handshake carried in the ICE checks
@@ -100,9 +101,9 @@ const (
 	maxSPEDData = 16
 	// spedResponseWait is how long the response to the check that ended
 	// the ClientHello waits for the handshake's answer before it goes with
-	// the ACK alone. The DTLS goroutine takes about a millisecond for its
-	// ServerHello flight (0.8–1.3 ms here), tens under -race on a loaded
-	// machine, and the response leaves as soon as it has. Waiting costs the
+	// the ACK alone. The DTLS goroutine writes its ServerHello flight
+	// within about a millisecond (tens under -race on a loaded machine),
+	// and the response leaves as soon as it has. Waiting costs the
 	// client nothing it could use: until the flight comes its DTLS cannot
 	// finish, and its ICE, which the response makes writable, has nothing
 	// to send (its ClientHello is acknowledged) but its nomination, which
@@ -157,6 +158,7 @@ type sped struct {
 	wrote  bool      // the session has written handshake datagrams
 	held   *held     // a response waiting for the handshake's answer
 	closed bool
+	wait   time.Duration // spedResponseWait; tests lengthen it (export_test.go)
 }
 
 // spedCRC is the checksum SPED's ACK names a datagram by.
@@ -200,6 +202,9 @@ type spedReply struct {
 // feeds the handshake and whose response may carry a datagram. Read loop.
 func (sp *sped) onCheck(s *Session, m *stun.Message, addr netip.AddrPort, cred *credentials, selected bool) spedReply {
 	data, ack, hasData, hasAck := inSTUN(m)
+	if len(data) > 0 && !isDTLS(data) || len(ack)%4 != 0 {
+		s.e.drop(DropSPEDMalformed) // and the attribute is not used below
+	}
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	switch sp.state {
@@ -220,7 +225,6 @@ func (sp *sped) onCheck(s *Session, m *stun.Message, addr netip.AddrPort, cred *
 	switch {
 	case hasData && len(data) > 0 && selected && isDTLS(data):
 		sp.used = true
-		s.e.spedIn.Add(1)
 		sp.noteReceived(data)
 		// The response waits for the handshake's answer, held before the
 		// datagram is queued: a running handshake may answer at once.
@@ -230,7 +234,9 @@ func (sp *sped) onCheck(s *Session, m *stun.Message, addr netip.AddrPort, cred *
 		// The read loop's push, as for a plain datagram; a full queue
 		// drops it, as it would a plain one, and the client sends it
 		// again (its next check, or plain).
-		if !s.dtls.enqueue(data) {
+		if s.dtls.enqueue(data) {
+			s.e.spedIn.Add(1)
+		} else {
 			s.e.drop(DropDTLSQueueFull)
 		}
 	case !hasData:
@@ -255,19 +261,13 @@ func (sp *sped) onCheck(s *Session, m *stun.Message, addr netip.AddrPort, cred *
 // RFC 9147 §5.2: msg_type 1, fragment_offset + fragment_length = length):
 // the datagram the handshake answers with its first flight.
 func endsClientHello(b []byte) bool {
-	if len(b) < 13+12 || b[0] != 22 || b[13] != 1 {
-		return false
-	}
-	h := b[13:]
-	length := int(h[1])<<16 | int(h[2])<<8 | int(h[3])
-	off := int(h[6])<<16 | int(h[7])<<8 | int(h[8])
-	n := int(h[9])<<16 | int(h[10])<<8 | int(h[11])
-	return off+n == length
+	f, ok := firstFragment(b)
+	return ok && f.typ == 1 && f.offset+f.fragLen == f.length
 }
 
-// isDTLS reports whether b starts like a DTLS record (RFC 7983 §7, first
-// byte 20 to 63) of at least a record header.
-func isDTLS(b []byte) bool { return len(b) >= 13 && b[0] >= 20 && b[0] <= 63 }
+// isDTLS reports whether b starts like a DTLS record (RFC 7983 §7, as the
+// read loop demultiplexes) of at least a record header.
+func isDTLS(b []byte) bool { return len(b) >= 13 && stunpeek.Classify(b) == stunpeek.KindDTLS }
 
 // noteReceived adds a client datagram's checksum to the ACK list. sp.mu
 // held.
@@ -340,11 +340,7 @@ func (sp *sped) hold(s *Session) {
 		sp.mu.Unlock()
 		return // the handshake's answer took it already
 	}
-	wait := spedResponseWait
-	if s.cfg.spedWait > 0 {
-		wait = s.cfg.spedWait
-	}
-	h.timer = time.AfterFunc(wait, func() {
+	h.timer = time.AfterFunc(sp.wait, func() {
 		sp.mu.Lock()
 		if sp.held != h {
 			sp.mu.Unlock()

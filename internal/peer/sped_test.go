@@ -92,9 +92,9 @@ func newSPEDClient(t *testing.T, s *server, mutate ...func(*SessionConfig)) *spe
 	sum := sha256.Sum256(cert.Certificate[0])
 	ufrag, pwd := newCreds()
 	cfg := SessionConfig{LocalUfrag: ufrag, LocalPwd: pwd, RemoteUfrag: "client", Role: DTLSServer, SPED: true,
-		Certificate: s.cert, Fingerprints: []Fingerprint{{Hash: "sha-256", Digest: sum[:]}},
-		spedWait: 5 * time.Second} // a loaded machine's handshake may take longer than spedResponseWait
+		Certificate: s.cert, Fingerprints: []Fingerprint{{Hash: "sha-256", Digest: sum[:]}}}
 	sess := newSession(t, s, cfg, mutate...)
+	sess.setSPEDWait(5 * time.Second) // a loaded machine's handshake may take longer than spedResponseWait
 	sock, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -354,6 +354,36 @@ func TestSPEDAttributesAfterIntegrity(t *testing.T) {
 	}
 }
 
+// TestSPEDMalformedCounted: an authenticated check whose DTLS-IN-STUN is
+// not a DTLS record, or whose DTLS-IN-STUN-ACK is not a list of 4-byte
+// checksums, is answered, feeds nothing, and is counted as sped_malformed
+// (nothing from the network is lost silently).
+func TestSPEDMalformedCounted(t *testing.T) {
+	s := newServer(t)
+	c := newSPEDClient(t, s)
+	for _, tc := range []struct {
+		name      string
+		data, ack []byte
+	}{
+		{"data not DTLS", []byte("not a DTLS record, only bytes"), []byte{}},
+		{"ack of 3 bytes", nil, []byte{1, 2, 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := s.ep.Drops()[DropSPEDMalformed]
+			res, plain := spedExchange(t, c.sock, c.to, c.check(t, tc.data, tc.ack, false), 20*time.Millisecond)
+			if d, _ := spedAttrs(res); d != nil || len(plain) != 0 {
+				t.Errorf("a malformed SPED check earned a %d-byte datagram and %d plain ones", len(d), len(plain))
+			}
+			if got := s.ep.Drops()[DropSPEDMalformed]; got != before+1 {
+				t.Fatalf("sped_malformed %d, want %d", got, before+1)
+			}
+		})
+	}
+	if p := c.sess.SetupPhase(); p != SetupNoDTLS {
+		t.Errorf("setup phase %v, want no_dtls: a malformed DTLS-IN-STUN fed the handshake", p)
+	}
+}
+
 // TestSPEDSessionConfig: a SPED session must be the DTLS server with an
 // ECDSA certificate.
 func TestSPEDSessionConfig(t *testing.T) {
@@ -455,11 +485,8 @@ func clientHelloGroups(t *testing.T, b []byte) (groups, shares []uint16) {
 func TestClientHelloGroups(t *testing.T) {
 	s := newServer(t, func(c *Config) { c.DTLSVersion = DTLS13 })
 	const user, pwd = "local:remote", "localpwdlocalpwdlocalpwd"
-	liteSession(t, s, func(c *SessionConfig) {
-		c.Role = DTLSClient
-		c.flightInterval = time.Hour
-		c.resendDelay = -1
-	})
+	sess := liteSession(t, s, func(c *SessionConfig) { c.Role = DTLSClient })
+	sess.setDTLSTimers(time.Hour, -1)
 	c := newSock(t)
 	if _, err := c.WriteToUDPAddrPort(check(t, user, pwd, false), s.addr()); err != nil {
 		t.Fatal(err)

@@ -88,6 +88,18 @@
 // once. Clear first returns, as played, the marks whose audio had all
 // been sent (it is counted in the played time and reaches the client),
 // then the marks it dropped, with Cleared set, then its EventCleared.
+//
+// # Hold, pause
+//
+// Hold closes a gate at the queue's tail: what is pushed after it (a
+// reply prepared for a turn not yet decided) waits, sent nothing and
+// costing its worker nothing, while what was queued before it plays on;
+// Release lets it play (at once, from an idle queue), Discard drops it
+// (its marks come back Cleared) and keeps the gate closed. PauseRun stops
+// a run where it is (speech over the reply that may prove a cough): it
+// sends the clear tail's silence for as long as the pause lasts, keeps
+// what is queued and pushed, and does not end; ResumeRun goes on from
+// there, and a Clear ends it as always (EventPaused, EventResumed).
 package playout
 
 import (
@@ -149,9 +161,13 @@ const (
 	// run had sent (0 when there was no run).
 	EventCleared
 	// EventMark: a mark's audio has played out on the timeline, or was
-	// all sent before a clear (Cleared false); or a clear dropped it
-	// (Cleared true).
+	// all sent before a clear (Cleared false); or a clear or a Discard
+	// dropped it (Cleared true).
 	EventMark
+	// EventPaused: PauseRun paused the run; PlayedMs is what it had sent.
+	EventPaused
+	// EventResumed: ResumeRun resumed it; PlayedMs as for EventPaused.
+	EventResumed
 )
 
 func (t EventType) String() string {
@@ -164,6 +180,10 @@ func (t EventType) String() string {
 		return "cleared"
 	case EventMark:
 		return "mark"
+	case EventPaused:
+		return "paused"
+	case EventResumed:
+		return "resumed"
 	}
 	return "unknown"
 }
@@ -172,7 +192,7 @@ func (t EventType) String() string {
 type Event struct {
 	Type EventType
 	// PlayedMs is milliseconds of audio sent in the run (EventStopped,
-	// EventCleared).
+	// EventCleared, EventPaused, EventResumed).
 	PlayedMs int64
 	// Name is the mark's name (EventMark).
 	Name string
@@ -180,6 +200,7 @@ type Event struct {
 	Cleared bool
 	// ResponseID is the response id in force (set by PushResponse): for
 	// EventStarted that of the run's first audio, for EventStopped and
-	// EventCleared that of the last audio sent. "" when none was set.
+	// EventCleared that of the last audio sent; for EventPaused and
+	// EventResumed the latest. "" when none was set.
 	ResponseID string
 }

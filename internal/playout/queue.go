@@ -147,6 +147,14 @@ type Queue struct {
 	tailLeft  int
 	inflow    int64      // audio pushed since the worker last looked, 48 kHz samples
 	pace      paceWindow // the backend's pushes over the last PaceWindow
+	// The gate (Hold): while holding, items[gate:] are held, not played.
+	holding bool
+	gate    int
+	// sentEnd is the timeline position where the last audio sent ends.
+	sentEnd int64
+	// suspended: the run is paused (PauseRun): nothing of it is sent, and
+	// it does not end, until ResumeRun or a Clear.
+	suspended bool
 
 	// Owned by the queue's worker goroutine.
 	next int64 // the tick number of the queue's next turn
@@ -199,7 +207,9 @@ func (q *Queue) PushAudio(payload []byte, dur int) error {
 	q.arena = append(q.arena, payload...)
 	q.queued += int64(dur)
 	q.inflow += int64(dur)
-	q.schedule()
+	if !q.holding {
+		q.schedule()
+	}
 	return nil
 }
 
@@ -214,13 +224,15 @@ func (q *Queue) PushMark(name string) error {
 	if err := q.admit(0); err != nil {
 		return err
 	}
-	if !q.running && q.head == len(q.items) {
+	if !q.running && q.head == len(q.items) && !q.holding {
 		q.events = append(q.events, Event{Type: EventMark, Name: name})
 		q.signal()
 		return nil
 	}
 	q.items = append(q.items, item{kind: itemMark, text: name})
-	q.schedule()
+	if !q.holding {
+		q.schedule()
+	}
 	return nil
 }
 
@@ -234,12 +246,14 @@ func (q *Queue) PushResponse(id string) error {
 	if err := q.admit(0); err != nil {
 		return err
 	}
-	if !q.running && q.head == len(q.items) {
+	if !q.running && q.head == len(q.items) && !q.holding {
 		q.respID = id
 		return nil
 	}
 	q.items = append(q.items, item{kind: itemResponse, text: id})
-	q.schedule()
+	if !q.holding {
+		q.schedule()
+	}
 	return nil
 }
 
@@ -268,10 +282,11 @@ func (q *Queue) Clear() (playedMs int64) {
 	// sent yet: the turn that sent their audio stopped before them (the
 	// timeline had not reached the turn's tick). A mark only stands
 	// behind unsent audio if it was pushed after that audio.
+	// Held items (Hold) are not: they were never to play before the gate.
 	rest := q.items[q.head:]
-	for len(rest) > 0 && rest[0].kind != itemAudio {
-		if rest[0].kind == itemMark {
-			q.events = append(q.events, Event{Type: EventMark, Name: rest[0].text})
+	for played := q.items[q.head:q.playEnd()]; len(played) > 0 && played[0].kind != itemAudio; played = played[1:] {
+		if played[0].kind == itemMark {
+			q.events = append(q.events, Event{Type: EventMark, Name: played[0].text})
 		}
 		rest = rest[1:]
 	}
@@ -281,14 +296,174 @@ func (q *Queue) Clear() (playedMs int64) {
 		}
 	}
 	q.events = append(q.events, Event{Type: EventCleared, PlayedMs: playedMs, ResponseID: q.respID})
-	if q.running && q.tail != nil {
-		q.tailLeft = q.tailTicks
+	if q.running && q.tail != nil && !q.suspended {
+		q.tailLeft = q.tailTicks // a paused run sent its tail when it paused
 		q.schedule()
 	}
 	q.reset()
-	q.running, q.played, q.respID, q.sentResp, q.underrun = false, 0, "", "", false
+	q.running, q.played, q.respID, q.sentResp, q.underrun, q.suspended = false, 0, "", "", false, false
 	q.signal()
 	return playedMs
+}
+
+// Hold closes a gate at the queue's tail: audio, marks and response tags
+// pushed from now on are held behind it, not played (a reply prepared
+// for a turn that is not yet decided), while what was queued before it
+// plays on. Release lets them play; Discard drops them. Idempotent.
+func (q *Queue) Hold() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.holding {
+		q.holding, q.gate = true, len(q.items)
+	}
+}
+
+// Holding reports whether the gate is closed (Hold).
+func (q *Queue) Holding() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.holding
+}
+
+// Release opens the gate: what was held plays after what is before it, at
+// once from an idle queue (a run from idle). It returns the held audio's
+// duration, ms (0 when nothing was held, or no gate).
+func (q *Queue) Release() (heldMs int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.holding {
+		return 0
+	}
+	held := q.heldSamples()
+	q.holding = false
+	if q.head < len(q.items) {
+		q.schedule()
+	}
+	return held * 1000 / 48000
+}
+
+// Discard drops what is held behind the gate, which stays closed: what
+// is pushed next is held too. Marks it drops come back at once, in order,
+// with Cleared set. It returns the dropped audio's duration, ms (0 when
+// nothing was held, or no gate).
+func (q *Queue) Discard() (discardedMs int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.holding {
+		return 0
+	}
+	held := q.heldSamples()
+	arenaEnd := -1
+	for _, it := range q.items[q.gate:] {
+		switch it.kind {
+		case itemMark:
+			q.events = append(q.events, Event{Type: EventMark, Name: it.text, Cleared: true})
+		case itemAudio:
+			if arenaEnd < 0 {
+				arenaEnd = it.off // payloads lie in queue order
+			}
+		}
+	}
+	if arenaEnd >= 0 {
+		q.arena = q.arena[:arenaEnd]
+	}
+	clear(q.items[q.gate:])
+	q.items = q.items[:q.gate]
+	q.queued -= held
+	if len(q.events) > 0 {
+		q.signal()
+	}
+	return held * 1000 / 48000
+}
+
+// heldSamples is the audio behind the gate, 48 kHz samples. mu held,
+// holding.
+func (q *Queue) heldSamples() int64 {
+	var n int64
+	for _, it := range q.items[q.gate:] {
+		if it.kind == itemAudio {
+			n += int64(it.dur)
+		}
+	}
+	return n
+}
+
+// playEnd is the end of the items that may play: the gate, while
+// holding. mu held.
+func (q *Queue) playEnd() int {
+	if q.holding {
+		return q.gate
+	}
+	return len(q.items)
+}
+
+// PauseRun pauses playout: from the queue's next turn no audio is sent,
+// what is queued and what is pushed meanwhile waits, and the run does not
+// end, until ResumeRun (or a Clear, which ends it as always). A run that
+// was sending fills the pause with the clear tail's silence
+// (QueueConfig.ClearTail), a packet every 20 ms on the run's timeline for
+// as long as it lasts: the client's decoder plays silence rather than
+// concealing the reply, and its jitter buffer sees no gap (WebRTC's NetEq
+// takes a gap in a stream, then a talkspurt, as delay to allow for).
+// It queues EventPaused with the run's played time, and returns it; ok is
+// false, and nothing changes, when no run is in progress or starting (an
+// idle queue, or only held audio) or the run is already paused.
+func (q *Queue) PauseRun() (playedMs int64, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.suspended || (!q.running && q.head == q.playEnd()) {
+		return 0, false
+	}
+	q.suspended = true
+	if q.running {
+		playedMs = q.played * 1000 / 48000
+	}
+	q.events = append(q.events, Event{Type: EventPaused, PlayedMs: playedMs, ResponseID: q.respID})
+	q.signal()
+	return playedMs, true
+}
+
+// ResumeRun resumes a run paused by PauseRun where it paused: its next
+// packet leaves at the queue's next turn, after the pause's silence (with
+// no ClearTail: after a gap, the marker bit set and its timestamp
+// following the time that passed). It queues EventResumed
+// with the run's played time and returns it; ok is false when the run is
+// not paused.
+func (q *Queue) ResumeRun() (playedMs int64, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.suspended {
+		return 0, false
+	}
+	q.suspended, q.tailLeft = false, 0
+	if q.running {
+		playedMs = q.played * 1000 / 48000
+	}
+	q.events = append(q.events, Event{Type: EventResumed, PlayedMs: playedMs, ResponseID: q.respID})
+	if q.running || q.head < q.playEnd() {
+		q.schedule()
+	}
+	q.signal()
+	return playedMs, true
+}
+
+// RunPaused reports whether the run is paused (PauseRun).
+func (q *Queue) RunPaused() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.suspended
+}
+
+// AudioEnd returns when the audio the queue sent last ends on the pacing
+// clock: the moment its last packet was due plus that packet's duration
+// (the client hears it later, by its path and jitter buffer). After an
+// EventStopped or EventCleared, that is the end of the run's audio;
+// before the queue sent anything, the clock's start.
+func (q *Queue) AudioEnd() time.Time {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	tl := q.sentEnd
+	return q.w.c.start.Add(time.Duration(tl/48000)*time.Second + time.Duration(tl%48000)*time.Second/48000)
 }
 
 // Resume starts playing a queue made with QueueConfig.Paused: what was
@@ -297,17 +472,27 @@ func (q *Queue) Resume() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.paused = false
-	if q.head < len(q.items) {
+	if q.head < q.playEnd() {
 		q.schedule()
 	}
 }
 
-// Idle reports whether nothing is queued and no run is in progress (a
-// run whose queue has run dry is in progress until its RunGrace is over).
+// Idle reports whether nothing is queued (held audio included) and no run
+// is in progress (a run whose queue has run dry is in progress until its
+// RunGrace is over).
 func (q *Queue) Idle() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return !q.running && q.head == len(q.items)
+}
+
+// Playing reports whether a run is in progress (paused or not) or audio
+// that may play is queued: audio held behind the gate (Hold) does not
+// count.
+func (q *Queue) Playing() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.running || q.head < q.playEnd()
 }
 
 // Queued returns the audio waiting in the queue.
@@ -405,7 +590,7 @@ const (
 // reset empties the items and the arena. mu held.
 func (q *Queue) reset() {
 	clear(q.items[q.head:]) // drop the strings
-	q.items, q.head, q.arena, q.queued = q.items[:0], 0, q.arena[:0], 0
+	q.items, q.head, q.arena, q.queued, q.gate = q.items[:0], 0, q.arena[:0], 0, 0
 	if cap(q.arena) > keepArena {
 		q.arena = nil
 	}
@@ -423,6 +608,9 @@ func (q *Queue) compact() {
 	}
 	n := copy(q.items, q.items[q.head:])
 	clear(q.items[n:])
+	if q.holding {
+		q.gate -= q.head
+	}
 	q.items, q.head = q.items[:n], 0
 	// Audio offsets increase along the queue; marks and tags carry no
 	// bytes. Move the bytes from the first waiting payload on.
@@ -463,14 +651,14 @@ func (q *Queue) tick(now, first, at int64, w *worker) (keep bool) {
 	// The run's grace (RunGrace) after the last audio ended before the
 	// run stops, so a backend streaming in real time with jitter does not
 	// split its playout.
-	if q.running && len(w.batch) == 0 && q.head == len(q.items) && now+q.period > q.tl+q.grace {
+	if q.running && !q.suspended && len(w.batch) == 0 && q.head == q.playEnd() && now+q.period > q.tl+q.grace {
 		q.stop()
 		events = true
 	}
 	if events {
 		q.signal()
 	}
-	if q.closed || (!q.running && q.head == len(q.items) && q.tailLeft == 0 && len(q.marks) == 0) {
+	if q.closed || (!q.running && q.head == q.playEnd() && q.tailLeft == 0 && len(q.marks) == 0) {
 		q.scheduled = false
 		return false
 	}
@@ -491,7 +679,7 @@ func (q *Queue) stop() {
 func (q *Queue) wantsTail() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !q.running || q.head != len(q.items) || q.underrun || q.late*q.period <= jitterSamples {
+	if !q.running || q.suspended || q.head != q.playEnd() || q.underrun || q.late*q.period <= jitterSamples {
 		return false
 	}
 	q.underrun = true
@@ -522,7 +710,7 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 		due += q.period
 	}
 	var extra int64
-	for q.head < len(q.items) && !q.closed {
+	for end := q.playEnd(); q.head < end && !q.closed && !q.suspended; {
 		it := &q.items[q.head]
 		if it.kind != itemAudio {
 			if q.tl >= now+q.period {
@@ -594,8 +782,14 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 		q.tl -= extra
 		w.c.caughtUp.Add(uint64(extra))
 	}
-	if q.tailLeft > 0 && q.head == len(q.items) && !q.running && q.tl < now+q.period && !q.closed {
-		// The clear tail: silence where the cut reply was, on its timeline.
+	if len(w.batch) > 0 {
+		q.sentEnd = q.tl
+	}
+	// A paused run fills its pause with silence, for as long as it lasts.
+	fill := q.suspended && q.running && q.tail != nil
+	if (fill || q.tailLeft > 0 && q.head == q.playEnd() && !q.running) && q.tl < now+q.period && !q.closed {
+		// The clear tail: silence where the cut reply was, on its
+		// timeline (or where a paused run stopped).
 		if q.tl < first {
 			q.ts += uint32(at - q.tl)
 			q.tl = at
@@ -607,7 +801,9 @@ func (q *Queue) take(now, first, at int64, w *worker) (events bool) {
 		q.seq++
 		q.ts += tailSamples
 		q.tl += tailSamples
-		q.tailLeft--
+		if !fill {
+			q.tailLeft--
+		}
 	}
 	if q.head == len(q.items) {
 		q.reset()

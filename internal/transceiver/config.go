@@ -162,12 +162,15 @@ type Config struct {
 	// Default DefaultDTLSVersion (docs/benchmarks.md, "Call setup",
 	// measures both with every client).
 	DTLSVersion string `yaml:"dtls_version"`
-	// SPED answers an offer that lists a=ice-options:goog-sped-v1
-	// (Chromium with its WebRTC-IceHandshakeDtls field trial) with it: the
-	// transceiver is then the DTLS server, with DTLS 1.3 whatever
-	// DTLSVersion says, and the handshake rides in the ICE checks and
-	// their responses (internal/peer sped.go), a round trip sooner.
-	// Default true (DefaultSPED).
+	// SPED answers an offer whose a=ice-options lists sped, googspedv1 or
+	// goog-sped-v1 (Chromium with its WebRTC-IceHandshakeDtls field
+	// trial; peer.Offer.SPED) with the same options when DTLSVersion is
+	// 1.3 (SPED runs only with it): the transceiver is then the DTLS
+	// server, and
+	// the handshake rides in the ICE checks and their responses
+	// (internal/peer sped.go), a round trip sooner when the client's
+	// ClientHello fits in one datagram (docs/interop.md, "DTLS in the ICE
+	// checks"). Default true (DefaultSPED).
 	SPED bool `yaml:"sped"`
 	// Auth turns on signaling authentication (internal/auth, docs/design.md §6):
 	// offers need a client token minted at POST /v1/client_tokens with an

@@ -74,15 +74,22 @@ func (sess *session) readDataChannel(dc *datachannel.DataChannel, forward bool) 
 }
 
 // OpenAI Realtime server events the transceiver itself sends the client on
-// oai-events: turn detection's (unless the backend's hello opted out of
-// input_audio_buffer events), playout's (unless it opted out of
-// output_audio_buffer events), and the end event, always.
+// oai-events: turn detection's and the idle timeout's (unless the
+// backend's hello opted out of input_audio_buffer events), playout's
+// (unless it opted out of output_audio_buffer events), and the end event,
+// always.
 const (
 	clientSpeechStartedType = "input_audio_buffer.speech_started"
 	clientSpeechStoppedType = "input_audio_buffer.speech_stopped"
+	clientTimeoutType       = "input_audio_buffer.timeout_triggered"
 	clientStartedType       = "output_audio_buffer.started"
 	clientStoppedType       = "output_audio_buffer.stopped"
 	clientClearedType       = "output_audio_buffer.cleared"
+	// Switchboard's own, for what OpenAI has no event for: speech over
+	// the reply paused its playout, and the reply resumed (that speech
+	// was a cough or a backchannel, not a turn).
+	clientPausedType  = "switchboard.output_audio_buffer.paused"
+	clientResumedType = "switchboard.output_audio_buffer.resumed"
 )
 
 // EndEventType is the type of the event the transceiver sends on
@@ -111,9 +118,10 @@ type clientEvent struct {
 // transceiver sends the client of its own, and the backend's, forwarded.
 // Event ids are event_sb_<session>_<n>, n counting every event sent or
 // dropped from 1; user item ids item_sb_<session>_<n>, one per speech
-// start. The channel is the peer session's goroutine's to set (open);
-// the rest is safe for concurrent use except items, the track
-// goroutine's.
+// start or idle timeout. The channel is the peer session's goroutine's to
+// set (open); the rest is safe for concurrent use except items and item,
+// which the media path's turnMu guards (speech starts and stops on the
+// track goroutine, idle timeouts on their timer's).
 type clientEvents struct {
 	// Set once: the id prefixes, and which events the backend's hello
 	// asked for (before any goroutine that sends starts).
@@ -123,8 +131,8 @@ type clientEvents struct {
 
 	dc    atomic.Pointer[datachannel.DataChannel] // oai-events, once the client opened it
 	ids   atomic.Uint64
-	items uint64 // the track goroutine's: user items started
-	item  string // the track goroutine's: the current user item's id
+	items uint64 // guarded by the media path's turnMu: user items started
+	item  string // guarded by the media path's turnMu: the current user item's id
 }
 
 func newClientEvents(sessionID string, dropped prometheus.Counter) *clientEvents {
@@ -148,17 +156,32 @@ func (ce *clientEvents) forward(msg []byte) bool {
 }
 
 // speechStarted starts a user item and sends input_audio_buffer.speech_started
-// at audioMs (the track goroutine).
+// at audioMs (turnMu held).
 func (ce *clientEvents) speechStarted(audioMs int64) {
-	ce.items++
-	ce.item = ce.itemPrefix + strconv.FormatUint(ce.items, 10)
+	ce.newItem()
 	if ce.input {
 		ce.emit(clientEvent{Type: clientSpeechStartedType, AudioStartMs: &audioMs, ItemID: ce.item})
 	}
 }
 
+// newItem starts a user item (turnMu held).
+func (ce *clientEvents) newItem() {
+	ce.items++
+	ce.item = ce.itemPrefix + strconv.FormatUint(ce.items, 10)
+}
+
+// timeoutTriggered sends input_audio_buffer.timeout_triggered for the
+// quiet audio from startMs to endMs, as a user item of its own, as
+// OpenAI's Realtime API does (turnMu held).
+func (ce *clientEvents) timeoutTriggered(startMs, endMs int64) {
+	ce.newItem()
+	if ce.input {
+		ce.emit(clientEvent{Type: clientTimeoutType, AudioStartMs: &startMs, AudioEndMs: &endMs, ItemID: ce.item})
+	}
+}
+
 // speechStopped sends input_audio_buffer.speech_stopped at audioMs for
-// the current user item (the track goroutine).
+// the current user item (turnMu held).
 func (ce *clientEvents) speechStopped(audioMs int64) {
 	if ce.input {
 		ce.emit(clientEvent{Type: clientSpeechStoppedType, AudioEndMs: &audioMs, ItemID: ce.item})

@@ -63,16 +63,17 @@ var bridgeCtx = context.Background()
 // events' drain. Its methods run on four goroutines, each owning its part:
 //
 //   - the track goroutine (fromClient): toBackend, dec, decLast, turns
-//     (but turns.next), and the turn reports;
+//     (but turns.next and its clock), and the turn reports;
 //   - the bridge reader (fromBackend): playAudio, onControl, full;
 //   - the playout clock's worker: SendPacket, rtpPkt, flushTail;
 //   - the event drain, while it runs: drainEvents.
 //
-// Clears come from any of them and the oai-events reader. Locks, in the
-// order they are taken: turnMu, encMu, the queue's own, evMu (kickEvents,
-// which the queue calls with its lock held). encMu is never held across a
-// bridge write; turnMu is, for the writes it orders: a barge-in's
-// input.speech_started and the drain's playout reports.
+// Clears come from any of them and the oai-events reader; the idle
+// timeout fires on a timer's goroutine (idle.go). Locks, in the order
+// they are taken: turnMu, encMu, the queue's own, evMu (kickEvents, which
+// the queue calls with its lock held). encMu is never held across a
+// bridge write; turnMu is, for the writes it orders: the turn messages
+// and the playout reports.
 type mediaPath struct {
 	// Set once (newMediaPath).
 	cfg      *Config
@@ -99,15 +100,26 @@ type mediaPath struct {
 	full        atomic.Bool   // audio is being refused for the cap; one error per episode
 	tailRefused chan struct{} // flushTail → drainEvents: a tail did not fit; capacity 1
 	rtpPkt      rtp.Packet    // SendPacket's packet; only the clock worker touches it
+	sentAny     bool          // SendPacket has sent a packet; only the clock worker touches it
+	firstSeq    atomic.Uint32 // the first packet's sequence number | firstSeqSet, once sent
 	decLast     audio.DecoderStats
+
+	// The turn awaiting its reply, for the per-turn latencies: the wall
+	// time (Unix ns) its speech ended, until the first reply audio from
+	// the backend (replyDue, playAudio) and the first packet sent to the
+	// client (sendDue, SendPacket) come; 0: none awaited.
+	replyDue, sendDue atomic.Int64
 
 	turns turns // turn detection (turns.go)
 	// clean is input cleaning (clean.go): echo cancellation and noise
 	// suppression before turn detection.
 	clean cleaning
-	// turnMu orders a barge-in's input.speech_started before the
-	// playout events its clear causes (speechStarted, drainEvents).
-	turnMu sync.Mutex
+	// turnMu orders the turn messages and the playout events a turn
+	// causes (speechStarted, drainEvents, reportPlayoutLocked), and
+	// guards idle and evLocked.
+	turnMu   sync.Mutex
+	idle     idleWatch       // the idle timeout (idle.go)
+	evLocked []playout.Event // reportPlayoutLocked's scratch
 
 	// The playout event drain (kickEvents).
 	evPending atomic.Int32   // wake-ups not yet handled by a drain
@@ -176,10 +188,21 @@ func newMediaPath(sess *session) (*mediaPath, error) {
 	}
 	qcfg.OnEvents = m.kickEvents
 	m.q = sess.srv.clock.NewQueue(m, qcfg)
+	m.idle.fire, m.idle.clock = m.idleFired, m.turns.clockNow
 	if td := m.be.TurnDetection(); td != nil {
 		m.setTurnDetection(td, "hello")
 	}
 	return m, nil
+}
+
+// firstSeqSet marks mediaPath.firstSeq as set.
+const firstSeqSet = 1 << 16
+
+// firstSent returns the sequence number of the first packet sent to the
+// client; sent is false before there was one.
+func (m *mediaPath) firstSent() (seq uint16, sent bool) {
+	v := m.firstSeq.Load()
+	return uint16(v), v&firstSeqSet != 0
 }
 
 // startPlayout lets the queued audio play: the client's media path is up.
@@ -195,6 +218,10 @@ func (m *mediaPath) toBackend(pkt *rtp.Packet) error {
 	var now time.Time // the detector's and cleaner's wall time: read only when one is on
 	if t.in.Detector() != nil || m.clean.c != nil {
 		now = time.Now()
+	}
+	if t.in.Detector() != nil {
+		t.now = now
+		defer t.fed(now)
 	}
 	if m.dec == nil {
 		if err := m.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}); err != nil {

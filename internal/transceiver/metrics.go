@@ -29,6 +29,12 @@ type metrics struct {
 	// about the audio the transceiver sends.
 	rtt, jitter prometheus.Histogram
 	loss        prometheus.Histogram
+	// The same once per session, at its end (reports.go).
+	sessionRTT, sessionJitter, sessionLoss prometheus.Histogram
+	// Turn-taking (turns.go): speech end → the reply, by stage; speech
+	// over a reply → the edge quiet.
+	turnReply         *prometheus.HistogramVec
+	interruptionQuiet prometheus.Histogram
 	// Backend bridge.
 	bridgeDial   prometheus.Histogram
 	bridgeErrors *prometheus.CounterVec
@@ -40,7 +46,9 @@ type metrics struct {
 	// Media path (media.go).
 	backendRefused     *prometheus.CounterVec // by reason: bad backend input
 	clears             *prometheus.CounterVec // by source: backend, client, turn
-	turns              *prometheus.CounterVec // turn detection events, by event: speech_started, speech_stopped
+	turns              *prometheus.CounterVec // turn detection events, by event: speech_started, speech_stopped, speech_paused, speech_resumed, timeout_triggered
+	interruptions      *prometheus.CounterVec // speech over a reply, by result: cleared, resumed
+	heldReplies        *prometheus.CounterVec // replies held for a tentative turn, by result: played, discarded
 	clientAudioDropped *prometheus.CounterVec // by reason: invalid_rtp, invalid_opus, late
 	concealed          *prometheus.CounterVec // seconds, by method: fec, plc
 	// clientConnection counts clients going silent and coming back (consent.go).
@@ -71,6 +79,17 @@ const (
 	phaseICE        = "ice"         // ICE connected (the client's nomination reached us)
 	phaseDTLS       = "dtls"        // DTLS handshake done
 	phaseFirstAudio = "first_audio" // first client audio packet handed to the backend
+)
+
+// replyBuckets span the speech end → reply latencies of voice agents, in
+// seconds: the silence window (0.5 s by default) and a pipeline's
+// hundreds of milliseconds.
+var replyBuckets = []float64{0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.2, 1.5, 2, 3, 5, 10}
+
+// Stages of switchboard_transceiver_turn_reply_seconds.
+const (
+	stageBackend = "backend" // the first reply audio from the backend
+	stageClient  = "client"  // the reply's first packet sent to the client
 )
 
 // setupBuckets span 1 ms to ~4 s, in seconds.
@@ -110,7 +129,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_setup_failures_total", Help: "Sessions whose setup failed, by where it stopped: ice no_check (no authenticated check), ice failed (checks stopped), dtls no_dtls (checks, no DTLS from the client), dtls timeout (handshake incomplete), dtls failed, sctp timeout (connected, data channels' SCTP not up; the session goes on).",
 		}, []string{"phase", "reason"}),
 		dtlsHandshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_dtls_handshakes_total", Help: "Completed DTLS handshakes, by the version negotiated (1.2, 1.3) and whether the handshake ran inside the ICE checks (in_stun: SPED, goog-sped-v1).",
+			Name: "switchboard_transceiver_dtls_handshakes_total", Help: "Completed DTLS handshakes, by the version negotiated (1.2, 1.3) and whether the handshake ran inside the ICE checks (in_stun: SPED, a=ice-options sped or googspedv1).",
 		}, []string{"version", "in_stun"}),
 		rtt: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_rtt_seconds", Help: "Round-trip time to clients, from RTCP receiver reports (LSR/DLSR, RFC 3550 6.4.1).",
@@ -123,6 +142,27 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		loss: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_loss_ratio", Help: "Fraction of audio packets lost towards clients, per RTCP receiver report.",
 			Buckets: []float64{0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1},
+		}),
+		sessionRTT: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_session_rtt_seconds", Help: "Each session's mean round-trip time to its client over its RTCP receiver reports, observed once when it ends (sessions with one).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 12),
+		}),
+		sessionJitter: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_session_jitter_seconds", Help: "Each session's mean interarrival jitter its client reported for the audio it received, observed once when it ends.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 10),
+		}),
+		sessionLoss: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_session_loss_ratio", Help: "Each session's fraction of audio packets lost towards its client (the last receiver report's cumulative loss over the packets sent up to it), observed once when it ends.",
+			Buckets: []float64{0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1},
+		}),
+		turnReply: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchboard_transceiver_turn_reply_seconds",
+			Help:    "From the end of the user's speech (a turn's speech end, which the silence window follows) to its reply, by stage: backend (the first reply audio from the backend: its latency plus the silence window, less what a tentative turn saved), client (the reply's first packet sent to the client).",
+			Buckets: replyBuckets,
+		}, []string{"stage"}),
+		interruptionQuiet: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchboard_transceiver_interruption_quiet_seconds", Help: "From the onset of speech over the agent's reply (as the detector placed it) to the edge's clear or pause of the reply: the next tick sends nothing (turn detection's share of barge-in).",
+			Buckets: []float64{0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1},
 		}),
 		bridgeDial: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "switchboard_transceiver_bridge_dial_seconds", Help: "Time to open a session's backend bridge (WebSocket, hello, session.start).", Buckets: setupBuckets,
@@ -144,8 +184,14 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Name: "switchboard_transceiver_output_clears_total", Help: "Output queue clears, by source: backend (output.clear), client (output_audio_buffer.clear), turn (barge-in: turn detection heard the user start talking).",
 		}, []string{"source"}),
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchboard_transceiver_turn_events_total", Help: "Turn detection events sent to backends (docs/bridge.md 4.8), by event: speech_started, speech_stopped.",
+			Name: "switchboard_transceiver_turn_events_total", Help: "Turn detection events (docs/bridge.md 4.8), by event: speech_started, speech_stopped, speech_paused (the early pause, whether or not it was sent as a tentative turn), speech_resumed, timeout_triggered (idle timeout).",
 		}, []string{"event"}),
+		interruptions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_interruptions_total", Help: "Speech that started over the agent's reply with interrupt_response on, by result: cleared (the reply was cut: at once, or once that speech proved a turn with resume_false_interruption), resumed (the reply, paused, resumed: a cough or a backchannel).",
+		}, []string{"result"}),
+		heldReplies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_held_replies_total", Help: "Backend audio held for a tentative end of turn (input.speech_paused), by result: played (the turn was confirmed: it played at once), discarded (the user went on talking).",
+		}, []string{"result"}),
 		clientAudioDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_audio_dropped_total", Help: "Client audio packets dropped, by reason: invalid_rtp (an RTP packet that does not parse after SRTP, e.g. a bad padding length; any format), and for a PCM backend invalid_opus, late (reordered or duplicated).",
 		}, []string{"reason"}),
@@ -158,7 +204,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		}, []string{"reason"}),
 		peerDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_peer_dropped_total",
-			Help: "Client datagrams the WebRTC read loop dropped, by reason: unknown_packet (not STUN, DTLS or RTP, RFC 7983), stun_malformed, stun_not_request (a response), stun_indication (a keepalive some clients send), stun_unknown_ufrag (no such session, or an ICE restart's old ufrag), stun_bad_username, stun_bad_integrity, stun_bad_fingerprint, unknown_address (DTLS or SRTP from an address no authenticated check came from), dtls_queue_full, srtp_not_ready, srtp_auth (SRTP or SRTCP that does not authenticate, or a replay), rtp_queue_full (the session's media reader is behind).",
+			Help: "Client datagrams the WebRTC read loop dropped, by reason: unknown_packet (not STUN, DTLS or RTP, RFC 7983), stun_malformed, stun_not_request (a response), stun_indication (a keepalive some clients send), stun_unknown_ufrag (no such session, or an ICE restart's old ufrag), stun_bad_username, stun_bad_integrity, stun_bad_fingerprint, unknown_address (DTLS or SRTP from an address no authenticated check came from), dtls_queue_full, srtp_not_ready, srtp_auth (SRTP or SRTCP that does not authenticate, or a replay), rtp_queue_full (the session's media reader is behind), sped_malformed (a check's DTLS-IN-STUN that is not DTLS, or a bad DTLS-IN-STUN-ACK).",
 		}, []string{"reason"}),
 		dcRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_data_channels_refused_total", Help: "Data channels a client opened beyond the per-session limit (4), closed at once.",
@@ -193,8 +239,17 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for _, src := range []string{"backend", "client", clearSourceTurn} {
 		m.clears.WithLabelValues(src)
 	}
-	for _, e := range []string{"speech_started", "speech_stopped"} {
+	for _, e := range []string{"speech_started", "speech_stopped", "speech_paused", "speech_resumed", turnTimeout} {
 		m.turns.WithLabelValues(e)
+	}
+	for _, r := range []string{interruptionCleared, interruptionResumed} {
+		m.interruptions.WithLabelValues(r)
+	}
+	for _, r := range []string{heldPlayed, heldDiscarded} {
+		m.heldReplies.WithLabelValues(r)
+	}
+	for _, st := range []string{stageBackend, stageClient} {
+		m.turnReply.WithLabelValues(st)
 	}
 	for _, r := range []string{"invalid_rtp", "invalid_opus", "late"} {
 		m.clientAudioDropped.WithLabelValues(r)
@@ -258,7 +313,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		return float64(s.sockDrops.Load())
 	})
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
-		m.setup, m.setupPhase, m.setupFailures, m.dtlsHandshakes, m.rtt, m.jitter, m.loss, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.turns, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped, spedIn, spedOut)
+		m.setup, m.setupPhase, m.setupFailures, m.dtlsHandshakes, m.rtt, m.jitter, m.loss, m.sessionRTT, m.sessionJitter, m.sessionLoss, m.turnReply, m.interruptionQuiet, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
+		m.backendRefused, m.clears, m.turns, m.interruptions, m.heldReplies, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped, spedIn, spedOut)
 	return m
 }

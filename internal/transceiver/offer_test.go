@@ -51,7 +51,8 @@ func TestAnswerDTLSRole(t *testing.T) {
 
 // TestAnswerSPED: with Config.SPED an actpass offer whose a=ice-options
 // lists SPED's options is answered a=setup:passive with the same options
-// (internal/peer sped.go); without it, or for an offer without them, the
+// (internal/peer sped.go); without it, with DTLS pinned to 1.2 (SPED needs
+// 1.3), or for an offer without them, the
 // configured role and no option. A plain client still connects (it sends
 // its checks without SPED's attributes).
 func TestAnswerSPED(t *testing.T) {
@@ -62,15 +63,17 @@ func TestAnswerSPED(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		sped       bool
+		version    string
 		offer      func(string) string
 		setup, opt string
 	}{
-		{"offer with sped", true, withSPED, "passive", "a=ice-options:sped googspedv1"},
-		{"sped off", false, withSPED, "active", ""},
-		{"plain offer", true, func(o string) string { return o }, "active", ""},
+		{"offer with sped", true, "1.3", withSPED, "passive", "a=ice-options:sped googspedv1"},
+		{"sped off", false, "1.3", withSPED, "active", ""},
+		{"dtls pinned to 1.2", true, "1.2", withSPED, "active", ""},
+		{"plain offer", true, "1.3", func(o string) string { return o }, "active", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, url := directServer(t, func(c *Config) { c.SPED = tc.sped })
+			_, url := directServer(t, func(c *Config) { c.SPED, c.DTLSVersion = tc.sped, tc.version })
 			c := dialLive(t, url, tc.offer)
 			for _, l := range setupLine.FindAllString(c.answer, -1) {
 				if strings.TrimSpace(l) != "a=setup:"+tc.setup {

@@ -18,6 +18,9 @@ import (
 // encMu it only decides; the backend is told after (sendControl blocks on
 // the bridge, and a client's clear must not wait for it).
 func (m *mediaPath) playAudio(f *bridge.AudioFrame) {
+	if end := m.replyDue.Load(); end != 0 && m.replyDue.CompareAndSwap(end, 0) {
+		m.metrics.turnReply.WithLabelValues(stageBackend).Observe(time.Since(time.Unix(0, end)).Seconds())
+	}
 	if m.enc == nil {
 		dur, err := audio.PacketDuration(f.Payload)
 		if err != nil {
@@ -208,6 +211,13 @@ func (m *mediaPath) sendControl(c bridge.Control) {
 func (m *mediaPath) SendPacket(p *playout.Packet) {
 	pkt := &m.rtpPkt
 	pkt.SequenceNumber, pkt.Timestamp, pkt.Marker, pkt.Payload = p.Seq, p.Timestamp, p.Marker, p.Payload
+	if !m.sentAny {
+		m.sentAny = true
+		m.firstSeq.Store(uint32(p.Seq) | firstSeqSet)
+	}
+	if end := m.sendDue.Load(); end != 0 && m.sendDue.CompareAndSwap(end, 0) {
+		m.metrics.turnReply.WithLabelValues(stageClient).Observe(time.Since(time.Unix(0, end)).Seconds())
+	}
 	m.probe.toClient.enter(m.outSSRC, pkt.SequenceNumber)
 	if err := m.peer.WriteRTP(&pkt.Header, pkt.Payload); err != nil {
 		m.dropped.Add(1)
@@ -256,8 +266,8 @@ func (m *mediaPath) drainEvents() {
 			m.reportTail(playout.ErrFull)
 		default:
 		}
-		// turnMu: a barge-in's input.speech_started goes out before
-		// the output.cleared its clear caused (turns.go).
+		// turnMu: a turn's messages and the playout events it caused
+		// go out in order (turns.go).
 		m.turnMu.Lock()
 		evs = m.q.Events(evs[:0])
 		for _, e := range evs {
@@ -278,18 +288,29 @@ func (m *mediaPath) stopEvents() {
 	m.evMu.Unlock()
 }
 
+// reportPlayout reports one playout event to the backend and the client,
+// and follows the reply's playing for the idle timeout. turnMu held.
 func (m *mediaPath) reportPlayout(e playout.Event) {
 	var client string
 	switch e.Type {
 	case playout.EventStarted:
+		m.idle.agentStarted()
 		m.sendControl(bridge.Control{Type: bridge.TypeOutputStarted})
 		client = clientStartedType
 	case playout.EventStopped:
+		m.idle.agentStopped(m.q.AudioEnd())
 		m.sendControl(bridge.Control{Type: bridge.TypeOutputStopped, PlayedMs: e.PlayedMs})
 		client = clientStoppedType
 	case playout.EventCleared:
+		m.idle.agentStopped(m.q.AudioEnd())
 		m.sendControl(bridge.Control{Type: bridge.TypeOutputCleared, PlayedMs: e.PlayedMs})
 		client = clientClearedType
+	case playout.EventPaused:
+		m.sendControl(bridge.Control{Type: bridge.TypeOutputPaused, PlayedMs: e.PlayedMs})
+		client = clientPausedType
+	case playout.EventResumed:
+		m.sendControl(bridge.Control{Type: bridge.TypeOutputResumed, PlayedMs: e.PlayedMs})
+		client = clientResumedType
 	case playout.EventMark:
 		m.sendControl(bridge.Control{Type: bridge.TypeOutputMark, Name: e.Name, Cleared: e.Cleared})
 		return

@@ -1,6 +1,7 @@
 package transceiver
 
 import (
+	"sync"
 	"time"
 
 	"github.com/pion/rtcp"
@@ -56,12 +57,84 @@ func (sess *session) onRTCP(b []byte) {
 
 // observeReport records one reception report block about our audio:
 // loss, jitter (Opus RTP clock, 48 kHz) and, when it echoes one of our
-// sender reports, the round-trip time (rtcpreport.RoundTrip).
+// sender reports, the round-trip time (rtcpreport.RoundTrip), per report
+// and in the session's call quality.
 func (sess *session) observeReport(rr rtcp.ReceptionReport, now time.Time) {
 	m := sess.srv.metrics
+	jitter := float64(rr.Jitter) / float64(opusClockRate)
 	m.loss.Observe(float64(rr.FractionLost) / 256)
-	m.jitter.Observe(float64(rr.Jitter) / float64(opusClockRate))
-	if rtt, ok := rtcpreport.RoundTrip(rr, now); ok {
+	m.jitter.Observe(jitter)
+	rtt, ok := rtcpreport.RoundTrip(rr, now)
+	if ok {
 		m.rtt.Observe(rtt.Seconds())
 	}
+	sess.quality.add(rr, jitter, rtt, ok)
+}
+
+// callQuality sums up a session's receiver reports about the audio it
+// sends, for one figure per session at its end: the per-report
+// histograms weigh long calls by their length, these count each call
+// once ("what share of calls had a round trip over 300 ms").
+type callQuality struct {
+	mu      sync.Mutex
+	reports int
+	rttN    int
+	rttSum  time.Duration
+	jitter  float64 // sum of the reports' jitter, s
+	lost    int32   // the latest report's cumulative packets lost (RFC 3550 §6.4.1)
+	highest uint32  // its extended highest sequence number received
+}
+
+func (q *callQuality) add(rr rtcp.ReceptionReport, jitter float64, rtt time.Duration, rttOK bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.reports++
+	q.jitter += jitter
+	if rttOK {
+		q.rttN++
+		q.rttSum += rtt
+	}
+	q.lost, q.highest = int32(rr.TotalLost), rr.LastSequenceNumber
+}
+
+// summary returns the session's mean round-trip time (ok false without
+// one), mean jitter, and the fraction of the packets sent up to the
+// latest report that the client lost, given the first sequence number
+// sent (firstSeq; its cycle count starts at 0 there); reports is 0 when
+// the client sent none.
+func (q *callQuality) summary(firstSeq uint16) (reports int, rtt time.Duration, rttOK bool, jitter, loss float64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.reports == 0 {
+		return 0, 0, false, 0, 0
+	}
+	if q.rttN > 0 {
+		rtt, rttOK = q.rttSum/time.Duration(q.rttN), true
+	}
+	if expected := int64(q.highest) - int64(firstSeq) + 1; expected > 0 {
+		loss = min(1, max(0, float64(q.lost)/float64(expected)))
+	}
+	return q.reports, rtt, rttOK, q.jitter / float64(q.reports), loss
+}
+
+// observeQuality records the session's call quality once, at its end,
+// and returns it as log attributes.
+func (sess *session) observeQuality() []any {
+	first, sent := sess.media.firstSent()
+	if !sent {
+		return nil
+	}
+	n, rtt, rttOK, jitter, loss := sess.quality.summary(first)
+	if n == 0 {
+		return nil
+	}
+	m := sess.srv.metrics
+	m.sessionJitter.Observe(jitter)
+	m.sessionLoss.Observe(loss)
+	attrs := []any{"receiver_reports", n, "jitter", time.Duration(jitter * float64(time.Second)).Round(time.Microsecond), "loss", loss}
+	if rttOK {
+		m.sessionRTT.Observe(rtt.Seconds())
+		attrs = append(attrs, "rtt", rtt.Round(time.Microsecond))
+	}
+	return attrs
 }

@@ -205,6 +205,45 @@ func TestRTCPReportsWithPionClient(t *testing.T) {
 		if sent := out.OutboundRTPStreamStats.PacketsSent; expected-ri.PacketsLost > int64(sent) {
 			t.Fatalf("our block says %d received of the client's %d sent", expected-ri.PacketsLost, sent)
 		}
+		// The session's call quality, once at its end: the client's
+		// reports about our audio (the echo, none of it lost).
+		_ = pc.Close()
+		for end := time.Now().Add(10 * time.Second); s.Sessions() > 0; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatal("the session did not end after the client closed")
+			}
+		}
+		for _, h := range []struct {
+			name     string
+			h        prometheus.Histogram
+			min, max float64
+		}{
+			{"session_rtt_seconds", s.metrics.sessionRTT, 1e-6, 0.5},
+			{"session_jitter_seconds", s.metrics.sessionJitter, 0, 0.1},
+			{"session_loss_ratio", s.metrics.sessionLoss, 0, 0.02},
+		} {
+			if n, v := histogram(t, h.h); n != 1 || v < h.min || v > h.max {
+				t.Errorf("%s: %d samples, sum %v; want the one session's, from %v to %v", h.name, n, v, h.min, h.max)
+			}
+		}
 		return
+	}
+}
+
+// TestCallQualitySummary: a session's figure is the mean round trip and
+// jitter over its reports and the last report's cumulative loss over the
+// packets sent up to it, counted from the first sequence number sent
+// across a wrap.
+func TestCallQualitySummary(t *testing.T) {
+	var q callQuality
+	if n, _, _, _, _ := q.summary(0); n != 0 {
+		t.Fatalf("no reports: %d", n)
+	}
+	q.add(rtcp.ReceptionReport{TotalLost: 2, LastSequenceNumber: 65535}, 0.002, 0, false)
+	q.add(rtcp.ReceptionReport{TotalLost: 5, LastSequenceNumber: 1<<16 | 99}, 0.004, 40*time.Millisecond, true)
+	q.add(rtcp.ReceptionReport{TotalLost: 5, LastSequenceNumber: 1<<16 | 149}, 0.006, 60*time.Millisecond, true)
+	n, rtt, ok, jitter, loss := q.summary(65500) // 36 + 150 = 186 packets expected
+	if n != 3 || !ok || rtt != 50*time.Millisecond || jitter < 0.00399 || jitter > 0.00401 || loss < 5.0/186-1e-9 || loss > 5.0/186+1e-9 {
+		t.Fatalf("summary = %d reports, rtt %v (%v), jitter %v, loss %v; want 3, 50ms, 4ms, 5/186", n, rtt, ok, jitter, loss)
 	}
 }

@@ -70,7 +70,7 @@ type session struct {
 	offer      *peer.Offer   // the offer answered; guarded by imu after an ICE restart
 	cert       *certificate  // the DTLS certificate presented
 	setup      string        // the answer's a=setup: "active" or "passive"
-	sped       bool          // the answer has a=ice-options:goog-sped-v1 (Config.SPED)
+	sped       bool          // the answer has the offer's SPED a=ice-options (Config.SPED)
 	outSSRC    uint32        // the SSRC of the audio sent to the client
 	cname      string        // its RTCP CNAME
 	opusPT     uint8         // the Opus payload type, the offer's
@@ -79,6 +79,7 @@ type session struct {
 	media      *mediaPath              // codecs, turn detection and paced playout (media.go)
 	client     *clientEvents           // the oai-events channel (events.go)
 	reports    *rtcpreport.Interceptor // the session's RTCP reports (reports.go)
+	quality    callQuality             // the client's reports about our audio, summed up (reports.go)
 	created    time.Time
 	ctx        context.Context // cancelled when the session ends
 	cancel     context.CancelFunc
@@ -182,9 +183,10 @@ func (s *Server) newSession(ctx context.Context, offer string, info offerInfo, m
 	}
 	o := info.offer
 	role := info.dtlsRole
-	// SPED (the DTLS handshake in the ICE checks) when the offer has it
-	// and lets the transceiver be the DTLS server (peer sped.go).
-	sess.sped = len(o.SPED) > 0 && s.cfg.SPED && role != peer.DTLSClient
+	// SPED (the DTLS handshake in the ICE checks) when the offer has it,
+	// lets the transceiver be the DTLS server (peer sped.go) and DTLS 1.3,
+	// which SPED needs, is allowed: an operator who pins 1.2 gets 1.2.
+	sess.sped = len(o.SPED) > 0 && s.cfg.SPED && s.cfg.dtlsVersion == peer.DTLS13 && role != peer.DTLSClient
 	if sess.sped {
 		role = peer.DTLSServer
 	}
@@ -549,5 +551,6 @@ func (sess *session) teardown(reason string) {
 	sess.imu.Unlock()
 	s.metrics.sessionsEnded.WithLabelValues(reason).Inc()
 	s.byTrans.endedOn(sess)
-	sess.log.Info("session ended", "reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond))
+	attrs := append([]any{"reason", reason, "duration", time.Since(sess.created).Round(time.Millisecond)}, sess.observeQuality()...)
+	sess.log.Info("session ended", attrs...)
 }

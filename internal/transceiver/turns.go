@@ -17,9 +17,12 @@ import (
 
 // This file is a session's turn detection (docs/bridge.md §4.8): a
 // vad.Detector fed with the decoded input on the track goroutine, which
-// reports input.speech_started / input.speech_stopped to the backend,
-// OpenAI's input_audio_buffer.speech_* events to the client, and clears
-// the output queue on a speech start (barge-in) when interruption is on.
+// reports input.speech_started / input.speech_stopped (and, with an early
+// pause, input.speech_paused / input.speech_resumed) to the backend,
+// OpenAI's input_audio_buffer.speech_* events to the client, clears or
+// pauses the output queue on a speech start (barge-in) when interruption
+// is on, and holds the reply to a tentative end of turn; idle.go is its
+// idle timeout.
 //
 //	client RTP ─▶ mediaPath.toBackend ─▶ bridge
 //	                                  └─▶ decoded frames ─▶ vad.Input ─▶ reportTurns
@@ -36,6 +39,15 @@ import (
 // a barge-in: turn detection heard the user start talking.
 const clearSourceTurn = "turn"
 
+// Labels of the turn-taking metrics.
+const (
+	interruptionCleared = "cleared"           // interruptions_total: the reply was cut
+	interruptionResumed = "resumed"           // interruptions_total: the paused reply resumed
+	heldPlayed          = "played"            // held_replies_total: the turn was confirmed
+	heldDiscarded       = "discarded"         // held_replies_total: the user went on
+	turnTimeout         = "timeout_triggered" // turn_events_total: the idle timeout
+)
+
 // opusVADRate is the rate at which an Opus passthrough session's input is
 // decoded for turn detection only: WebRTC's VAD looks at the band below
 // 4 kHz, and 16 kHz is the cheapest rate the detector takes.
@@ -47,8 +59,9 @@ type turnSwitch struct {
 	cfg *vad.TurnDetection
 }
 
-// turns is a session's turn detection. Everything but next is owned by
-// the track goroutine (fromClient), which feeds it.
+// turns is a session's turn detection. Everything but next and the
+// clock's atomics is owned by the track goroutine (fromClient), which
+// feeds it.
 type turns struct {
 	// next is the setting to apply before the next frame: from the
 	// backend's hello, or an input.turn_detection the bridge reader got.
@@ -58,6 +71,35 @@ type turns struct {
 	cfg vad.TurnDetection // the detector's setting, while in has one
 	dec *audio.Decoder    // Opus passthrough only: decodes for the detector
 	evs []vad.Event       // scratch for in's events
+	now time.Time         // when the frames being fed came
+
+	// The utterance in progress, as the edge acts on it (below).
+	overReply bool // it paused the agent's reply and is not a turn yet
+	resumed   bool // it let a reply it paused resume
+	tentative bool // input.speech_paused was sent for it, not yet followed up
+
+	// The input clock's position after the last frames fed, ms, and when
+	// they came (Unix ns): for the idle timeout's positions, read on its
+	// timer's goroutine.
+	clockMs, clockAt atomic.Int64
+}
+
+// fed records the input clock's position once frames that came at now
+// have been fed to the detector.
+func (t *turns) fed(now time.Time) {
+	t.clockMs.Store(t.in.PositionMs())
+	t.clockAt.Store(now.UnixNano())
+}
+
+// clockNow returns the input clock's position at wall time now, ms: where
+// it was after the last frames fed, plus the time since they came (the
+// client sends in real time, or nothing in DTX).
+func (t *turns) clockNow(now time.Time) int64 {
+	at := t.clockAt.Load()
+	if at == 0 {
+		return 0 // nothing fed yet
+	}
+	return t.clockMs.Load() + (now.UnixNano()-at)/int64(time.Millisecond)
 }
 
 // turnsWait returns how long the track goroutine may wait for the next
@@ -68,7 +110,9 @@ func (m *mediaPath) turnsWait(now time.Time) time.Duration { return m.turns.in.W
 // nothing for vad.IdleGrace while the user was talking (vad.Input.Idle).
 func (m *mediaPath) idleTurns(now time.Time) {
 	t := &m.turns
+	t.now = now
 	m.reportTurns(t.in.Idle(t.evs[:0], now))
+	t.fed(now)
 }
 
 // parseTurnDetection decodes a turn_detection member as sent: nil (or
@@ -155,44 +199,226 @@ func (t *turns) opus(dst []vad.Event, pkt *rtp.Packet, now time.Time) ([]vad.Eve
 	return t.in.Partial(dst, p.Timestamp, p.PCM, now)
 }
 
-// reportTurns reports what the detector saw, in order; err is a detector
+// reportTurns reports what the detector saw, in order, and then whether
+// speech over a paused reply has become a turn; err is a detector
 // failure, which switched it off.
 func (m *mediaPath) reportTurns(evs []vad.Event, err error) {
 	for _, ev := range evs {
 		switch ev.Kind {
 		case vad.SpeechStarted:
-			m.speechStarted(ev.AudioMs)
+			m.speechStarted(ev)
 		case vad.SpeechStopped:
-			m.speechStopped(ev.AudioMs)
+			m.speechStopped(ev)
+		case vad.SpeechPaused:
+			m.speechPaused(ev)
+		case vad.SpeechResumed:
+			m.speechResumed(ev)
 		}
 	}
 	m.turns.evs = evs[:0]
+	m.watchInterruption()
 	if err != nil {
 		m.log.Warn("turn detection failed; switched off", "err", err)
 	}
 }
 
-// speechStarted reports a speech start at audioMs and, with interruption
-// on, clears the output queue first: the agent goes quiet at the next
-// tick, before any message is written. turnMu keeps the clear's
-// output.cleared (sent by drainEvents) behind input.speech_started.
-func (m *mediaPath) speechStarted(audioMs int64) {
+// The turn in progress, as the edge acts on it (docs/bridge.md §4.8):
+//
+//   - a speech start over the agent's reply clears the output queue
+//     (interrupt_response), or with resume_false_interruption pauses it
+//     (turns.overReply): enough voiced speech (min_interruption_ms) then
+//     clears it, while a pause or the stop before that resumes it (a
+//     cough, a backchannel), and speech that goes on pauses it again;
+//   - an early pause (pause_duration_ms) sends input.speech_paused and
+//     closes the output queue's gate (playout.Queue.Hold): the backend's
+//     reply to the tentative turn is held; the stop releases it, to play
+//     at once, and speech that resumes first discards it
+//     (input.speech_resumed). The gate stays closed after a discard, so
+//     that audio of the withdrawn reply still on its way is dropped too,
+//     until the next pause (which drops it and holds anew) or the stop.
+//
+// Each step runs under turnMu, in which the playout events it causes are
+// reported before the turn message that follows them (reportPlayoutLocked).
+
+// speechStarted reports a speech start and, with interruption on, clears
+// the output queue first, or pauses it (resume_false_interruption): the
+// agent goes quiet at the next tick, before any message is written.
+// turnMu keeps the clear's output.cleared (sent by drainEvents) behind
+// input.speech_started.
+func (m *mediaPath) speechStarted(ev vad.Event) {
 	t := &m.turns
 	m.turnMu.Lock()
 	defer m.turnMu.Unlock()
+	t.overReply, t.tentative, t.resumed = false, false, false
+	m.replyDue.Store(0) // a reply not come yet is no longer the last turn's
+	m.sendDue.Store(0)
 	if t.cfg.InterruptResponse && !m.q.Idle() {
-		m.clearOutput(clearSourceTurn)
+		paused := false
+		if t.cfg.ResumeFalseInterruption {
+			_, paused = m.q.PauseRun()
+		}
+		if paused {
+			t.overReply = true
+		} else {
+			m.interrupt()
+		}
+		m.metrics.interruptionQuiet.Observe(time.Since(m.turnWall(ev.SpeechMs)).Seconds())
 	}
+	m.idle.userStarted()
 	m.metrics.turns.WithLabelValues(vad.SpeechStarted.String()).Inc()
-	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStarted, AudioMs: audioMs})
-	m.client.speechStarted(audioMs)
+	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStarted, AudioMs: ev.AudioMs})
+	m.client.speechStarted(ev.AudioMs)
 }
 
-// speechStopped reports a speech stop at audioMs.
-func (m *mediaPath) speechStopped(audioMs int64) {
+// interrupt clears the output queue for the user's turn. turnMu held.
+func (m *mediaPath) interrupt() {
+	m.turns.overReply, m.turns.resumed = false, false
+	m.clearOutput(clearSourceTurn)
+	m.metrics.interruptions.WithLabelValues(interruptionCleared).Inc()
+}
+
+// watchInterruption clears the reply that speech paused once that
+// speech has enough voiced time to be a turn (min_interruption_ms).
+func (m *mediaPath) watchInterruption() {
+	t := &m.turns
+	if !t.overReply {
+		return
+	}
+	if det := t.in.Detector(); det != nil && det.VoicedMs() >= int64(t.cfg.MinInterruption()) {
+		m.turnMu.Lock()
+		m.interrupt()
+		m.turnMu.Unlock()
+	}
+}
+
+// resumeReply resumes the reply that speech paused: that speech has gone
+// quiet before it had the voiced time of a turn. turnMu held.
+func (m *mediaPath) resumeReply() {
+	if _, ok := m.q.ResumeRun(); ok {
+		m.turns.resumed = true
+	}
+	m.reportPlayoutLocked() // output.resumed before what the turn sends next
+}
+
+// speechPaused takes the early pause: speech over a reply that is not a
+// turn lets the reply resume; otherwise the turn is tentatively over: the
+// backend is told (input.speech_paused) and what it sends is held.
+func (m *mediaPath) speechPaused(ev vad.Event) {
+	t := &m.turns
+	m.turnMu.Lock()
+	defer m.turnMu.Unlock()
+	m.metrics.turns.WithLabelValues(vad.SpeechPaused.String()).Inc()
+	if t.overReply {
+		if det := t.in.Detector(); det == nil || det.VoicedMs() < int64(t.cfg.MinInterruption()) {
+			m.resumeReply()
+			return // a cough or a backchannel: no turn to prepare a reply for
+		}
+		m.interrupt()
+	}
+	m.encMu.Lock()
+	tail := m.flushLocked() // the last partial frame before the gate is not the held reply's
+	m.q.Discard()           // a withdrawn reply's audio that came since its discard
+	m.q.Hold()
+	m.encMu.Unlock()
+	m.reportTail(tail)
+	t.tentative = true
+	m.replyDue.Store(m.turnWall(ev.SpeechMs).UnixNano())
+	m.reportPlayoutLocked()
+	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechPaused, AudioMs: ev.AudioMs})
+}
+
+// speechResumed takes speech after an early pause: over the reply, it
+// pauses the reply again; after a tentative end of turn, the reply held
+// for it is dropped and the backend told (input.speech_resumed).
+func (m *mediaPath) speechResumed(ev vad.Event) {
+	t := &m.turns
+	m.turnMu.Lock()
+	defer m.turnMu.Unlock()
+	m.metrics.turns.WithLabelValues(vad.SpeechResumed.String()).Inc()
+	if t.overReply {
+		m.q.PauseRun()
+	}
+	if !t.tentative {
+		return
+	}
+	t.tentative = false
+	m.replyDue.Store(0)
+	if m.discardHeld() > 0 {
+		m.metrics.heldReplies.WithLabelValues(heldDiscarded).Inc()
+	}
+	m.reportPlayoutLocked() // the dropped marks, cleared
+	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechResumed, AudioMs: ev.AudioMs})
+}
+
+// discardHeld drops what the output queue holds, with the encoder's
+// partial frame (the held reply's), and returns the audio dropped, ms;
+// the gate stays closed. turnMu held.
+func (m *mediaPath) discardHeld() int64 {
+	m.encMu.Lock()
+	defer m.encMu.Unlock()
+	if m.enc != nil {
+		if err := m.enc.Reset(); err != nil {
+			m.log.Warn("opus encoder reset failed", "err", err)
+		}
+	}
+	return m.q.Discard()
+}
+
+// speechStopped reports a speech stop: a reply that speech paused
+// resumes (the speech was not a turn), and a reply held for the turn
+// plays at once.
+func (m *mediaPath) speechStopped(ev vad.Event) {
+	t := &m.turns
+	m.turnMu.Lock()
+	defer m.turnMu.Unlock()
+	if t.overReply {
+		t.overReply = false
+		m.resumeReply()
+	}
+	end := m.turnWall(ev.SpeechMs)
+	if t.resumed {
+		// A cough or a backchannel: no reply is due.
+		t.resumed = false
+		m.metrics.interruptions.WithLabelValues(interruptionResumed).Inc()
+	} else {
+		if !t.tentative {
+			m.replyDue.Store(end.UnixNano()) // else since the pause, or come already
+		}
+		if !m.q.Playing() {
+			m.sendDue.Store(end.UnixNano()) // the next packet sent is the reply's
+		}
+	}
+	if m.q.Holding() {
+		if !t.tentative {
+			m.discardHeld() // a withdrawn reply's audio that came since
+		}
+		if m.q.Release() > 0 {
+			m.metrics.heldReplies.WithLabelValues(heldPlayed).Inc()
+		}
+		m.reportPlayoutLocked()
+	}
+	t.tentative = false
+	m.idle.userStopped(end, ev.SpeechMs)
 	m.metrics.turns.WithLabelValues(vad.SpeechStopped.String()).Inc()
-	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStopped, AudioMs: audioMs})
-	m.client.speechStopped(audioMs)
+	m.sendControl(bridge.Control{Type: bridge.TypeInputSpeechStopped, AudioMs: ev.AudioMs})
+	m.client.speechStopped(ev.AudioMs)
+}
+
+// turnWall returns the wall time of position ms on the input clock: the
+// detector has been fed up to its PositionMs by the frames at hand, which
+// came at turns.now (the client's audio comes in real time).
+func (m *mediaPath) turnWall(ms int64) time.Time {
+	t := &m.turns
+	return t.now.Add(-time.Duration(t.in.PositionMs()-ms) * time.Millisecond)
+}
+
+// reportPlayoutLocked reports the playout events queued so far, before a
+// turn message that must follow them. turnMu held.
+func (m *mediaPath) reportPlayoutLocked() {
+	m.evLocked = m.q.Events(m.evLocked[:0])
+	for _, e := range m.evLocked {
+		m.reportPlayout(e)
+	}
 }
 
 // switchTurns replaces the detector (cfg nil: none), with one taking
@@ -201,6 +427,9 @@ func (m *mediaPath) speechStopped(audioMs int64) {
 func (m *mediaPath) switchTurns(cfg *vad.TurnDetection, frameMs int) {
 	t := &m.turns
 	m.reportTurns(t.in.SetDetector(t.evs[:0], nil), nil)
+	m.turnMu.Lock()
+	m.idle.set(0, time.Time{}) // off until a detector runs
+	m.turnMu.Unlock()
 	if cfg == nil {
 		return
 	}
@@ -227,11 +456,18 @@ func (m *mediaPath) switchTurns(cfg *vad.TurnDetection, frameMs int) {
 	}
 	t.cfg = det.Config()
 	t.in.SetDetector(nil, det)
+	m.turnMu.Lock()
+	m.idle.set(time.Duration(t.cfg.IdleTimeoutMs)*time.Millisecond, time.Now())
+	m.turnMu.Unlock()
 	m.log.Debug("turn detection on", "turn_detection", cfg.String())
 }
 
-// stopTurns frees the detector when the track goroutine ends.
+// stopTurns frees the detector and stops the idle timeout when the track
+// goroutine ends.
 func (m *mediaPath) stopTurns() {
 	m.turns.in.Close()
 	m.stopCleaning()
+	m.turnMu.Lock()
+	m.idle.set(0, time.Time{})
+	m.turnMu.Unlock()
 }

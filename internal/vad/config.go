@@ -19,6 +19,15 @@ const (
 	MaxPrefixPaddingMs       = 2000
 	MinSilenceDurationMs     = Frame20ms
 	MaxSilenceDurationMs     = 10000
+	// DefaultMinInterruptionMs is MinInterruptionMs when left out: the
+	// voiced speech over a reply that makes a real interruption of it
+	// (with ResumeFalseInterruption on).
+	DefaultMinInterruptionMs = 500
+	MaxMinInterruptionMs     = 5000
+	// MinIdleTimeoutMs and MaxIdleTimeoutMs bound IdleTimeoutMs when it
+	// is set (0 is off).
+	MinIdleTimeoutMs = 500
+	MaxIdleTimeoutMs = 600000
 )
 
 // ErrConfig is wrapped by every error TurnDetection.Validate returns.
@@ -35,8 +44,11 @@ var ErrConfig = errors.New("vad: invalid turn_detection")
 // Decoding JSON starts from DefaultTurnDetection, so a field left out
 // keeps its default; a JSON null where a *TurnDetection is expected
 // leaves the pointer nil, which callers read as "turn detection off", as
-// OpenAI does. OpenAI's other fields (create_response, idle_timeout_ms)
-// are not implemented and are ignored.
+// OpenAI does. OpenAI's create_response is ignored. Three members are
+// Switchboard's own (docs/bridge.md §4.8): pause_duration_ms (the early
+// pause, a tentative end of turn), resume_false_interruption and
+// min_interruption_ms (speech over a reply pauses it, and a burst too
+// short to be a turn lets it resume).
 type TurnDetection struct {
 	// Type is TypeServerVAD ("semantic_vad" is refused).
 	Type string `json:"type"`
@@ -60,10 +72,36 @@ type TurnDetection struct {
 	// session's output queue (barge-in). Detector does not act on it:
 	// it is carried here for the bridge.
 	InterruptResponse bool `json:"interrupt_response"`
+	// IdleTimeoutMs is OpenAI's idle_timeout_ms: after this long with
+	// neither the user's speech nor the agent's reply audio, the session
+	// is told (input_audio_buffer.timeout_triggered). 0 (or null) is
+	// off; otherwise MinIdleTimeoutMs to MaxIdleTimeoutMs. Detector does
+	// not act on it: it is carried here for the bridge.
+	IdleTimeoutMs int `json:"idle_timeout_ms,omitempty"`
+	// PauseDurationMs is the early pause: after this much silence in an
+	// utterance, well before SilenceDurationMs, Detector reports
+	// SpeechPaused (a tentative end of turn), and SpeechResumed if the
+	// talker goes on before the silence window ends. 0 is off; otherwise
+	// MinSilenceDurationMs up to SilenceDurationMs − MinSilenceDurationMs,
+	// rounded up to whole frames (a pause that rounds to the silence
+	// window is never reported). Switchboard's own member.
+	PauseDurationMs int `json:"pause_duration_ms,omitempty"`
+	// ResumeFalseInterruption makes speech over the agent's reply pause
+	// the reply instead of clearing it (with InterruptResponse): a burst
+	// with less than MinInterruptionMs of voiced speech (a cough, a
+	// backchannel) lets it resume where it paused. Detector does not act
+	// on it (it counts the voiced speech, VoicedMs). Switchboard's own.
+	ResumeFalseInterruption bool `json:"resume_false_interruption,omitempty"`
+	// MinInterruptionMs, up to MaxMinInterruptionMs, is the voiced speech
+	// (frames that count, Detector.VoicedMs) an utterance over a reply
+	// needs to be a real interruption, with ResumeFalseInterruption; 0
+	// means DefaultMinInterruptionMs (MinInterruption). Switchboard's own.
+	MinInterruptionMs int `json:"min_interruption_ms,omitempty"`
 }
 
 // DefaultTurnDetection returns OpenAI's server VAD defaults: threshold
-// 0.5, 300 ms prefix padding, 500 ms of silence, interruption on.
+// 0.5, 300 ms prefix padding, 500 ms of silence, interruption on, no idle
+// timeout; and Switchboard's: no early pause, interruptions not resumed.
 func DefaultTurnDetection() TurnDetection {
 	return TurnDetection{
 		Type:              TypeServerVAD,
@@ -72,6 +110,15 @@ func DefaultTurnDetection() TurnDetection {
 		SilenceDurationMs: DefaultSilenceDurationMs,
 		InterruptResponse: true,
 	}
+}
+
+// MinInterruption returns MinInterruptionMs, or DefaultMinInterruptionMs
+// when it is 0.
+func (t TurnDetection) MinInterruption() int {
+	if t.MinInterruptionMs == 0 {
+		return DefaultMinInterruptionMs
+	}
+	return t.MinInterruptionMs
 }
 
 // UnmarshalJSON decodes b over DefaultTurnDetection, so that fields b
@@ -100,6 +147,12 @@ func (t TurnDetection) Validate() error {
 		return fmt.Errorf("%w: prefix_padding_ms %d is out of range; it must be from 0 to %d", ErrConfig, t.PrefixPaddingMs, MaxPrefixPaddingMs)
 	case t.SilenceDurationMs < MinSilenceDurationMs || t.SilenceDurationMs > MaxSilenceDurationMs:
 		return fmt.Errorf("%w: silence_duration_ms %d is out of range; it must be from %d to %d", ErrConfig, t.SilenceDurationMs, MinSilenceDurationMs, MaxSilenceDurationMs)
+	case t.PauseDurationMs != 0 && (t.PauseDurationMs < MinSilenceDurationMs || t.PauseDurationMs > t.SilenceDurationMs-MinSilenceDurationMs):
+		return fmt.Errorf("%w: pause_duration_ms %d is out of range; it must be 0 (off) or from %d to silence_duration_ms − %d (%d)", ErrConfig, t.PauseDurationMs, MinSilenceDurationMs, MinSilenceDurationMs, t.SilenceDurationMs-MinSilenceDurationMs)
+	case t.MinInterruptionMs < 0 || t.MinInterruptionMs > MaxMinInterruptionMs:
+		return fmt.Errorf("%w: min_interruption_ms %d is out of range; it must be from 0 (the default, %d) to %d", ErrConfig, t.MinInterruptionMs, DefaultMinInterruptionMs, MaxMinInterruptionMs)
+	case t.IdleTimeoutMs != 0 && (t.IdleTimeoutMs < MinIdleTimeoutMs || t.IdleTimeoutMs > MaxIdleTimeoutMs):
+		return fmt.Errorf("%w: idle_timeout_ms %d is out of range; it must be 0 or null (off) or from %d to %d", ErrConfig, t.IdleTimeoutMs, MinIdleTimeoutMs, MaxIdleTimeoutMs)
 	}
 	return nil
 }

@@ -93,6 +93,16 @@ func (in *Input) SetDetector(dst []Event, det *Detector) []Event {
 	return dst
 }
 
+// PositionMs returns the input clock's position at the end of what the
+// detector has been fed (silence fed for a gap or on wall time
+// included), ms; 0 when off.
+func (in *Input) PositionMs() int64 {
+	if in.det == nil {
+		return 0
+	}
+	return in.det.PositionMs() + in.offset
+}
+
 // Detector returns the detector being fed, nil when off.
 func (in *Input) Detector() *Detector { return in.det }
 

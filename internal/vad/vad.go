@@ -33,6 +33,11 @@
 //     that counts, counted from the last frame of the last counting
 //     frame's energy window whose own power clears the bar (the 60 ms
 //     energy outlasts the speech by up to 40 ms);
+//   - with PauseDurationMs, an early pause: that much silence, counted as
+//     the silence window is, reports SpeechPaused (a tentative end of
+//     turn), and speech before the window runs out SpeechResumed;
+//   - a count of the utterance's voiced speech (VoicedMs), which tells
+//     a cough or a backchannel from a turn (MinInterruptionMs);
 //   - a floor that keeps learning in speech when the energy has been
 //     stationary for a second, so noise switched on mid-session (taken
 //     for a talker at first) ends its false turn within seconds;
@@ -135,9 +140,17 @@ const (
 	SpeechStarted
 	// SpeechStopped: the user stopped talking (SilenceDurationMs ago).
 	SpeechStopped
+	// SpeechPaused: the user has been silent for PauseDurationMs within
+	// an utterance: a tentative end of turn, reported only when
+	// PauseDurationMs is set. SpeechStopped or SpeechResumed follows.
+	SpeechPaused
+	// SpeechResumed: the user talked again after a SpeechPaused, before
+	// the silence window ran out: the utterance goes on.
+	SpeechResumed
 )
 
-// String returns "none", "speech_started" or "speech_stopped".
+// String returns "none", "speech_started", "speech_stopped",
+// "speech_paused" or "speech_resumed".
 func (k Kind) String() string {
 	switch k {
 	case None:
@@ -146,6 +159,10 @@ func (k Kind) String() string {
 		return "speech_started"
 	case SpeechStopped:
 		return "speech_stopped"
+	case SpeechPaused:
+		return "speech_paused"
+	case SpeechResumed:
+		return "speech_resumed"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -161,11 +178,14 @@ type Event struct {
 	// never before 0 nor before the previous SpeechStopped's AudioMs, so
 	// utterances do not overlap). SpeechStopped: the end of the frame at which the
 	// silence window ran out, so the utterance's audio includes that
-	// silence (audio_end_ms).
+	// silence (audio_end_ms). SpeechPaused: the end of the frame at
+	// which the early pause (PauseDurationMs) ran out. SpeechResumed: the
+	// start of the frame whose speech resumed the utterance.
 	AudioMs int64
 	// SpeechMs is where the engine heard the speech itself start
-	// (SpeechStarted: the onset, without padding) or end (SpeechStopped:
-	// the end of the last frame that counted as speech).
+	// (SpeechStarted: the onset, without padding; SpeechResumed: as
+	// AudioMs) or end (SpeechStopped, SpeechPaused: the end of the last
+	// frame that counted as speech).
 	SpeechMs int64
 }
 
@@ -190,6 +210,7 @@ type Detector struct {
 	margin        float64 // dB above the floor for a frame to count
 	prefixFrames  int64
 	silenceFrames int
+	pauseFrames   int // 0: no SpeechPaused
 	ringFrames    int
 	// The rules' durations in frames of frameMs, and their per-frame
 	// steps.
@@ -221,6 +242,8 @@ type Detector struct {
 	silent     int   // frames since the last one that counted, in speech
 	lastSpeech int64 // index of the last frame that counted, in speech
 	lastStop   int64 // frame at which the last SpeechStopped's audio ended
+	paused     bool  // in speech, a SpeechPaused without its SpeechResumed
+	voiced     int64 // frames that counted in the current utterance
 	ring       []byte
 }
 
@@ -252,6 +275,9 @@ func newDetector(cfg TurnDetection, rate, frameMs int, tune tuning) (*Detector, 
 	d.margin = d.tune.marginPerT * cfg.Threshold
 	d.prefixFrames = int64((cfg.PrefixPaddingMs + frameMs - 1) / frameMs)
 	d.silenceFrames = (cfg.SilenceDurationMs + frameMs - 1) / frameMs
+	if p := (cfg.PauseDurationMs + frameMs - 1) / frameMs; p < d.silenceFrames {
+		d.pauseFrames = p
+	}
 	d.smooth = max(1, min(tune.smoothMs, maxSmoothMs)/frameMs)
 	d.startWindow = startWindowMs / frameMs
 	d.startCount = max(1, tune.startMs/frameMs)
@@ -303,6 +329,21 @@ func (d *Detector) PositionMs() int64 { return d.frames * int64(d.frameMs) }
 // InSpeech reports whether the detector is between a SpeechStarted and
 // its SpeechStopped.
 func (d *Detector) InSpeech() bool { return d.inSpeech }
+
+// Paused reports whether the utterance in progress is paused: a
+// SpeechPaused without its SpeechResumed.
+func (d *Detector) Paused() bool { return d.inSpeech && d.paused }
+
+// VoicedMs returns the voiced speech of the utterance in progress, ms:
+// the frames that counted as speech since its onset (those of the onset
+// rule included); 0 outside one. A cough or a backchannel ("mm-hm") has
+// little, a sentence much (TurnDetection.MinInterruptionMs).
+func (d *Detector) VoicedMs() int64 {
+	if !d.inSpeech {
+		return 0
+	}
+	return d.voiced * int64(d.frameMs)
+}
 
 // SilenceMs returns how much input, ms, has not counted as speech since
 // the last frame that did, within an utterance (the part of the silence
@@ -394,18 +435,31 @@ func (d *Detector) Process(frame []byte) (Event, error) {
 	if !d.inSpeech {
 		return d.onset(cur), nil
 	}
+	fm := int64(d.frameMs)
 	if counts {
-		d.silent = int(cur - max(loudEnd, d.lastSpeech))
-		d.lastSpeech = max(loudEnd, d.lastSpeech)
+		d.voiced++
+		last := max(loudEnd, d.lastSpeech)
+		// Speech after a pause resumes the utterance: a frame of its own
+		// that clears the bar, not the 60 ms energy's tail.
+		resumed := d.paused && last > d.lastSpeech
+		d.silent = int(cur - last)
+		d.lastSpeech = last
+		if resumed {
+			d.paused = false
+			return Event{Kind: SpeechResumed, AudioMs: last * fm, SpeechMs: last * fm}, nil
+		}
 		return Event{}, nil
 	}
 	d.silent++
 	if d.silent < d.silenceFrames {
+		if d.pauseFrames > 0 && !d.paused && d.silent >= d.pauseFrames {
+			d.paused = true
+			return Event{Kind: SpeechPaused, AudioMs: d.frames * fm, SpeechMs: (d.lastSpeech + 1) * fm}, nil
+		}
 		return Event{}, nil
 	}
-	d.inSpeech = false
+	d.inSpeech, d.paused = false, false
 	d.lastStop = d.frames
-	fm := int64(d.frameMs)
 	return Event{Kind: SpeechStopped, AudioMs: d.frames * fm, SpeechMs: (d.lastSpeech + 1) * fm}, nil
 }
 
@@ -431,9 +485,10 @@ func (d *Detector) onset(cur int64) Event {
 	for first > lim && d.hist[(first-1)%hl].onset > backtrackDB {
 		first--
 	}
-	d.inSpeech = true
+	d.inSpeech, d.paused = true, false
 	d.silent = 0
 	d.lastSpeech = cur
+	d.voiced = int64(count)
 	audio := max(d.lastStop, first-d.prefixFrames)
 	fm := int64(d.frameMs)
 	return Event{Kind: SpeechStarted, AudioMs: audio * fm, SpeechMs: first * fm}

@@ -23,7 +23,11 @@ func TestTurnDetectionJSON(t *testing.T) {
 		{"defaults for what is left out", `{"type":"server_vad"}`, &TurnDetection{Type: TypeServerVAD, Threshold: 0.5, PrefixPaddingMs: 300, SilenceDurationMs: 500, InterruptResponse: true}},
 		{"empty object", `{}`, &TurnDetection{Type: TypeServerVAD, Threshold: 0.5, PrefixPaddingMs: 300, SilenceDurationMs: 500, InterruptResponse: true}},
 		{"explicit zero padding kept", `{"prefix_padding_ms":0}`, &TurnDetection{Type: TypeServerVAD, Threshold: 0.5, PrefixPaddingMs: 0, SilenceDurationMs: 500, InterruptResponse: true}},
-		{"other OpenAI fields ignored", `{"type":"server_vad","create_response":true,"idle_timeout_ms":5000}`, &TurnDetection{Type: TypeServerVAD, Threshold: 0.5, PrefixPaddingMs: 300, SilenceDurationMs: 500, InterruptResponse: true}},
+		{"create_response ignored", `{"type":"server_vad","create_response":true}`, &TurnDetection{Type: TypeServerVAD, Threshold: 0.5, PrefixPaddingMs: 300, SilenceDurationMs: 500, InterruptResponse: true}},
+		{"idle timeout", `{"idle_timeout_ms":5000}`, &TurnDetection{Type: TypeServerVAD, Threshold: 0.5, PrefixPaddingMs: 300, SilenceDurationMs: 500, InterruptResponse: true, IdleTimeoutMs: 5000}},
+		{"idle timeout null is off", `{"idle_timeout_ms":null}`, &TurnDetection{Type: TypeServerVAD, Threshold: 0.5, PrefixPaddingMs: 300, SilenceDurationMs: 500, InterruptResponse: true}},
+		{"switchboard's members", `{"pause_duration_ms":200,"resume_false_interruption":true,"min_interruption_ms":600}`,
+			&TurnDetection{Type: TypeServerVAD, Threshold: 0.5, PrefixPaddingMs: 300, SilenceDurationMs: 500, InterruptResponse: true, PauseDurationMs: 200, ResumeFalseInterruption: true, MinInterruptionMs: 600}},
 		{"null is off", `null`, nil},
 	}
 	for _, tt := range tests {
@@ -49,6 +53,16 @@ func TestTurnDetectionJSON(t *testing.T) {
 	}
 	if want := `{"type":"server_vad","threshold":0.5,"prefix_padding_ms":300,"silence_duration_ms":500,"interrupt_response":true}`; string(b) != want {
 		t.Errorf("Marshal = %s, want %s", b, want)
+	}
+	b, err = json.Marshal(TurnDetection{Type: TypeServerVAD, Threshold: 0.5, SilenceDurationMs: 500, IdleTimeoutMs: 8000, PauseDurationMs: 200, ResumeFalseInterruption: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"type":"server_vad","threshold":0.5,"prefix_padding_ms":0,"silence_duration_ms":500,"interrupt_response":false,"idle_timeout_ms":8000,"pause_duration_ms":200,"resume_false_interruption":true}`; string(b) != want {
+		t.Errorf("Marshal = %s, want %s", b, want)
+	}
+	if got := (TurnDetection{}).MinInterruption(); got != DefaultMinInterruptionMs {
+		t.Errorf("MinInterruption() of 0 = %d, want the default %d", got, DefaultMinInterruptionMs)
 	}
 	var bad TurnDetection
 	if err := json.Unmarshal([]byte(`{"threshold":"high"}`), &bad); err == nil {
@@ -83,6 +97,17 @@ func TestValidate(t *testing.T) {
 		{"padding long", mod(func(td *TurnDetection) { td.PrefixPaddingMs = 5000 }), "prefix_padding_ms 5000"},
 		{"silence zero", mod(func(td *TurnDetection) { td.SilenceDurationMs = 0 }), "silence_duration_ms 0 is out of range; it must be from 20 to 10000"},
 		{"silence long", mod(func(td *TurnDetection) { td.SilenceDurationMs = 60000 }), "silence_duration_ms 60000"},
+		{"pause bounds", mod(func(td *TurnDetection) {
+			td.PauseDurationMs, td.MinInterruptionMs, td.IdleTimeoutMs = 480, MaxMinInterruptionMs, MaxIdleTimeoutMs
+		}), ""},
+		{"pause low bounds", mod(func(td *TurnDetection) { td.PauseDurationMs, td.IdleTimeoutMs = MinSilenceDurationMs, MinIdleTimeoutMs }), ""},
+		{"pause short", mod(func(td *TurnDetection) { td.PauseDurationMs = 10 }), "pause_duration_ms 10 is out of range; it must be 0 (off) or from 20 to silence_duration_ms − 20 (480)"},
+		{"pause not before the stop", mod(func(td *TurnDetection) { td.PauseDurationMs = 490 }), "pause_duration_ms 490"},
+		{"pause negative", mod(func(td *TurnDetection) { td.PauseDurationMs = -200 }), "pause_duration_ms -200"},
+		{"min interruption negative", mod(func(td *TurnDetection) { td.MinInterruptionMs = -1 }), "min_interruption_ms -1 is out of range; it must be from 0 (the default, 500) to 5000"},
+		{"min interruption long", mod(func(td *TurnDetection) { td.MinInterruptionMs = 6000 }), "min_interruption_ms 6000"},
+		{"idle short", mod(func(td *TurnDetection) { td.IdleTimeoutMs = 100 }), "idle_timeout_ms 100 is out of range; it must be 0 or null (off) or from 500 to 600000"},
+		{"idle negative", mod(func(td *TurnDetection) { td.IdleTimeoutMs = -5 }), "idle_timeout_ms -5"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -172,7 +172,7 @@ func TestPageExplainsItself(t *testing.T) {
 
 func agentMux(t *testing.T) http.Handler {
 	t.Helper()
-	h, err := agent.NewMode(agent.ModeEcho, "", slog.New(slog.DiscardHandler))
+	h, err := agent.NewMode(agent.ModeEcho, "", slog.New(slog.DiscardHandler), agent.ParrotOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

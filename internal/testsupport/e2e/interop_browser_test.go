@@ -265,8 +265,7 @@ func TestChromiumSPED(t *testing.T) {
 			}
 			d := startTestDemo(t, demo.Config{
 				HTTPAddr: "127.0.0.1:0", RelayAddr: "127.0.0.1:0", Agent: agent.ModeEcho,
-				DTLSVersion: "1.2", // SPED sessions take 1.3 whatever the setting
-				NoSPED:      tc.off,
+				NoSPED: tc.off,
 			}, slog.LevelDebug, nil)
 			page, results := startInteropPage(t)
 			ctx := startBrowser(t, chromiumBin, wav, append(tc.extra, chromium.FieldTrials(chromium.SPEDFieldTrial))...)
@@ -279,7 +278,7 @@ func TestChromiumSPED(t *testing.T) {
 			t.Logf("DTLS datagrams in the checks: %d from the client, %d to it in Binding responses", in, out)
 			switch {
 			case tc.off:
-				checkDTLS(t, d, "chromium, SPED off", "1.2")
+				checkDTLS(t, d, "chromium, SPED off", "1.3")
 				if in+out != 0 {
 					t.Errorf("SPED off, yet %d datagrams rode the checks", in+out)
 				}
