@@ -172,13 +172,14 @@ func phoneCall(t *testing.T, run phoneRun) phoneResult {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	var (
-		fed       int       // received packets given to the speakerphone
-		lastRx    time.Time // the last packet's arrival
-		replyAt   time.Time // the current reply's first packet
-		talkFrom  = -1      // frame index at which the user's utterance starts
-		onsets    []int     // frames where the user started talking
-		echoPow   []float64 // per frame sent: the echo's power (no user)
-		userFrame []bool    // per frame sent: the user talks
+		fed       int        // received packets taken from the client
+		pending   []rxPacket // received, not yet played
+		lastRx    time.Time  // the last packet's arrival
+		replyAt   time.Time  // the current reply's first packet
+		talkFrom  = -1       // frame index at which the user's utterance starts
+		onsets    []int      // frames where the user started talking
+		echoPow   []float64  // per frame sent: the echo's power (no user)
+		userFrame []bool     // per frame sent: the user talks
 	)
 	deadline := time.Now().Add(time.Duration(run.replies)*6*time.Second + 10*time.Second)
 	frame := 0
@@ -193,49 +194,58 @@ func phoneCall(t *testing.T, run phoneRun) phoneResult {
 			if time.Now().After(deadline) {
 				t.Fatalf("the agent's %d replies did not finish in time (%d played)", run.replies, ag.count())
 			}
-			rx := c.received()
-			for _, p := range rx[fed:] {
-				if lastRx.IsZero() || p.at.Sub(lastRx) > 300*time.Millisecond {
-					replyAt = p.at // a new reply begins
-					if run.interrupt {
-						talkFrom = -2 // schedule from the next frame's time
+			got := c.receivedFrom(fed)
+			fed += len(got)
+			pending = append(pending, got...)
+			// Every frame the microphone's clock owes by now: after a
+			// stall, those it captured meanwhile leave late, together.
+			for ; !t0.Add(time.Duration(frame+1) * 20 * time.Millisecond).After(time.Now()); frame++ {
+				now := t0.Add(time.Duration(frame) * 20 * time.Millisecond)
+				// The loudspeaker plays what arrived before the frame
+				// was captured.
+				i := 0
+				for ; i < len(pending) && !pending[i].at.After(now); i++ {
+					p := pending[i]
+					if lastRx.IsZero() || p.at.Sub(lastRx) > 300*time.Millisecond {
+						replyAt = p.at // a new reply begins
+						if run.interrupt {
+							talkFrom = -2 // schedule from the next frame's time
+						}
+					}
+					phone.Received(p.payload, p.ts, p.at)
+					lastRx = p.at
+				}
+				pending = pending[i:]
+				if talkFrom == -2 && now.Sub(replyAt) >= time.Second {
+					talkFrom = frame
+					onsets = append(onsets, frame)
+					ag.userSpoke(frame)
+				}
+				clear(mic)
+				talking := talkFrom >= 0 && (frame-talkFrom)*960 < len(user)
+				phone.Capture(mic, now)
+				var e float64
+				for _, v := range mic {
+					e += float64(v) * float64(v)
+				}
+				echoPow = append(echoPow, e/960)
+				if talking {
+					off := (frame - talkFrom) * 960
+					for i := range mic {
+						if off+i < len(user) {
+							mic[i] = int16(max(-32768, min(32767, int(mic[i])+int(user[off+i]))))
+						}
 					}
 				}
-				phone.Received(p.payload, p.ts, p.at)
-				lastRx = p.at
-			}
-			fed = len(rx)
-			now := t0.Add(time.Duration(frame) * 20 * time.Millisecond)
-			if talkFrom == -2 && now.Sub(replyAt) >= time.Second {
-				talkFrom = frame
-				onsets = append(onsets, frame)
-				ag.userSpoke(frame)
-			}
-			clear(mic)
-			talking := talkFrom >= 0 && (frame-talkFrom)*960 < len(user)
-			phone.Capture(mic, now)
-			var e float64
-			for _, v := range mic {
-				e += float64(v) * float64(v)
-			}
-			echoPow = append(echoPow, e/960)
-			if talking {
-				off := (frame - talkFrom) * 960
-				for i := range mic {
-					if off+i < len(user) {
-						mic[i] = int16(max(-32768, min(32767, int(mic[i])+int(user[off+i]))))
-					}
+				userFrame = append(userFrame, talking || (talkFrom >= 0 && (frame-talkFrom)*960 < len(user)+24000))
+				nb, err := enc.Encode(mic, buf)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := c.track.WriteSample(media.Sample{Data: buf[:nb], Duration: 20 * time.Millisecond}); err != nil {
+					t.Fatal(err)
 				}
 			}
-			userFrame = append(userFrame, talking || (talkFrom >= 0 && (frame-talkFrom)*960 < len(user)+24000))
-			nb, err := enc.Encode(mic, buf)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := c.track.WriteSample(media.Sample{Data: buf[:nb], Duration: 20 * time.Millisecond}); err != nil {
-				t.Fatal(err)
-			}
-			frame++
 			continue
 		}
 		break
@@ -396,6 +406,6 @@ func (a *phoneAgent) result(t *testing.T, run phoneRun, onsets []int, echoPow []
 	if out > 0 {
 		r.erle = 10 * math.Log10(in/out)
 	}
-	t.Logf("run %+v: %d replies, %d speech starts, cut off by echo %d, interruptions heard after %v ms (missed %d), ERLE %.1f dB", run, r.replies, len(a.starts), r.cutOff, r.detected, r.missed, r.erle)
+	t.Logf("run echo=%v cleaning=%s interrupt=%v: %d replies, %d speech starts, cut off by echo %d, interruptions heard after %v ms (missed %d), ERLE %.1f dB", run.echo, run.cleaning, run.interrupt, r.replies, len(a.starts), r.cutOff, r.detected, r.missed, r.erle)
 	return r
 }
