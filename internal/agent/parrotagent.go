@@ -38,12 +38,13 @@ type ParrotAgentConfig struct {
 	// input.speech_* messages. It exists to measure the edge against it
 	// (bench/voice).
 	OwnVAD bool
-	// Trace, when set, is called on the session's goroutine for each
-	// input frame (TraceFrame, with the frame's end on the input clock),
-	// each turn the agent acts on (TraceSpeechStarted,
-	// TraceSpeechStopped, with audio_ms) and each reply it sends
-	// (TraceReply, before its first audio), for benchmarks. It must not
-	// block.
+	// Trace, when set, is called for each input frame (TraceFrame, with
+	// the frame's end on the input clock), each turn message and playout
+	// report the agent gets (the kinds of traceKinds, with audio_ms or
+	// played_ms) and each reply it sends (TraceReply, before its first
+	// audio), for benchmarks: on the session's goroutine, but a reply
+	// delayed by ReplyDelay on its timer's, so it must be safe for
+	// concurrent use. It must not block.
 	Trace func(ev TraceEvent)
 	// MaxUtteranceMs bounds one reply, ms (0: DefaultMaxUtteranceMs).
 	MaxUtteranceMs int
@@ -186,8 +187,8 @@ func (a *parrotAgent) serveSession(sc *bridge.ServerConn) {
 		_ = sc.End(context.Background(), bridge.ReasonError)
 		return
 	}
-	defer s.close()
 	reason, err := s.run()
+	s.close() // a delayed reply's timer is done with s.replies
 	attrs := []any{"replies", s.replies, "ignored", sc.Ignored()}
 	logSessionEnd(log, attrs, reason, err)
 }
@@ -400,7 +401,7 @@ func (s *parrotSession) send(ctx context.Context, r Reply) error {
 			return err
 		}
 	}
-	audio := trimLeadingQuiet(r.Audio, s.a.rate)
+	audio := trimLeadingQuiet(r.Audio, s.a.rate) // a copy: a delayed reply does not alias the parrot's buffer
 	if len(audio) == 0 {
 		return nil
 	}

@@ -102,12 +102,13 @@ func (w *idleWatch) arm() {
 // are told, once: the next stretch begins with the next speech or reply.
 // The positions are on the input clock: where the stretch began and
 // where the clock is now (they differ by the timeout when the client's
-// audio comes in real time).
+// audio comes in real time). Nothing once the session is ending: the
+// client has had, or is about to get, the end event, which is the last.
 func (m *mediaPath) idleFired(gen uint64) {
 	m.turnMu.Lock()
 	defer m.turnMu.Unlock()
 	w := &m.idle
-	if gen != w.gen || w.timer == nil {
+	if gen != w.gen || w.timer == nil || m.ending() {
 		return
 	}
 	w.gen++

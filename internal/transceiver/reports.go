@@ -81,7 +81,7 @@ type callQuality struct {
 	rttN    int
 	rttSum  time.Duration
 	jitter  float64 // sum of the reports' jitter, s
-	lost    int32   // the latest report's cumulative packets lost (RFC 3550 §6.4.1)
+	lost    int32   // the latest report's cumulative packets lost, signed (RFC 3550 §6.4.1)
 	highest uint32  // its extended highest sequence number received
 }
 
@@ -94,7 +94,8 @@ func (q *callQuality) add(rr rtcp.ReceptionReport, jitter float64, rtt time.Dura
 		q.rttN++
 		q.rttSum += rtt
 	}
-	q.lost, q.highest = int32(rr.TotalLost), rr.LastSequenceNumber
+	// A signed 24-bit field: negative when duplicates outnumber losses.
+	q.lost, q.highest = int32(rr.TotalLost<<8)>>8, rr.LastSequenceNumber
 }
 
 // summary returns the session's mean round-trip time (ok false without

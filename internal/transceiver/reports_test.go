@@ -247,3 +247,19 @@ func TestCallQualitySummary(t *testing.T) {
 		t.Fatalf("summary = %d reports, rtt %v (%v), jitter %v, loss %v; want 3, 50ms, 4ms, 5/186", n, rtt, ok, jitter, loss)
 	}
 }
+
+// TestCallQualityDuplicates: the cumulative number of packets lost is a
+// signed 24-bit field, negative when the client received duplicates
+// (RFC 3550 §6.4.1): a session whose client got more packets than were
+// sent lost none, not all.
+func TestCallQualityDuplicates(t *testing.T) {
+	var q callQuality
+	q.add(rtcp.ReceptionReport{TotalLost: 1<<24 - 3, LastSequenceNumber: 1099}, 0.002, 0, false) // −3
+	if _, _, _, _, loss := q.summary(100); loss != 0 {
+		t.Errorf("loss %v with 3 duplicates, want 0", loss)
+	}
+	q.add(rtcp.ReceptionReport{TotalLost: 10, LastSequenceNumber: 1099}, 0.002, 0, false)
+	if _, _, _, _, loss := q.summary(100); loss != 0.01 {
+		t.Errorf("loss %v with 10 of 1000 lost, want 0.01", loss)
+	}
+}

@@ -219,6 +219,9 @@ func (m *mediaPath) reportTurns(evs []vad.Event, err error) {
 	m.watchInterruption()
 	if err != nil {
 		m.log.Warn("turn detection failed; switched off", "err", err)
+		m.turnMu.Lock()
+		m.idle.set(0, time.Time{}) // its idle timeout goes with it
+		m.turnMu.Unlock()
 	}
 }
 
@@ -270,9 +273,15 @@ func (m *mediaPath) speechStarted(ev vad.Event) {
 	m.client.speechStarted(ev.AudioMs)
 }
 
-// interrupt clears the output queue for the user's turn. turnMu held.
+// interrupt clears the output queue for the user's turn. A reply already
+// gone (speech paused it and the backend or the client cleared it, or
+// it ended) leaves nothing to clear: no second output.cleared. turnMu
+// held.
 func (m *mediaPath) interrupt() {
 	m.turns.overReply, m.turns.resumed = false, false
+	if m.q.Idle() {
+		return
+	}
 	m.clearOutput(clearSourceTurn)
 	m.metrics.interruptions.WithLabelValues(interruptionCleared).Inc()
 }
@@ -406,10 +415,13 @@ func (m *mediaPath) speechStopped(ev vad.Event) {
 
 // turnWall returns the wall time of position ms on the input clock: the
 // detector has been fed up to its PositionMs by the frames at hand, which
-// came at turns.now (the client's audio comes in real time).
+// came at turns.now (the client's audio comes in real time). Never after
+// turns.now: the stop that closes an utterance when the setting changes
+// comes with the detector already gone (PositionMs 0), at the current
+// position.
 func (m *mediaPath) turnWall(ms int64) time.Time {
 	t := &m.turns
-	return t.now.Add(-time.Duration(t.in.PositionMs()-ms) * time.Millisecond)
+	return t.now.Add(-time.Duration(max(t.in.PositionMs()-ms, 0)) * time.Millisecond)
 }
 
 // reportPlayoutLocked reports the playout events queued so far, before a

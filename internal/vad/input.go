@@ -135,7 +135,8 @@ func (in *Input) RTP(ts uint32, first bool) {
 // positioned at timestamp ts, received at now. A 10 ms half that Partial
 // already fed is skipped. A frame the detector's frames do not divide is
 // ignored. On a detector failure Input switches off and returns the error
-// with the events before it.
+// with the events before it, and a SpeechStopped at the current position
+// if an utterance was in progress (as SetDetector(nil)).
 func (in *Input) Frame(dst []Event, ts uint32, pcm []byte, now time.Time) ([]Event, error) {
 	if in.det == nil {
 		return dst, nil
@@ -278,13 +279,12 @@ func (in *Input) fill(dst []Event, gap int64) ([]Event, error) {
 }
 
 // process gives the detector one frame and appends what it saw, moved
-// onto the input clock.
+// onto the input clock. A detector that fails is closed as SetDetector
+// closes one: an utterance in progress gets its SpeechStopped.
 func (in *Input) process(dst []Event, pcm []byte) ([]Event, error) {
 	ev, err := in.det.Process(pcm)
 	if err != nil {
-		in.det.Close()
-		in.det = nil
-		return dst, err
+		return in.SetDetector(dst, nil), err
 	}
 	if ev.Kind != None {
 		ev.AudioMs += in.offset

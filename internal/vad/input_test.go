@@ -259,6 +259,26 @@ func TestInputSpeech(t *testing.T) {
 			t.Errorf("new detector's offset %d ms, want %d", in.offset, want)
 		}
 	})
+	t.Run("a failure closes the utterance", func(t *testing.T) {
+		// A detector that fails mid-utterance switches the Input off;
+		// its owner still gets the stop, at the current position, so
+		// that starts and stops pair (what it holds for the utterance,
+		// a paused reply or one held for a tentative turn, is let go).
+		in := newInput(t)
+		evs, ts, now := feedSpeech(t, in, time.Unix(1000, 0), 0)
+		if len(evs) == 0 || !in.det.InSpeech() {
+			t.Fatalf("events %v; want an utterance in progress", evs)
+		}
+		pos := in.det.PositionMs() + in.offset
+		in.det.Close() // the engine fails: Process returns an error
+		stop, err := in.Frame(nil, ts, make([]byte, 640), now.Add(20*time.Millisecond))
+		if err == nil || in.Detector() != nil {
+			t.Fatalf("Frame after the engine failed: %v, detector %v; want an error and the Input off", err, in.Detector())
+		}
+		if len(stop) != 1 || stop[0].Kind != SpeechStopped || stop[0].AudioMs != pos {
+			t.Fatalf("the failure gave %v, want a stop at %d ms", stop, pos)
+		}
+	})
 }
 
 // TestInputAllocs: feeding frames allocates nothing in the steady state.

@@ -675,3 +675,79 @@ func TestIdleTimeout(t *testing.T) {
 // playoutGrace is the run's grace after its last audio (docs/bridge.md
 // §6.2): output.stopped comes that long after the reply's audio ended.
 const playoutGrace = 200 * time.Millisecond
+
+// TestPausedReplyClearedByBackend: with resume_false_interruption, speech
+// over the reply pauses it, and the backend then clears the reply itself
+// (it cuts its reply on input.speech_started, as many do). When that
+// speech goes on to have the voiced time of a turn there is nothing left
+// to clear: the edge sends no second output.cleared (the client no second
+// output_audio_buffer.cleared), as a speech start with no run clears
+// nothing (docs/bridge.md §4.8).
+func TestPausedReplyClearedByBackend(t *testing.T) {
+	sc := utterances(t, "Tell me about the weather tomorrow.", "Wait, stop right there please.")
+	s, c, b := startTurnTaking(t, resumingTurns(), func(b *recBackend, ctl bridge.Control) {
+		switch {
+		case ctl.Type == bridge.TypeInputSpeechStopped && b.replies == 0:
+			b.reply(tone(6 * time.Second))
+		case ctl.Type == bridge.TypeOutputPaused:
+			_ = b.sc.SendControl(context.Background(), bridge.Control{Type: bridge.TypeOutputClear})
+		}
+	}, nil)
+	m := newMic(t, c)
+	m.askAndListen(sc, b)
+	m.say(sc, 1)
+	m.silence(1000)
+	b.waitType(t, bridge.TypeInputSpeechStopped, 2)
+	time.Sleep(200 * time.Millisecond) // a second clear's messages would be in
+	b.log(t)
+	want := []string{
+		bridge.TypeInputSpeechStarted, bridge.TypeInputSpeechStopped, bridge.TypeOutputStarted,
+		bridge.TypeInputSpeechStarted, bridge.TypeOutputPaused, "output.mark:mark_1:cleared", bridge.TypeOutputCleared,
+		bridge.TypeInputSpeechStopped,
+	}
+	if got := b.types(); !slices.Equal(got, want) {
+		t.Fatalf("backend messages %q, want %q", got, want)
+	}
+	if got := typesOf(clientEventsOf(c, "output_audio_buffer.cleared")); len(got) != 1 {
+		t.Errorf("client events %q, want one output_audio_buffer.cleared", got)
+	}
+	if v := counterValue(t, s.reg, "switchboard_transceiver_output_clears_total", "turn"); v != 0 {
+		t.Errorf("output_clears_total{turn} = %v, want 0: the backend cleared the reply", v)
+	}
+	if v := counterValue(t, s.reg, "switchboard_transceiver_output_clears_total", "backend"); v != 1 {
+		t.Errorf("output_clears_total{backend} = %v, want 1", v)
+	}
+}
+
+// TestTurnSwitchMidUtteranceReplyLatency: a backend that changes its
+// turn detection while the user is talking gets input.speech_stopped at
+// once, at the current position (docs/bridge.md §4.8), and answers it;
+// the turn's latencies count from that moment: never negative, never
+// from a moment still to come.
+func TestTurnSwitchMidUtteranceReplyLatency(t *testing.T) {
+	sc := utterances(t, "Tell me about the weather tomorrow and the day after that.")
+	raw, _ := json.Marshal(vad.DefaultTurnDetection())
+	s, c, b := startTurnTaking(t, vad.DefaultTurnDetection(), func(b *recBackend, ctl bridge.Control) {
+		switch {
+		case ctl.Type == bridge.TypeInputSpeechStarted && b.replies == 0:
+			_ = b.sc.SendControl(context.Background(), bridge.Control{Type: bridge.TypeInputTurnDetection, TurnDetection: raw})
+		case ctl.Type == bridge.TypeInputSpeechStopped && b.replies == 0:
+			b.reply(tone(300 * time.Millisecond))
+		}
+	}, nil)
+	m := newMic(t, c)
+	m.silence(400)
+	m.say(sc, 0)
+	m.silenceUntil(3000, func() bool { return len(replyPackets(t, c)) > 0 })
+	m.silence(200)
+	b.log(t)
+	stop := b.waitType(t, bridge.TypeInputSpeechStopped, 1)
+	if stop.frames >= len(m.sentAt) {
+		t.Fatalf("the first stop came after %d of %d packets: not mid-utterance", stop.frames, len(m.sentAt))
+	}
+	for _, stage := range []string{"backend", "client"} {
+		if n, v := histogramSample(t, s.reg, "switchboard_transceiver_turn_reply_seconds", stage); n < 1 || v < 0 || v > float64(n)*0.5 {
+			t.Errorf("turn_reply_seconds{stage=%s}: %d samples summing to %.3f s; want each from 0 to 0.5 s (the reply answered the stop at once)", stage, n, v)
+		}
+	}
+}
