@@ -9,13 +9,20 @@
 #                           and sox (speech files) + Firefox ESR and GStreamer webrtcbin with
 #                           libnice (interop tests, docs/interop.md) + python3-websockets (runs
 #                           the Python backend of docs/bridge.md) + nftables (the ICE-TCP browser
-#                           tests drop a namespace's UDP)
+#                           tests drop a namespace's UDP) + iptables (internal/testsupport/kube's
+#                           check that a node leaves the host's firewall alone)
+#   scripts/deps.sh node    test + containerd, runc and the CNI plugins (bridge, host-local,
+#                           loopback), dnsmasq (cluster DNS), util-linux's nsenter: the real-node
+#                           test (scripts/kube-node.sh, docs/operations.md "A real node")
 set -euo pipefail
 want=(gcc g++ pkg-config libopus-dev libopusfile-dev libspeexdsp-dev libwebrtc-audio-processing-dev curl jq)
-if [[ "${1:-build}" == test ]]; then
-  want+=(chromium coturn iproute2 nftables redis-server espeak-ng sox firefox-esr python3-websockets
+if [[ "${1:-build}" == test || "${1:-build}" == node ]]; then
+  want+=(chromium coturn iproute2 nftables iptables redis-server espeak-ng sox firefox-esr python3-websockets
          gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
          gstreamer1.0-nice python3-gi python3-gst-1.0 gir1.2-gst-plugins-base-1.0 gir1.2-gst-plugins-bad-1.0)
+fi
+if [[ "${1:-build}" == node ]]; then
+  want+=(containerd runc containernetworking-plugins dnsmasq-base util-linux)
 fi
 missing=()
 for p in "${want[@]}"; do

@@ -10,12 +10,24 @@
 # script) builds again. A cold build compiles all of Kubernetes' control
 # plane: about ten minutes on two cores (docs/operations.md).
 #
-# Usage: scripts/kube-build.sh            build if needed, print the dir
-#        scripts/kube-build.sh -n         print the dir if built, else fail
-#        KUBE_BIN_DIR=dir scripts/…       use that dir instead of the cache
+# With --node it also builds what a real node needs, kubelet, kube-proxy
+# and kube-scheduler, for the real-node test (scripts/kube-node.sh,
+# docs/operations.md "A real node"): about as long again on a cold
+# machine, so only on request.
+#
+# Usage: scripts/kube-build.sh [--node]     build if needed, print the dir
+#        scripts/kube-build.sh -n [--node]  print the dir if built, else fail
+#        KUBE_BIN_DIR=dir scripts/…         use that dir instead of the cache
 set -euo pipefail
 check_only=false
-[[ ${1:-} == -n ]] && check_only=true
+node=false
+for arg in "$@"; do
+  case $arg in
+    -n) check_only=true ;;
+    --node) node=true ;;
+    *) echo "kube-build: unknown argument $arg (want -n, --node)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 mod=internal/testsupport/kube/build
 version=$(cd "$mod" && go list -m -f "{{.Version}}" k8s.io/kubernetes 2>/dev/null || true)
@@ -26,6 +38,7 @@ fi
 key=$(cat "$mod/go.mod" "$mod/go.sum" scripts/kube-build.sh | sha256sum | cut -c1-16)
 dir=${KUBE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/switchboard/kube/$version-$key}
 tools=(etcd kube-apiserver kube-controller-manager)
+if $node; then tools+=(kubelet kube-proxy kube-scheduler); fi
 ready() {
   for t in "${tools[@]}"; do [[ -x "$dir/$t" ]] || return 1; done
 }
@@ -53,10 +66,21 @@ trap 'rm -rf "$tmp"' EXIT
 (
   cd "$mod"
   # -mod=mod: the module's go.sum pins every version; nothing is vendored.
-  CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "$ldflags" -o "$tmp/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
-  CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
+  # Only what is missing: a node build after a control plane build (or
+  # the reverse) compiles just the rest.
+  kube=()
+  for t in "${tools[@]}"; do
+    if [[ $t != etcd && ! -x "$dir/$t" ]]; then kube+=("k8s.io/kubernetes/cmd/$t"); fi
+  done
+  if ((${#kube[@]})); then
+    CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "$ldflags" -o "$tmp/" "${kube[@]}"
+  fi
+  if [[ ! -x "$dir/etcd" ]]; then
+    CGO_ENABLED=0 go build -mod=mod -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
+  fi
 )
-for t in "${tools[@]}"; do mv "$tmp/$t" "$dir/$t"; done
+for t in "${tools[@]}"; do
+  if [[ -e "$tmp/$t" ]]; then mv "$tmp/$t" "$dir/$t"; fi
+done
 echo "kube-build: built ${tools[*]} $version in $(( $(date +%s) - start ))s" >&2
 echo "$dir"

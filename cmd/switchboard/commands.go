@@ -121,6 +121,32 @@ func socketFlag(err error, pairs ...string) error {
 	return err
 }
 
+// withFlag names the flag beside a config key that opens a package's
+// error ("transceiver: max_sessions -1 must ..." becomes "transceiver:
+// max_sessions (-max-sessions) -1 must ..."), as internal/auth words its
+// own, so an operator who set it by flag finds it. The flag is the key
+// with '-' for '_', or renamed[key]; a key with no such flag in fs, or an
+// error not opening with prefix, is returned as is.
+func withFlag(err error, fs *flag.FlagSet, prefix string, renamed map[string]string) error {
+	msg := err.Error()
+	rest, ok := strings.CutPrefix(msg, prefix)
+	if !ok {
+		return err
+	}
+	key, after, ok := strings.Cut(rest, " ")
+	if !ok || strings.HasPrefix(after, "(-") {
+		return err
+	}
+	name := renamed[key]
+	if name == "" {
+		name = strings.ReplaceAll(key, "_", "-")
+	}
+	if fs.Lookup(name) == nil {
+		return err
+	}
+	return &reworded{prefix + key + " (-" + name + ") " + after, err}
+}
+
 // reworded is an error with a message of its own that still unwraps to
 // the error it words.
 type reworded struct {
@@ -255,7 +281,8 @@ func serveOps(ctx context.Context, ln net.Listener, reg *prometheus.Registry, pp
 
 func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	var cfg config.Transceiver
-	if err := config.Parse(cfg.Flags(), args, &cfg); err != nil {
+	fs := cfg.Flags()
+	if err := config.Parse(fs, args, &cfg); err != nil {
 		return err
 	}
 	log, keys, reg, err := serverSetup(cfg.Log, cfg.Keys)
@@ -264,7 +291,7 @@ func runTransceiver(ctx context.Context, args []string, _ io.Writer) error {
 	}
 	t, err := transceiver.New(cfg.Trx, keys, reg, log)
 	if err != nil {
-		return socketFlag(err, "transceiver: listen", "-listen")
+		return withFlag(socketFlag(err, "transceiver: listen", "-listen"), fs, "transceiver: ", map[string]string{"backend_url": "backend"})
 	}
 	defer t.Close()
 	ln, err := listenTCP("-http", cfg.HTTP)

@@ -285,9 +285,11 @@ func (s *tcpServer) accept(conn *net.TCPConn) {
 	}
 	s.mu.Unlock()
 	if refused != NumTCPCloseReasons {
+		// Counted before the reset, so that whoever sees the reset also
+		// sees it counted.
+		s.closes[refused].Add(1)
 		_ = conn.SetLinger(0) // a reset: no TIME_WAIT left for a refused connection
 		_ = conn.Close()
-		s.closes[refused].Add(1)
 		return
 	}
 	s.open.Add(1)

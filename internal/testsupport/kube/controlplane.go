@@ -57,8 +57,19 @@ type Options struct {
 	// through NetNS.DialContext. Nil: the host's loopback.
 	NetNS *NetNS
 	// ServiceCIDR is the range of Service cluster IPs (virtual: nothing
-	// routes them here, as there is no kube-proxy). Default 10.96.0.0/24.
+	// routes them here unless a Node runs kube-proxy). Default
+	// 10.96.0.0/24. The API server's certificate names its first address,
+	// the "kubernetes" Service's cluster IP, as pods reach it.
 	ServiceCIDR string
+	// ServeKubernetesService has the API server publish its own address as
+	// the endpoint of Service default/kubernetes (the lease endpoint
+	// reconciler), so that pods on a Node (see StartNode) reach it at that
+	// Service's cluster IP through kube-proxy, as in-cluster clients do.
+	// It needs NetNS: a loopback address is no valid endpoint.
+	ServeKubernetesService bool
+	// MoreControllers are run besides Controllers, e.g. the node
+	// lifecycle controller for a Node with a real kubelet.
+	MoreControllers []string
 }
 
 // ControlPlane is a running etcd, kube-apiserver and
@@ -106,8 +117,23 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 		cp.addr = "127.0.0.1"
 		etcdPort, etcdPeer, apiPort = freeTCP(t), freeTCP(t), freeTCP(t)
 	}
-	ips := []net.IP{net.ParseIP(cp.addr), net.ParseIP("127.0.0.1")}
-	var err error
+	_, svcNet, err := net.ParseCIDR(opts.ServiceCIDR)
+	if err != nil {
+		t.Fatalf("ServiceCIDR: %v", err)
+	}
+	firstSvc := slices.Clone(svcNet.IP.To4())
+	if firstSvc == nil {
+		t.Fatalf("ServiceCIDR %s: want IPv4", opts.ServiceCIDR)
+	}
+	firstSvc[3]++
+	ips := []net.IP{net.ParseIP(cp.addr), net.ParseIP("127.0.0.1"), firstSvc}
+	if opts.ServeKubernetesService && cp.ns == nil {
+		t.Fatal("ServeKubernetesService needs NetNS: loopback is no valid endpoint address")
+	}
+	reconciler := "none"
+	if opts.ServeKubernetesService {
+		reconciler = "lease"
+	}
 	if cp.pki, err = newPKI(cp.dir, ips); err != nil {
 		t.Fatal(err)
 	}
@@ -135,9 +161,10 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 		"--service-account-key-file=" + cp.pki.saKey,
 		"--service-account-signing-key-file=" + cp.pki.saKey,
 		"--service-cluster-ip-range=" + opts.ServiceCIDR,
-		// The "kubernetes" Service would get the API server's address as
-		// its endpoint, and loopback is no valid endpoint address.
-		"--endpoint-reconciler-type=none",
+		// "none": the "kubernetes" Service would get the API server's
+		// address as its endpoint, and loopback is no valid endpoint
+		// address (see ServeKubernetesService).
+		"--endpoint-reconciler-type=" + reconciler,
 		"--cert-dir=" + filepath.Join(cp.dir, "apiserver-certs"),
 		"--profiling=false",
 	}
@@ -166,7 +193,7 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 
 	cp.kcm = cp.start("kube-controller-manager",
 		"--kubeconfig="+cp.AdminKubeconfig,
-		"--controllers="+strings.Join(Controllers, ","),
+		"--controllers="+strings.Join(append(slices.Clone(Controllers), opts.MoreControllers...), ","),
 		"--leader-elect=false",
 		"--secure-port=0",
 		"--use-service-account-credentials=false",
@@ -265,16 +292,19 @@ type proc struct {
 
 func (cp *ControlPlane) start(name string, args ...string) *proc {
 	cp.t.Helper()
+	bin := filepath.Join(cp.bins, name)
+	if cp.ns != nil {
+		return cp.startCmd(name, cp.ns.Command(bin, args...))
+	}
+	return cp.startCmd(name, exec.Command(bin, args...))
+}
+
+// startCmd starts cmd as component name, its output in name.log.
+func (cp *ControlPlane) startCmd(name string, cmd *exec.Cmd) *proc {
+	cp.t.Helper()
 	f, err := os.OpenFile(filepath.Join(cp.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		cp.t.Fatal(err)
-	}
-	bin := filepath.Join(cp.bins, name)
-	var cmd *exec.Cmd
-	if cp.ns != nil {
-		cmd = cp.ns.Command(bin, args...)
-	} else {
-		cmd = exec.Command(bin, args...)
 	}
 	cmd.Stdout, cmd.Stderr = f, f
 	dieWithParent(cmd)

@@ -39,6 +39,15 @@ type NetNS struct {
 // what runs in it) when the test ends.
 func NewNetNS(t testing.TB) *NetNS {
 	t.Helper()
+	n := newNetNS(t)
+	n.AddAddr(n.Addr(1))
+	return n
+}
+
+// newNetNS creates a namespace with its loopback up and no address of
+// 10.78.0.0/24.
+func newNetNS(t testing.TB) *NetNS {
+	t.Helper()
 	why := ""
 	if os.Geteuid() != 0 {
 		why = "needs root for network namespaces"
@@ -57,7 +66,6 @@ func NewNetNS(t testing.TB) *NetNS {
 	}
 	t.Cleanup(n.remove)
 	n.ip("link", "set", "lo", "up")
-	n.AddAddr(n.Addr(1))
 	return n
 }
 
@@ -96,6 +104,14 @@ func (n *NetNS) ip(args ...string) {
 // place, so signals to the command reach it.
 func (n *NetNS) Command(bin string, args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", n.Name, bin}, args...)...)
+}
+
+// Enter runs bin in the namespace's network only (nsenter --net), not in
+// the mount namespace of its own that "ip netns exec" makes: for a node's
+// containerd and kubelet, which must see each other's mounts. nsenter
+// execs bin in place.
+func (n *NetNS) Enter(bin string, args ...string) *exec.Cmd {
+	return exec.Command("nsenter", append([]string{"--net=" + filepath.Join("/run/netns", n.Name), "--", bin}, args...)...)
 }
 
 // WriteHosts makes hosts (name → address) the /etc/hosts of processes
