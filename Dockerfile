@@ -10,7 +10,9 @@
 #
 # The transceiver (PCM bridge formats: internal/audio) and `switchboard
 # call` code Opus through libopus, turn detection (internal/vad) runs
-# WebRTC's VAD from libwebrtc-audio-processing, and `call` resamples WAV
+# WebRTC's VAD from libwebrtc-audio-processing, input cleaning
+# (internal/apm) its echo canceller and noise suppressor through a C++
+# shim (libstdc++, linked statically as well), and `call` resamples WAV
 # files through libspeexdsp (all cgo), so the binary is built with cgo and
 # linked statically against Debian's libopus.a, libwebrtc_audio_processing.a
 # and libspeexdsp.a (and libm, which they need); the

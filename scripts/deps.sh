@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Switchboard needs, only those missing.
 #   scripts/deps.sh build   libopus for the Opus codec (transceiver PCM formats, `switchboard call`),
-#                           libwebrtc-audio-processing for WebRTC's VAD (internal/vad),
+#                           libwebrtc-audio-processing for WebRTC's VAD (internal/vad) and its echo
+#                           canceller and noise suppressor (internal/apm, a C++ shim: g++),
 #                           libspeexdsp for call's resampler (WAV files at 22,050 or 44,100 Hz),
 #                           curl and jq (README: minting a client token)
 #   scripts/deps.sh test    build + chromium (browser tests) + coturn (relay bench) + espeak-ng
@@ -14,7 +15,7 @@
 #                           loopback), dnsmasq (cluster DNS), util-linux's nsenter: the real-node
 #                           test (scripts/kube-node.sh, docs/operations.md "A real node")
 set -euo pipefail
-want=(gcc pkg-config libopus-dev libopusfile-dev libspeexdsp-dev libwebrtc-audio-processing-dev curl jq)
+want=(gcc g++ pkg-config libopus-dev libopusfile-dev libspeexdsp-dev libwebrtc-audio-processing-dev curl jq)
 if [[ "${1:-build}" == test || "${1:-build}" == node ]]; then
   want+=(chromium coturn iproute2 nftables iptables redis-server espeak-ng sox firefox-esr python3-websockets
          gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad

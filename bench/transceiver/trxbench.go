@@ -96,6 +96,10 @@ type Options struct {
 	ProfileDir string
 	// TrxArgs are extra transceiver flags.
 	TrxArgs []string
+	// AgentArgs are extra flags of the echo agent, such as
+	// -turn-detection (turn detection and input cleaning, whose cost a
+	// run with and one without them compares).
+	AgentArgs []string
 	// Log receives progress lines; nil discards.
 	Log io.Writer
 }
@@ -492,7 +496,7 @@ func startStackOnce(ctx context.Context, opt Options, format string) (st *stack,
 	}
 	agentAddr, public, internal, hop := addrs[0], addrs[1], addrs[2], addrs[4]
 	st.relayOps, st.trxHTTP = addrs[3], addrs[5]
-	if _, err := st.start("agent", opt.GenCPU, "agent", "-mode", "echo", "-listen", agentAddr, "-format", format, "-log-level", "warn"); err != nil {
+	if _, err := st.start("agent", opt.GenCPU, append([]string{"agent", "-mode", "echo", "-listen", agentAddr, "-format", format, "-log-level", "warn"}, opt.AgentArgs...)...); err != nil {
 		return st, err
 	}
 	// Every client is 127.0.0.1: lift the relay's per-source caps.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -361,7 +362,16 @@ func runAgent(ctx context.Context, args []string, _ io.Writer) error {
 	if err != nil {
 		return err
 	}
-	backend, err := agent.NewMode(cfg.Mode, cfg.Format, log, opts)
+	var backend http.Handler
+	if cfg.Mode == agent.ModeEcho && opts.TurnDetection != nil && opts.ReplyDelay == 0 {
+		// The echo takes no turns, but its hello may ask for turn
+		// detection and input cleaning as given (their members
+		// included, docs/bridge.md §4.8) while it sends every frame
+		// back: switchboard-bench transceiver measures their cost so.
+		backend, err = agent.NewEchoConfig(agent.EchoConfig{Logger: log, Format: cfg.Format, TurnDetection: json.RawMessage(cfg.TurnDetection)})
+	} else {
+		backend, err = agent.NewMode(cfg.Mode, cfg.Format, log, opts)
+	}
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 type echo struct {
 	logger *slog.Logger
 	format string
+	td     json.RawMessage // the hello's turn_detection; nil: none
 }
 
 // EchoConfig configures NewEchoConfig.
@@ -28,6 +30,12 @@ type EchoConfig struct {
 	// unchanged, so the transceiver's decode, encode and paced playout run
 	// end to end).
 	Format string
+	// TurnDetection, when set, is the turn_detection object the agent's
+	// hello asks for (docs/bridge.md §4.8, its cleaning members
+	// included): the echo still sends every frame back, while the
+	// transceiver runs turn detection and input cleaning on the way in
+	// (bench/transceiver measures their cost this way). Nil: none.
+	TurnDetection json.RawMessage
 }
 
 // NewEchoConfig is NewEcho with a choice of format. It returns an error
@@ -43,7 +51,10 @@ func NewEchoConfig(cfg EchoConfig) (http.Handler, error) {
 	default:
 		return nil, fmt.Errorf("agent: echo format %q: want %s, %s or %s", cfg.Format, bridge.FormatOpus, bridge.FormatPCM24k, bridge.FormatPCM16k)
 	}
-	return &echo{logger: cfg.Logger, format: cfg.Format}, nil
+	if cfg.TurnDetection != nil && !bridge.IsJSONObject(cfg.TurnDetection) {
+		return nil, fmt.Errorf("agent: echo turn_detection %.64q is not a JSON object", cfg.TurnDetection)
+	}
+	return &echo{logger: cfg.Logger, format: cfg.Format, td: cfg.TurnDetection}, nil
 }
 
 // NewEcho returns an http.Handler serving the bridge (v1: one session per
@@ -66,7 +77,7 @@ func NewEcho(logger *slog.Logger) http.Handler {
 
 func (e *echo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	handshakeErr := func(err error) { e.logger.Warn("bridge handshake failed", "remote", r.RemoteAddr, "err", err) }
-	err := bridge.Serve(w, r, bridge.AcceptOptions{Formats: []string{e.format}, HandshakeError: handshakeErr}, e.serveSession)
+	err := bridge.Serve(w, r, bridge.AcceptOptions{Formats: []string{e.format}, TurnDetection: e.td, HandshakeError: handshakeErr}, e.serveSession)
 	if err != nil {
 		handshakeErr(err)
 	}

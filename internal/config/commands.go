@@ -279,7 +279,7 @@ func (c *Demo) ParrotOptions() (agent.ParrotOptions, error) {
 // registerParrotFlags adds -turn-detection and -reply-delay, the parrot's
 // settings, to fs.
 func registerParrotFlags(fs *flag.FlagSet, td *string, delay *time.Duration) {
-	fs.StringVar(td, "turn-detection", "", `parrot: the turn_detection it asks the transceiver for, OpenAI's JSON with Switchboard's members (docs/bridge.md 4.8), e.g. {"pause_duration_ms":200,"resume_false_interruption":true,"idle_timeout_ms":8000}; empty: OpenAI's server VAD defaults`)
+	fs.StringVar(td, "turn-detection", "", `parrot: the turn_detection it asks the transceiver for, OpenAI's JSON with Switchboard's members (docs/bridge.md 4.8), e.g. {"pause_duration_ms":200,"resume_false_interruption":true,"idle_timeout_ms":8000}; empty: OpenAI's server VAD defaults. echo (agent only, without -reply-delay): the turn_detection its hello asks for as given, input cleaning members included, e.g. {"interrupt_response":false,"echo_cancellation":{}}, while it still sends every frame back; empty: none`)
 	fs.DurationVar(delay, "reply-delay", 0, "parrot: answer each turn this long after its event (input.speech_paused with pause_duration_ms, else input.speech_stopped), as a real pipeline's latency")
 }
 

@@ -111,6 +111,9 @@ type mediaPath struct {
 	replyDue, sendDue atomic.Int64
 
 	turns turns // turn detection (turns.go)
+	// clean is input cleaning (clean.go): echo cancellation and noise
+	// suppression before turn detection.
+	clean cleaning
 	// turnMu orders the turn messages and the playout events a turn
 	// causes (speechStarted, drainEvents, reportPlayoutLocked), and
 	// guards idle and evLocked.
@@ -210,10 +213,13 @@ func (m *mediaPath) startPlayout() { m.q.Resume() }
 // PCM formats; each frame, once written, goes to turn detection.
 func (m *mediaPath) toBackend(pkt *rtp.Packet) error {
 	m.applyTurns(pkt.Payload)
+	m.applyCleaning()
 	t := &m.turns
-	var now time.Time // the detector's wall time: read only when it is on
-	if t.in.Detector() != nil {
+	var now time.Time // the detector's and cleaner's wall time: read only when one is on
+	if t.in.Detector() != nil || m.clean.c != nil {
 		now = time.Now()
+	}
+	if t.in.Detector() != nil {
 		t.now = now
 		defer t.fed(now)
 	}
@@ -225,17 +231,18 @@ func (m *mediaPath) toBackend(pkt *rtp.Packet) error {
 		return nil
 	}
 	for _, f := range m.dec.Push(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload) {
-		if err := m.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: f.PCM, Concealed: f.Concealed}); err != nil {
+		toBE, toDet := m.cleanFrame(f.Timestamp, f.PCM, now)
+		if err := m.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: f.Seq, Timestamp: f.Timestamp, Payload: toBE, Concealed: f.Concealed}); err != nil {
 			return err
 		}
-		m.reportTurns(t.in.Frame(t.evs[:0], f.Timestamp, f.PCM, now))
+		m.reportTurns(t.in.Frame(t.evs[:0], f.Timestamp, toDet, now))
 	}
 	// A 10 ms packet's audio is heard now, not with the packet that
 	// completes its frame (vad.Input.Partial); the backend still gets
 	// whole frames, so a turn message may lead the frame holding its
 	// position by up to 10 ms.
 	p := m.dec.Partial()
-	m.reportTurns(t.in.Partial(t.evs[:0], p.Timestamp, p.PCM, now))
+	m.reportTurns(t.in.Partial(t.evs[:0], p.Timestamp, m.cleanPartial(p.Timestamp, p.PCM, now), now))
 	m.countDecoder()
 	return nil
 }

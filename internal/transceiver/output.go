@@ -224,7 +224,9 @@ func (m *mediaPath) SendPacket(p *playout.Packet) {
 		m.metrics.outputDropped.Inc()
 		return
 	}
-	m.sent.Sent(pkt.SequenceNumber, pkt.Timestamp, len(pkt.Payload), time.Now())
+	now := time.Now()
+	m.sent.Sent(pkt.SequenceNumber, pkt.Timestamp, len(pkt.Payload), now)
+	m.cleanPlayed(pkt.Payload, pkt.Timestamp, now)
 }
 
 // Playout events (output.* to the backend, output_audio_buffer.* to the

@@ -140,6 +140,15 @@ func (m *mediaPath) setTurnDetection(raw json.RawMessage, from string) {
 		m.refuse(refusedTurnDetection, bridge.ErrCodeTurnDetection, fmt.Sprintf("%s: %v; turn detection unchanged", from, err))
 		return
 	}
+	var interrupt bool
+	if td != nil {
+		interrupt = td.InterruptResponse
+	} else {
+		raw = nil
+	}
+	if !m.setCleaning(raw, interrupt, from) {
+		return
+	}
 	m.turns.next.Store(&turnSwitch{cfg: td})
 }
 
@@ -469,6 +478,7 @@ func (m *mediaPath) switchTurns(cfg *vad.TurnDetection, frameMs int) {
 // goroutine ends.
 func (m *mediaPath) stopTurns() {
 	m.turns.in.Close()
+	m.stopCleaning()
 	m.turnMu.Lock()
 	m.idle.set(0, time.Time{})
 	m.turnMu.Unlock()

@@ -201,6 +201,13 @@ func (c *testClient) received() []rxPacket {
 	return slices.Clone(c.rx)
 }
 
+// receivedFrom returns the packets received after the first n.
+func (c *testClient) receivedFrom(n int) []rxPacket {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.rx[min(n, len(c.rx)):])
+}
+
 // eventTypes returns the types of the oai-events messages received so far.
 func (c *testClient) eventTypes() []map[string]any {
 	c.mu.Lock()

@@ -40,6 +40,7 @@ var layers = map[string]int{
 	"internal/trusted":    0,
 	"internal/udpio":      0,
 	"internal/vad":        0,
+	"internal/apm":        0,
 	"internal/web":        0,
 
 	"internal/agent":      1, // bridge, vad

@@ -1,0 +1,122 @@
+package apm
+
+import (
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		err  error
+	}{
+		{"16k", Config{Rate: 16000, EchoCancellation: true}, nil},
+		{"24k near", Config{Rate: 24000, NoiseReduction: NearField}, nil},
+		{"rate", Config{Rate: 22050}, ErrConfig},
+		{"type", Config{Rate: 16000, NoiseReduction: "studio"}, ErrConfig},
+		{"delay", Config{Rate: 16000, InitialDelayMs: MaxDelayMs + 1}, ErrConfig},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("Validate() = %v, want %v", err, tc.err)
+			}
+			if err == nil && tc.cfg.InitialDelayMs != DefaultInitialDelayMs {
+				t.Errorf("InitialDelayMs %d, want the default %d", tc.cfg.InitialDelayMs, DefaultInitialDelayMs)
+			}
+		})
+	}
+}
+
+func TestFramesAndAllocs(t *testing.T) {
+	c, err := New(Config{Rate: 24000, EchoCancellation: true, NoiseReduction: FarField})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1, 0)
+	if err := c.Process(make([]byte, 478), 0, t0); !errors.Is(err, ErrFrameSize) {
+		t.Errorf("Process of 239 samples: %v, want ErrFrameSize", err)
+	}
+	if err := c.Played(t0, make([]byte, 100)); !errors.Is(err, ErrFrameSize) {
+		t.Errorf("Played of 50 samples: %v, want ErrFrameSize", err)
+	}
+	far, near := make([]byte, 960), make([]byte, 960)
+	for i := range far {
+		far[i] = byte(i * 7)
+		near[i] = byte(i * 13)
+	}
+	k := int64(0)
+	step := func() {
+		at := t0.Add(time.Duration(k) * 20 * time.Millisecond)
+		if err := c.Played(at, far); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Process(near, k*480, at.Add(200*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		k++
+	}
+	for range 300 {
+		step()
+	}
+	if n := testing.AllocsPerRun(200, step); n != 0 {
+		t.Errorf("%v allocations per 20 ms frame, want 0", n)
+	}
+	c.Close()
+	c.Close()
+	if err := c.Process(near, 0, t0); !errors.Is(err, ErrClosed) {
+		t.Errorf("Process after Close: %v, want ErrClosed", err)
+	}
+}
+
+// BenchmarkCleaner is the CPU of cleaning one 20 ms frame (with its far
+// end), per feature and rate, as cpu-ns/20ms.
+func BenchmarkCleaner(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"aec", Config{Rate: 24000, EchoCancellation: true}},
+		{"ns", Config{Rate: 24000, NoiseReduction: NearField}},
+		{"aec+ns", Config{Rate: 24000, EchoCancellation: true, NoiseReduction: NearField}},
+		{"aec16k", Config{Rate: 16000, EchoCancellation: true}},
+		{"ns16k", Config{Rate: 16000, NoiseReduction: NearField}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			c, err := New(tc.cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			n := tc.cfg.Rate / 50
+			far, near := whiteNoise(1, n, 1000), whiteNoise(2, n, 300)
+			fb, nb := pcmBytes(far), pcmBytes(near)
+			buf := make([]byte, len(nb))
+			t0 := time.Unix(1, 0)
+			b.ReportAllocs()
+			k := int64(0)
+			cpu0 := cpuTime(b)
+			for b.Loop() {
+				at := t0.Add(time.Duration(k) * 20 * time.Millisecond)
+				_ = c.Played(at, fb)
+				copy(buf, nb)
+				_ = c.Process(buf, k*int64(n), at.Add(200*time.Millisecond))
+				k++
+			}
+			b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/20ms")
+		})
+	}
+}
+
+// cpuTime is the process's CPU time (user + system), ns: steadier than
+// wall time on a loaded machine.
+func cpuTime(b *testing.B) int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}

@@ -1,0 +1,411 @@
+package e2e
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pion/webrtc/v4/pkg/media"
+	"gopkg.in/hraban/opus.v2"
+
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+	"github.com/switchboard-rtc/switchboard/internal/testsupport/speakerphone"
+	speechgen "github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
+	"github.com/switchboard-rtc/switchboard/internal/vad"
+)
+
+// speakerphoneReplies is the number of agent replies per run of
+// TestSpeakerphone: a few in CI, more by flag (docs/vad.md: 10; the
+// issue's target is measured over 50).
+var speakerphoneReplies = flag.Int("speakerphone.replies", 5, "agent replies per session of TestSpeakerphone (docs/vad.md: 10; issue 26's target: 50)")
+
+// replyTexts are the agent's replies, in turn.
+var replyTexts = []string{
+	"Sure, I can help with that. Your table for two is booked for eight tonight.",
+	"Is there anything else you would like me to do for you today?",
+	"The weather tomorrow looks sunny with a light breeze from the west.",
+	"I have sent the confirmation to your email address, please check it.",
+}
+
+// interruptText is what the user says one second into a reply in the
+// interruption runs.
+const interruptText = "Wait, stop please."
+
+// phoneRun is one session of TestSpeakerphone.
+type phoneRun struct {
+	echo      bool            // the client's speakerphone echoes what it hears
+	cleaning  json.RawMessage // turn_detection members: nil for none (the default)
+	interrupt bool            // the user talks one second into each reply
+	replies   int
+}
+
+// phoneResult is what a run measured.
+type phoneResult struct {
+	replies  int     // replies played
+	cutOff   int     // replies cleared by a speech start before the user spoke (or with no user)
+	detected []int   // interruptions: ms from the user's onset to the speech start at the backend
+	missed   int     // interruptions the detector did not report within 1 s
+	erle     float64 // dB: the echo the client added over what the backend got, replies without the user
+}
+
+// TestSpeakerphone: a Pion client on a speakerphone with no echo
+// canceller (internal/testsupport/speakerphone: what it hears comes back
+// 150–300 ms later, the delay drifting, 6 dB down) talks to a PCM
+// backend that replies again and again, asking for turn detection with
+// interruption. Four sessions: the echo alone without cleaning (today)
+// and with the transceiver's echo cancellation (its first reply guarded);
+// the user interrupting each reply one second in, with no echo and no
+// cleaning (today's onset time), and over the echo with cancellation
+// (the default: the first reply unguarded).
+//
+// It checks what must hold on a loaded machine: the echo cuts most
+// replies off without cleaning, fewer with it (ERLE at least 10 dB), and
+// the user's interruptions over the cancelled echo are heard. The
+// figures (cut-offs, ERLE, onset delays) are logged; docs/vad.md has 5-
+// and 10-reply runs (-speakerphone.replies=N; the issue's target needs
+// 50) and says where they fall short of the issue's targets.
+func TestSpeakerphone(t *testing.T) {
+	speechgen.Require(t)
+	n := *speakerphoneReplies
+	off := json.RawMessage(`{"echo_cancellation":null}`)
+	today := phoneCall(t, phoneRun{echo: true, cleaning: off, replies: n})
+	cleaned := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{"backend_audio":true,"guard_first_reply":true}}`), replies: n})
+	t.Logf("echo alone, %d replies: cut off by their own echo: %d without cleaning, %d with echo cancellation; ERLE (the echo the client added over what the backend got) %.1f dB", n, today.cutOff, cleaned.cutOff, cleaned.erle)
+	if today.cutOff < (n+1)/2 {
+		t.Errorf("without cleaning only %d of %d replies were cut off by their echo: the test's echo proves nothing", today.cutOff, n)
+	}
+	if cleaned.cutOff >= today.cutOff {
+		t.Errorf("with echo cancellation %d of %d replies were cut off by their echo, without %d: no better", cleaned.cutOff, n, today.cutOff)
+	}
+	if cleaned.erle < 10 {
+		t.Errorf("ERLE %.1f dB: the canceller took off less than 10 dB of the echo", cleaned.erle)
+	}
+	quiet := phoneCall(t, phoneRun{cleaning: off, interrupt: true, replies: n})
+	barge := phoneCall(t, phoneRun{echo: true, interrupt: true, replies: n})
+	t.Logf("interruptions: heard after %v ms with no echo and no cleaning (missed %d), %v ms over the echo with cancellation (missed %d; replies cut off before the user spoke: %d)", quiet.detected, quiet.missed, barge.detected, barge.missed, barge.cutOff)
+	// A reply the echo already cut has nothing left to interrupt: what
+	// must hold is that the user's speech gets through the canceller.
+	if len(barge.detected) == 0 {
+		t.Errorf("over the cancelled echo none of %d interruptions was heard (%d replies cut off before)", n, barge.cutOff)
+	}
+	if len(quiet.detected) > 0 && len(barge.detected) > 0 {
+		t.Logf("median onset-to-start: %d ms with no echo, %d ms over the cancelled echo", median(quiet.detected), median(barge.detected))
+	}
+}
+
+func median(xs []int) int {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// phoneCall runs one session of TestSpeakerphone.
+func phoneCall(t *testing.T, run phoneRun) phoneResult {
+	t.Helper()
+	const rate = 24000
+	var replies [][]byte
+	for _, text := range replyTexts {
+		s, err := speechgen.Say(text, rate)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, 2*len(s))
+		for i, v := range s {
+			binary.LittleEndian.PutUint16(b[2*i:], uint16(v))
+		}
+		replies = append(replies, b)
+	}
+	user, err := speechgen.Say(interruptText, 48000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := map[string]any{}
+	base, _ := json.Marshal(vad.DefaultTurnDetection())
+	_ = json.Unmarshal(base, &td)
+	if run.cleaning != nil {
+		var extra map[string]any
+		_ = json.Unmarshal(run.cleaning, &extra)
+		for k, v := range extra {
+			td[k] = v
+		}
+	}
+	tdJSON, _ := json.Marshal(td)
+	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{bridge.FormatPCM24k}, TurnDetection: tdJSON}, conns: make(chan *bridge.ServerConn, 1)}
+	s := startPCMStack(t, be, nil)
+	c := dialClient(t, s.calls)
+	var sc *bridge.ServerConn
+	select {
+	case sc = <-be.conns:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no backend session")
+	}
+	phone, err := speakerphone.New(speakerphone.Config{Off: !run.echo})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The backend: replies one after another, each once the previous
+	// one stopped or was cleared and 800 ms passed.
+	ag := &phoneAgent{sc: sc, replies: replies, n: run.replies, ended: make(chan struct{}), ctl: make(chan bridge.Control, 64)}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); ag.read(ctx) }()
+	go func() { defer wg.Done(); ag.play(ctx) }()
+	defer func() { cancel(); _ = sc.Close(); wg.Wait() }()
+
+	// The client: a 20 ms clock; each frame is the user (when talking)
+	// plus the speakerphone's echo of what has arrived.
+	enc, err := opus.NewEncoder(48000, 1, opus.AppVoIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1275)
+	mic := make([]int16, 960)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var (
+		fed       int        // received packets taken from the client
+		pending   []rxPacket // received, not yet played
+		lastRx    time.Time  // the last packet's arrival
+		replyAt   time.Time  // the current reply's first packet
+		talkFrom  = -1       // frame index at which the user's utterance starts
+		onsets    []int      // frames where the user started talking
+		echoPow   []float64  // per frame sent: the echo's power (no user)
+		userFrame []bool     // per frame sent: the user talks
+	)
+	deadline := time.Now().Add(time.Duration(run.replies)*6*time.Second + 10*time.Second)
+	frame := 0
+	// The microphone's clock: frame k is captured at t0 + 20 ms × k, as
+	// a device's audio clock runs, whenever a loaded machine gets to send
+	// it; its RTP timestamps follow the same clock.
+	t0 := time.Now()
+	for {
+		select {
+		case <-ag.ended:
+		case <-tick.C:
+			if time.Now().After(deadline) {
+				t.Fatalf("the agent's %d replies did not finish in time (%d played)", run.replies, ag.count())
+			}
+			got := c.receivedFrom(fed)
+			fed += len(got)
+			pending = append(pending, got...)
+			// Every frame the microphone's clock owes by now: after a
+			// stall, those it captured meanwhile leave late, together.
+			for ; !t0.Add(time.Duration(frame+1) * 20 * time.Millisecond).After(time.Now()); frame++ {
+				now := t0.Add(time.Duration(frame) * 20 * time.Millisecond)
+				// The loudspeaker plays what arrived before the frame
+				// was captured.
+				i := 0
+				for ; i < len(pending) && !pending[i].at.After(now); i++ {
+					p := pending[i]
+					if lastRx.IsZero() || p.at.Sub(lastRx) > 300*time.Millisecond {
+						replyAt = p.at // a new reply begins
+						if run.interrupt {
+							talkFrom = -2 // schedule from the next frame's time
+						}
+					}
+					phone.Received(p.payload, p.ts, p.at)
+					lastRx = p.at
+				}
+				pending = pending[i:]
+				if talkFrom == -2 && now.Sub(replyAt) >= time.Second {
+					talkFrom = frame
+					onsets = append(onsets, frame)
+					ag.userSpoke(frame)
+				}
+				clear(mic)
+				talking := talkFrom >= 0 && (frame-talkFrom)*960 < len(user)
+				phone.Capture(mic, now)
+				var e float64
+				for _, v := range mic {
+					e += float64(v) * float64(v)
+				}
+				echoPow = append(echoPow, e/960)
+				if talking {
+					off := (frame - talkFrom) * 960
+					for i := range mic {
+						if off+i < len(user) {
+							mic[i] = int16(max(-32768, min(32767, int(mic[i])+int(user[off+i]))))
+						}
+					}
+				}
+				userFrame = append(userFrame, talking || (talkFrom >= 0 && (frame-talkFrom)*960 < len(user)+24000))
+				nb, err := enc.Encode(mic, buf)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := c.track.WriteSample(media.Sample{Data: buf[:nb], Duration: 20 * time.Millisecond}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			continue
+		}
+		break
+	}
+	// Let the last frames reach the backend.
+	time.Sleep(300 * time.Millisecond)
+	cancel()
+	_ = sc.Close()
+	wg.Wait()
+	return ag.result(t, run, onsets, echoPow, userFrame)
+}
+
+// phoneAgent is TestSpeakerphone's backend.
+type phoneAgent struct {
+	sc      *bridge.ServerConn
+	replies [][]byte
+	n       int
+	ended   chan struct{}
+	ctl     chan bridge.Control
+
+	mu     sync.Mutex
+	frames int        // audio frames received
+	pcm    [][]byte   // the audio received, per frame
+	played int        // replies started
+	cuts   []phoneCut // speech starts that cleared a reply
+	starts []int      // frames at each input.speech_started
+	spoke  []int      // frames at which the user started (told by the client)
+}
+
+type phoneCut struct {
+	reply, frame int
+}
+
+func (a *phoneAgent) count() int { a.mu.Lock(); defer a.mu.Unlock(); return a.played }
+
+func (a *phoneAgent) userSpoke(frame int) {
+	a.mu.Lock()
+	a.spoke = append(a.spoke, frame)
+	a.mu.Unlock()
+}
+
+func (a *phoneAgent) read(ctx context.Context) {
+	for {
+		m, err := a.sc.Recv(ctx)
+		if err != nil {
+			return
+		}
+		switch {
+		case m.Audio != nil:
+			a.mu.Lock()
+			a.frames++
+			a.pcm = append(a.pcm, slices.Clone(m.Audio.Payload))
+			a.mu.Unlock()
+		case m.Control != nil:
+			a.mu.Lock()
+			if m.Control.Type == bridge.TypeInputSpeechStarted {
+				a.starts = append(a.starts, a.frames)
+			}
+			a.mu.Unlock()
+			select {
+			case a.ctl <- *m.Control:
+			default:
+			}
+		}
+	}
+}
+
+// play sends the replies: each waits for the previous one's
+// output.stopped or output.cleared, then 800 ms.
+func (a *phoneAgent) play(ctx context.Context) {
+	defer close(a.ended)
+	select {
+	case <-time.After(time.Second):
+	case <-ctx.Done():
+		return
+	}
+	for i := range a.n {
+		a.mu.Lock()
+		a.played++
+		a.mu.Unlock()
+		_ = a.sc.SendControl(ctx, bridge.Control{Type: bridge.TypeOutputResponse, ID: fmt.Sprintf("resp_%d", i)})
+		if err := a.sc.SendAudio(ctx, bridge.AudioFrame{Payload: a.replies[i%len(a.replies)]}); err != nil {
+			return
+		}
+	wait:
+		for {
+			select {
+			case c := <-a.ctl:
+				switch c.Type {
+				case bridge.TypeOutputCleared:
+					a.mu.Lock()
+					a.cuts = append(a.cuts, phoneCut{i, a.frames})
+					a.mu.Unlock()
+					break wait
+				case bridge.TypeOutputStopped:
+					break wait
+				}
+			case <-time.After(15 * time.Second):
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+		select {
+		case <-time.After(800 * time.Millisecond):
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// result reads the run's figures off what the backend and the client
+// saw: positions are frames on the input clock (the client's 20 ms
+// frames, all delivered on loopback).
+func (a *phoneAgent) result(t *testing.T, run phoneRun, onsets []int, echoPow []float64, userFrame []bool) phoneResult {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := phoneResult{replies: a.played}
+	for _, cut := range a.cuts {
+		// A clear counts as the echo's when no user onset came in the
+		// 1.5 s before it.
+		byUser := false
+		for _, o := range onsets {
+			if o <= cut.frame && cut.frame-o < 75 {
+				byUser = true
+			}
+		}
+		if !byUser {
+			r.cutOff++
+		}
+	}
+	for _, o := range onsets {
+		d := -1
+		for _, s := range a.starts {
+			if s >= o && s-o < 50 {
+				d = (s - o) * 20
+				break
+			}
+		}
+		if d < 0 {
+			r.missed++
+			continue
+		}
+		r.detected = append(r.detected, d)
+	}
+	// ERLE over the frames with echo and without the user.
+	var in, out float64
+	for i, p := range echoPow {
+		if i >= len(a.pcm) || (i < len(userFrame) && userFrame[i]) || p < 1 {
+			continue
+		}
+		in += p
+		for j := 0; j+1 < len(a.pcm[i]); j += 2 {
+			v := float64(int16(binary.LittleEndian.Uint16(a.pcm[i][j:])))
+			out += v * v / float64(len(a.pcm[i])/2)
+		}
+	}
+	if out > 0 {
+		r.erle = 10 * math.Log10(in/out)
+	}
+	t.Logf("run echo=%v cleaning=%s interrupt=%v: %d replies, %d speech starts, cut off by echo %d, interruptions heard after %v ms (missed %d), ERLE %.1f dB", run.echo, run.cleaning, run.interrupt, r.replies, len(a.starts), r.cutOff, r.detected, r.missed, r.erle)
+	return r
+}

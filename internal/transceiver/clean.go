@@ -1,0 +1,359 @@
+package transceiver
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gopkg.in/hraban/opus.v2"
+
+	"github.com/switchboard-rtc/switchboard/internal/apm"
+	"github.com/switchboard-rtc/switchboard/internal/bridge"
+)
+
+// This file is a session's input cleaning (internal/apm, docs/vad.md
+// "Clean input"): echo cancellation with the session's own playout as the
+// far-end reference, and noise suppression, on the decoded input of PCM
+// sessions, before turn detection and (when asked, or with noise
+// suppression on) before the backend.
+//
+//	SendPacket (clock worker) ─▶ played ring: the Opus payload and when it left
+//	toBackend (track goroutine) ─▶ drain ring, decode ─▶ apm.Cleaner.Played
+//	decoded frame ─▶ apm.Cleaner.Process ─▶ detector (and bridge: backend_audio / noise_reduction)
+//
+// The backend switches it with members of its turn_detection object (in
+// its hello or an input.turn_detection), which the detector's own parser
+// ignores:
+//
+//	"echo_cancellation": {"backend_audio": false, "guard_first_reply": false}   (null: off; absent: defaultEchoCancellation)
+//	"noise_reduction":   {"type": "near_field"}     (or "far_field"; null or absent: off)
+
+// defaultEchoCancellation says whether a PCM session whose turn detection
+// interrupts the agent (interrupt_response) cancels echo when its
+// turn_detection does not say: the echo of the agent's own reply is what
+// cuts it off on a speakerphone (docs/vad.md has the figures).
+const defaultEchoCancellation = true
+
+// playedSlots bounds the packets SendPacket hands to the track goroutine
+// between two client packets: 1 s of 20 ms packets (2 s of 10 ms); a
+// client that stops sending for longer loses the older ones, counted as
+// dropped far end.
+const playedSlots = 100
+
+// playedSlack is how far a packet's send time may be from where its RTP
+// timestamp puts it before the far end's timeline starts again: a clock
+// that fell this far behind (or a jump the timestamps do not show) has
+// changed what the client plays.
+const playedSlack = 500 * time.Millisecond
+
+// cleanSetting is a turn_detection's cleaning members, decoded.
+type cleanSetting struct {
+	echo         bool   // cancel echo
+	backendAudio bool   // the backend gets the cleaned audio too
+	guard        bool   // the echo gate guards the first reply (apm.Config.GuardFirstReply)
+	noise        string // apm.NearField, apm.FarField or "" (off)
+}
+
+// cleanMembers are the turn_detection members cleaning reads.
+type cleanMembers struct {
+	EchoCancellation json.RawMessage `json:"echo_cancellation"`
+	NoiseReduction   json.RawMessage `json:"noise_reduction"`
+}
+
+// parseCleaning reads the cleaning members of a turn_detection object;
+// interrupt is its interrupt_response (the default for echo cancellation).
+// The error says what to fix.
+func parseCleaning(raw json.RawMessage, interrupt bool) (cleanSetting, error) {
+	var cm cleanMembers
+	if err := json.Unmarshal(raw, &cm); err != nil {
+		return cleanSetting{}, fmt.Errorf("%w: %v", apm.ErrConfig, err)
+	}
+	cs := cleanSetting{echo: defaultEchoCancellation && interrupt}
+	switch {
+	case cm.EchoCancellation == nil:
+	case isNull(cm.EchoCancellation):
+		cs.echo = false
+	default:
+		var ec struct {
+			BackendAudio    bool `json:"backend_audio"`
+			GuardFirstReply bool `json:"guard_first_reply"`
+		}
+		if err := json.Unmarshal(cm.EchoCancellation, &ec); err != nil {
+			return cleanSetting{}, fmt.Errorf("%w: echo_cancellation must be an object such as {\"backend_audio\":false}, or null for off: %v", apm.ErrConfig, err)
+		}
+		cs.echo, cs.backendAudio, cs.guard = true, ec.BackendAudio, ec.GuardFirstReply
+	}
+	if cm.NoiseReduction != nil && !isNull(cm.NoiseReduction) {
+		var nr struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal(cm.NoiseReduction, &nr); err != nil {
+			return cleanSetting{}, fmt.Errorf("%w: noise_reduction must be an object such as {\"type\":\"near_field\"}, or null for off: %v", apm.ErrConfig, err)
+		}
+		if nr.Type == "" {
+			return cleanSetting{}, fmt.Errorf("%w: noise_reduction needs a type, %q or %q", apm.ErrConfig, apm.NearField, apm.FarField)
+		}
+		cs.noise = nr.Type
+		cfg := apm.Config{Rate: 16000, NoiseReduction: nr.Type}
+		if err := cfg.Validate(); err != nil {
+			return cleanSetting{}, err
+		}
+	}
+	return cs, nil
+}
+
+func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+
+// cleaning is a session's input cleaning. next and played are shared;
+// the rest belongs to the track goroutine.
+type cleaning struct {
+	next atomic.Pointer[cleanSetting] // to apply before the next packet
+	on   atomic.Bool                  // SendPacket records the far end
+
+	played playedRing
+
+	c        *apm.Cleaner // nil: off
+	set      cleanSetting
+	dec      *opus.Decoder // the far end's packets, at the session's rate
+	pcm      []int16       // decoded far end
+	pcmBytes []byte
+	scratch  []byte // the detector's copy of a frame the backend gets raw
+	early    []byte // the cleaned first half of the frame at earlyTS (cleanPartial)
+	earlyTS  uint32
+	hasEarly bool
+	// The far end's timeline: the send time of RTP timestamp 0, the
+	// earliest seen (inRun: one was).
+	runBase time.Time
+	inRun   bool
+	ts      uint32 // the last input frame's timestamp, and unwrapped
+	ext     int64
+	started bool
+}
+
+// playedRing hands the packets the clock's worker sent to the track
+// goroutine: Opus payloads (copied into reused buffers) and send times.
+type playedRing struct {
+	mu      sync.Mutex
+	slots   [playedSlots]playedPkt
+	head, n int
+	lost    uint64
+}
+
+type playedPkt struct {
+	at      time.Time
+	ts      uint32 // RTP timestamp (48 kHz)
+	payload []byte
+}
+
+func (r *playedRing) push(at time.Time, ts uint32, payload []byte) {
+	r.mu.Lock()
+	if r.n == playedSlots {
+		r.head = (r.head + 1) % playedSlots
+		r.n--
+		r.lost++
+	}
+	s := &r.slots[(r.head+r.n)%playedSlots]
+	s.at, s.ts, s.payload = at, ts, append(s.payload[:0], payload...)
+	r.n++
+	r.mu.Unlock()
+}
+
+// drain calls f on each packet in order and empties the ring.
+func (r *playedRing) drain(f func(at time.Time, ts uint32, payload []byte)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for ; r.n > 0; r.n-- {
+		s := &r.slots[r.head]
+		f(s.at, s.ts, s.payload)
+		r.head = (r.head + 1) % playedSlots
+	}
+}
+
+// cleanPlayed records a packet sent to the client (SendPacket, the clock's
+// worker): only a copy and the time, the decoding is the track
+// goroutine's.
+func (m *mediaPath) cleanPlayed(payload []byte, ts uint32, at time.Time) {
+	if m.clean.on.Load() {
+		m.clean.played.push(at, ts, payload)
+	}
+}
+
+// setCleaning takes the cleaning members of a turn_detection the backend
+// sent (raw; nil: turn detection off, so cleaning off) and applies them
+// before the next input packet. A bad one is answered with an error,
+// changes nothing, and setCleaning reports false: the turn_detection is
+// refused whole.
+func (m *mediaPath) setCleaning(raw json.RawMessage, interrupt bool, from string) bool {
+	cs := cleanSetting{}
+	if raw != nil && !isNull(raw) {
+		var err error
+		if cs, err = parseCleaning(raw, interrupt); err != nil {
+			m.refuse(refusedTurnDetection, bridge.ErrCodeTurnDetection, fmt.Sprintf("%s: %v; turn detection unchanged", from, err))
+			return false
+		}
+	}
+	if m.dec == nil {
+		// Opus passthrough: the backend's audio is the client's packets,
+		// and the detector's 16 kHz copy is not cleaned (yet).
+		cs = cleanSetting{}
+	}
+	m.clean.next.Store(&cs)
+	return true
+}
+
+// applyCleaning switches cleaning to the setting that came since the last
+// packet (the track goroutine).
+func (m *mediaPath) applyCleaning() {
+	cl := &m.clean
+	if cl.next.Load() == nil {
+		return
+	}
+	cs := cl.next.Swap(nil)
+	if cs == nil || *cs == cl.set && (cl.c != nil) == (cs.echo || cs.noise != "") {
+		return
+	}
+	m.stopCleaning()
+	if !cs.echo && cs.noise == "" {
+		return
+	}
+	rate := m.dec.Rate()
+	c, err := apm.New(apm.Config{Rate: rate, EchoCancellation: cs.echo, NoiseReduction: cs.noise, GuardFirstReply: cs.guard})
+	if err != nil {
+		m.log.Warn("input cleaning unavailable", "err", err)
+		m.refuse(refusedTurnDetection, bridge.ErrCodeTurnDetection, fmt.Sprintf("input cleaning: %v", err))
+		return
+	}
+	if cs.echo {
+		if cl.dec, err = opus.NewDecoder(rate, 1); err != nil {
+			c.Close()
+			m.log.Warn("input cleaning: opus decoder", "err", err)
+			return
+		}
+		cl.pcm = make([]int16, rate*120/1000) // the longest Opus packet
+		cl.pcmBytes = make([]byte, 2*len(cl.pcm))
+		cl.on.Store(true)
+	}
+	cl.c, cl.set = c, *cs
+	m.log.Debug("input cleaning on", "echo_cancellation", cs.echo, "backend_audio", cs.backendAudio, "noise_reduction", cs.noise)
+}
+
+// cleanFrame cleans one decoded input frame (timestamp ts at the
+// session's rate, its packet in at now) and returns the audio for the
+// backend and for the detector: pcm itself when cleaning is off. With
+// noise reduction or backend_audio the backend gets the cleaned frame,
+// else the frame as it came and the detector a cleaned copy. A first
+// half that cleanPartial already cleaned is not cleaned again.
+func (m *mediaPath) cleanFrame(ts uint32, pcm []byte, now time.Time) (backend, detector []byte) {
+	cl := &m.clean
+	if cl.c == nil {
+		return pcm, pcm
+	}
+	out := pcm
+	if !cl.set.backendAudio && cl.set.noise == "" {
+		cl.scratch = append(cl.scratch[:0], pcm...)
+		out = cl.scratch
+	}
+	done := 0
+	if cl.hasEarly && cl.earlyTS == ts && len(cl.early) < len(out) {
+		done = copy(out, cl.early)
+	}
+	cl.hasEarly = false
+	if !m.cleanRun(ts, out[done:], done/2, now) {
+		return pcm, pcm
+	}
+	return out, out
+}
+
+// cleanPartial cleans the first half of a frame that the decoder has
+// assembled so far (audio.Decoder.Partial: 10 ms packets) for the
+// detector, and keeps it for the frame; empty pcm passes.
+func (m *mediaPath) cleanPartial(ts uint32, pcm []byte, now time.Time) []byte {
+	cl := &m.clean
+	if cl.c == nil || len(pcm) == 0 {
+		return pcm
+	}
+	cl.early = append(cl.early[:0], pcm...)
+	if !m.cleanRun(ts, cl.early, 0, now) {
+		return pcm
+	}
+	cl.earlyTS, cl.hasEarly = ts, true
+	return cl.early
+}
+
+// cleanRun cleans pcm in place: the audio off samples after the frame at
+// ts. It reports false when cleaning failed, and switched it off.
+func (m *mediaPath) cleanRun(ts uint32, pcm []byte, off int, now time.Time) bool {
+	cl := &m.clean
+	if cl.on.Load() {
+		cl.played.drain(m.playedFar)
+	}
+	if !cl.started {
+		cl.started, cl.ts, cl.ext = true, ts, int64(ts)
+	} else {
+		cl.ext += int64(int32(ts - cl.ts))
+		cl.ts = ts
+	}
+	if len(pcm) == 0 {
+		return true
+	}
+	if err := cl.c.Process(pcm, cl.ext+int64(off), now); err != nil {
+		m.log.Warn("input cleaning failed; switched off", "err", err)
+		m.stopCleaning()
+		return false
+	}
+	return true
+}
+
+// playedFar decodes one packet sent to the client (at at, RTP timestamp
+// ts) into the cleaner's far end. A packet that does not decode (none
+// should: the transceiver's own encoder made it, or a backend's Opus that
+// playAudio checked) is left out: the far end is silence there.
+//
+// The far end is placed where the client's jitter buffer plays it: by
+// its RTP timestamp, from the earliest send time seen for timestamp 0,
+// not by when each packet left: after a stall the clock sends the packets
+// it owes together, and a receiver still plays them one after the other;
+// a timestamp that jumps is a gap the receiver plays as silence. Only a
+// packet more than playedSlack off that timeline starts it again.
+func (m *mediaPath) playedFar(at time.Time, ts uint32, payload []byte) {
+	cl := &m.clean
+	n, err := cl.dec.Decode(payload, cl.pcm)
+	if err != nil || n == 0 {
+		return
+	}
+	// The run's base: the earliest send time less the timestamp's time
+	// seen in it; a packet the clock sent late (it was busy) does not
+	// move it.
+	base := at.Add(-time.Duration(ts) * time.Second / opusClockRate)
+	if !cl.inRun || base.Sub(cl.runBase) > playedSlack || cl.runBase.Sub(base) > playedSlack {
+		cl.runBase, cl.inRun = base, true
+	} else if base.Before(cl.runBase) {
+		cl.runBase = base
+	}
+	nominal := cl.runBase.Add(time.Duration(ts) * time.Second / opusClockRate)
+	// Whole 10 ms frames: every Opus packet is a multiple of 2.5 ms, and
+	// the transceiver's are 10 or 20 ms.
+	frame := m.dec.Rate() / 100
+	n -= n % frame
+	b := cl.pcmBytes[:2*n]
+	for i, v := range cl.pcm[:n] {
+		binary.LittleEndian.PutUint16(b[2*i:], uint16(v))
+	}
+	_ = cl.c.Played(nominal, b)
+}
+
+// stopCleaning frees the cleaner (the track goroutine, and its end).
+func (m *mediaPath) stopCleaning() {
+	cl := &m.clean
+	cl.on.Store(false)
+	cl.played.drain(func(time.Time, uint32, []byte) {})
+	if cl.c != nil {
+		cl.c.Close()
+		cl.c = nil
+	}
+	cl.dec, cl.set, cl.started, cl.hasEarly, cl.inRun = nil, cleanSetting{}, false, false, false
+}
