@@ -1,6 +1,7 @@
 package apm
 
 import (
+	"encoding/binary"
 	"errors"
 	"syscall"
 	"testing"
@@ -119,4 +120,55 @@ func cpuTime(b *testing.B) int64 {
 		b.Fatal(err)
 	}
 	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// TestPlayedLongGap: far-end audio after a long quiet spell (the agent
+// silent for hours while the user talks) is recorded at once, with
+// silence before it and nothing of the audio before the gap: the gap
+// costs the ring's length, not a sample of work per sample of the gap
+// (which, on the track goroutine with the played packets' lock held,
+// would stall the shared playout clock's worker).
+func TestPlayedLongGap(t *testing.T) {
+	const rate = 48000
+	c, err := New(Config{Rate: rate, EchoCancellation: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	frame := func(v int16) []byte {
+		b := make([]byte, 2*rate/100)
+		for i := 0; i < len(b); i += 2 {
+			binary.LittleEndian.PutUint16(b[i:], uint16(v))
+		}
+		return b
+	}
+	t0 := time.Unix(1000, 0)
+	if err := c.Played(t0, frame(1000)); err != nil {
+		t.Fatal(err)
+	}
+	gap := 10000 * time.Hour // a sample per ns would take 30 min
+	done := make(chan error, 1)
+	go func() { done <- c.Played(t0.Add(gap), frame(2000)) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("Played after a %v gap did not return in 30 s: it fills the gap sample by sample", gap)
+	}
+	pos := int64(gap.Seconds() * rate)
+	got := make([]int16, rate/100)
+	c.readFar(got, pos)
+	if got[0] != 2000 || got[len(got)-1] != 2000 {
+		t.Errorf("the audio after the gap reads %d…%d, want 2000", got[0], got[len(got)-1])
+	}
+	for _, at := range []int64{pos - int64(len(c.far)), pos - int64(len(c.far))/2, pos - int64(len(got))} {
+		c.readFar(got, at)
+		for i, v := range got {
+			if v != 0 {
+				t.Fatalf("position %d+%d before the audio after the gap reads %d, want silence", at, i, v)
+			}
+		}
+	}
 }

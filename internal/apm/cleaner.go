@@ -117,6 +117,13 @@ func (c *Cleaner) Played(at time.Time, pcm []byte) error {
 	if pos < c.farHead-int64(len(c.far))/2 {
 		return nil // long gone
 	}
+	// A gap is silence. One longer than the ring (the agent was quiet for
+	// a while) clears the ring once: the loop would cost a sample per
+	// sample of the gap, minutes of audio after a long quiet spell.
+	if pos-c.farHead >= int64(len(c.far)) {
+		clear(c.far)
+		c.farHead = pos
+	}
 	for ; c.farHead < pos; c.farHead++ {
 		c.far[c.farHead&c.farMask] = 0
 	}
