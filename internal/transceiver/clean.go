@@ -136,11 +136,17 @@ type cleaning struct {
 
 // playedRing hands the packets the clock's worker sent to the track
 // goroutine: Opus payloads (copied into reused buffers) and send times.
+// mu is a leaf, held only to copy a packet in or swap the slots out:
+// push runs in SendPacket, which must not block the clock's worker (every
+// queue on it waits), so drain decodes outside it.
 type playedRing struct {
 	mu      sync.Mutex
-	slots   [playedSlots]playedPkt
+	slots   *[playedSlots]playedPkt // guarded by mu; nil until the first push
 	head, n int
 	lost    uint64
+	// spare is the drainer's (the track goroutine's): the slots drain
+	// swaps in, with their payload buffers.
+	spare *[playedSlots]playedPkt
 }
 
 type playedPkt struct {
@@ -151,6 +157,9 @@ type playedPkt struct {
 
 func (r *playedRing) push(at time.Time, ts uint32, payload []byte) {
 	r.mu.Lock()
+	if r.slots == nil {
+		r.slots = new([playedSlots]playedPkt)
+	}
 	if r.n == playedSlots {
 		r.head = (r.head + 1) % playedSlots
 		r.n--
@@ -162,15 +171,27 @@ func (r *playedRing) push(at time.Time, ts uint32, payload []byte) {
 	r.mu.Unlock()
 }
 
-// drain calls f on each packet in order and empties the ring.
+// drain calls f on each packet in order and empties the ring (the track
+// goroutine). f runs without the lock: push goes on into the other
+// slots meanwhile, for the next drain.
 func (r *playedRing) drain(f func(at time.Time, ts uint32, payload []byte)) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for ; r.n > 0; r.n-- {
-		s := &r.slots[r.head]
-		f(s.at, s.ts, s.payload)
-		r.head = (r.head + 1) % playedSlots
+	if r.spare == nil {
+		r.spare = new([playedSlots]playedPkt)
 	}
+	r.mu.Lock()
+	slots, head, n := r.slots, r.head, r.n
+	if n == 0 {
+		r.mu.Unlock()
+		return
+	}
+	r.slots, r.spare, r.head, r.n = r.spare, nil, 0, 0
+	r.mu.Unlock()
+	for ; n > 0; n-- {
+		s := &slots[head]
+		f(s.at, s.ts, s.payload)
+		head = (head + 1) % playedSlots
+	}
+	r.spare = slots
 }
 
 // cleanPlayed records a packet sent to the client (SendPacket, the clock's

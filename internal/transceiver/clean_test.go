@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/apm"
 )
@@ -70,5 +72,57 @@ func TestBridgeDocCleaningExample(t *testing.T) {
 	cs, err := parseCleaning(json.RawMessage(example), td.InterruptResponse)
 	if err != nil || !cs.echo || cs.backendAudio || cs.noise != apm.FarField {
 		t.Fatalf("%s: %+v, %v", example, cs, err)
+	}
+}
+
+// TestPlayedRingDrainDoesNotBlockPush: while the track goroutine decodes
+// the played packets (drain's f), the clock's worker can still record
+// the next one (push): SendPacket must not block its worker. The packets
+// come out in order, the one pushed meanwhile at the next drain.
+func TestPlayedRingDrainDoesNotBlockPush(t *testing.T) {
+	var r playedRing
+	t0 := time.Unix(1000, 0)
+	for i := range 3 {
+		r.push(t0.Add(time.Duration(i)*20*time.Millisecond), uint32(960*i), []byte{byte(i)})
+	}
+	var got []uint32
+	r.drain(func(at time.Time, ts uint32, payload []byte) {
+		if len(got) == 0 {
+			pushed := make(chan struct{})
+			go func() { r.push(t0.Add(60*time.Millisecond), 960*3, []byte{3}); close(pushed) }()
+			select {
+			case <-pushed:
+			case <-time.After(10 * time.Second):
+				t.Fatal("push waited 10 s for drain's f: the clock's worker blocks while the track goroutine decodes")
+			}
+		}
+		if len(payload) != 1 || uint32(payload[0])*960 != ts {
+			t.Errorf("packet ts %d has payload %v", ts, payload)
+		}
+		got = append(got, ts)
+	})
+	r.drain(func(at time.Time, ts uint32, payload []byte) {
+		if len(payload) != 1 || uint32(payload[0])*960 != ts {
+			t.Errorf("packet ts %d has payload %v", ts, payload)
+		}
+		got = append(got, ts)
+	})
+	if want := []uint32{0, 960, 1920, 2880}; !slices.Equal(got, want) {
+		t.Errorf("drained %v, want %v", got, want)
+	}
+	// The ring still drops the oldest when full, and counts it.
+	for i := range playedSlots + 2 {
+		r.push(t0, uint32(i), nil)
+	}
+	var first uint32
+	n := 0
+	r.drain(func(_ time.Time, ts uint32, _ []byte) {
+		if n == 0 {
+			first = ts
+		}
+		n++
+	})
+	if n != playedSlots || first != 2 || r.lost != 2 {
+		t.Errorf("full ring: drained %d from ts %d, lost %d; want %d from 2, lost 2", n, first, r.lost, playedSlots)
 	}
 }

@@ -73,7 +73,9 @@ var bridgeCtx = context.Background()
 // they are taken: turnMu, encMu, the queue's own, evMu (kickEvents, which
 // the queue calls with its lock held). encMu is never held across a
 // bridge write; turnMu is, for the writes it orders: the turn messages
-// and the playout reports.
+// and the playout reports. Input cleaning's played ring (clean.go) has a
+// leaf lock: SendPacket copies a packet in under it, the track goroutine
+// swaps the packets out and decodes them after.
 type mediaPath struct {
 	// Set once (newMediaPath).
 	cfg      *Config
