@@ -40,9 +40,15 @@ const defaultEchoCancellation = true
 
 // playedSlots bounds the packets SendPacket hands to the track goroutine
 // between two client packets: 1 s of 20 ms packets (2 s of 10 ms); a
-// client that stops sending for longer loses the older ones, counted as
-// dropped far end.
+// client that stops sending for longer loses the older ones, counted in
+// switchboard_transceiver_echo_reference_dropped_total{reason="ring_full"}.
 const playedSlots = 100
+
+// Reasons of switchboard_transceiver_echo_reference_dropped_total.
+const (
+	echoRefRingFull    = "ring_full"
+	echoRefUndecodable = "undecodable"
+)
 
 // playedSlack is how far a packet's send time may be from where its RTP
 // timestamp puts it before the far end's timeline starts again: a clock
@@ -172,17 +178,19 @@ func (r *playedRing) push(at time.Time, ts uint32, payload []byte) {
 }
 
 // drain calls f on each packet in order and empties the ring (the track
-// goroutine). f runs without the lock: push goes on into the other
-// slots meanwhile, for the next drain.
-func (r *playedRing) drain(f func(at time.Time, ts uint32, payload []byte)) {
+// goroutine); it returns the packets the full ring dropped since the last
+// drain. f runs without the lock: push goes on into the other slots
+// meanwhile, for the next drain.
+func (r *playedRing) drain(f func(at time.Time, ts uint32, payload []byte)) (lost uint64) {
 	if r.spare == nil {
 		r.spare = new([playedSlots]playedPkt)
 	}
 	r.mu.Lock()
 	slots, head, n := r.slots, r.head, r.n
+	lost, r.lost = r.lost, 0
 	if n == 0 {
 		r.mu.Unlock()
-		return
+		return lost
 	}
 	r.slots, r.spare, r.head, r.n = r.spare, nil, 0, 0
 	r.mu.Unlock()
@@ -192,6 +200,7 @@ func (r *playedRing) drain(f func(at time.Time, ts uint32, payload []byte)) {
 		head = (head + 1) % playedSlots
 	}
 	r.spare = slots
+	return lost
 }
 
 // cleanPlayed records a packet sent to the client (SendPacket, the clock's
@@ -310,7 +319,9 @@ func (m *mediaPath) cleanPartial(ts uint32, pcm []byte, now time.Time) []byte {
 func (m *mediaPath) cleanRun(ts uint32, pcm []byte, off int, now time.Time) bool {
 	cl := &m.clean
 	if cl.on.Load() {
-		cl.played.drain(m.playedFar)
+		if lost := cl.played.drain(m.playedFar); lost > 0 {
+			m.metrics.echoRefDropped.WithLabelValues(echoRefRingFull).Add(float64(lost))
+		}
 	}
 	if !cl.started {
 		cl.started, cl.ts, cl.ext = true, ts, int64(ts)
@@ -344,6 +355,7 @@ func (m *mediaPath) playedFar(at time.Time, ts uint32, payload []byte) {
 	cl := &m.clean
 	n, err := cl.dec.Decode(payload, cl.pcm)
 	if err != nil || n == 0 {
+		m.metrics.echoRefDropped.WithLabelValues(echoRefUndecodable).Inc()
 		return
 	}
 	// The run's base: the earliest send time less the timestamp's time
@@ -371,7 +383,9 @@ func (m *mediaPath) playedFar(at time.Time, ts uint32, payload []byte) {
 func (m *mediaPath) stopCleaning() {
 	cl := &m.clean
 	cl.on.Store(false)
-	cl.played.drain(func(time.Time, uint32, []byte) {})
+	if lost := cl.played.drain(func(time.Time, uint32, []byte) {}); lost > 0 {
+		m.metrics.echoRefDropped.WithLabelValues(echoRefRingFull).Add(float64(lost))
+	}
 	if cl.c != nil {
 		cl.c.Close()
 		cl.c = nil

@@ -116,13 +116,16 @@ func TestPlayedRingDrainDoesNotBlockPush(t *testing.T) {
 	}
 	var first uint32
 	n := 0
-	r.drain(func(_ time.Time, ts uint32, _ []byte) {
+	lost := r.drain(func(_ time.Time, ts uint32, _ []byte) {
 		if n == 0 {
 			first = ts
 		}
 		n++
 	})
-	if n != playedSlots || first != 2 || r.lost != 2 {
-		t.Errorf("full ring: drained %d from ts %d, lost %d; want %d from 2, lost 2", n, first, r.lost, playedSlots)
+	if n != playedSlots || first != 2 || lost != 2 {
+		t.Errorf("full ring: drained %d from ts %d, lost %d; want %d from 2, lost 2", n, first, lost, playedSlots)
+	}
+	if lost := r.drain(func(time.Time, uint32, []byte) { t.Error("a drained ring gave a packet") }); lost != 0 {
+		t.Errorf("the next drain reports %d lost again", lost)
 	}
 }

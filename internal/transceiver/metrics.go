@@ -51,6 +51,10 @@ type metrics struct {
 	heldReplies        *prometheus.CounterVec // replies held for a tentative turn, by result: played, discarded
 	clientAudioDropped *prometheus.CounterVec // by reason: invalid_rtp, invalid_opus, late
 	concealed          *prometheus.CounterVec // seconds, by method: fec, plc
+	// echoRefDropped counts packets sent to clients that input cleaning's
+	// far-end reference left out, by reason: ring_full, undecodable
+	// (clean.go).
+	echoRefDropped *prometheus.CounterVec
 	// clientConnection counts clients going silent and coming back (consent.go).
 	clientConnection *prometheus.CounterVec
 	// offersRefused counts offers refused before any work, by reason (pending.go).
@@ -215,6 +219,9 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		concealed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_audio_concealed_seconds_total", Help: "Client audio lost and concealed for PCM backends, by method: fec (Opus in-band FEC from the next packet), plc.",
 		}, []string{"method"}),
+		echoRefDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchboard_transceiver_echo_reference_dropped_total", Help: "Audio packets sent to clients that echo cancellation's far-end reference left out (the canceller hears silence there), by reason: ring_full (the client sent no audio for over a second of the agent's: the 100 packets waiting for the track goroutine overflowed), undecodable (the packet did not decode).",
+		}, []string{"reason"}),
 		clientConnection: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchboard_transceiver_client_connection_total",
 			Help: "Connected clients that went silent for the disconnected timeout (state=disconnected) and that came back (state=connected); each is told to the backend.",
@@ -256,6 +263,9 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	}
 	for _, r := range []string{"fec", "plc"} {
 		m.concealed.WithLabelValues(r)
+	}
+	for _, r := range []string{echoRefRingFull, echoRefUndecodable} {
+		m.echoRefDropped.WithLabelValues(r)
 	}
 	for _, d := range []string{dirToBackend, dirToClient} {
 		m.mediaDelay.WithLabelValues(d)
@@ -314,6 +324,6 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	})
 	reg.MustRegister(m.sessionsStarted, m.sessionsFailed, m.sessionsEnded, m.eventsDropped, m.signaling, m.connect,
 		m.setup, m.setupPhase, m.setupFailures, m.dtlsHandshakes, m.rtt, m.jitter, m.loss, m.sessionRTT, m.sessionJitter, m.sessionLoss, m.turnReply, m.interruptionQuiet, m.bridgeDial, m.bridgeErrors, m.iceRestarts, m.mediaDelay, m.clientConnection, m.offersRefused,
-		m.backendRefused, m.clears, m.turns, m.interruptions, m.heldReplies, m.clientAudioDropped, m.concealed, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped, spedIn, spedOut)
+		m.backendRefused, m.clears, m.turns, m.interruptions, m.heldReplies, m.clientAudioDropped, m.concealed, m.echoRefDropped, m.outputDropped, m.tracksIgnored, m.dcRefused, m.rtcpDropped, m.peerDropped, lateTicks, caughtUp, active, newHopCollector(s.HopStats), newPeerMovesCollector(s.PeerMoves), pionSuppressed, socketDropped, spedIn, spedOut)
 	return m
 }
