@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -88,8 +89,8 @@ func parseCleaning(raw json.RawMessage, interrupt bool) (cleanSetting, error) {
 			BackendAudio    bool `json:"backend_audio"`
 			GuardFirstReply bool `json:"guard_first_reply"`
 		}
-		if err := json.Unmarshal(cm.EchoCancellation, &ec); err != nil {
-			return cleanSetting{}, fmt.Errorf("%w: echo_cancellation must be an object such as {\"backend_audio\":false}, or null for off: %v", apm.ErrConfig, err)
+		if err := strictUnmarshal(cm.EchoCancellation, &ec); err != nil {
+			return cleanSetting{}, fmt.Errorf("%w: echo_cancellation must be an object with backend_audio and guard_first_reply (booleans) such as {\"backend_audio\":false}, or null for off: %v", apm.ErrConfig, err)
 		}
 		cs.echo, cs.backendAudio, cs.guard = true, ec.BackendAudio, ec.GuardFirstReply
 	}
@@ -97,7 +98,7 @@ func parseCleaning(raw json.RawMessage, interrupt bool) (cleanSetting, error) {
 		var nr struct {
 			Type string `json:"type"`
 		}
-		if err := json.Unmarshal(cm.NoiseReduction, &nr); err != nil {
+		if err := strictUnmarshal(cm.NoiseReduction, &nr); err != nil {
 			return cleanSetting{}, fmt.Errorf("%w: noise_reduction must be an object such as {\"type\":\"near_field\"}, or null for off: %v", apm.ErrConfig, err)
 		}
 		if nr.Type == "" {
@@ -110,6 +111,22 @@ func parseCleaning(raw json.RawMessage, interrupt bool) (cleanSetting, error) {
 		}
 	}
 	return cs, nil
+}
+
+// strictUnmarshal decodes one JSON object into v, refusing members v does
+// not have: a misspelt member ({"backend_audo":true}) or one that is not
+// there ({"enabled":false}, which would leave echo cancellation on) must
+// not pass as the default.
+func strictUnmarshal(raw json.RawMessage, v any) error {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return err
+	}
+	if d.More() {
+		return errors.New("trailing data")
+	}
+	return nil
 }
 
 func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }

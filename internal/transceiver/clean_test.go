@@ -32,6 +32,10 @@ func TestParseCleaning(t *testing.T) {
 		{"bad type", `{"noise_reduction":{"type":"studio"}}`, false, cleanSetting{}, true},
 		{"no type", `{"noise_reduction":{}}`, false, cleanSetting{}, true},
 		{"echo not an object", `{"echo_cancellation":true}`, false, cleanSetting{}, true},
+		{"echo unknown member", `{"echo_cancellation":{"enabled":false}}`, true, cleanSetting{}, true},
+		{"echo misspelt member", `{"echo_cancellation":{"backend_audo":true}}`, true, cleanSetting{}, true},
+		{"noise unknown member", `{"noise_reduction":{"type":"near_field","level":3}}`, false, cleanSetting{}, true},
+		{"noise a string", `{"noise_reduction":"near_field"}`, false, cleanSetting{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := parseCleaning(json.RawMessage(tc.raw), tc.interrupt)
