@@ -66,8 +66,12 @@ func TestFramesAndAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(200, step); n != 0 {
 		t.Errorf("%v allocations per 20 ms frame, want 0", n)
 	}
+	live0 := Live()
 	c.Close()
 	c.Close()
+	if n := Live(); n != live0-1 {
+		t.Errorf("Live() %d after closing one of %d (twice), want %d", n, live0, live0-1)
+	}
 	if err := c.Process(near, 0, t0); !errors.Is(err, ErrClosed) {
 		t.Errorf("Process after Close: %v, want ErrClosed", err)
 	}

@@ -3,8 +3,18 @@ package apm
 import (
 	"encoding/binary"
 	"math"
+	"sync/atomic"
 	"time"
 )
+
+// live counts the Cleaners New made that are not yet closed.
+var live atomic.Int64
+
+// Live returns how many Cleaners hold the module's C memory now: made by
+// New and not yet closed. A caller that makes one per session checks
+// with it that every session end and every change of setting frees its
+// own.
+func Live() int64 { return live.Load() }
 
 // Cleaner is one session's input cleaning: the echo canceller fed with
 // the session's playout, and the noise suppressor (Config). The zero
@@ -91,6 +101,7 @@ func New(cfg Config) (*Cleaner, error) {
 	c.near, c.ref = make([]int16, c.frame), make([]int16, c.frame)
 	c.est.init(MaxDelayMs / 10)
 	c.gate.init()
+	live.Add(1)
 	return c, nil
 }
 
@@ -284,6 +295,7 @@ func (c *Cleaner) Close() {
 	if !c.closed {
 		c.proc.close()
 		c.closed = true
+		live.Add(-1)
 	}
 }
 
