@@ -315,15 +315,21 @@ func (m *mediaPath) cleanFrame(ts uint32, pcm []byte, now time.Time) (backend, d
 	return out, out
 }
 
-// cleanPartial cleans the first half of a frame that the decoder has
-// assembled so far (audio.Decoder.Partial: 10 ms packets) for the
-// detector, and keeps it for the frame; empty pcm passes.
+// cleanPartial cleans the first 10 ms of a frame that the decoder has
+// assembled so far (audio.Decoder.Partial), the part turn detection hears
+// early (vad.Input.Partial: 10 ms packets), once per frame, and keeps it
+// for the frame. Less than 10 ms (packets of 2.5 or 5 ms) passes as it
+// is: the cleaner takes whole 10 ms frames.
 func (m *mediaPath) cleanPartial(ts uint32, pcm []byte, now time.Time) []byte {
 	cl := &m.clean
-	if cl.c == nil || len(pcm) == 0 {
+	n := 2 * m.dec.Rate() / 100
+	if cl.c == nil || len(pcm) < n {
 		return pcm
 	}
-	cl.early = append(cl.early[:0], pcm...)
+	if cl.hasEarly && cl.earlyTS == ts {
+		return cl.early // cleaned at an earlier packet of this frame
+	}
+	cl.early = append(cl.early[:0], pcm[:n]...)
 	if !m.cleanRun(ts, cl.early, 0, now) {
 		return pcm
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/apm"
+	"github.com/switchboard-rtc/switchboard/internal/audio"
 )
 
 func TestParseCleaning(t *testing.T) {
@@ -131,5 +133,57 @@ func TestPlayedRingDrainDoesNotBlockPush(t *testing.T) {
 	}
 	if lost := r.drain(func(time.Time, uint32, []byte) { t.Error("a drained ring gave a packet") }); lost != 0 {
 		t.Errorf("the next drain reports %d lost again", lost)
+	}
+}
+
+// TestCleanShortPackets: a client sending 5 ms packets hands the
+// detector partial frames of 5 and 15 ms. Cleaning takes the first 10 ms
+// once, when there is that much, and the rest with the whole frame: it
+// stays on, and every frame is cleaned, where a 5 ms partial used to
+// fail the cleaner (not whole 10 ms frames) and switch cleaning off for
+// the rest of the session.
+func TestCleanShortPackets(t *testing.T) {
+	const rate = 24000
+	m := &mediaPath{log: slog.New(slog.DiscardHandler)}
+	var err error
+	if m.dec, err = audio.NewDecoder(rate); err != nil {
+		t.Fatal(err)
+	}
+	m.clean.next.Store(&cleanSetting{echo: true, noise: apm.FarField})
+	m.applyCleaning()
+	defer m.stopCleaning()
+	if m.clean.c == nil {
+		t.Fatal("cleaning did not start")
+	}
+	live := apm.Live()
+	frame := make([]byte, 2*rate/50) // 20 ms
+	for i := range frame {
+		frame[i] = byte(i * 31)
+	}
+	now := time.Unix(1000, 0)
+	for k := range 50 {
+		ts := uint32(k * rate / 50)
+		for _, ms := range []int{5, 10, 15} {
+			got := m.cleanPartial(ts, frame[:2*rate*ms/1000], now)
+			if m.clean.c == nil {
+				t.Fatalf("frame %d: a %d ms partial switched cleaning off", k, ms)
+			}
+			if ms >= 10 && len(got) != 2*rate/100 {
+				t.Fatalf("frame %d: a %d ms partial gave the detector %d bytes, want its first 10 ms", k, ms, len(got))
+			}
+		}
+		pcm := append([]byte(nil), frame...)
+		m.cleanFrame(ts, pcm, now)
+		if m.clean.c == nil {
+			t.Fatalf("frame %d switched cleaning off", k)
+		}
+		now = now.Add(20 * time.Millisecond)
+	}
+	if st := m.clean.c.Stats(); st.Frames != 100 {
+		t.Errorf("the cleaner saw %d 10 ms frames of 50 20 ms frames, want 100 (each once)", st.Frames)
+	}
+	m.stopCleaning()
+	if n := apm.Live(); n != live-1 {
+		t.Errorf("%d Cleaners live after stopCleaning, want %d", n, live-1)
 	}
 }
