@@ -63,9 +63,11 @@ var bridgeCtx = context.Background()
 // events' drain. Its methods run on four goroutines, each owning its part:
 //
 //   - the track goroutine (fromClient): toBackend, dec, decLast, turns
-//     (but turns.next and its clock), and the turn reports;
+//     (but turns.next and its clock), clean (but clean.next, clean.on and
+//     the played ring's slots), and the turn reports;
 //   - the bridge reader (fromBackend): playAudio, onControl, full;
-//   - the playout clock's worker: SendPacket, rtpPkt, flushTail;
+//   - the playout clock's worker: SendPacket, rtpPkt, flushTail, and
+//     cleanPlayed (a copy into the played ring);
 //   - the event drain, while it runs: drainEvents.
 //
 // Clears come from any of them and the oai-events reader; the idle
