@@ -53,6 +53,12 @@ type phoneResult struct {
 	detected []int   // interruptions: ms from the user's onset to the speech start at the backend
 	missed   int     // interruptions the detector did not report within 1 s
 	erle     float64 // dB: the echo the client added over what the backend got, replies without the user
+	// sent is the share of the replies after the first (which the guard
+	// covers) that was sent before a speech start cut it: 1 when none was
+	// cut.
+	sent float64
+	// replyERLE is erle per reply after the first, in order.
+	replyERLE []float64
 }
 
 // TestSpeakerphone: a Pion client on a speakerphone with no echo
@@ -65,15 +71,26 @@ type phoneResult struct {
 // cleaning (today's onset time), and over the echo with cancellation
 // (the default: the first reply unguarded).
 //
-// It checks what must hold on a loaded machine: the echo cuts most
-// replies off without cleaning, fewer with it (ERLE at least 10 dB), and
-// the user's interruptions over the cancelled echo are heard. The
-// figures (cut-offs, ERLE, onset delays) are logged; docs/vad.md has 5-
-// and 10-reply runs (-speakerphone.replies=N; the issue's target needs
-// 50) and says where they fall short of the issue's targets.
+// It checks what must hold on a loaded machine, on measures taken over
+// every reply rather than a count of a few: the echo cuts most replies
+// off without cleaning; with it, the replies after the first (which the
+// guard covers) are sent for at least 20 points more of their length
+// before a cut (about 7 % → 36–84 % in ten runs, two of them on a core
+// shared with two busy loops), in the median reply the canceller takes
+// at least 10 dB of echo off (ERLE), and the user's interruptions over
+// the cancelled echo are heard. The count of replies cut off is no
+// assertion beyond "not more": with 5 replies it moves by one or two
+// between runs (2 or 3 of 5 in those ten), and "fewer than without"
+// fails whenever all five are cut, a few runs in a hundred. The figures
+// (cut-offs, ERLE, onset delays) are logged; docs/vad.md has 5- and
+// 10-reply runs (-speakerphone.replies=N; the issue's target needs 50)
+// and says where they fall short of the issue's targets.
 func TestSpeakerphone(t *testing.T) {
 	speechgen.Require(t)
 	n := *speakerphoneReplies
+	if n < 2 {
+		t.Fatalf("-speakerphone.replies=%d: the test needs 2 replies or more (the first is guarded)", n)
+	}
 	off := json.RawMessage(`{"echo_cancellation":null}`)
 	today := phoneCall(t, phoneRun{echo: true, cleaning: off, replies: n})
 	cleaned := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{"backend_audio":true,"guard_first_reply":true}}`), replies: n})
@@ -81,11 +98,14 @@ func TestSpeakerphone(t *testing.T) {
 	if today.cutOff < (n+1)/2 {
 		t.Errorf("without cleaning only %d of %d replies were cut off by their echo: the test's echo proves nothing", today.cutOff, n)
 	}
-	if cleaned.cutOff >= today.cutOff {
-		t.Errorf("with echo cancellation %d of %d replies were cut off by their echo, without %d: no better", cleaned.cutOff, n, today.cutOff)
+	if cleaned.cutOff > today.cutOff {
+		t.Errorf("with echo cancellation %d of %d replies were cut off by their echo, without %d: worse", cleaned.cutOff, n, today.cutOff)
 	}
-	if cleaned.erle < 10 {
-		t.Errorf("ERLE %.1f dB: the canceller took off less than 10 dB of the echo", cleaned.erle)
+	if cleaned.sent < today.sent+0.2 {
+		t.Errorf("the replies after the first were sent for %.0f%% of their length before a cut with echo cancellation, %.0f%% without: want 20 points more", 100*cleaned.sent, 100*today.sent)
+	}
+	if m := medianFloat(cleaned.replyERLE); !(m >= 10) { // NaN: no reply measured
+		t.Errorf("ERLE per reply after the first %v dB, median %.1f: the canceller took off less than 10 dB of the echo in most replies", cleaned.replyERLE, m)
 	}
 	quiet := phoneCall(t, phoneRun{cleaning: off, interrupt: true, replies: n})
 	barge := phoneCall(t, phoneRun{echo: true, interrupt: true, replies: n})
@@ -98,6 +118,18 @@ func TestSpeakerphone(t *testing.T) {
 	if len(quiet.detected) > 0 && len(barge.detected) > 0 {
 		t.Logf("median onset-to-start: %d ms with no echo, %d ms over the cancelled echo", median(quiet.detected), median(barge.detected))
 	}
+}
+
+// replyMs is the length of a 24 kHz PCM16 reply, ms.
+func replyMs(pcm []byte) int64 { return int64(len(pcm) / 48) }
+
+func medianFloat(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 func median(xs []int) int {
@@ -270,6 +302,8 @@ type phoneAgent struct {
 	frames int        // audio frames received
 	pcm    [][]byte   // the audio received, per frame
 	played int        // replies started
+	from   []int      // frames received when each reply started
+	sentMs []int64    // per reply: played_ms of its output.stopped or output.cleared
 	cuts   []phoneCut // speech starts that cleared a reply
 	starts []int      // frames at each input.speech_started
 	spoke  []int      // frames at which the user started (told by the client)
@@ -325,6 +359,7 @@ func (a *phoneAgent) play(ctx context.Context) {
 	for i := range a.n {
 		a.mu.Lock()
 		a.played++
+		a.from = append(a.from, a.frames)
 		a.mu.Unlock()
 		_ = a.sc.SendControl(ctx, bridge.Control{Type: bridge.TypeOutputResponse, ID: fmt.Sprintf("resp_%d", i)})
 		if err := a.sc.SendAudio(ctx, bridge.AudioFrame{Payload: a.replies[i%len(a.replies)]}); err != nil {
@@ -338,9 +373,13 @@ func (a *phoneAgent) play(ctx context.Context) {
 				case bridge.TypeOutputCleared:
 					a.mu.Lock()
 					a.cuts = append(a.cuts, phoneCut{i, a.frames})
+					a.sentMs = append(a.sentMs, c.PlayedMs)
 					a.mu.Unlock()
 					break wait
 				case bridge.TypeOutputStopped:
+					a.mu.Lock()
+					a.sentMs = append(a.sentMs, c.PlayedMs)
+					a.mu.Unlock()
 					break wait
 				}
 			case <-time.After(15 * time.Second):
@@ -391,21 +430,43 @@ func (a *phoneAgent) result(t *testing.T, run phoneRun, onsets []int, echoPow []
 		}
 		r.detected = append(r.detected, d)
 	}
-	// ERLE over the frames with echo and without the user.
-	var in, out float64
-	for i, p := range echoPow {
-		if i >= len(a.pcm) || (i < len(userFrame) && userFrame[i]) || p < 1 {
-			continue
+	// ERLE over the frames with echo and without the user: the whole
+	// run's, and each reply's after the first (its frames up to the next
+	// reply's start).
+	erle := func(from, to int) float64 {
+		var in, out float64
+		for i := from; i < min(to, len(echoPow)); i++ {
+			p := echoPow[i]
+			if i >= len(a.pcm) || (i < len(userFrame) && userFrame[i]) || p < 1 {
+				continue
+			}
+			in += p
+			for j := 0; j+1 < len(a.pcm[i]); j += 2 {
+				v := float64(int16(binary.LittleEndian.Uint16(a.pcm[i][j:])))
+				out += v * v / float64(len(a.pcm[i])/2)
+			}
 		}
-		in += p
-		for j := 0; j+1 < len(a.pcm[i]); j += 2 {
-			v := float64(int16(binary.LittleEndian.Uint16(a.pcm[i][j:])))
-			out += v * v / float64(len(a.pcm[i])/2)
+		if out > 0 {
+			return 10 * math.Log10(in/out)
 		}
+		return 0
 	}
-	if out > 0 {
-		r.erle = 10 * math.Log10(in/out)
+	r.erle = erle(0, len(echoPow))
+	for k := 1; k < len(a.from); k++ {
+		to := len(echoPow)
+		if k+1 < len(a.from) {
+			to = a.from[k+1]
+		}
+		r.replyERLE = append(r.replyERLE, math.Round(10*erle(a.from[k], to))/10)
 	}
-	t.Logf("run echo=%v cleaning=%s interrupt=%v: %d replies, %d speech starts, cut off by echo %d, interruptions heard after %v ms (missed %d), ERLE %.1f dB", run.echo, run.cleaning, run.interrupt, r.replies, len(a.starts), r.cutOff, r.detected, r.missed, r.erle)
+	var sent, whole int64
+	for k := 1; k < len(a.sentMs); k++ {
+		sent += min(a.sentMs[k], replyMs(a.replies[k%len(a.replies)]))
+		whole += replyMs(a.replies[k%len(a.replies)])
+	}
+	if whole > 0 {
+		r.sent = float64(sent) / float64(whole)
+	}
+	t.Logf("run echo=%v cleaning=%s interrupt=%v: %d replies, %d speech starts, cut off by echo %d, interruptions heard after %v ms (missed %d), ERLE %.1f dB (replies after the first: %v), replies after the first sent before a cut %.0f%% (played_ms %v)", run.echo, run.cleaning, run.interrupt, r.replies, len(a.starts), r.cutOff, r.detected, r.missed, r.erle, r.replyERLE, 100*r.sent, a.sentMs)
 	return r
 }
