@@ -50,6 +50,7 @@ type Cleaner struct {
 	near, ref []int16 // one 10 ms frame each
 	frames    int64   // near frames seen
 	processed int64   // near frames the module processed
+	limited   int64   // output frames limitGain brought down
 	closed    bool
 }
 
@@ -191,9 +192,10 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 			echo = c.farHead > 0 && at-int64((c.delayMs+echoTailMs)*c.cfg.Rate/1000) < c.farHead
 		}
 		if echo || c.cfg.NoiseReduction != "" {
+			inPow := energy(c.near)
 			var nearDB float64
 			if echo {
-				nearDB = dB(energy(c.near))
+				nearDB = dB(inPow)
 				c.readFar(c.ref, at-int64((c.delayMs-alignMarginMs)*c.cfg.Rate/1000))
 			} else {
 				clear(c.ref)
@@ -206,6 +208,7 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 			if err := c.proc.capture(c.near, alignMarginMs); err != nil {
 				return err
 			}
+			c.limitGain(inPow)
 			// The gate acts once the echo has been found in the input
 			// (the estimator locked on it): a client that cancels its
 			// own echo has no frame gated. With GuardFirstReply it acts
@@ -231,6 +234,32 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 		c.frames++
 	}
 	return nil
+}
+
+// maxGain is how much more power the module's output frame may have
+// than its input frame (6 dB): what the filters' delay moves into a quiet
+// frame from a loud one before it.
+const maxGain = 4
+
+// limitGain brings the module's output frame (c.near) down to the power
+// of its input, inPow, when it is more than maxGain louder. The echo
+// canceller and the noise suppressor only take energy off, but AEC2's
+// suppressor fills what it suppresses with comfort noise from its noise
+// estimate, which starts high: end to end, on a digitally silent input,
+// it put 70 ms of noise at -65 dBFS about 160 ms after the first far-end
+// audio, and the detector took that for speech (a client with no echo
+// had its first reply cut). Comfort noise is for listeners; the detector
+// and the backend want what the client sent, less the echo.
+func (c *Cleaner) limitGain(inPow float64) {
+	out := energy(c.near)
+	if out <= maxGain*inPow {
+		return
+	}
+	g := math.Sqrt(inPow / out)
+	for i, v := range c.near {
+		c.near[i] = int16(math.Round(float64(v) * g))
+	}
+	c.limited++
 }
 
 // readFar copies the far end from timeline position at into dst, silence
@@ -276,6 +305,10 @@ type Stats struct {
 	// can hold echo); Gated, those the echo gate attenuated as echo left
 	// over.
 	Frames, Processed, Gated int64
+	// Limited is the frames the module made more than 6 dB louder than
+	// they came (AEC2's comfort noise), brought down to the input's
+	// level.
+	Limited int64
 	// CouplingDB is the echo gate's estimate of the echo path's loss:
 	// the input's level over the far end's, dB (0 until measured).
 	CouplingDB float64
@@ -283,7 +316,7 @@ type Stats struct {
 
 // Stats returns what c measured so far.
 func (c *Cleaner) Stats() Stats {
-	s := Stats{DelayMs: c.delayMs, Measured: c.measured, Frames: c.frames, Processed: c.processed, Gated: c.gate.gated, CouplingDB: c.gate.coupling}
+	s := Stats{DelayMs: c.delayMs, Measured: c.measured, Frames: c.frames, Processed: c.processed, Gated: c.gate.gated, Limited: c.limited, CouplingDB: c.gate.coupling}
 	if c.cfg.EchoCancellation && !c.closed {
 		s.Echo, _ = c.proc.echoStats()
 	}
