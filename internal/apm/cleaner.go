@@ -173,9 +173,10 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 			echo = c.farHead > 0 && at-int64((c.delayMs+echoTailMs)*c.cfg.Rate/1000) < c.farHead
 		}
 		if echo || c.cfg.NoiseReduction != "" {
+			inPow := energy(c.near)
 			var nearDB float64
 			if echo {
-				nearDB = dB(energy(c.near))
+				nearDB = dB(inPow)
 				c.readFar(c.ref, at-int64((c.delayMs-alignMarginMs)*c.cfg.Rate/1000))
 			} else {
 				clear(c.ref)
@@ -205,6 +206,7 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 				loudest, aligned := c.est.farAround(c.delayMs/10, early, late)
 				c.gate.frame(c.near, nearDB, loudest, aligned)
 			}
+			capPower(c.near, inPow)
 			c.processed++
 		}
 		for i, v := range c.near {
@@ -213,6 +215,24 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 		c.frames++
 	}
 	return nil
+}
+
+// capPower scales frame x down to mean power p when it is louder: what
+// cleaning does is take echo and noise away, and nothing it adds may reach
+// the detector. AEC2 fills what its suppressor takes with comfort noise
+// matched to its own noise estimate, which on a near-silent input (a
+// muted or digitally silent client, ±1 after Opus) is tens of dB above
+// the input: a VAD that adapted to that silence hears a sound start
+// (TestSilenceStaysSilent).
+func capPower(x []int16, p float64) {
+	q := energy(x)
+	if q <= p {
+		return
+	}
+	gain := math.Sqrt(p / q)
+	for i, v := range x {
+		x[i] = int16(float64(v) * gain)
+	}
 }
 
 // readFar copies the far end from timeline position at into dst, silence
