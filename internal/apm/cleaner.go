@@ -38,6 +38,7 @@ type Cleaner struct {
 	measured    bool
 
 	near, ref []int16 // one 10 ms frame each
+	quiet     []int16 // a quiet input frame as it came (quietDB)
 	frames    int64   // near frames seen
 	processed int64   // near frames the module processed
 	closed    bool
@@ -58,6 +59,16 @@ const (
 	realignEarlyMs = 30
 	realignLateMs  = 60
 )
+
+// quietDB is the level (dBFS) under which an input frame leaves the
+// cleaner as it came: it holds neither echo nor noise worth taking out
+// (an echo that reaches a detector is tens of dB louder), and AEC2 fills
+// what its suppressor takes with comfort noise at its own noise estimate,
+// which over a near-silent input (a muted client, or digital silence,
+// ±1 after Opus) came out 35 dB above it as a reply began: a VAD adapted
+// to that silence heard a sound start (TestSilenceStaysSilent). The frame
+// still goes through the module, whose state follows the stream.
+const quietDB = -70
 
 // echoTailMs is how long after the echo delay the echo of the last audio
 // played can still be heard: the room's reverberation and the client's
@@ -88,7 +99,7 @@ func New(cfg Config) (*Cleaner, error) {
 		n <<= 1
 	}
 	c.far, c.farMask = make([]int16, n), int64(n-1)
-	c.near, c.ref = make([]int16, c.frame), make([]int16, c.frame)
+	c.near, c.ref, c.quiet = make([]int16, c.frame), make([]int16, c.frame), make([]int16, c.frame)
 	c.est.init(MaxDelayMs / 10)
 	c.gate.init()
 	return c, nil
@@ -174,6 +185,9 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 		}
 		if echo || c.cfg.NoiseReduction != "" {
 			inPow := energy(c.near)
+			if dB(inPow) < quietDB {
+				copy(c.quiet, c.near)
+			}
 			var nearDB float64
 			if echo {
 				nearDB = dB(inPow)
@@ -206,7 +220,9 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 				loudest, aligned := c.est.farAround(c.delayMs/10, early, late)
 				c.gate.frame(c.near, nearDB, loudest, aligned)
 			}
-			capPower(c.near, inPow)
+			if dB(inPow) < quietDB {
+				copy(c.near, c.quiet) // AEC2's comfort noise must not reach the detector
+			}
 			c.processed++
 		}
 		for i, v := range c.near {
@@ -215,24 +231,6 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 		c.frames++
 	}
 	return nil
-}
-
-// capPower scales frame x down to mean power p when it is louder: what
-// cleaning does is take echo and noise away, and nothing it adds may reach
-// the detector. AEC2 fills what its suppressor takes with comfort noise
-// matched to its own noise estimate, which on a near-silent input (a
-// muted or digitally silent client, ±1 after Opus) is tens of dB above
-// the input: a VAD that adapted to that silence hears a sound start
-// (TestSilenceStaysSilent).
-func capPower(x []int16, p float64) {
-	q := energy(x)
-	if q <= p {
-		return
-	}
-	gain := math.Sqrt(p / q)
-	for i, v := range x {
-		x[i] = int16(float64(v) * gain)
-	}
 }
 
 // readFar copies the far end from timeline position at into dst, silence
