@@ -3,7 +3,6 @@ package apm
 import (
 	"encoding/binary"
 	"errors"
-	"math"
 	"syscall"
 	"testing"
 	"time"
@@ -175,41 +174,5 @@ func TestPlayedLongGap(t *testing.T) {
 				t.Fatalf("position %d+%d before the audio after the gap reads %d, want silence", at, i, v)
 			}
 		}
-	}
-}
-
-// TestLimitGain: an output frame more than 6 dB louder than its input
-// (AEC2's comfort noise on a silent input) is brought down to the
-// input's power; one within 6 dB is left alone.
-func TestLimitGain(t *testing.T) {
-	c, err := New(Config{Rate: 16000, EchoCancellation: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	fill := func(v int16) {
-		for i := range c.near {
-			c.near[i] = v
-			if i%2 == 1 {
-				c.near[i] = -v
-			}
-		}
-	}
-	fill(300) // -40.8 dBFS
-	c.limitGain(0)
-	if p := energy(c.near); p != 0 || c.limited != 1 {
-		t.Errorf("out of a silent input: power %v after the limit, %d limited; want 0, 1", p, c.limited)
-	}
-	fill(300)
-	in := energy(c.near) / 16 // the output 12 dB over the input
-	c.limitGain(in)
-	if got := dB(energy(c.near)) - dB(in); math.Abs(got) > 0.1 {
-		t.Errorf("an output 12 dB over its input limited to %+.2f dB of it, want 0", got)
-	}
-	fill(300)
-	in = energy(c.near) / 3 // 4.8 dB: the filters' delay, left alone
-	c.limitGain(in)
-	if c.near[0] != 300 || c.limited != 2 {
-		t.Errorf("an output 4.8 dB over its input changed to %d (limited %d), want it as it was", c.near[0], c.limited)
 	}
 }

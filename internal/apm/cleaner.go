@@ -48,9 +48,9 @@ type Cleaner struct {
 	measured    bool
 
 	near, ref []int16 // one 10 ms frame each
+	quiet     []int16 // a quiet input frame as it came (quietDB)
 	frames    int64   // near frames seen
 	processed int64   // near frames the module processed
-	limited   int64   // output frames limitGain brought down
 	closed    bool
 }
 
@@ -69,6 +69,16 @@ const (
 	realignEarlyMs = 30
 	realignLateMs  = 60
 )
+
+// quietDB is the level (dBFS) under which an input frame leaves the
+// cleaner as it came: it holds neither echo nor noise worth taking out
+// (an echo that reaches a detector is tens of dB louder), and AEC2 fills
+// what its suppressor takes with comfort noise at its own noise estimate,
+// which over a near-silent input (a muted client, or digital silence,
+// ±1 after Opus) came out 35 dB above it as a reply began: a VAD adapted
+// to that silence heard a sound start (TestSilenceStaysSilent). The frame
+// still goes through the module, whose state follows the stream.
+const quietDB = -70
 
 // echoTailMs is how long after the echo delay the echo of the last audio
 // played can still be heard: the room's reverberation and the client's
@@ -99,7 +109,7 @@ func New(cfg Config) (*Cleaner, error) {
 		n <<= 1
 	}
 	c.far, c.farMask = make([]int16, n), int64(n-1)
-	c.near, c.ref = make([]int16, c.frame), make([]int16, c.frame)
+	c.near, c.ref, c.quiet = make([]int16, c.frame), make([]int16, c.frame), make([]int16, c.frame)
 	c.est.init(MaxDelayMs / 10)
 	c.gate.init()
 	live.Add(1)
@@ -193,6 +203,9 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 		}
 		if echo || c.cfg.NoiseReduction != "" {
 			inPow := energy(c.near)
+			if dB(inPow) < quietDB {
+				copy(c.quiet, c.near)
+			}
 			var nearDB float64
 			if echo {
 				nearDB = dB(inPow)
@@ -208,7 +221,6 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 			if err := c.proc.capture(c.near, alignMarginMs); err != nil {
 				return err
 			}
-			c.limitGain(inPow)
 			// The gate acts once the echo has been found in the input
 			// (the estimator locked on it): a client that cancels its
 			// own echo has no frame gated. With GuardFirstReply it acts
@@ -226,6 +238,9 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 				loudest, aligned := c.est.farAround(c.delayMs/10, early, late)
 				c.gate.frame(c.near, nearDB, loudest, aligned)
 			}
+			if dB(inPow) < quietDB {
+				copy(c.near, c.quiet) // AEC2's comfort noise must not reach the detector
+			}
 			c.processed++
 		}
 		for i, v := range c.near {
@@ -234,32 +249,6 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 		c.frames++
 	}
 	return nil
-}
-
-// maxGain is how much more power the module's output frame may have
-// than its input frame (6 dB): what the filters' delay moves into a quiet
-// frame from a loud one before it.
-const maxGain = 4
-
-// limitGain brings the module's output frame (c.near) down to the power
-// of its input, inPow, when it is more than maxGain louder. The echo
-// canceller and the noise suppressor only take energy off, but AEC2's
-// suppressor fills what it suppresses with comfort noise from its noise
-// estimate, which starts high: end to end, on a digitally silent input,
-// it put 70 ms of noise at -65 dBFS about 160 ms after the first far-end
-// audio, and the detector took that for speech (a client with no echo
-// had its first reply cut). Comfort noise is for listeners; the detector
-// and the backend want what the client sent, less the echo.
-func (c *Cleaner) limitGain(inPow float64) {
-	out := energy(c.near)
-	if out <= maxGain*inPow {
-		return
-	}
-	g := math.Sqrt(inPow / out)
-	for i, v := range c.near {
-		c.near[i] = int16(math.Round(float64(v) * g))
-	}
-	c.limited++
 }
 
 // readFar copies the far end from timeline position at into dst, silence
@@ -305,10 +294,6 @@ type Stats struct {
 	// can hold echo); Gated, those the echo gate attenuated as echo left
 	// over.
 	Frames, Processed, Gated int64
-	// Limited is the frames the module made more than 6 dB louder than
-	// they came (AEC2's comfort noise), brought down to the input's
-	// level.
-	Limited int64
 	// CouplingDB is the echo gate's estimate of the echo path's loss:
 	// the input's level over the far end's, dB (0 until measured).
 	CouplingDB float64
@@ -316,7 +301,7 @@ type Stats struct {
 
 // Stats returns what c measured so far.
 func (c *Cleaner) Stats() Stats {
-	s := Stats{DelayMs: c.delayMs, Measured: c.measured, Frames: c.frames, Processed: c.processed, Gated: c.gate.gated, Limited: c.limited, CouplingDB: c.gate.coupling}
+	s := Stats{DelayMs: c.delayMs, Measured: c.measured, Frames: c.frames, Processed: c.processed, Gated: c.gate.gated, CouplingDB: c.gate.coupling}
 	if c.cfg.EchoCancellation && !c.closed {
 		s.Echo, _ = c.proc.echoStats()
 	}

@@ -345,3 +345,39 @@ func TestNoEchoClient(t *testing.T) {
 		}
 	}
 }
+
+// TestSilenceStaysSilent: a client that sends digital silence while the
+// agent talks (a muted microphone, a test client, a headset with its own
+// canceller in a quiet room) gets that silence back from the canceller (Opus decodes it to ±1), at
+// every rate and with noise suppression too: nothing the module adds
+// (AEC2's comfort noise) may reach the detector as a sound that starts a
+// turn. A CI run's turn test heard a speech start 220 ms into the first
+// reply of a client that sent only zeros.
+func TestSilenceStaysSilent(t *testing.T) {
+	for _, rate := range []int{16000, 24000, 48000} {
+		for _, ns := range []string{"", NearField} {
+			far := make([]float64, 3*rate)
+			for i := range far {
+				far[i] = 8000 * math.Sin(2*math.Pi*440*float64(i)/float64(rate)) // a loud reply
+			}
+			// What Opus decodes a client's digital silence to: ±1.
+			near := make([]float64, len(far))
+			rng := rand.New(rand.NewPCG(3, 4))
+			for i := range near {
+				near[i] = float64(rng.IntN(3) - 1)
+			}
+			out, c := runEcho(t, Config{Rate: rate, EchoCancellation: true, NoiseReduction: ns}, far, near, 5)
+			// No 10 ms frame leaves louder than it came in (0.5 dB for
+			// the rounding of a few quiet samples).
+			fl := rate / 100
+			worst := -200.0
+			for k := 0; (k+1)*fl <= len(out); k++ {
+				worst = max(worst, dB(power(out, k*fl, (k+1)*fl))-dB(power(near, k*fl, (k+1)*fl)))
+			}
+			if worst > 0.5 {
+				t.Errorf("%d Hz, noise_reduction %q: silence in, a frame %.1f dB louder out; processed %d of %d frames",
+					rate, ns, worst, c.Stats().Processed, c.Stats().Frames)
+			}
+		}
+	}
+}

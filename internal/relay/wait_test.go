@@ -44,7 +44,12 @@ func TestHeldRequestsAllArrive(t *testing.T) {
 	eventually(t, "the room to empty", func() bool { return e.r.Stats().Waiting == 0 })
 	s := e.r.Stats()
 	t.Logf("%d checks sent once: all forwarded, the last after %v; held %d, admitted %d, expired %d", n, last.Round(time.Millisecond), s.Held, s.Admitted, s.Expired)
-	if s.Admitted != n-2 || s.Expired != 0 || s.Waiting != 0 || s.Flows != n {
+	// The burst admits 2 at once and holds the rest for their turns. With
+	// two workers, one may still act on the time it read with its batch
+	// after the other has moved the source's bucket on: the second check
+	// then waits the few ms between them and is admitted at its turn (a CI
+	// run: held 11, admitted 11).
+	if s.Admitted < n-2 || s.Admitted > n-1 || s.Held != s.Admitted || s.Expired != 0 || s.Waiting != 0 || s.Flows != n {
 		t.Fatalf("stats %+v", s)
 	}
 	if last < 800*time.Millisecond || last > 2*time.Second {

@@ -127,9 +127,9 @@ func replyMs(pcm []byte) int64 { return int64(len(pcm) / 48) }
 // browser's canceller; here a digitally silent microphone but for the
 // user) and the default turn detection, whose echo cancellation is on
 // (interrupt_response): no reply is cut before the user speaks, and every
-// interruption is heard. Before the canceller's output was limited to its
-// input's power (apm's limitGain), AEC2's comfort noise on the silent
-// input started a turn about 240 ms into the first reply, in every run.
+// interruption is heard. Before quiet input frames passed the cleaner as
+// they came (apm's quietDB), AEC2's comfort noise on the silent input
+// started a turn about 240 ms into the first reply, in every run.
 // How much later the interruptions are heard than with no cleaning is
 // logged (docs/vad.md, "A client with no echo, end to end").
 func TestNoEchoDefaultCleaning(t *testing.T) {
