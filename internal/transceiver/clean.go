@@ -33,11 +33,14 @@ import (
 //	"echo_cancellation": {"backend_audio": false, "guard_first_reply": false}   (null: off; absent: defaultEchoCancellation)
 //	"noise_reduction":   {"type": "near_field"}     (or "far_field"; null or absent: off)
 
-// defaultEchoCancellation says whether a PCM session whose turn detection
-// interrupts the agent (interrupt_response) cancels echo when its
-// turn_detection does not say: the echo of the agent's own reply is what
-// cuts it off on a speakerphone (docs/vad.md has the figures).
-const defaultEchoCancellation = true
+// defaultEchoCancellation says whether a PCM session cancels echo when
+// its turn_detection does not say. Off: end to end it halves the replies
+// a speakerphone's echo cuts off but does not yet reach the issue's
+// target, and it costs every client that cancels its own echo (headsets,
+// browsers: most sessions) interruptions heard up to 100 ms later
+// (docs/vad.md, "A client with no echo, end to end"). A backend whose
+// clients are speakerphones asks for it ("echo_cancellation":{}).
+const defaultEchoCancellation = false
 
 // playedSlots bounds the packets SendPacket hands to the track goroutine
 // between two client packets: 1 s of 20 ms packets (2 s of 10 ms); a

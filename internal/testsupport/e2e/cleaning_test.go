@@ -22,7 +22,8 @@ import (
 // steady white noise and the agent talks. With noise_reduction the
 // backend gets the noise suppressed; a cleaning member that is not valid
 // is refused (invalid_turn_detection) and changes nothing; with turn
-// detection off the backend gets the noise as sent. Each setting holds
+// detection off the backend gets the noise as sent; the default turn
+// detection cleans nothing. Each setting holds
 // one Cleaner (its C memory) and frees it when the next one comes, and
 // the session's end frees the last (apm.Live).
 func TestPCMInputCleaningSwitch(t *testing.T) {
@@ -199,12 +200,17 @@ func TestPCMInputCleaningSwitch(t *testing.T) {
 		t.Errorf("without cleaning the backend got the noise at %.1f dBFS: the client's noise did not arrive", raw)
 	}
 
-	// Back on, then the session ends: its end frees the Cleaner.
+	// The default turn detection cleans nothing (echo cancellation is
+	// off unless asked for); asked for, then the session ends: its end
+	// frees the Cleaner.
 	setTD(`{"type":"server_vad"}`)
 	if err := sc.SendAudio(context.Background(), bridge.AudioFrame{Payload: tone(time.Second)}); err != nil {
 		t.Fatal(err)
 	}
-	waitLive(1, "default echo cancellation")
+	time.Sleep(500 * time.Millisecond)
+	waitLive(0, "the default turn detection")
+	setTD(`{"type":"server_vad","echo_cancellation":{}}`)
+	waitLive(1, "echo cancellation asked for")
 	_ = sc.Close() // the backend goes: the session ends
 	waitLive(0, "after the session ended")
 }

@@ -69,7 +69,7 @@ type phoneResult struct {
 // and with the transceiver's echo cancellation (its first reply guarded);
 // the user interrupting each reply one second in, with no echo and no
 // cleaning (today's onset time), and over the echo with cancellation
-// (the default: the first reply unguarded).
+// (the first reply unguarded).
 //
 // It checks what must hold on a loaded machine, on measures taken over
 // every reply rather than a count of a few: the echo cuts most replies
@@ -108,7 +108,7 @@ func TestSpeakerphone(t *testing.T) {
 		t.Errorf("ERLE per reply after the first %v dB, median %.1f: the canceller took off less than 10 dB of the echo in most replies", cleaned.replyERLE, m)
 	}
 	quiet := phoneCall(t, phoneRun{cleaning: off, interrupt: true, replies: n})
-	barge := phoneCall(t, phoneRun{echo: true, interrupt: true, replies: n})
+	barge := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{}}`), interrupt: true, replies: n})
 	t.Logf("interruptions: heard after %v ms with no echo and no cleaning (missed %d), %v ms over the echo with cancellation (missed %d; replies cut off before the user spoke: %d)", quiet.detected, quiet.missed, barge.detected, barge.missed, barge.cutOff)
 	// A reply the echo already cut has nothing left to interrupt: what
 	// must hold is that the user's speech gets through the canceller.
@@ -123,19 +123,18 @@ func TestSpeakerphone(t *testing.T) {
 // replyMs is the length of a 24 kHz PCM16 reply, ms.
 func replyMs(pcm []byte) int64 { return int64(len(pcm) / 48) }
 
-// TestNoEchoDefaultCleaning: a client with no echo at all (a headset, a
+// TestNoEchoClientCleaning: a client with no echo at all (a headset, a
 // browser's canceller; here a digitally silent microphone but for the
-// user) and the default turn detection, whose echo cancellation is on
-// (interrupt_response): no reply is cut before the user speaks, and every
-// interruption is heard. Before quiet input frames passed the cleaner as
+// user) and turn detection with echo cancellation on: no reply is cut
+// before the user speaks, and every interruption is heard. Before quiet input frames passed the cleaner as
 // they came (apm's quietDB), AEC2's comfort noise on the silent input
 // started a turn about 240 ms into the first reply, in every run.
 // How much later the interruptions are heard than with no cleaning is
 // logged (docs/vad.md, "A client with no echo, end to end").
-func TestNoEchoDefaultCleaning(t *testing.T) {
+func TestNoEchoClientCleaning(t *testing.T) {
 	speechgen.Require(t)
-	r := phoneCall(t, phoneRun{interrupt: true, replies: 3})
-	t.Logf("no echo, default cleaning: interruptions heard after %v ms (missed %d), replies cut before the user spoke %d", r.detected, r.missed, r.cutOff)
+	r := phoneCall(t, phoneRun{cleaning: json.RawMessage(`{"echo_cancellation":{}}`), interrupt: true, replies: 3})
+	t.Logf("no echo, echo cancellation on: interruptions heard after %v ms (missed %d), replies cut before the user spoke %d", r.detected, r.missed, r.cutOff)
 	if r.cutOff > 0 {
 		t.Errorf("%d of %d replies were cut before the user spoke, with no echo", r.cutOff, r.replies)
 	}
