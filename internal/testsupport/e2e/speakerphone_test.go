@@ -189,15 +189,7 @@ func phoneCall(t *testing.T, run phoneRun) phoneResult {
 		}
 	}
 	tdJSON, _ := json.Marshal(td)
-	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{bridge.FormatPCM24k}, TurnDetection: tdJSON}, conns: make(chan *bridge.ServerConn, 1)}
-	s := startPCMStack(t, be, nil)
-	c := dialClient(t, s.calls)
-	var sc *bridge.ServerConn
-	select {
-	case sc = <-be.conns:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no backend session")
-	}
+	_, c, sc := dialPCM24k(t, tdJSON, nil)
 	phone, err := speakerphone.New(speakerphone.Config{Off: !run.echo})
 	if err != nil {
 		t.Fatal(err)

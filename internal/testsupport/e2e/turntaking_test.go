@@ -164,20 +164,29 @@ func (b *recBackend) log(t *testing.T) {
 func startTurnTaking(t *testing.T, td vad.TurnDetection, react func(*recBackend, bridge.Control), mutate func(*transceiver.Config)) (*pcmStack, *testClient, *recBackend) {
 	t.Helper()
 	raw, _ := json.Marshal(td)
-	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{bridge.FormatPCM24k}, TurnDetection: raw}, conns: make(chan *bridge.ServerConn, 1)}
-	s := startPCMStack(t, be, mutate)
-	c := dialClient(t, s.calls)
-	var sc *bridge.ServerConn
-	select {
-	case sc = <-be.conns:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no backend session")
-	}
+	s, c, sc := dialPCM24k(t, raw, mutate)
 	b := &recBackend{sc: sc, react: react, got: make(chan struct{}, 1)}
 	done := make(chan struct{})
 	go func() { defer close(done); b.serve() }()
 	t.Cleanup(func() { _ = sc.Close(); <-done })
 	return s, c, b
+}
+
+// dialPCM24k starts a PCM stack whose scripted backend takes 24 kHz PCM
+// with turnDetection (raw JSON), dials one client, and returns the
+// backend's connection of its session.
+func dialPCM24k(t *testing.T, turnDetection json.RawMessage, mutate func(*transceiver.Config)) (*pcmStack, *testClient, *bridge.ServerConn) {
+	t.Helper()
+	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{bridge.FormatPCM24k}, TurnDetection: turnDetection}, conns: make(chan *bridge.ServerConn, 1)}
+	s := startPCMStack(t, be, mutate)
+	c := dialClient(t, s.calls)
+	select {
+	case sc := <-be.conns:
+		return s, c, sc
+	case <-time.After(10 * time.Second):
+		t.Fatal("no backend session")
+		return nil, nil, nil
+	}
 }
 
 // mic sends 48 kHz speech to the client's track as Opus, one 20 ms packet
