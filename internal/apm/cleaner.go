@@ -1,6 +1,7 @@
 package apm
 
 import (
+	"bufio"
 	"encoding/binary"
 	"math"
 	"sync/atomic"
@@ -52,6 +53,9 @@ type Cleaner struct {
 	frames    int64   // near frames seen
 	processed int64   // near frames the module processed
 	closed    bool
+
+	dump    *bufio.Writer // DumpTo: nil when not dumping
+	dumpErr error
 }
 
 // alignMarginMs is how far ahead of the estimated echo the reference is
@@ -132,6 +136,7 @@ func (c *Cleaner) Played(at time.Time, pcm []byte) error {
 	if len(pcm)%(2*c.frame) != 0 {
 		return ErrFrameSize
 	}
+	c.dumpRecord(DumpPlayed, at, 0, pcm)
 	if !c.hasOrigin {
 		c.origin, c.hasOrigin = at, true
 	}
@@ -167,6 +172,7 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 	if len(pcm)%(2*c.frame) != 0 {
 		return ErrFrameSize
 	}
+	c.dumpRecord(DumpProcessed, arrived, pos, pcm)
 	rate := float64(c.cfg.Rate)
 	if !c.hasOrigin {
 		c.origin, c.hasOrigin = arrived, true
@@ -311,6 +317,7 @@ func (c *Cleaner) Stats() Stats {
 // Close frees the module; later calls do nothing.
 func (c *Cleaner) Close() {
 	if !c.closed {
+		c.closeDump()
 		c.proc.close()
 		c.closed = true
 		live.Add(-1)

@@ -2,10 +2,13 @@ package transceiver
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,6 +144,9 @@ type cleaning struct {
 	on   atomic.Bool                  // SendPacket records the far end
 
 	played playedRing
+
+	dump  *os.File // Config.EchoDumpDir: the current cleaner's dump
+	dumps int      // dumps made by the session
 
 	c        *apm.Cleaner // nil: off
 	set      cleanSetting
@@ -287,6 +293,9 @@ func (m *mediaPath) applyCleaning() {
 		cl.pcmBytes = make([]byte, 2*len(cl.pcm))
 		cl.on.Store(true)
 	}
+	if cs.echo && m.cfg != nil && m.cfg.EchoDumpDir != "" {
+		m.startDump(c)
+	}
 	cl.c, cl.set = c, *cs
 	m.log.Debug("input cleaning on", "echo_cancellation", cs.echo, "backend_audio", cs.backendAudio, "noise_reduction", cs.noise)
 }
@@ -405,6 +414,27 @@ func (m *mediaPath) playedFar(at time.Time, ts uint32, payload []byte) {
 	_ = cl.c.Played(nominal, b)
 }
 
+// startDump writes c's inputs to a new file in Config.EchoDumpDir (the
+// track goroutine). A file that cannot be made is logged: the call goes
+// on without a dump.
+func (m *mediaPath) startDump(c *apm.Cleaner) {
+	cl := &m.clean
+	cl.dumps++
+	name := filepath.Join(m.cfg.EchoDumpDir, fmt.Sprintf("%s-%d.apmdump", m.id, cl.dumps))
+	f, err := os.Create(name)
+	if err == nil {
+		if err = c.DumpTo(f); err != nil {
+			f.Close()
+		}
+	}
+	if err != nil {
+		m.log.Warn("echo dump not written", "file", name, "err", err)
+		return
+	}
+	cl.dump = f
+	m.log.Info("echo dump", "file", name)
+}
+
 // stopCleaning frees the cleaner (the track goroutine, and its end).
 func (m *mediaPath) stopCleaning() {
 	cl := &m.clean
@@ -414,6 +444,13 @@ func (m *mediaPath) stopCleaning() {
 	}
 	if cl.c != nil {
 		cl.c.Close()
+		if cl.dump != nil {
+			err := cmp.Or(cl.c.DumpErr(), cl.dump.Close())
+			if err != nil {
+				m.log.Warn("echo dump cut short", "file", cl.dump.Name(), "err", err)
+			}
+			cl.dump = nil
+		}
 		cl.c = nil
 	}
 	cl.dec, cl.set, cl.started, cl.hasEarly, cl.inRun = nil, cleanSetting{}, false, false, false

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"os"
 	"time"
 
 	"github.com/switchboard-rtc/switchboard/internal/audio"
@@ -202,6 +203,14 @@ type Config struct {
 	// Frames to and from PCM backends stay 20 ms (docs/bridge.md §5); an
 	// Opus backend gets the client's packets as they come.
 	Ptime int `yaml:"ptime"`
+	// EchoDumpDir, if set, is a directory where every session with echo
+	// cancellation on writes its cleaner's inputs (the audio played to
+	// the client and the client's decoded input, with their times) to
+	// <session id>-<n>.apmdump (internal/apm dump.go), for replaying a
+	// call offline through the canceller, as WebRTC's aecdump is used. It
+	// holds users' voices: for diagnosis only, never by default. About
+	// 2 MB per minute at 24 kHz.
+	EchoDumpDir string `yaml:"echo_dump_dir"`
 
 	advertise netip.AddrPort
 	// dtlsVersion is DTLSVersion parsed.
@@ -233,6 +242,11 @@ func (c *Config) Validate() error {
 	}
 	if c.ListenAddr == "" {
 		c.ListenAddr = DefaultListenAddr
+	}
+	if c.EchoDumpDir != "" {
+		if fi, err := os.Stat(c.EchoDumpDir); err != nil || !fi.IsDir() {
+			return fmt.Errorf("transceiver: echo_dump_dir %q must be an existing directory the transceiver can write (or empty for no dumps)", c.EchoDumpDir)
+		}
 	}
 	switch {
 	case c.Advertise == "" && c.Direct:

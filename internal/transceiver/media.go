@@ -89,6 +89,7 @@ type mediaPath struct {
 	metrics  *metrics
 	probe    *delayProbe
 	log      *slog.Logger
+	id       string         // the session's, for file names (Config.EchoDumpDir)
 	ending   func() bool    // the session is ending: bridge errors are its teardown's
 	dropped  *atomic.Uint64 // the session's messages not delivered to the client
 	q        *playout.Queue
@@ -164,7 +165,7 @@ func newMediaPath(sess *session) (*mediaPath, error) {
 	cfg := &sess.srv.cfg
 	m := &mediaPath{
 		cfg: cfg, be: sess.be, peer: sess.peer, client: sess.client, sent: sess.sent, outSSRC: sess.outSSRC,
-		metrics: sess.srv.metrics, probe: sess.srv.probe, log: sess.log, ending: sess.isEnding, dropped: &sess.dropped,
+		metrics: sess.srv.metrics, probe: sess.srv.probe, log: sess.log, id: sess.id, ending: sess.isEnding, dropped: &sess.dropped,
 		tailRefused: make(chan struct{}, 1),
 	}
 	if rate := bridge.SampleRate(m.be.Format()); rate != 0 {

@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -15,9 +17,11 @@ import (
 	"github.com/pion/webrtc/v4/pkg/media"
 	"gopkg.in/hraban/opus.v2"
 
+	"github.com/switchboard-rtc/switchboard/internal/apm"
 	"github.com/switchboard-rtc/switchboard/internal/bridge"
 	"github.com/switchboard-rtc/switchboard/internal/testsupport/speakerphone"
 	speechgen "github.com/switchboard-rtc/switchboard/internal/testsupport/speech"
+	"github.com/switchboard-rtc/switchboard/internal/transceiver"
 	"github.com/switchboard-rtc/switchboard/internal/vad"
 )
 
@@ -25,6 +29,13 @@ import (
 // TestSpeakerphone: a few in CI, more by flag (docs/vad.md: 10; the
 // issue's target is measured over 50).
 var speakerphoneReplies = flag.Int("speakerphone.replies", 5, "agent replies per session of TestSpeakerphone (docs/vad.md: 10; issue 26's target: 50)")
+
+// speakerphoneDump, when set, is a directory where each run with echo
+// cancellation leaves its cleaner's dump (transceiver Config.EchoDumpDir)
+// as <run>.apmdump, and the frames (20 ms, from the client's first) at
+// which the user started talking as <run>.json, for replaying the call
+// offline (internal/apm TestReplay).
+var speakerphoneDump = flag.String("speakerphone.dump", "", "directory for the runs' echo dumps (internal/apm -apm.replay)")
 
 // replyTexts are the agent's replies, in turn.
 var replyTexts = []string{
@@ -44,6 +55,7 @@ type phoneRun struct {
 	cleaning  json.RawMessage // turn_detection members: nil for none (the default)
 	interrupt bool            // the user talks one second into each reply
 	replies   int
+	name      string // for the dump's file names
 }
 
 // phoneResult is what a run measured.
@@ -93,7 +105,7 @@ func TestSpeakerphone(t *testing.T) {
 	}
 	off := json.RawMessage(`{"echo_cancellation":null}`)
 	today := phoneCall(t, phoneRun{echo: true, cleaning: off, replies: n})
-	cleaned := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{"backend_audio":true,"guard_first_reply":true}}`), replies: n})
+	cleaned := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{"backend_audio":true,"guard_first_reply":true}}`), replies: n, name: "echo"})
 	t.Logf("echo alone, %d replies: cut off by their own echo: %d without cleaning, %d with echo cancellation; ERLE (the echo the client added over what the backend got) %.1f dB", n, today.cutOff, cleaned.cutOff, cleaned.erle)
 	if today.cutOff < (n+1)/2 {
 		t.Errorf("without cleaning only %d of %d replies were cut off by their echo: the test's echo proves nothing", today.cutOff, n)
@@ -108,7 +120,7 @@ func TestSpeakerphone(t *testing.T) {
 		t.Errorf("ERLE per reply after the first %v dB, median %.1f: the canceller took off less than 10 dB of the echo in most replies", cleaned.replyERLE, m)
 	}
 	quiet := phoneCall(t, phoneRun{cleaning: off, interrupt: true, replies: n})
-	barge := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{}}`), interrupt: true, replies: n})
+	barge := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{}}`), interrupt: true, replies: n, name: "barge"})
 	t.Logf("interruptions: heard after %v ms with no echo and no cleaning (missed %d), %v ms over the echo with cancellation (missed %d; replies cut off before the user spoke: %d)", quiet.detected, quiet.missed, barge.detected, barge.missed, barge.cutOff)
 	// A reply the echo already cut has nothing left to interrupt: what
 	// must hold is that the user's speech gets through the canceller.
@@ -133,7 +145,7 @@ func replyMs(pcm []byte) int64 { return int64(len(pcm) / 48) }
 // logged (docs/vad.md, "A client with no echo, end to end").
 func TestNoEchoClientCleaning(t *testing.T) {
 	speechgen.Require(t)
-	r := phoneCall(t, phoneRun{cleaning: json.RawMessage(`{"echo_cancellation":{}}`), interrupt: true, replies: 3})
+	r := phoneCall(t, phoneRun{cleaning: json.RawMessage(`{"echo_cancellation":{}}`), interrupt: true, replies: 3, name: "noecho"})
 	t.Logf("no echo, echo cancellation on: interruptions heard after %v ms (missed %d), replies cut before the user spoke %d", r.detected, r.missed, r.cutOff)
 	if r.cutOff > 0 {
 		t.Errorf("%d of %d replies were cut before the user spoke, with no echo", r.cutOff, r.replies)
@@ -189,7 +201,13 @@ func phoneCall(t *testing.T, run phoneRun) phoneResult {
 		}
 	}
 	tdJSON, _ := json.Marshal(td)
-	_, c, sc := dialPCM24k(t, tdJSON, nil)
+	var mutate func(*transceiver.Config)
+	dumpDir := ""
+	if *speakerphoneDump != "" && run.name != "" {
+		dumpDir = t.TempDir()
+		mutate = func(cfg *transceiver.Config) { cfg.EchoDumpDir = dumpDir }
+	}
+	_, c, sc := dialPCM24k(t, tdJSON, mutate)
 	phone, err := speakerphone.New(speakerphone.Config{Off: !run.echo})
 	if err != nil {
 		t.Fatal(err)
@@ -299,7 +317,37 @@ func phoneCall(t *testing.T, run phoneRun) phoneResult {
 	cancel()
 	_ = sc.Close()
 	wg.Wait()
+	if mutate != nil {
+		saveDump(t, dumpDir, run.name, t0, onsets)
+	}
 	return ag.result(t, run, onsets, echoPow, userFrame)
+}
+
+// saveDump moves a run's dump from the transceiver's directory to
+// -speakerphone.dump, beside the user's onsets: 20 ms frames of the
+// client's microphone from its first, captured at t0.
+func saveDump(t *testing.T, from, name string, t0 time.Time, onsets []int) {
+	t.Helper()
+	// The dump is whole once the session's cleaner is closed.
+	for end := time.Now().Add(10 * time.Second); apm.Live() > 0 && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	dumps, _ := filepath.Glob(filepath.Join(from, "*.apmdump"))
+	if len(dumps) != 1 {
+		t.Errorf("run %s: %d echo dumps (%v), want 1", name, len(dumps), dumps)
+		return
+	}
+	b, err := os.ReadFile(dumps[0])
+	if err == nil {
+		err = os.WriteFile(filepath.Join(*speakerphoneDump, name+".apmdump"), b, 0o644)
+	}
+	if err == nil {
+		j, _ := json.Marshal(map[string]any{"t0_unix_ns": t0.UnixNano(), "onset_frames": onsets})
+		err = os.WriteFile(filepath.Join(*speakerphoneDump, name+".json"), j, 0o644)
+	}
+	if err != nil {
+		t.Error(err)
+	}
 }
 
 // phoneAgent is TestSpeakerphone's backend.
