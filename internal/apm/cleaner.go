@@ -48,6 +48,18 @@ type Cleaner struct {
 	delayMs     int // the delay in use, ms
 	measured    bool
 
+	// Band levels (spectrum.go) for the double-talk detector: the
+	// input's, before the canceller, and the far end's per frame in a
+	// ring indexed as the estimator's.
+	spec      *bander
+	prevNear  []int16 // the input frame before, as it came
+	curNear   []int16 // this one
+	nearBands bands
+	farBands  []bands
+	farWin    []int16 // scratch: 20 ms of far end
+	bound     bands   // scratch: the far end's loudest per band around the delay
+	dt        doubleTalk
+
 	near, ref []int16 // one 10 ms frame each
 	quiet     []int16 // a quiet input frame as it came (quietDB)
 	frames    int64   // near frames seen
@@ -116,6 +128,11 @@ func New(cfg Config) (*Cleaner, error) {
 	c.near, c.ref, c.quiet = make([]int16, c.frame), make([]int16, c.frame), make([]int16, c.frame)
 	c.est.init(MaxDelayMs / 10)
 	c.gate.init()
+	c.spec = newBander(cfg.Rate)
+	c.prevNear, c.curNear, c.farWin = make([]int16, c.frame), make([]int16, c.frame), make([]int16, 2*c.frame)
+	c.farBands = make([]bands, len(c.est.far))
+	c.est.farB, c.est.nearB = c.farBands, make([]bands, estWindow)
+	c.dt.init()
 	live.Add(1)
 	return c, nil
 }
@@ -187,9 +204,14 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 	}
 	for off := 0; off < len(pcm); off += 2 * c.frame {
 		f := pcm[off : off+2*c.frame]
+		if dtFrame != nil {
+			dtFrame(c.frames + 1)
+		}
+		copy(c.prevNear, c.curNear) // the frame before, as it came
 		for i := range c.near {
 			c.near[i] = int16(binary.LittleEndian.Uint16(f[2*i:]))
 		}
+		copy(c.curNear, c.near)
 		// The far end played when this frame was captured, and as long
 		// before it as the echo delay (less the margin).
 		at := int64((c.nearBase + float64(pos)/rate) * rate)
@@ -202,7 +224,15 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 		echo := false
 		if c.cfg.EchoCancellation {
 			c.est.push(energy(c.near), c.farEnergy(at))
-			if d, ok := c.est.estimate(); ok && (!c.measured || d*10 < c.delayMs-realignEarlyMs || d*10 > c.delayMs+realignLateMs) {
+			c.readFar(c.farWin, at-int64(2*c.frame))
+			c.spec.levels(c.farWin[:c.frame], c.farWin[c.frame:], &c.farBands[(c.est.n-1)%int64(len(c.farBands))])
+			c.spec.levels(c.prevNear, c.near, &c.nearBands)
+			c.est.nearB[(c.est.n-1)%int64(len(c.est.nearB))] = c.nearBands
+			est := c.est.estimate
+			if estBands {
+				est = c.est.estimateBands
+			}
+			if d, ok := est(); ok && (!c.measured || d*10 < c.delayMs-realignEarlyMs || d*10 > c.delayMs+realignLateMs) {
 				c.delayMs, c.measured = d*10, true
 			}
 			echo = c.farHead > 0 && at-int64((c.delayMs+echoTailMs)*c.cfg.Rate/1000) < c.farHead
@@ -237,12 +267,26 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 				c.farPlayedMs += 10
 			}
 			if echo && (c.measured || c.cfg.GuardFirstReply && c.farPlayedMs <= GuardMs) {
-				early, late := 2, 12
+				early, late := dtEarly, dtLate
 				if !c.measured {
 					early, late = 12, 14 // the initial delay is a guess
 				}
 				loudest, aligned := c.est.farAround(c.delayMs/10, early, late)
-				c.gate.frame(c.near, nearDB, loudest, aligned)
+				lag := c.delayMs / 10
+				if dtLag && c.est.lag >= 0 && c.measured {
+					lag = c.est.lag
+				}
+				c.farBound(lag, early, late)
+				talk := c.dt.frame(&c.nearBands, &c.bound, c.gate.coupling, nearDB <= loudest+c.gate.coupling+dtEchoOnlyDB)
+				before := c.gate.gated
+				outDB := dB(energy(c.near))
+				c.gate.frame(c.near, nearDB, loudest, aligned, talk, c.measured)
+				if talk && dtPassRaw {
+					copy(c.near, c.curNear)
+				}
+				if gateTrace != nil {
+					gateTrace(c.frames+1, nearDB, outDB, dB(energy(c.near)), talk, c.gate.gated > before, c.delayMs)
+				}
 			}
 			if dB(inPow) < quietDB {
 				copy(c.near, c.quiet) // AEC2's comfort noise must not reach the detector
@@ -337,6 +381,100 @@ type delayEstimator struct {
 	lag        int
 	confidence float64
 	corr       []float64 // scratch: correlation per lag
+
+	// Band levels (estimateBands): the near end's ring as near's, the far
+	// end's as far's (the Cleaner's farBands).
+	nearB, farB []bands
+}
+
+var estBands = true
+
+// estBandFloorDB is the level band levels are clamped to from below
+// before they are correlated: silence is one value, not a range of
+// rounding noise.
+const estBandFloorDB = -90
+
+// estimateBands is estimate over the band levels: the lag at which the
+// far end's spectrogram best matches the input's, each band centred on
+// its mean over the window, the covariances summed over bands and
+// normalized by the summed variances. A talker over the echo shares the
+// echo's rhythm at a wrong lag more often than its spectrum.
+func (e *delayEstimator) estimateBands() (int, bool) {
+	w := min(e.n, estWindow)
+	if w < estMinWindow || e.n%estEvery != 0 {
+		return 0, false
+	}
+	nw, nf := int64(len(e.nearB)), int64(len(e.farB))
+	clamp := func(v float64) float64 { return max(v, estBandFloorDB) }
+	var nm bands
+	for k := e.n - w; k < e.n; k++ {
+		for b, v := range e.nearB[k%nw] {
+			nm[b] += clamp(v)
+		}
+	}
+	var nvar float64
+	for b := range nm {
+		nm[b] /= float64(w)
+	}
+	for k := e.n - w; k < e.n; k++ {
+		for b, v := range e.nearB[k%nw] {
+			d := clamp(v) - nm[b]
+			nvar += d * d
+		}
+	}
+	if nvar == 0 {
+		return 0, false
+	}
+	minC := estMinCorr
+	if e.lag < 0 {
+		minC = estFirstCorr
+	}
+	best, bestC := -1, minC
+	for lag := 0; lag <= e.maxLag; lag++ {
+		if e.n-w-int64(lag) < 0 {
+			break
+		}
+		active := 0
+		var fm bands
+		for k := e.n - w; k < e.n; k++ {
+			j := (k - int64(lag)) % nf
+			if e.farActive[j] {
+				active++
+			}
+			for b, v := range e.farB[j] {
+				fm[b] += clamp(v)
+			}
+		}
+		if active < estMinFar {
+			e.corr[lag] = 0
+			continue
+		}
+		for b := range fm {
+			fm[b] /= float64(w)
+		}
+		var cov, fvar float64
+		for k := e.n - w; k < e.n; k++ {
+			fb, xb := &e.farB[(k-int64(lag))%nf], &e.nearB[k%nw]
+			for b := range fb {
+				fd := clamp(fb[b]) - fm[b]
+				cov += (clamp(xb[b]) - nm[b]) * fd
+				fvar += fd * fd
+			}
+		}
+		if fvar == 0 {
+			continue
+		}
+		c := cov / math.Sqrt(nvar*fvar)
+		e.corr[lag] = c
+		if c > bestC {
+			best, bestC = lag, c
+		}
+	}
+	if best < 0 || best == e.lag {
+		return 0, false
+	}
+	e.lag, e.confidence = best, bestC
+	return best, true
 }
 
 const (
@@ -464,6 +602,133 @@ func (e *delayEstimator) farAround(lag, early, late int) (loudest, aligned float
 	return m, aligned
 }
 
+// farBound sets c.bound to the far end's loudest level per band in the
+// frames the newest input frame's echo can come from: within dtWide
+// frames of lag, and the room's tail after (up to late frames), which
+// decays by dtDecayDB a frame.
+func (c *Cleaner) farBound(lag, early, late int) {
+	e := &c.est
+	nf := int64(len(c.farBands))
+	for b := range c.bound {
+		c.bound[b] = -200
+	}
+	for l := lag - early; l <= lag+late; l++ {
+		k := e.n - 1 - int64(l)
+		if l < 0 || l > e.maxLag || k < 0 {
+			continue
+		}
+		dec := dtDecayDB * float64(max(0, l-lag-dtWide))
+		fb := &c.farBands[k%nf]
+		for b := range c.bound {
+			c.bound[b] = max(c.bound[b], fb[b]-dec)
+		}
+	}
+}
+
+// doubleTalk tells an input frame that holds the user's voice from one
+// that holds only the echo, by band: the echo in a band is never much
+// louder than the far end's loudest there around the delay, through the
+// echo path's coupling in that band (learnt as the median of input over
+// far end in frames without the user); a frame in which dtBands bands
+// stand dtMarginDB over that, and over the band's noise floor, holds
+// something the far end did not play.
+type doubleTalk struct {
+	floor bands // dB per band: the input's noise floor, a low percentile
+	thr   bands // dB per band: a high percentile of input over bound in echo-only frames
+	prevN int   // bands over in the frame before
+	talk  int64 // frames found to hold the user
+}
+
+// dtEarly is how many 10 ms frames after the delay in use the echo's
+// far end is looked for: the reference moves only once the measured
+// delay is realignEarlyMs earlier.
+var (
+	dtEarly   = 5
+	dtLate    = 12
+	dtWide    = 2
+	dtDecayDB = 0.0
+	dtLag     = false // use the estimator's latest lag
+)
+
+var (
+	dtMarginDB       = 6.0
+	dtBands          = 3
+	dtLearned        = false
+	dtLearnMarginDB  = 2.0
+	dtQuantile       = 0.95
+	dtEchoOnlyDB     = 0.0
+	dtConfirmBands   = 6
+	dtPassRaw        = false
+	gateQuietTeaches = true
+)
+
+const (
+	dtFloorMarginDB = 12.0
+	dtMinBandDB     = -85.0 // a band under this level holds nothing a detector hears
+	dtStepDB        = 0.5
+	dtFarSpanDB     = 30.0 // bands this far under the far end's loudest band do not teach the coupling
+)
+
+var dtFrame func(int64)
+
+var gateTrace func(frame int64, inDB, outDB, farDB float64, talk, gated bool, delayMs int)
+
+var dtTrace func(x, bound, floor *bands, nAbs, nRel, active int)
+
+func (d *doubleTalk) init() {
+	for i := range d.floor {
+		d.floor[i] = -120
+		d.thr[i] = 0
+	}
+}
+
+// frame reports whether x (the input's band levels, before the canceller)
+// holds more than the echo of bound (the far end's loudest per band
+// around the delay) through a path of couplingDB. echoOnly tells that the
+// frame's level is no more than the echo's, broadband: such frames teach
+// each band's threshold.
+func (d *doubleTalk) frame(x, bound *bands, couplingDB float64, echoOnly bool) bool {
+	top := -200.0
+	for _, v := range bound {
+		top = max(top, v)
+	}
+	nAbs, nRel, active := 0, 0, 0
+	for b := range x {
+		if x[b] <= d.floor[b]+dtFloorMarginDB || x[b] <= dtMinBandDB {
+			continue
+		}
+		active++
+		v := x[b] - bound[b]
+		if v > couplingDB+dtMarginDB {
+			nAbs++
+		}
+		if v > d.thr[b]+dtLearnMarginDB {
+			nRel++
+		}
+	}
+	n := nAbs
+	if dtLearned {
+		n = nRel
+	}
+	// One frame over in a few bands is how the echo strays (a syllable
+	// the far end's Opus coded differently); the user stays over.
+	talk := n >= dtBands && (d.prevN >= dtBands || n >= dtConfirmBands)
+	d.prevN = n
+	if dtTrace != nil {
+		dtTrace(x, bound, &d.floor, nAbs, nRel, active)
+	}
+	for b := range x {
+		quantile(&d.floor[b], x[b], 0.1, dtStepDB)
+		if echoOnly && bound[b] > top-dtFarSpanDB && x[b] > d.floor[b]+dtFloorMarginDB {
+			quantile(&d.thr[b], x[b]-bound[b], dtQuantile, dtStepDB)
+		}
+	}
+	if talk {
+		d.talk++
+	}
+	return talk
+}
+
 // echoGate is the Cleaner's last stage, after the echo canceller: a frame
 // whose level is what the canceller leaves of the echo (at least
 // gateMarginDB under the echo that the far end, at the echo path's
@@ -494,9 +759,9 @@ func (g *echoGate) init() {
 
 // frame gates one output frame x; nearDB is the input's level before the
 // canceller, farDB the far end's that its echo can come from.
-func (g *echoGate) frame(x []int16, nearDB, farDB, alignedDB float64) {
-	if alignedDB > gateFarActive && nearDB > -85 {
-		quantile(&g.coupling, nearDB-alignedDB, gateCouplingQuantile, gateStepDB)
+func (g *echoGate) frame(x []int16, nearDB, farDB, alignedDB float64, talk, measured bool) {
+	if alignedDB > gateFarActive && (nearDB > -85 || gateQuietTeaches && !measured) {
+		quantile(&g.coupling, max(nearDB, -85)-alignedDB, gateCouplingQuantile, gateStepDB)
 		g.coupling = min(g.coupling, 0)
 	}
 	p := energy(x)
@@ -506,7 +771,7 @@ func (g *echoGate) frame(x []int16, nearDB, farDB, alignedDB float64) {
 		// residual must not become the level gated frames are set to.
 		quantile(&g.floor, out, gateFloorQuantile, gateStepDB)
 	}
-	if farDB <= -85 || out >= farDB+g.coupling-gateMarginDB || out <= g.floor {
+	if farDB <= -85 || talk || out <= g.floor {
 		return
 	}
 	g.gated++

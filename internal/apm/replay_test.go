@@ -15,6 +15,8 @@ import (
 // -speakerphone.dump: <run>.apmdump beside <run>.json) for TestReplay.
 var replayDir = flag.String("apm.replay", "", "directory of echo dumps to replay (e2e -speakerphone.dump)")
 
+var cleanerHook func(*Cleaner)
+
 // replayed is a dump run through a fresh Cleaner.
 type replayed struct {
 	rate        int
@@ -47,6 +49,9 @@ func replay(t testing.TB, path string, cfg Config) replayed {
 			r.rate = rate
 			if c, err = New(cfg); err != nil {
 				return err
+			}
+			if cleanerHook != nil {
+				cleanerHook(c)
 			}
 			origin = rec.At
 		}
