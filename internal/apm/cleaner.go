@@ -131,7 +131,7 @@ func New(cfg Config) (*Cleaner, error) {
 	c.spec = newBander(cfg.Rate)
 	c.prevNear, c.curNear, c.farWin = make([]int16, c.frame), make([]int16, c.frame), make([]int16, 2*c.frame)
 	c.farBands = make([]bands, len(c.est.far))
-	c.est.farB, c.est.nearB = c.farBands, make([]bands, estWindow)
+	c.est.farB, c.est.nearB, c.est.nearC = make([]estBandsVec, len(c.est.far)), make([]estBandsVec, estWindow), make([]estBandsVec, estWindow)
 	c.dt.init()
 	live.Add(1)
 	return c, nil
@@ -204,9 +204,6 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 	}
 	for off := 0; off < len(pcm); off += 2 * c.frame {
 		f := pcm[off : off+2*c.frame]
-		if dtFrame != nil {
-			dtFrame(c.frames + 1)
-		}
 		copy(c.prevNear, c.curNear) // the frame before, as it came
 		for i := range c.near {
 			c.near[i] = int16(binary.LittleEndian.Uint16(f[2*i:]))
@@ -227,12 +224,8 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 			c.readFar(c.farWin, at-int64(2*c.frame))
 			c.spec.levels(c.farWin[:c.frame], c.farWin[c.frame:], &c.farBands[(c.est.n-1)%int64(len(c.farBands))])
 			c.spec.levels(c.prevNear, c.near, &c.nearBands)
-			c.est.nearB[(c.est.n-1)%int64(len(c.est.nearB))] = c.nearBands
-			est := c.est.estimate
-			if estBands {
-				est = c.est.estimateBands
-			}
-			if d, ok := est(); ok && (!c.measured || d*10 < c.delayMs-realignEarlyMs || d*10 > c.delayMs+realignLateMs) {
+			c.est.pushBands(&c.nearBands, &c.farBands[(c.est.n-1)%int64(len(c.farBands))])
+			if d, ok := c.est.estimate(); ok && (!c.measured || d*10 < c.delayMs-realignEarlyMs || d*10 > c.delayMs+realignLateMs) {
 				c.delayMs, c.measured = d*10, true
 			}
 			echo = c.farHead > 0 && at-int64((c.delayMs+echoTailMs)*c.cfg.Rate/1000) < c.farHead
@@ -269,24 +262,12 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 			if echo && (c.measured || c.cfg.GuardFirstReply && c.farPlayedMs <= GuardMs) {
 				early, late := dtEarly, dtLate
 				if !c.measured {
-					early, late = 12, 14 // the initial delay is a guess
+					early, late = dtEarlyGuess, dtLateGuess // the initial delay is a guess
 				}
 				loudest, aligned := c.est.farAround(c.delayMs/10, early, late)
-				lag := c.delayMs / 10
-				if dtLag && c.est.lag >= 0 && c.measured {
-					lag = c.est.lag
-				}
-				c.farBound(lag, early, late)
-				talk := c.dt.frame(&c.nearBands, &c.bound, c.gate.coupling, nearDB <= loudest+c.gate.coupling+dtEchoOnlyDB)
-				before := c.gate.gated
-				outDB := dB(energy(c.near))
+				c.farBound(c.delayMs/10, early, late)
+				talk := c.dt.frame(&c.nearBands, &c.bound, c.gate.coupling)
 				c.gate.frame(c.near, nearDB, loudest, aligned, talk, c.measured)
-				if talk && dtPassRaw {
-					copy(c.near, c.curNear)
-				}
-				if gateTrace != nil {
-					gateTrace(c.frames+1, nearDB, outDB, dB(energy(c.near)), talk, c.gate.gated > before, c.delayMs)
-				}
 			}
 			if dB(inPow) < quietDB {
 				copy(c.near, c.quiet) // AEC2's comfort noise must not reach the detector
@@ -382,44 +363,67 @@ type delayEstimator struct {
 	confidence float64
 	corr       []float64 // scratch: correlation per lag
 
-	// Band levels (estimateBands): the near end's ring as near's, the far
-	// end's as far's (the Cleaner's farBands).
-	nearB, farB []bands
+	// Band levels (estimateBands), merged and clamped: rings as near's and
+	// far's; nearC is scratch, the near window centred.
+	nearB, farB, nearC []estBandsVec
 }
-
-var estBands = true
 
 // estBandFloorDB is the level band levels are clamped to from below
 // before they are correlated: silence is one value, not a range of
 // rounding noise.
 const estBandFloorDB = -90
 
-// estimateBands is estimate over the band levels: the lag at which the
-// far end's spectrogram best matches the input's, each band centred on
-// its mean over the window, the covariances summed over bands and
-// normalized by the summed variances. A talker over the echo shares the
-// echo's rhythm at a wrong lag more often than its spectrum.
-func (e *delayEstimator) estimateBands() (int, bool) {
+// numEstBands is how many bands the estimator correlates: the Cleaner's
+// bands merged in pairs, which keeps the spectrum's shape at half the
+// cost.
+const numEstBands = numBands / 2
+
+// estBandsVec is one frame's levels as the estimator keeps them.
+type estBandsVec [numEstBands]float32
+
+// pushBands records the newest frame's band levels, near and far (call
+// after push).
+func (e *delayEstimator) pushBands(near, far *bands) {
+	i := e.n - 1
+	nv, fv := &e.nearB[i%int64(len(e.nearB))], &e.farB[i%int64(len(e.farB))]
+	for b := range nv {
+		nv[b] = float32(max((near[2*b]+near[2*b+1])/2, estBandFloorDB))
+		fv[b] = float32(max((far[2*b]+far[2*b+1])/2, estBandFloorDB))
+	}
+}
+
+// estimate returns a new lag, in frames, when one was computed on this
+// frame and differs from the last: the lag at which the far end's
+// spectrogram (numEstBands bands) best matches the input's over the last
+// estWindow frames, each band centred on its mean over the window, the
+// covariances summed over bands and normalized by the summed variances
+// (a Pearson correlation of the two spectrograms). A talker over the echo
+// shares the echo's rhythm at a wrong lag more often than its spectrum:
+// one energy envelope, tried first, locked on the user's interruptions
+// about 1 s into each reply as an echo 1 s late.
+func (e *delayEstimator) estimate() (int, bool) {
 	w := min(e.n, estWindow)
 	if w < estMinWindow || e.n%estEvery != 0 {
 		return 0, false
 	}
 	nw, nf := int64(len(e.nearB)), int64(len(e.farB))
-	clamp := func(v float64) float64 { return max(v, estBandFloorDB) }
-	var nm bands
+	// The near window, centred per band.
+	var nm [numEstBands]float64
 	for k := e.n - w; k < e.n; k++ {
 		for b, v := range e.nearB[k%nw] {
-			nm[b] += clamp(v)
+			nm[b] += float64(v)
 		}
 	}
-	var nvar float64
 	for b := range nm {
 		nm[b] /= float64(w)
 	}
+	var nvar float64
 	for k := e.n - w; k < e.n; k++ {
-		for b, v := range e.nearB[k%nw] {
-			d := clamp(v) - nm[b]
-			nvar += d * d
+		x := &e.nearB[k%nw]
+		c := &e.nearC[k-(e.n-w)]
+		for b := range x {
+			c[b] = float32(float64(x[b]) - nm[b])
+			nvar += float64(c[b]) * float64(c[b])
 		}
 	}
 	if nvar == 0 {
@@ -430,39 +434,63 @@ func (e *delayEstimator) estimateBands() (int, bool) {
 		minC = estFirstCorr
 	}
 	best, bestC := -1, minC
-	for lag := 0; lag <= e.maxLag; lag++ {
-		if e.n-w-int64(lag) < 0 {
-			break
+	// The far window's sums per band, slid one frame further back per
+	// lag; and its active frames.
+	var fs, fq [numEstBands]float64
+	active := 0
+	for k := e.n - w; k < e.n; k++ {
+		j := k % nf
+		for b, v := range e.farB[j] {
+			fs[b] += float64(v)
+			fq[b] += float64(v) * float64(v)
 		}
-		active := 0
-		var fm bands
-		for k := e.n - w; k < e.n; k++ {
-			j := (k - int64(lag)) % nf
-			if e.farActive[j] {
-				active++
+		if e.farActive[j] {
+			active++
+		}
+	}
+	for lag := 0; lag <= e.maxLag; lag++ {
+		if lag > 0 {
+			// Frame n-1-(lag-1) leaves the window, n-w-lag enters.
+			out, in := e.n-int64(lag), e.n-w-int64(lag)
+			if in < 0 {
+				break
 			}
-			for b, v := range e.farB[j] {
-				fm[b] += clamp(v)
+			jo, ji := out%nf, in%nf
+			for b := range fs {
+				vo, vi := float64(e.farB[jo][b]), float64(e.farB[ji][b])
+				fs[b] += vi - vo
+				fq[b] += vi*vi - vo*vo
+			}
+			if e.farActive[jo] {
+				active--
+			}
+			if e.farActive[ji] {
+				active++
 			}
 		}
 		if active < estMinFar {
 			e.corr[lag] = 0
 			continue
 		}
-		for b := range fm {
-			fm[b] /= float64(w)
+		// The near window is centred, so the far's mean drops out of
+		// the covariance.
+		var fvar float64
+		for b := range fs {
+			fvar += fq[b] - fs[b]*fs[b]/float64(w)
 		}
-		var cov, fvar float64
-		for k := e.n - w; k < e.n; k++ {
-			fb, xb := &e.farB[(k-int64(lag))%nf], &e.nearB[k%nw]
-			for b := range fb {
-				fd := clamp(fb[b]) - fm[b]
-				cov += (clamp(xb[b]) - nm[b]) * fd
-				fvar += fd * fd
-			}
-		}
-		if fvar == 0 {
+		if fvar <= 0 {
 			continue
+		}
+		var cov float64
+		base := e.n - w - int64(lag)
+		for i := int64(0); i < w; i++ {
+			f := &e.farB[(base+i)%nf]
+			c := &e.nearC[i]
+			var s float32
+			for b := range f {
+				s += c[b] * f[b]
+			}
+			cov += float64(s)
 		}
 		c := cov / math.Sqrt(nvar*fvar)
 		e.corr[lag] = c
@@ -513,74 +541,6 @@ func (e *delayEstimator) push(nearPow, farPow float64) {
 	e.n++
 }
 
-// estimate returns a new lag, in frames, when one was computed on this
-// frame and differs from the last.
-func (e *delayEstimator) estimate() (int, bool) {
-	w := min(e.n, estWindow)
-	if w < estMinWindow || e.n%estEvery != 0 {
-		return 0, false
-	}
-	nw, nf := int64(len(e.near)), int64(len(e.far))
-	// The near window: frames n-estWindow .. n-1. For lag L, the far
-	// frames n-estWindow-L .. n-1-L, which must hold enough activity.
-	var nm float64
-	for k := e.n - w; k < e.n; k++ {
-		nm += e.near[k%nw]
-	}
-	nm /= float64(w)
-	var nvar float64
-	for k := e.n - w; k < e.n; k++ {
-		d := e.near[k%nw] - nm
-		nvar += d * d
-	}
-	if nvar == 0 {
-		return 0, false
-	}
-	minC := estMinCorr
-	if e.lag < 0 {
-		minC = estFirstCorr
-	}
-	best, bestC := -1, minC
-	for lag := 0; lag <= e.maxLag; lag++ {
-		if e.n-w-int64(lag) < 0 {
-			break
-		}
-		var fm float64
-		active := 0
-		for k := e.n - w; k < e.n; k++ {
-			j := (k - int64(lag)) % nf
-			fm += e.far[j]
-			if e.farActive[j] {
-				active++
-			}
-		}
-		if active < estMinFar {
-			e.corr[lag] = 0
-			continue
-		}
-		fm /= float64(w)
-		var cov, fvar float64
-		for k := e.n - w; k < e.n; k++ {
-			fd := e.far[(k-int64(lag))%nf] - fm
-			cov += (e.near[k%nw] - nm) * fd
-			fvar += fd * fd
-		}
-		if fvar == 0 {
-			continue
-		}
-		c := cov / math.Sqrt(nvar*fvar)
-		e.corr[lag] = c
-		if c > bestC {
-			best, bestC = lag, c
-		}
-	}
-	if best < 0 || best == e.lag {
-		return 0, false
-	}
-	e.lag, e.confidence = best, bestC
-	return best, true
-}
-
 // farAround returns the loudest far end (dB) in the 10 ms frames that the
 // newest input frame's echo can come from, lag frames back: from 20 ms
 // after that (the estimate's error and the module's correction) to 80 ms
@@ -603,9 +563,10 @@ func (e *delayEstimator) farAround(lag, early, late int) (loudest, aligned float
 }
 
 // farBound sets c.bound to the far end's loudest level per band in the
-// frames the newest input frame's echo can come from: within dtWide
-// frames of lag, and the room's tail after (up to late frames), which
-// decays by dtDecayDB a frame.
+// 10 ms frames the newest input frame's echo can come from: from early
+// frames after lag (the delay in use lags the estimate by up to
+// realignEarlyMs) to late frames before it (the estimate's error the
+// other way, and the room's tail).
 func (c *Cleaner) farBound(lag, early, late int) {
 	e := &c.est
 	nf := int64(len(c.farBands))
@@ -617,112 +578,75 @@ func (c *Cleaner) farBound(lag, early, late int) {
 		if l < 0 || l > e.maxLag || k < 0 {
 			continue
 		}
-		dec := dtDecayDB * float64(max(0, l-lag-dtWide))
 		fb := &c.farBands[k%nf]
 		for b := range c.bound {
-			c.bound[b] = max(c.bound[b], fb[b]-dec)
+			c.bound[b] = max(c.bound[b], fb[b])
 		}
 	}
 }
 
 // doubleTalk tells an input frame that holds the user's voice from one
-// that holds only the echo, by band: the echo in a band is never much
-// louder than the far end's loudest there around the delay, through the
-// echo path's coupling in that band (learnt as the median of input over
-// far end in frames without the user); a frame in which dtBands bands
-// stand dtMarginDB over that, and over the band's noise floor, holds
-// something the far end did not play.
+// that holds only the echo, by band, before the canceller: the echo in a
+// band is never much louder than the far end's loudest there around the
+// delay, through the echo path's coupling (the echo gate's, measured
+// broadband). A frame in which dtBands bands stand dtMarginDB over that,
+// and dtFloorMarginDB over their noise floor, holds something the far end
+// did not play: the voices of two talkers put their harmonics and
+// formants in different bands even where the two are as loud overall. The
+// far end is taken at its loudest over a window wider than the delay's
+// error, so the echo's time stretching, the far end's coding and the
+// room's tail stay under it; what it costs is the user's first tens of
+// milliseconds over a loud echo (docs/vad.md).
 type doubleTalk struct {
 	floor bands // dB per band: the input's noise floor, a low percentile
-	thr   bands // dB per band: a high percentile of input over bound in echo-only frames
 	prevN int   // bands over in the frame before
 	talk  int64 // frames found to hold the user
 }
 
-// dtEarly is how many 10 ms frames after the delay in use the echo's
-// far end is looked for: the reference moves only once the measured
-// delay is realignEarlyMs earlier.
-var (
-	dtEarly   = 5
-	dtLate    = 12
-	dtWide    = 2
-	dtDecayDB = 0.0
-	dtLag     = false // use the estimator's latest lag
+// The window, in 10 ms frames, around the delay in use that the far end's
+// loudest is taken over before the delay is measured...
+const (
+	dtEarlyGuess = 12
+	dtLateGuess  = 14
 )
 
-var (
-	dtMarginDB       = 6.0
-	dtBands          = 3
-	dtLearned        = false
-	dtLearnMarginDB  = 2.0
-	dtQuantile       = 0.95
-	dtEchoOnlyDB     = 0.0
-	dtConfirmBands   = 6
-	dtPassRaw        = false
-	gateQuietTeaches = true
+// ...and after.
+const (
+	dtEarly = 5
+	dtLate  = 12
 )
 
 const (
-	dtFloorMarginDB = 12.0
+	dtMarginDB      = 6.0   // dB over the loudest echo the far end can make
+	dtBands         = 3     // bands over, in this frame and the one before...
+	dtConfirmBands  = 6     // ...or in this frame alone
+	dtFloorMarginDB = 12.0  // dB over a band's noise floor
 	dtMinBandDB     = -85.0 // a band under this level holds nothing a detector hears
-	dtStepDB        = 0.5
-	dtFarSpanDB     = 30.0 // bands this far under the far end's loudest band do not teach the coupling
+	dtStepDB        = 0.5   // dB per frame: how fast the noise floors move
 )
-
-var dtFrame func(int64)
-
-var gateTrace func(frame int64, inDB, outDB, farDB float64, talk, gated bool, delayMs int)
-
-var dtTrace func(x, bound, floor *bands, nAbs, nRel, active int)
 
 func (d *doubleTalk) init() {
 	for i := range d.floor {
 		d.floor[i] = -120
-		d.thr[i] = 0
 	}
 }
 
 // frame reports whether x (the input's band levels, before the canceller)
 // holds more than the echo of bound (the far end's loudest per band
-// around the delay) through a path of couplingDB. echoOnly tells that the
-// frame's level is no more than the echo's, broadband: such frames teach
-// each band's threshold.
-func (d *doubleTalk) frame(x, bound *bands, couplingDB float64, echoOnly bool) bool {
-	top := -200.0
-	for _, v := range bound {
-		top = max(top, v)
-	}
-	nAbs, nRel, active := 0, 0, 0
+// around the delay) through a path of couplingDB. One frame over in a few
+// bands is how the echo strays now and then (a syllable the two Opus
+// codings made differently); the user stays over, so a few bands must be
+// over in two frames running, or many in one.
+func (d *doubleTalk) frame(x, bound *bands, couplingDB float64) bool {
+	n := 0
 	for b := range x {
-		if x[b] <= d.floor[b]+dtFloorMarginDB || x[b] <= dtMinBandDB {
-			continue
+		if x[b] > d.floor[b]+dtFloorMarginDB && x[b] > dtMinBandDB && x[b]-bound[b] > couplingDB+dtMarginDB {
+			n++
 		}
-		active++
-		v := x[b] - bound[b]
-		if v > couplingDB+dtMarginDB {
-			nAbs++
-		}
-		if v > d.thr[b]+dtLearnMarginDB {
-			nRel++
-		}
+		quantile(&d.floor[b], x[b], 0.1, dtStepDB)
 	}
-	n := nAbs
-	if dtLearned {
-		n = nRel
-	}
-	// One frame over in a few bands is how the echo strays (a syllable
-	// the far end's Opus coded differently); the user stays over.
 	talk := n >= dtBands && (d.prevN >= dtBands || n >= dtConfirmBands)
 	d.prevN = n
-	if dtTrace != nil {
-		dtTrace(x, bound, &d.floor, nAbs, nRel, active)
-	}
-	for b := range x {
-		quantile(&d.floor[b], x[b], 0.1, dtStepDB)
-		if echoOnly && bound[b] > top-dtFarSpanDB && x[b] > d.floor[b]+dtFloorMarginDB {
-			quantile(&d.thr[b], x[b]-bound[b], dtQuantile, dtStepDB)
-		}
-	}
 	if talk {
 		d.talk++
 	}
@@ -730,22 +654,26 @@ func (d *doubleTalk) frame(x, bound *bands, couplingDB float64, echoOnly bool) b
 }
 
 // echoGate is the Cleaner's last stage, after the echo canceller: a frame
-// whose level is what the canceller leaves of the echo (at least
-// gateMarginDB under the echo that the far end, at the echo path's
-// coupling, puts into the input) is brought down to the input's noise
-// floor. WebRTC's canceller leaves 15 to 35 dB less echo (its ERLE), and
-// what it leaves still sounds like speech to a VAD; a talker over the
-// echo is as loud as the echo or louder, and passes. It is the same rule
-// as a speakerphone's residual echo suppressor, decided per 10 ms frame
-// from levels only.
+// in which the echo of something played can be heard and in which the
+// double-talk detector found nothing but that echo is brought down to
+// the input's noise floor. WebRTC's canceller leaves 15 to 35 dB less
+// echo (its ERLE), and what it leaves still sounds like speech to a VAD.
+// It is the rule of a speakerphone's residual echo suppressor, decided
+// per 10 ms frame. It also measures the echo path's coupling, broadband,
+// that the detector's threshold rests on.
 type echoGate struct {
-	coupling float64 // dB: input over far end, a low percentile while the far end plays
+	// coupling is the input's level over the far end's at the delay,
+	// dB, the median while the far end plays: input under -85 dBFS
+	// counts (at -85) until the delay is measured, so that a client with
+	// no echo shows a coupling far under 0 within a second of the first
+	// reply, and not after, when the echo's pauses would pull a measured
+	// coupling down.
+	coupling float64
 	floor    float64 // dB: the output's noise floor, a low percentile while no echo can be heard
 	gated    int64
 }
 
 const (
-	gateMarginDB         = 10   // dB under the expected echo
 	gateStepDB           = 0.5  // dB per frame: how fast the percentiles move
 	gateCouplingQuantile = 0.5  // the coupling: the median
 	gateFloorQuantile    = 0.2  // the floor: a low percentile
@@ -758,9 +686,11 @@ func (g *echoGate) init() {
 }
 
 // frame gates one output frame x; nearDB is the input's level before the
-// canceller, farDB the far end's that its echo can come from.
+// canceller, farDB the far end's loudest that its echo can come from and
+// alignedDB the far end's at the delay, talk the double-talk detector's
+// verdict, measured whether the delay is.
 func (g *echoGate) frame(x []int16, nearDB, farDB, alignedDB float64, talk, measured bool) {
-	if alignedDB > gateFarActive && (nearDB > -85 || gateQuietTeaches && !measured) {
+	if alignedDB > gateFarActive && (nearDB > -85 || !measured) {
 		quantile(&g.coupling, max(nearDB, -85)-alignedDB, gateCouplingQuantile, gateStepDB)
 		g.coupling = min(g.coupling, 0)
 	}

@@ -15,8 +15,6 @@ import (
 // -speakerphone.dump: <run>.apmdump beside <run>.json) for TestReplay.
 var replayDir = flag.String("apm.replay", "", "directory of echo dumps to replay (e2e -speakerphone.dump)")
 
-var cleanerHook func(*Cleaner)
-
 // replayed is a dump run through a fresh Cleaner.
 type replayed struct {
 	rate        int
@@ -49,9 +47,6 @@ func replay(t testing.TB, path string, cfg Config) replayed {
 			r.rate = rate
 			if c, err = New(cfg); err != nil {
 				return err
-			}
-			if cleanerHook != nil {
-				cleanerHook(c)
 			}
 			origin = rec.At
 		}
