@@ -12,11 +12,15 @@
 // hundreds of milliseconds that change during a call. A Cleaner keeps the
 // reference by the time each packet was sent (Played), puts the input on
 // the same wall clock from its input-clock positions and arrival times
-// (Process), estimates the echo delay by cross-correlating the two
-// signals' 10 ms energy envelopes (up to MaxDelayMs), and hands the
-// module the reference shifted by that delay, so that the module's own
-// delay-agnostic search and 128 ms filter need cover only what the
-// estimate leaves.
+// (Process), estimates the echo delay by correlating the two signals'
+// spectrograms (10 ms frames, eight mel bands, up to MaxDelayMs), and
+// hands the module the reference shifted by that delay, so that the
+// module's own delay-agnostic search and 128 ms filter need cover only
+// what the estimate leaves. After the module, a double-talk detector
+// compares the input's spectrum, band by band, with the loudest echo the
+// far end can make around that delay: a frame with nothing over it is
+// echo left over and is brought down to the noise floor; a frame with
+// the user's voice over it passes.
 //
 // All positions and lengths are in samples of the Cleaner's rate, PCM16
 // little-endian mono, in whole 10 ms frames (the module's chunk). A

@@ -268,6 +268,13 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 				c.farBound(c.delayMs/10, early, late)
 				talk := c.dt.frame(&c.nearBands, &c.bound, c.gate.coupling)
 				c.gate.frame(c.near, nearDB, loudest, aligned, talk, c.measured)
+			} else if echo && !c.measured && c.cfg.NoiseReduction == "" {
+				// No echo found yet: the frame leaves as it came. The
+				// module's suppressor, with nothing to cancel, still
+				// takes the first syllable of a talker over the agent
+				// down by a frame or two; a client that cancels its own
+				// echo never pays for that.
+				copy(c.near, c.curNear)
 			}
 			if dB(inPow) < quietDB {
 				copy(c.near, c.quiet) // AEC2's comfort noise must not reach the detector

@@ -26,7 +26,7 @@ type bands [numBands]float64
 type bander struct {
 	fft   *fourier.FFT
 	win   []float64 // Hann, 2 frames long
-	seq   []float64 // bandFFT
+	seq   []float64 // the window's samples, zero padded to a power of two
 	coef  []complex128
 	edges [numBands + 1]int // bin edges: band b is bins [edges[b], edges[b+1])
 }
@@ -75,8 +75,11 @@ func (b *bander) levels(prev, cur []int16, out *bands) {
 	}
 	clear(b.seq[2*n:])
 	b.fft.Coefficients(b.coef, b.seq)
-	// Normalized so that a full-scale sine's band reads about 0 dB.
-	norm := 1 / (float64(n) * float64(n) * 32768 * 32768 / 4)
+	// Normalized so that a full-scale sine reads 0 dB in the band that
+	// holds its window's main lobe (Parseval: the one-sided spectrum's
+	// power sums to size/2 times the windowed samples', and a Hann
+	// window of 2n samples has a power sum of 3/8 of that).
+	norm := 32 / (3 * float64(len(b.seq)) * float64(2*n) * 32768 * 32768)
 	for k := range out {
 		var s float64
 		for j := b.edges[k]; j < b.edges[k+1]; j++ {

@@ -145,7 +145,7 @@ func replyMs(pcm []byte) int64 { return int64(len(pcm) / 48) }
 // logged (docs/vad.md, "A client with no echo, end to end").
 func TestNoEchoClientCleaning(t *testing.T) {
 	speechgen.Require(t)
-	r := phoneCall(t, phoneRun{cleaning: json.RawMessage(`{"echo_cancellation":{}}`), interrupt: true, replies: 3, name: "noecho"})
+	r := phoneCall(t, phoneRun{cleaning: json.RawMessage(`{"echo_cancellation":{}}`), interrupt: true, replies: *speakerphoneReplies, name: "noecho"})
 	t.Logf("no echo, echo cancellation on: interruptions heard after %v ms (missed %d), replies cut before the user spoke %d", r.detected, r.missed, r.cutOff)
 	if r.cutOff > 0 {
 		t.Errorf("%d of %d replies were cut before the user spoke, with no echo", r.cutOff, r.replies)
