@@ -229,8 +229,24 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 				c.delayMs, c.measured = d*10, true
 			}
 			echo = c.farHead > 0 && at-int64((c.delayMs+echoTailMs)*c.cfg.Rate/1000) < c.farHead
+			if c.est.farNow() {
+				c.farPlayedMs += 10
+			}
 		}
-		if echo || c.cfg.NoiseReduction != "" {
+		// The gate acts once the echo has been found in the input (the
+		// estimator locked on it): a client that cancels its own echo
+		// has no frame gated. With GuardFirstReply it acts before that
+		// too, while the far end has played less than GuardMs: the
+		// first syllables of the first reply come back before any
+		// estimate can.
+		gate := echo && (c.measured || c.cfg.GuardFirstReply && c.farPlayedMs <= GuardMs)
+		// The module runs for the gate's frames, and for every frame
+		// with noise suppression. Until the echo is found the frame
+		// leaves as it came and the module costs nothing: with nothing
+		// to cancel, its suppressor still took the first syllable of a
+		// talker over the agent down by a frame or two, and a client
+		// that cancels its own echo (most) never pays for that.
+		if gate || c.cfg.NoiseReduction != "" {
 			inPow := energy(c.near)
 			if dB(inPow) < quietDB {
 				copy(c.quiet, c.near)
@@ -250,16 +266,7 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 			if err := c.proc.capture(c.near, alignMarginMs); err != nil {
 				return err
 			}
-			// The gate acts once the echo has been found in the input
-			// (the estimator locked on it): a client that cancels its
-			// own echo has no frame gated. With GuardFirstReply it acts
-			// before that too, while the far end has played less than
-			// GuardMs: the first syllables of the first reply come back
-			// before any estimate can.
-			if c.est.farNow() {
-				c.farPlayedMs += 10
-			}
-			if echo && (c.measured || c.cfg.GuardFirstReply && c.farPlayedMs <= GuardMs) {
+			if gate {
 				early, late := dtEarly, dtLate
 				if !c.measured {
 					early, late = dtEarlyGuess, dtLateGuess // the initial delay is a guess
@@ -268,13 +275,6 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 				c.farBound(c.delayMs/10, early, late)
 				talk := c.dt.frame(&c.nearBands, &c.bound, c.gate.coupling)
 				c.gate.frame(c.near, nearDB, loudest, aligned, talk, c.measured)
-			} else if echo && !c.measured && c.cfg.NoiseReduction == "" {
-				// No echo found yet: the frame leaves as it came. The
-				// module's suppressor, with nothing to cancel, still
-				// takes the first syllable of a talker over the agent
-				// down by a frame or two; a client that cancels its own
-				// echo never pays for that.
-				copy(c.near, c.curNear)
 			}
 			if dB(inPow) < quietDB {
 				copy(c.near, c.quiet) // AEC2's comfort noise must not reach the detector
@@ -515,7 +515,7 @@ func (e *delayEstimator) estimate() (int, bool) {
 const (
 	estWindow    = 200 // 2 s of envelope
 	estMinWindow = 50  // the first estimate: 500 ms of input at least
-	estEvery     = 10  // re-estimate every 100 ms
+	estEvery     = 20  // re-estimate every 200 ms (the delay drifts a few ms in that time)
 	estMinCorr   = 0.6 // a lag must explain at least this much of the input envelope
 	estFirstCorr = 0.8 // the first estimate, on a short window: more
 	estMinFar    = 30  // frames of active far end in the window, at least
