@@ -677,11 +677,15 @@ type echoGate struct {
 	// coupling down.
 	coupling float64
 	floor    float64 // dB: the output's noise floor, a low percentile while no echo can be heard
+	settled  int     // frames that taught the coupling since the delay was measured, up to gateSettleFrames
 	gated    int64
 }
 
 const (
-	gateStepDB           = 0.5  // dB per frame: how fast the percentiles move
+	gateStepDB           = 0.1 // dB per frame: how fast the floor moves, and the coupling once settled
+	gateGuessStepDB      = 2.0 // the coupling's, until the delay is measured
+	gateSettleStepDB     = 0.5 // the coupling's, for gateSettleFrames after
+	gateSettleFrames     = 200
 	gateCouplingQuantile = 0.5  // the coupling: the median
 	gateFloorQuantile    = 0.2  // the floor: a low percentile
 	gateFarActive        = -50. // dBFS: far end loud enough to judge the coupling
@@ -698,7 +702,15 @@ func (g *echoGate) init() {
 // verdict, measured whether the delay is.
 func (g *echoGate) frame(x []int16, nearDB, farDB, alignedDB float64, talk, measured bool) {
 	if alignedDB > gateFarActive && (nearDB > -85 || !measured) {
-		quantile(&g.coupling, max(nearDB, -85)-alignedDB, gateCouplingQuantile, gateStepDB)
+		step := gateStepDB
+		switch {
+		case !measured:
+			step = gateGuessStepDB
+		case g.settled < gateSettleFrames:
+			step = gateSettleStepDB
+			g.settled++
+		}
+		quantile(&g.coupling, max(nearDB, -85)-alignedDB, gateCouplingQuantile, step)
 		g.coupling = min(g.coupling, 0)
 	}
 	p := energy(x)

@@ -33,17 +33,19 @@ import (
 // its hello or an input.turn_detection), which the detector's own parser
 // ignores:
 //
-//	"echo_cancellation": {"backend_audio": false, "guard_first_reply": false}   (null: off; absent: defaultEchoCancellation)
+//	"echo_cancellation": {"backend_audio": false, "guard_first_reply": true}   (null: off; absent: defaultEchoCancellation)
 //	"noise_reduction":   {"type": "near_field"}     (or "far_field"; null or absent: off)
 
-// defaultEchoCancellation says whether a PCM session cancels echo when
-// its turn_detection does not say. Off: end to end it halves the replies
-// a speakerphone's echo cuts off but does not yet reach the issue's
-// target, and it costs every client that cancels its own echo (headsets,
-// browsers: most sessions) interruptions heard up to 100 ms later
-// (docs/vad.md, "A client with no echo, end to end"). A backend whose
-// clients are speakerphones asks for it ("echo_cancellation":{}).
-const defaultEchoCancellation = false
+// defaultEchoCancellation says whether a PCM session whose turn
+// detection interrupts the agent (interrupt_response) cancels echo when
+// its turn_detection does not say. On: end to end a speakerphone's echo
+// cut every reply off without it and none with it, while a client that
+// cancels its own echo (headsets, browsers: most sessions) loses nothing
+// on its interruptions, since the canceller and its gate wait until an
+// echo is found in the input; such a client pays the echo estimator's
+// CPU while the agent talks (docs/vad.md "Clean input", docs/benchmarks.md).
+// A backend sends "echo_cancellation":null to turn it off.
+const defaultEchoCancellation = true
 
 // playedSlots bounds the packets SendPacket hands to the track goroutine
 // between two client packets: 1 s of 20 ms packets (2 s of 10 ms); a
@@ -85,21 +87,25 @@ func parseCleaning(raw json.RawMessage, interrupt bool) (cleanSetting, error) {
 	if err := json.Unmarshal(raw, &cm); err != nil {
 		return cleanSetting{}, fmt.Errorf("%w: %v", apm.ErrConfig, err)
 	}
-	cs := cleanSetting{echo: defaultEchoCancellation && interrupt}
+	cs := cleanSetting{echo: defaultEchoCancellation && interrupt, guard: true}
 	switch {
 	case cm.EchoCancellation == nil:
 	case isNull(cm.EchoCancellation):
 		cs.echo = false
 	default:
 		var ec struct {
-			BackendAudio    bool `json:"backend_audio"`
-			GuardFirstReply bool `json:"guard_first_reply"`
+			BackendAudio    bool  `json:"backend_audio"`
+			GuardFirstReply *bool `json:"guard_first_reply"`
 		}
 		if err := strictUnmarshal(cm.EchoCancellation, &ec); err != nil {
 			return cleanSetting{}, fmt.Errorf("%w: echo_cancellation must be an object with backend_audio and guard_first_reply (booleans) such as {\"backend_audio\":false}, or null for off: %v", apm.ErrConfig, err)
 		}
-		cs.echo, cs.backendAudio, cs.guard = true, ec.BackendAudio, ec.GuardFirstReply
+		cs.echo, cs.backendAudio = true, ec.BackendAudio
+		if ec.GuardFirstReply != nil {
+			cs.guard = *ec.GuardFirstReply
+		}
 	}
+	cs.guard = cs.guard && cs.echo
 	if cm.NoiseReduction != nil && !isNull(cm.NoiseReduction) {
 		var nr struct {
 			Type string `json:"type"`

@@ -23,13 +23,14 @@ func TestParseCleaning(t *testing.T) {
 		want      cleanSetting
 		err       bool
 	}{
-		{"default with interruption", `{"type":"server_vad"}`, true, cleanSetting{echo: defaultEchoCancellation}, false},
+		{"default with interruption", `{"type":"server_vad"}`, true, cleanSetting{echo: defaultEchoCancellation, guard: defaultEchoCancellation}, false},
 		{"default without interruption", `{"type":"server_vad","interrupt_response":false}`, false, cleanSetting{}, false},
 		{"off", `{"echo_cancellation":null}`, true, cleanSetting{}, false},
-		{"on, backend audio", `{"echo_cancellation":{"backend_audio":true}}`, false, cleanSetting{echo: true, backendAudio: true}, false},
+		{"on, backend audio", `{"echo_cancellation":{"backend_audio":true}}`, false, cleanSetting{echo: true, backendAudio: true, guard: true}, false},
 		{"near field", `{"echo_cancellation":null,"noise_reduction":{"type":"near_field"}}`, true, cleanSetting{noise: apm.NearField}, false},
-		{"far field and echo", `{"echo_cancellation":{},"noise_reduction":{"type":"far_field"}}`, false, cleanSetting{echo: true, noise: apm.FarField}, false},
+		{"far field and echo", `{"echo_cancellation":{},"noise_reduction":{"type":"far_field"}}`, false, cleanSetting{echo: true, noise: apm.FarField, guard: true}, false},
 		{"guard", `{"echo_cancellation":{"guard_first_reply":true}}`, false, cleanSetting{echo: true, guard: true}, false},
+		{"no guard", `{"echo_cancellation":{"guard_first_reply":false}}`, false, cleanSetting{echo: true}, false},
 		{"noise null", `{"noise_reduction":null}`, false, cleanSetting{}, false},
 		{"bad type", `{"noise_reduction":{"type":"studio"}}`, false, cleanSetting{}, true},
 		{"no type", `{"noise_reduction":{}}`, false, cleanSetting{}, true},
