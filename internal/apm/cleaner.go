@@ -271,8 +271,23 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 				if !c.measured {
 					early, late = dtEarlyGuess, dtLateGuess // the initial delay is a guess
 				}
-				loudest, aligned := c.est.farAround(c.delayMs/10, early, late)
-				c.farBound(c.delayMs/10, early, late)
+				// The echo can come from early frames after the delay in
+				// use, or after the latest estimate when that is earlier
+				// (the reference lags a shrinking delay by up to
+				// realignEarlyMs, and the estimate, over 2 s, lags the
+				// echo: a reply that began as a drifting delay turned
+				// was cut by its first syllable when only the delay in
+				// use counted), to late frames before the delay in use
+				// (the estimate's error the other way, and the room's
+				// tail; widening this side too took interruptions
+				// 200-500 ms later).
+				lag := c.delayMs / 10
+				from, to := lag-early, lag+late
+				if c.measured && c.est.lag >= 0 {
+					from = min(from, c.est.lag-early)
+				}
+				loudest, aligned := c.est.farAround(lag, from, to)
+				c.farBound(from, to)
 				talk := c.dt.frame(&c.nearBands, &c.bound, c.gate.coupling)
 				c.gate.frame(c.near, nearDB, loudest, aligned, talk, c.measured)
 			}
@@ -549,17 +564,16 @@ func (e *delayEstimator) push(nearPow, farPow float64) {
 }
 
 // farAround returns the loudest far end (dB) in the 10 ms frames that the
-// newest input frame's echo can come from, lag frames back: from 20 ms
-// after that (the estimate's error and the module's correction) to 80 ms
-// before it (the room's tail).
-func (e *delayEstimator) farAround(lag, early, late int) (loudest, aligned float64) {
+// newest input frame's echo can come from, lags from to to, and the far
+// end at lag.
+func (e *delayEstimator) farAround(lag, from, to int) (loudest, aligned float64) {
 	nf := int64(len(e.far))
 	m := -200.0
 	aligned = -200
 	if k := e.n - 1 - int64(lag); lag >= 0 && lag <= e.maxLag && k >= 0 {
 		aligned = e.far[k%nf]
 	}
-	for l := lag - early; l <= lag+late; l++ {
+	for l := from; l <= to; l++ {
 		k := e.n - 1 - int64(l)
 		if l < 0 || l > e.maxLag || k < 0 {
 			continue
@@ -570,17 +584,15 @@ func (e *delayEstimator) farAround(lag, early, late int) (loudest, aligned float
 }
 
 // farBound sets c.bound to the far end's loudest level per band in the
-// 10 ms frames the newest input frame's echo can come from: from early
-// frames after lag (the delay in use lags the estimate by up to
-// realignEarlyMs) to late frames before it (the estimate's error the
-// other way, and the room's tail).
-func (c *Cleaner) farBound(lag, early, late int) {
+// 10 ms frames the newest input frame's echo can come from: lags from to
+// to, in frames.
+func (c *Cleaner) farBound(from, to int) {
 	e := &c.est
 	nf := int64(len(c.farBands))
 	for b := range c.bound {
 		c.bound[b] = -200
 	}
-	for l := lag - early; l <= lag+late; l++ {
+	for l := from; l <= to; l++ {
 		k := e.n - 1 - int64(l)
 		if l < 0 || l > e.maxLag || k < 0 {
 			continue
