@@ -290,6 +290,13 @@ func (c *Cleaner) Process(pcm []byte, pos int64, arrived time.Time) error {
 				c.farBound(from, to)
 				talk := c.dt.frame(&c.nearBands, &c.bound, c.gate.coupling)
 				c.gate.frame(c.near, nearDB, loudest, aligned, talk, c.measured)
+				if talk && !c.measured {
+					// The guard, with no echo found yet: the user's frame
+					// passes as it came, not as the module's suppressor
+					// left it (which took the first 30-50 ms of a client
+					// with no echo 25-40 dB down).
+					copy(c.near, c.curNear)
+				}
 			}
 			if dB(inPow) < quietDB {
 				copy(c.near, c.quiet) // AEC2's comfort noise must not reach the detector
