@@ -78,25 +78,18 @@ type phoneResult struct {
 // 150–300 ms later, the delay drifting, 6 dB down) talks to a PCM
 // backend that replies again and again, asking for turn detection with
 // interruption. Four sessions: the echo alone without cleaning (today)
-// and with the transceiver's echo cancellation (its first reply guarded);
-// the user interrupting each reply one second in, with no echo and no
-// cleaning (today's onset time), and over the echo with cancellation
-// (the first reply unguarded).
+// and with the transceiver's echo cancellation as it comes by default
+// (the first reply guarded); the user interrupting each reply one second
+// in, with no echo and no cleaning (today's onset time), and over the
+// echo with cancellation.
 //
-// It checks what must hold on a loaded machine, on measures taken over
-// every reply rather than a count of a few: the echo cuts most replies
-// off without cleaning; with it, the replies after the first (which the
-// guard covers) are sent for at least 20 points more of their length
-// before a cut (about 7 % → 36–84 % in ten runs, two of them on a core
-// shared with two busy loops), in the median reply the canceller takes
-// at least 10 dB of echo off (ERLE), and the user's interruptions over
-// the cancelled echo are heard. The count of replies cut off is no
-// assertion beyond "not more": with 5 replies it moves by one or two
-// between runs (2 or 3 of 5 in those ten), and "fewer than without"
-// fails whenever all five are cut, a few runs in a hundred. The figures
-// (cut-offs, ERLE, onset delays) are logged; docs/vad.md has 5- and
-// 10-reply runs (-speakerphone.replies=N; the issue's target needs 50)
-// and says where they fall short of the issue's targets.
+// Issue 26's targets, checked: the echo cuts most replies off without
+// cleaning and none with it; in the median reply the canceller and its
+// gate take at least 30 dB of echo off (ERLE, about 60 dB here); every
+// interruption over the cancelled echo is heard, in the median at most
+// 200 ms later than with no echo (100 ms here: the issue's 40 ms is not
+// met, docs/vad.md says why). docs/vad.md has the 50-reply runs
+// (-speakerphone.replies=50).
 func TestSpeakerphone(t *testing.T) {
 	speechgen.Require(t)
 	n := *speakerphoneReplies
@@ -105,30 +98,29 @@ func TestSpeakerphone(t *testing.T) {
 	}
 	off := json.RawMessage(`{"echo_cancellation":null}`)
 	today := phoneCall(t, phoneRun{echo: true, cleaning: off, replies: n})
-	cleaned := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{"backend_audio":true,"guard_first_reply":true}}`), replies: n, name: "echo"})
+	cleaned := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{"backend_audio":true}}`), replies: n, name: "echo"})
 	t.Logf("echo alone, %d replies: cut off by their own echo: %d without cleaning, %d with echo cancellation; ERLE (the echo the client added over what the backend got) %.1f dB", n, today.cutOff, cleaned.cutOff, cleaned.erle)
 	if today.cutOff < (n+1)/2 {
 		t.Errorf("without cleaning only %d of %d replies were cut off by their echo: the test's echo proves nothing", today.cutOff, n)
 	}
-	if cleaned.cutOff > today.cutOff {
-		t.Errorf("with echo cancellation %d of %d replies were cut off by their echo, without %d: worse", cleaned.cutOff, n, today.cutOff)
+	if cleaned.cutOff > 0 {
+		t.Errorf("with echo cancellation %d of %d replies were cut off by their own echo, want 0", cleaned.cutOff, n)
 	}
-	if cleaned.sent < today.sent+0.2 {
-		t.Errorf("the replies after the first were sent for %.0f%% of their length before a cut with echo cancellation, %.0f%% without: want 20 points more", 100*cleaned.sent, 100*today.sent)
-	}
-	if m := medianFloat(cleaned.replyERLE); !(m >= 10) { // NaN: no reply measured
-		t.Errorf("ERLE per reply after the first %v dB, median %.1f: the canceller took off less than 10 dB of the echo in most replies", cleaned.replyERLE, m)
+	if m := medianFloat(cleaned.replyERLE); !(m >= 30) { // NaN: no reply measured
+		t.Errorf("ERLE per reply after the first %v dB, median %.1f: want 30 dB or more", cleaned.replyERLE, m)
 	}
 	quiet := phoneCall(t, phoneRun{cleaning: off, interrupt: true, replies: n})
 	barge := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":{}}`), interrupt: true, replies: n, name: "barge"})
 	t.Logf("interruptions: heard after %v ms with no echo and no cleaning (missed %d), %v ms over the echo with cancellation (missed %d; replies cut off before the user spoke: %d)", quiet.detected, quiet.missed, barge.detected, barge.missed, barge.cutOff)
-	// A reply the echo already cut has nothing left to interrupt: what
-	// must hold is that the user's speech gets through the canceller.
-	if len(barge.detected) == 0 {
-		t.Errorf("over the cancelled echo none of %d interruptions was heard (%d replies cut off before)", n, barge.cutOff)
+	if barge.cutOff > 0 || barge.missed > 0 || len(barge.detected) != n {
+		t.Errorf("over the cancelled echo %d of %d interruptions heard, %d missed, %d replies cut off before the user spoke; want all heard, none cut", len(barge.detected), n, barge.missed, barge.cutOff)
 	}
 	if len(quiet.detected) > 0 && len(barge.detected) > 0 {
-		t.Logf("median onset-to-start: %d ms with no echo, %d ms over the cancelled echo", median(quiet.detected), median(barge.detected))
+		q, b := median(quiet.detected), median(barge.detected)
+		t.Logf("median onset-to-start: %d ms with no echo, %d ms over the cancelled echo", q, b)
+		if b > q+200 {
+			t.Errorf("interruptions over the cancelled echo heard %d ms after their onset in the median, %d ms with no echo: want at most 200 ms more", b, q)
+		}
 	}
 }
 
@@ -137,12 +129,13 @@ func replyMs(pcm []byte) int64 { return int64(len(pcm) / 48) }
 
 // TestNoEchoClientCleaning: a client with no echo at all (a headset, a
 // browser's canceller; here a digitally silent microphone but for the
-// user) and turn detection with echo cancellation on: no reply is cut
-// before the user speaks, and every interruption is heard. Before quiet input frames passed the cleaner as
-// they came (apm's quietDB), AEC2's comfort noise on the silent input
-// started a turn about 240 ms into the first reply, in every run.
-// How much later the interruptions are heard than with no cleaning is
-// logged (docs/vad.md, "A client with no echo, end to end").
+// user) and turn detection with echo cancellation as it comes by
+// default: no reply is cut before the user speaks, and every
+// interruption is heard, in the median as soon as with no cleaning (the
+// canceller waits for an echo it never finds). Before quiet input frames
+// passed the cleaner as they came (apm's quietDB), AEC2's comfort noise
+// on the silent input started a turn about 240 ms into the first reply,
+// in every run.
 func TestNoEchoClientCleaning(t *testing.T) {
 	speechgen.Require(t)
 	r := phoneCall(t, phoneRun{cleaning: json.RawMessage(`{"echo_cancellation":{}}`), interrupt: true, replies: *speakerphoneReplies, name: "noecho"})
@@ -152,6 +145,12 @@ func TestNoEchoClientCleaning(t *testing.T) {
 	}
 	if r.missed > 0 || len(r.detected) == 0 {
 		t.Errorf("interruptions: %d heard, %d missed; want all heard", len(r.detected), r.missed)
+	}
+	// With no echo found the input passes untouched, but in the guarded
+	// first reply's 3 s: the detector alone decides when each is heard
+	// (40 ms after the onset on a quiet machine).
+	if m := median(r.detected); len(r.detected) > 0 && m > 80 {
+		t.Errorf("interruptions heard %v ms after their onsets, median %d: want at most 80 (no cleaning: 40)", r.detected, m)
 	}
 }
 
