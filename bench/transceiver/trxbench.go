@@ -100,6 +100,12 @@ type Options struct {
 	// -turn-detection (turn detection and input cleaning, whose cost a
 	// run with and one without them compares).
 	AgentArgs []string
+	// GenArgs are extra flags of the load generator (switchboard load),
+	// such as -audio speech.wav: the sessions then send speech instead of
+	// counter payloads (which a PCM session decodes to a noise that
+	// repeats every packet, and whose echo an echo canceller finds in
+	// the input at every 20 ms of lag).
+	GenArgs []string
 	// Log receives progress lines; nil discards.
 	Log io.Writer
 }
@@ -650,8 +656,8 @@ func step(ctx context.Context, st *stack, s *sample, profileDir string) error {
 	rampTime := time.Duration(n) * opt.Ramp
 	settle := 3 * time.Second
 	dur := rampTime + settle + opt.Window + 2*time.Second
-	gen, err := st.start("load", opt.GenCPU, "load", "http://"+trxHTTP+"/v1/calls",
-		"-sessions", strconv.Itoa(n), "-duration", dur.String(), "-ramp", opt.Ramp.String(), "-progress", "0")
+	gen, err := st.start("load", opt.GenCPU, append([]string{"load", "http://" + trxHTTP + "/v1/calls",
+		"-sessions", strconv.Itoa(n), "-duration", dur.String(), "-ramp", opt.Ramp.String(), "-progress", "0"}, opt.GenArgs...)...)
 	if err != nil {
 		return err
 	}

@@ -36,6 +36,10 @@ func runBenchTransceiver(ctx context.Context, args []string, stdout, stderr io.W
 	fs.StringVar(&opt.Bin, "bin", "", "switchboard binary (default: build ./cmd/switchboard)")
 	jsonOut := fs.String("json", "", "also write the result as JSON to this file")
 	trxArgs := fs.String("trx-args", "", "extra transceiver flags, space separated")
+	fs.Func("gen-arg", "an extra flag of the load generator, switchboard load (repeat for more), e.g. -gen-arg=-audio=speech.wav: sessions send that speech, looped, instead of counter payloads", func(v string) error {
+		opt.GenArgs = append(opt.GenArgs, v)
+		return nil
+	})
 	fs.Func("agent-arg", "an extra flag of the echo agent (repeat for more), e.g. -agent-arg=-turn-detection='{...}' (docs/benchmarks.md: input cleaning)", func(v string) error {
 		opt.AgentArgs = append(opt.AgentArgs, v)
 		return nil
