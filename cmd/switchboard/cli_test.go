@@ -146,6 +146,7 @@ func TestCommandLine(t *testing.T) {
 			{[]string{"transceiver", "-id", "1", "-advertise", "127.0.0.1:3478", "-backend", "http://127.0.0.1:8081"}, "switchboard transceiver: backend_url (-backend) \"http://127.0.0.1:8081\" must be a ws:// or wss:// URL"},
 			{[]string{"transceiver", "-id", "1", "-advertise", "127.0.0.1:3478", "-output-bitrate", "5"}, "switchboard transceiver: output_bitrate (-output-bitrate) 5 must be 6000 to 128000"},
 			{[]string{"transceiver", "-advertise", "127.0.0.1:3478"}, "switchboard transceiver: id (-id) must be set"},
+			{[]string{"transceiver", "-id", "1", "-advertise", "127.0.0.1:3478", "-echo-dump-dir", "/nonexistent/dumps"}, "switchboard transceiver: echo_dump_dir (-echo-dump-dir) \"/nonexistent/dumps\" must be an existing directory"},
 			{[]string{"relay", "-idle-timeout", "60"}, `switchboard relay: -idle-timeout "60": not a duration: write a number with a unit, such as 60s`},
 			{[]string{"relay", "-membrs", "1=127.0.0.1:4000"}, "switchboard relay: no flag -membrs (did you mean -members?); run 'switchboard relay -h' for the flags"},
 			{[]string{"call", "-audoi", "x.wav", "http://127.0.0.1:1/v1/calls"}, "switchboard call: no flag -audoi (did you mean -audio?); run 'switchboard call -h' for the flags"},

@@ -219,6 +219,7 @@ func (c *Transceiver) Flags() *flag.FlagSet {
 	fs.IntVar(&t.OutputComplexity, "output-complexity", audio.DefaultComplexity, "Opus encoder complexity (1-10) of audio encoded from PCM backends: CPU per frame against search effort (libopus's default is 10)")
 	fs.IntVar(&t.Ptime, "ptime", transceiver.DefaultPtime, "ms of audio per RTP packet to and from clients: 20, or 10 (answers carry a=ptime:10; a few ms less per reply at twice the packets per session)")
 	fs.DurationVar(&t.OutputQueueMax, "output-queue-max", playout.DefaultMaxQueued, "cap on a session's queued output audio; past it backend audio is refused (error output_queue_full)")
+	fs.StringVar(&t.EchoDumpDir, "echo-dump-dir", "", "directory where each session with echo cancellation writes its canceller's inputs (the audio played and heard: users' voices) for offline replay (go test ./internal/apm -run TestReplay -apm.replay=DIR); empty: none")
 	fs.DurationVar(&t.ReportInterval, "report-interval", transceiver.DefaultReportInterval, "interval of each session's RTCP sender and receiver reports (100ms to 10s)")
 	fs.StringVar(&c.HopAd, "hop-advertise", "", "internal-hop ip:port registered for relays (default: -listen, which must then be a concrete IP)")
 	RegisterAuthFlags(fs, &t.Auth)
