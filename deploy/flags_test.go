@@ -65,6 +65,7 @@ var transceiverFlagsNotInChart = map[string]string{
 	"hop-advertise":    "relays find transceivers through EndpointSlices, by pod IP and the hop port",
 	"redis":            "the chart's relays read membership from EndpointSlices (-membership kubernetes), not from a Redis registry; its Redis is the relays' flow cache",
 	"token-max-age":    "only relays open tokens and check their age; a transceiver mints them",
+	"echo-dump-dir":    "dumps hold users' voices and are for a diagnosis on one pod: extraEnv SWITCHBOARD_ECHO_DUMP_DIR with a volume mounted there",
 }
 
 // relayFlagsNotInChart are the `switchboard relay` flags the chart does

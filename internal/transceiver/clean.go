@@ -259,9 +259,9 @@ func (m *mediaPath) setCleaning(raw json.RawMessage, interrupt bool, from string
 		}
 	}
 	if m.dec == nil {
-		// Opus passthrough: the backend's audio is the client's packets,
-		// and the detector's 16 kHz copy is not cleaned (yet).
-		cs = cleanSetting{}
+		// Opus passthrough: the backend's audio is the client's packets
+		// as they came; only the detector's 16 kHz copy is cleaned.
+		cs.backendAudio = false
 	}
 	m.clean.next.Store(&cs)
 	return true
@@ -282,7 +282,7 @@ func (m *mediaPath) applyCleaning() {
 	if !cs.echo && cs.noise == "" {
 		return
 	}
-	rate := m.dec.Rate()
+	rate := m.cleanRate()
 	c, err := apm.New(apm.Config{Rate: rate, EchoCancellation: cs.echo, NoiseReduction: cs.noise, GuardFirstReply: cs.guard})
 	if err != nil {
 		m.log.Warn("input cleaning unavailable", "err", err)
@@ -340,7 +340,7 @@ func (m *mediaPath) cleanFrame(ts uint32, pcm []byte, now time.Time) (backend, d
 // is: the cleaner takes whole 10 ms frames.
 func (m *mediaPath) cleanPartial(ts uint32, pcm []byte, now time.Time) []byte {
 	cl := &m.clean
-	n := 2 * m.dec.Rate() / 100
+	n := 2 * m.cleanRate() / 100
 	if cl.c == nil || len(pcm) < n {
 		return pcm
 	}
@@ -411,13 +411,22 @@ func (m *mediaPath) playedFar(at time.Time, ts uint32, payload []byte) {
 	nominal := cl.runBase.Add(time.Duration(ts) * time.Second / opusClockRate)
 	// Whole 10 ms frames: every Opus packet is a multiple of 2.5 ms, and
 	// the transceiver's are 10 or 20 ms.
-	frame := m.dec.Rate() / 100
+	frame := m.cleanRate() / 100
 	n -= n % frame
 	b := cl.pcmBytes[:2*n]
 	for i, v := range cl.pcm[:n] {
 		binary.LittleEndian.PutUint16(b[2*i:], uint16(v))
 	}
 	_ = cl.c.Played(nominal, b)
+}
+
+// cleanRate is the rate of the audio cleaned: the session's decoder's, or
+// with Opus passthrough the detector's own decoder's (opusVADRate).
+func (m *mediaPath) cleanRate() int {
+	if m.dec != nil {
+		return m.dec.Rate()
+	}
+	return opusVADRate
 }
 
 // startDump writes c's inputs to a new file in Config.EchoDumpDir (the

@@ -232,7 +232,7 @@ func (m *mediaPath) toBackend(pkt *rtp.Packet) error {
 		if err := m.be.SendAudio(bridgeCtx, bridge.AudioFrame{Seq: pkt.SequenceNumber, Timestamp: pkt.Timestamp, Payload: pkt.Payload}); err != nil {
 			return err
 		}
-		m.reportTurns(t.opus(t.evs[:0], pkt, now))
+		m.reportTurns(m.opusTurns(t.evs[:0], pkt, now))
 		return nil
 	}
 	for _, f := range m.dec.Push(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload) {

@@ -26,7 +26,7 @@ import (
 //
 //	client RTP ─▶ mediaPath.toBackend ─▶ bridge
 //	                                  └─▶ decoded frames ─▶ vad.Input ─▶ reportTurns
-//	                          (Opus passthrough: turns.opus, a 16 kHz decoder of its own)
+//	                          (Opus passthrough: opusTurns, a 16 kHz decoder of its own)
 //
 // When the client sends 10 ms packets the detector takes 10 ms frames,
 // and each packet's audio is fed to it as soon as it is decoded
@@ -180,23 +180,26 @@ func turnsFrameMs(payload []byte) int {
 	return vad.Frame20ms
 }
 
-// opus runs turn detection on one client Opus packet of an Opus
+// opusTurns runs turn detection on one client Opus packet of an Opus
 // passthrough session, appending to dst: it keeps the input clock (the RTP
 // timestamp from the first packet, docs/bridge.md §4.8) and, with turn
-// detection on, decodes the packet at 16 kHz for the detector only.
-func (t *turns) opus(dst []vad.Event, pkt *rtp.Packet, now time.Time) ([]vad.Event, error) {
+// detection on, decodes the packet at 16 kHz for the detector only,
+// cleaned (echo cancellation, noise suppression) when that is on.
+func (m *mediaPath) opusTurns(dst []vad.Event, pkt *rtp.Packet, now time.Time) ([]vad.Event, error) {
+	t := &m.turns
 	t.in.RTP(pkt.Timestamp, t.dec != nil && t.dec.Stats().Packets == 0)
 	if t.in.Detector() == nil {
 		return dst, nil
 	}
 	var err error
 	for _, f := range t.dec.Push(pkt.SequenceNumber, pkt.Timestamp, pkt.Payload) {
-		if dst, err = t.in.Frame(dst, f.Timestamp, f.PCM, now); err != nil {
+		_, det := m.cleanFrame(f.Timestamp, f.PCM, now)
+		if dst, err = t.in.Frame(dst, f.Timestamp, det, now); err != nil {
 			return dst, err
 		}
 	}
 	p := t.dec.Partial()
-	return t.in.Partial(dst, p.Timestamp, p.PCM, now)
+	return t.in.Partial(dst, p.Timestamp, m.cleanPartial(p.Timestamp, p.PCM, now), now)
 }
 
 // reportTurns reports what the detector saw, in order, and then whether

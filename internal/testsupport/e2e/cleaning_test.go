@@ -22,8 +22,9 @@ import (
 // steady white noise and the agent talks. With noise_reduction the
 // backend gets the noise suppressed; a cleaning member that is not valid
 // is refused (invalid_turn_detection) and changes nothing; with turn
-// detection off the backend gets the noise as sent; the default turn
-// detection cleans nothing. Each setting holds
+// detection off the backend gets the noise as sent; with
+// echo_cancellation null nothing is cleaned, and the default turn
+// detection (with interruption) cancels echo. Each setting holds
 // one Cleaner (its C memory) and frees it when the next one comes, and
 // the session's end frees the last (apm.Live).
 func TestPCMInputCleaningSwitch(t *testing.T) {
@@ -200,17 +201,17 @@ func TestPCMInputCleaningSwitch(t *testing.T) {
 		t.Errorf("without cleaning the backend got the noise at %.1f dBFS: the client's noise did not arrive", raw)
 	}
 
-	// The default turn detection cleans nothing (echo cancellation is
-	// off unless asked for); asked for, then the session ends: its end
-	// frees the Cleaner.
-	setTD(`{"type":"server_vad"}`)
+	// Turned off, nothing is cleaned; the default turn detection (with
+	// interruption) cancels echo; then the session ends: its end frees
+	// the Cleaner.
+	setTD(`{"type":"server_vad","echo_cancellation":null}`)
 	if err := sc.SendAudio(context.Background(), bridge.AudioFrame{Payload: tone(time.Second)}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond)
-	waitLive(0, "the default turn detection")
-	setTD(`{"type":"server_vad","echo_cancellation":{}}`)
-	waitLive(1, "echo cancellation asked for")
+	waitLive(0, "echo cancellation null")
+	setTD(`{"type":"server_vad"}`)
+	waitLive(1, "the default turn detection")
 	_ = sc.Close() // the backend goes: the session ends
 	waitLive(0, "after the session ended")
 }

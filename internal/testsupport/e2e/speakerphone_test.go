@@ -56,6 +56,7 @@ type phoneRun struct {
 	interrupt bool            // the user talks one second into each reply
 	replies   int
 	name      string // for the dump's file names
+	opus      bool   // the backend takes and sends Opus (passthrough): ERLE is not measured
 }
 
 // phoneResult is what a run measured.
@@ -121,6 +122,31 @@ func TestSpeakerphone(t *testing.T) {
 		if b > q+200 {
 			t.Errorf("interruptions over the cancelled echo heard %d ms after their onset in the median, %d ms with no echo: want at most 200 ms more", b, q)
 		}
+	}
+}
+
+// TestSpeakerphoneOpus: TestSpeakerphone's echo with an Opus backend
+// (passthrough: the backend's Opus goes to the client as it is, the
+// client's to the backend), whose turn detector hears a 16 kHz copy of
+// the input: echo cancellation cleans that copy. Without it the echo cuts
+// most replies off, with it (the default) none, and interruptions over
+// the echo are all heard.
+func TestSpeakerphoneOpus(t *testing.T) {
+	speechgen.Require(t)
+	n := *speakerphoneReplies
+	today := phoneCall(t, phoneRun{echo: true, cleaning: json.RawMessage(`{"echo_cancellation":null}`), replies: n, opus: true})
+	cleaned := phoneCall(t, phoneRun{echo: true, replies: n, opus: true, name: "opus-echo"})
+	t.Logf("Opus backend, echo alone, %d replies: cut off by their own echo: %d without cleaning, %d with echo cancellation", n, today.cutOff, cleaned.cutOff)
+	if today.cutOff < (n+1)/2 {
+		t.Errorf("without cleaning only %d of %d replies were cut off by their echo: the test's echo proves nothing", today.cutOff, n)
+	}
+	if cleaned.cutOff > 0 {
+		t.Errorf("with echo cancellation %d of %d replies were cut off by their own echo, want 0", cleaned.cutOff, n)
+	}
+	barge := phoneCall(t, phoneRun{echo: true, interrupt: true, replies: n, opus: true, name: "opus-barge"})
+	t.Logf("Opus backend, interruptions over the echo: heard after %v ms (missed %d; replies cut off before the user spoke: %d)", barge.detected, barge.missed, barge.cutOff)
+	if barge.cutOff > 0 || barge.missed > 0 || len(barge.detected) != n {
+		t.Errorf("over the cancelled echo %d of %d interruptions heard, %d missed, %d replies cut off before the user spoke; want all heard, none cut", len(barge.detected), n, barge.missed, barge.cutOff)
 	}
 }
 
@@ -206,7 +232,11 @@ func phoneCall(t *testing.T, run phoneRun) phoneResult {
 		dumpDir = t.TempDir()
 		mutate = func(cfg *transceiver.Config) { cfg.EchoDumpDir = dumpDir }
 	}
-	_, c, sc := dialPCM24k(t, tdJSON, mutate)
+	format := bridge.FormatPCM24k
+	if run.opus {
+		format = bridge.FormatOpus
+	}
+	_, c, sc := dialFormat(t, format, tdJSON, mutate)
 	phone, err := speakerphone.New(speakerphone.Config{Off: !run.echo})
 	if err != nil {
 		t.Fatal(err)
@@ -215,6 +245,9 @@ func phoneCall(t *testing.T, run phoneRun) phoneResult {
 	// The backend: replies one after another, each once the previous
 	// one stopped or was cleared and 800 ms passed.
 	ag := &phoneAgent{sc: sc, replies: replies, n: run.replies, ended: make(chan struct{}), ctl: make(chan bridge.Control, 64)}
+	if run.opus {
+		ag.opusReplies = opusPackets(t, replies, rate)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -349,13 +382,46 @@ func saveDump(t *testing.T, from, name string, t0 time.Time, onsets []int) {
 	}
 }
 
+// opusPackets encodes each reply (PCM16 at rate) as 20 ms Opus packets.
+func opusPackets(t *testing.T, replies [][]byte, rate int) [][][]byte {
+	t.Helper()
+	enc, err := opus.NewEncoder(rate, 1, opus.AppVoIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := rate / 50
+	var out [][][]byte
+	for _, r := range replies {
+		var pkts [][]byte
+		pcm := make([]int16, n)
+		buf := make([]byte, 1275)
+		for off := 0; off < len(r)/2; off += n {
+			clear(pcm)
+			for i := range pcm {
+				if j := 2 * (off + i); j+1 < len(r) {
+					pcm[i] = int16(binary.LittleEndian.Uint16(r[j:]))
+				}
+			}
+			m, err := enc.Encode(pcm, buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pkts = append(pkts, slices.Clone(buf[:m]))
+		}
+		out = append(out, pkts)
+	}
+	return out
+}
+
 // phoneAgent is TestSpeakerphone's backend.
 type phoneAgent struct {
 	sc      *bridge.ServerConn
 	replies [][]byte
-	n       int
-	ended   chan struct{}
-	ctl     chan bridge.Control
+	// opusReplies, for an Opus backend: each reply as 20 ms Opus packets.
+	opusReplies [][][]byte
+	n           int
+	ended       chan struct{}
+	ctl         chan bridge.Control
 
 	mu     sync.Mutex
 	frames int        // audio frames received
@@ -421,7 +487,13 @@ func (a *phoneAgent) play(ctx context.Context) {
 		a.from = append(a.from, a.frames)
 		a.mu.Unlock()
 		_ = a.sc.SendControl(ctx, bridge.Control{Type: bridge.TypeOutputResponse, ID: fmt.Sprintf("resp_%d", i)})
-		if err := a.sc.SendAudio(ctx, bridge.AudioFrame{Payload: a.replies[i%len(a.replies)]}); err != nil {
+		if a.opusReplies != nil {
+			for k, pkt := range a.opusReplies[i%len(a.opusReplies)] {
+				if err := a.sc.SendAudio(ctx, bridge.AudioFrame{Seq: uint16(k), Timestamp: uint32(960 * k), Payload: pkt}); err != nil {
+					return
+				}
+			}
+		} else if err := a.sc.SendAudio(ctx, bridge.AudioFrame{Payload: a.replies[i%len(a.replies)]}); err != nil {
 			return
 		}
 	wait:
@@ -511,7 +583,10 @@ func (a *phoneAgent) result(t *testing.T, run phoneRun, onsets []int, echoPow []
 		return 0
 	}
 	r.erle = erle(0, len(echoPow))
-	for k := 1; k < len(a.from); k++ {
+	if run.opus {
+		r.erle = math.NaN() // the backend gets the client's Opus: no cleaned audio to measure
+	}
+	for k := 1; k < len(a.from) && !run.opus; k++ {
 		to := len(echoPow)
 		if k+1 < len(a.from) {
 			to = a.from[k+1]

@@ -177,7 +177,13 @@ func startTurnTaking(t *testing.T, td vad.TurnDetection, react func(*recBackend,
 // backend's connection of its session.
 func dialPCM24k(t *testing.T, turnDetection json.RawMessage, mutate func(*transceiver.Config)) (*pcmStack, *testClient, *bridge.ServerConn) {
 	t.Helper()
-	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{bridge.FormatPCM24k}, TurnDetection: turnDetection}, conns: make(chan *bridge.ServerConn, 1)}
+	return dialFormat(t, bridge.FormatPCM24k, turnDetection, mutate)
+}
+
+// dialFormat is dialPCM24k with a backend that asks for format.
+func dialFormat(t *testing.T, format string, turnDetection json.RawMessage, mutate func(*transceiver.Config)) (*pcmStack, *testClient, *bridge.ServerConn) {
+	t.Helper()
+	be := &scripted{opts: bridge.AcceptOptions{Formats: []string{format}, TurnDetection: turnDetection}, conns: make(chan *bridge.ServerConn, 1)}
 	s := startPCMStack(t, be, mutate)
 	c := dialClient(t, s.calls)
 	select {
