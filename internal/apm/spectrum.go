@@ -55,19 +55,25 @@ func newBander(rate int) *bander {
 }
 
 // levels computes the band levels of prev followed by cur (one 10 ms
-// frame each) into out. All-zero input gives -200 dB in every band.
+// frame each) into out. Input under quietDB (a listening client's
+// microphone after its own noise suppression, digital silence) gives
+// -200 dB in every band without a transform: no band of it could stand
+// over a noise floor or an echo, and a client with no echo spends most
+// of the agent's audio there.
 func (b *bander) levels(prev, cur []int16, out *bands) {
 	n := len(cur)
-	zero := true
+	var pow float64
 	for i, v := range prev {
-		b.seq[i] = float64(v) * b.win[i]
-		zero = zero && v == 0
+		f := float64(v)
+		b.seq[i] = f * b.win[i]
+		pow += f * f
 	}
 	for i, v := range cur {
-		b.seq[n+i] = float64(v) * b.win[n+i]
-		zero = zero && v == 0
+		f := float64(v)
+		b.seq[n+i] = f * b.win[n+i]
+		pow += f * f
 	}
-	if zero {
+	if dB(pow/float64(2*n)) < quietDB {
 		for i := range out {
 			out[i] = -200
 		}

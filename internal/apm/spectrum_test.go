@@ -67,5 +67,25 @@ func TestBands(t *testing.T) {
 				t.Errorf("%d Hz: silence reads %.1f dB in band %d", rate, v, k)
 			}
 		}
+		// Noise at -75 dBFS is quiet: no transform; at -65 it is not.
+		for _, c := range []struct {
+			level float64
+			quiet bool
+		}{{-75, true}, {-65, false}} {
+			x := whiteNoise(3, 2*n, 32768*math.Pow(10, c.level/20))
+			s := toInt16(x)
+			b.levels(s[:n], s[n:], &out)
+			if got := out[5] == -200; got != c.quiet {
+				t.Errorf("%d Hz: noise at %.0f dBFS reads %.1f dB in band 5, want quiet %v", rate, c.level, out[5], c.quiet)
+			}
+		}
 	}
+}
+
+func toInt16(x []float64) []int16 {
+	out := make([]int16, len(x))
+	for i, v := range x {
+		out[i] = int16(max(-32768, min(32767, math.Round(v))))
+	}
+	return out
 }
